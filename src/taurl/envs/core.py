@@ -1,0 +1,59 @@
+"""The environment API: a small, Gymnasium-flavoured protocol for text agents.
+
+    observation, info = env.reset(task, seed)
+    observation, reward, terminated, truncated, info = env.step(action_text)
+
+`terminated`: the episode reached a terminal state of the task (the agent answered).
+`truncated`: the episode was cut short from outside (a budget ran out). Never both.
+
+Observations are text. How they enter the token stream is declared by the env:
+
+* ``observation_style = "inline"`` (Search-R1): the whole episode is one assistant
+  message; the engine stops at one of `stop` (e.g. ``</search>``), and the observation
+  (e.g. ``<information>…</information>``) is encoded once and appended to the stream.
+* ``observation_style = "messages"`` (chat tool calls): each observation is a new chat
+  message (``role`` in ``info["role"]``, default ``"tool"``), appended as a template delta.
+
+Every env has a ``name`` (``search-v0``), a ``version`` string that changes whenever the
+meaning of an observation or reward changes, and JSON-Schema ``tools``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance. `answers` are the gold aliases; any of them counts."""
+
+    task_id: str
+    prompt: str  # the user message
+    answers: tuple[str, ...]
+    split: str  # "train" | "holdout" | …
+    env: str  # the env name the task belongs to
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    name: str
+    version: str
+    observation_style: str  # "inline" | "messages"
+    stop: tuple[str, ...]  # strings that end an action (inline style)
+    tools: list[dict[str, Any]]  # JSON Schema tool declarations (OpenAI function format)
+    system_prompt: str
+
+    def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode. Returns the first observation (usually "") and info."""
+        ...
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply one action; returns observation, reward, terminated, truncated, info.
+
+        info carries at least "action" (the parsed action, a dict with "kind") and
+        "invalid" (bool); on a tool call also "receipt" (a ToolReceipt); on a failure that
+        the episode cannot survive, "error" (str) with truncated=True.
+        """
+        ...

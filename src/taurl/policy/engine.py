@@ -1,0 +1,326 @@
+"""The local inference engine: token in, token out, with continuous batching.
+
+Many agent loops call ``await engine.generate(prompt_ids, sampling)`` at once. A single
+worker thread serves them all: new requests are prefilled together (left-padded) and
+merged into the running batch, every decode step advances every active sequence by one
+token in one shared forward pass over a KV cache, and a finished sequence leaves the
+batch at once so its slot is free for the next request (continuous batching).
+
+What comes back is exactly what was sampled: the ids, their behaviour logprobs
+``log_softmax(logits / T)[id]`` (before top-p truncation, the quantity the learner
+recomputes; at T = 0, greedy, the logprobs are those of T = 1) and the policy version
+that served the request. Nothing is decoded and re-encoded.
+
+Finish reasons: ``"stop"`` (a stop string or stop token id appeared; the ids that
+completed it are kept, so the stream stays token-exact), ``"eos"`` (the model's end
+token), ``"length"`` (max_tokens or the model's context ran out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from taurl.errors import EngineError
+from taurl.policy.kv_cache import BatchKV
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    temperature: 0 means greedy. top_p: nucleus mass kept (1.0 keeps all).
+    stop: strings that end the completion once the decoded new text contains one.
+    stop_token_ids: ids that end the completion (the engine's EOS always does).
+    seed: makes the draw reproducible for this request (None: the engine's generator).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion. token_ids and logprobs: (n,), aligned."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "eos" | "length"
+    policy_version: int
+    stop_matched: str | int | None = None  # the stop string or id that ended it
+    prompt_tokens: int = 0
+    queue_s: float = 0.0  # time waiting for a batch slot
+    generate_s: float = 0.0  # time from admission to the last token
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the agent loop needs from any engine (local, or an HTTP server)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation: ...
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator | None
+    submitted: float
+    max_new: int = 0
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    admitted: float = 0.0
+
+
+class LocalEngine:
+    """Continuous-batching engine over any Hugging Face causal LM on this process.
+
+    >>> engine = LocalEngine(model, tokenizer, version=0)          # doctest: +SKIP
+    >>> out = await engine.generate(ids, SamplingParams(max_tokens=32, stop=("</search>",)))
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
+                 max_batch_size: int = 64, seed: int = 0, max_context: int | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._version = version
+        self.max_batch_size = max_batch_size
+        cfg = model.config
+        self._max_context = max_context or int(getattr(cfg, "max_position_embeddings", 2048))
+        eos = tokenizer.eos_token_id if tokenizer is not None else getattr(cfg, "eos_token_id", None)
+        self.eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0) if tokenizer is not None else 0
+        self._generator = torch.Generator().manual_seed(seed)
+        # transformers renamed `past_key_values` to `cache`; use whichever forward takes
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._pending: deque[_Request] = deque()
+        self._lock = threading.Lock()  # guards _pending and the worker flag
+        self._wake = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._paused = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0}
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    # -- public API --------------------------------------------------------------------
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise EngineError("prompt_ids is empty; render the prompt with the chat template first")
+        if len(prompt) >= self._max_context:
+            raise EngineError(f"prompt has {len(prompt)} tokens; the model's context is {self._max_context}")
+        loop = asyncio.get_running_loop()
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        req = _Request(prompt, sampling, loop.create_future(), loop, gen, time.perf_counter())
+        req.max_new = min(sampling.max_tokens, self._max_context - len(prompt))
+        with self._lock:
+            self._pending.append(req)
+            self._idle.clear()
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve, name="taurl-engine")
+                self._worker.start()
+        self._wake.set()
+        return await req.future
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Serve `state_dict` as policy `version` once every in-flight request is done.
+
+        New requests wait during the swap, so no completion ever mixes two versions.
+        """
+        self._paused = True
+        try:
+            await asyncio.to_thread(self._idle.wait)
+            with torch.no_grad():
+                self.model.load_state_dict(state_dict)
+            self._version = version
+        finally:
+            self._paused = False
+            self._wake.set()
+
+    # -- the worker ----------------------------------------------------------------------
+    def _serve(self) -> None:
+        batch: list[_Request] = []
+        kv: BatchKV | None = None
+        while True:
+            admitted: list[_Request] = []
+            with self._lock:
+                if not self._paused:
+                    while self._pending and len(batch) + len(admitted) < self.max_batch_size:
+                        admitted.append(self._pending.popleft())
+                if not batch and not admitted and not self._pending:
+                    self._idle.set()
+                    self._worker = None
+                    return
+            if not batch and not admitted:  # paused with work waiting
+                self._idle.set()
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                with torch.no_grad():
+                    if admitted:
+                        new_kv, logits = self._prefill(admitted)
+                        batch, kv = batch + admitted, new_kv if kv is None else kv.merge(new_kv)
+                        done = self._sample_and_finish(admitted, logits)
+                        batch, kv = self._drop(batch, kv, done)
+                    if batch:
+                        logits = self._decode(batch, kv)
+                        done = self._sample_and_finish(batch, logits)
+                        batch, kv = self._drop(batch, kv, done)
+            except Exception as e:  # fail every request in flight, never hang a caller
+                for r in batch + admitted:
+                    self._resolve(r, exc=EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+                batch, kv = [], None
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
+        lengths = [len(r.prompt) for r in reqs]
+        width = max(lengths)
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, r in enumerate(reqs):  # left padding: real tokens end at the right edge
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+            r.admitted = time.perf_counter()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kv = BatchKV.empty(mask, lengths)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: kv.cache})
+        kv.zero_padding()
+        self.stats["prefills"] += 1
+        return kv, out.logits[:, -1, :].float()
+
+    def _decode(self, batch: list[_Request], kv: BatchKV) -> torch.Tensor:
+        ids = torch.tensor([[r.out_ids[-1]] for r in batch], dtype=torch.long)
+        positions = torch.tensor([[n] for n in kv.lengths], dtype=torch.long)
+        mask = kv.extend_mask()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, **{self._cache_kw: kv.cache})
+        kv.advance()
+        self.stats["steps"] += 1
+        self.stats["batch_size_sum"] += len(batch)
+        return out.logits[:, -1, :].float()
+
+    def _sample_and_finish(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
+        """Sample one token per row, append it, return the rows that are finished."""
+        temps = torch.tensor([r.sampling.temperature for r in reqs]).unsqueeze(-1)
+        greedy = temps.squeeze(-1) == 0
+        logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
+        tokens = sample_tokens(logprobs_all, [r.sampling.top_p for r in reqs],
+                               [r.generator or self._generator for r in reqs])
+        tokens = torch.where(greedy, logits.argmax(-1), tokens)
+        chosen = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        done = []
+        for i, r in enumerate(reqs):
+            tok = int(tokens[i])
+            r.out_ids.append(tok)
+            r.out_logprobs.append(float(chosen[i]))
+            reason, matched = self._finish_reason(r, tok)
+            if reason is not None:
+                self._resolve(r, reason=reason, matched=matched)
+                done.append(i)
+        self.stats["tokens"] += len(reqs)
+        return done
+
+    def _finish_reason(self, r: _Request, tok: int) -> tuple[str | None, Any]:
+        if tok in r.sampling.stop_token_ids:
+            return "stop", tok
+        if tok in self.eos_ids:
+            return "eos", tok
+        if r.sampling.stop:
+            # Each token holds >= 1 byte, so a stop string completed by this token lies
+            # within the last len(stop) + 1 tokens; earlier matches would have stopped us.
+            window = max(len(s.encode()) for s in r.sampling.stop) + 1
+            text = self.tokenizer.decode(r.out_ids[-window:], skip_special_tokens=False)
+            for s in r.sampling.stop:
+                if s in text:
+                    return "stop", s
+        if len(r.out_ids) >= r.max_new:
+            return "length", None
+        return None, None
+
+    def _drop(self, batch: list[_Request], kv: BatchKV, done: list[int]):
+        if not done:
+            return batch, kv
+        keep = [i for i in range(len(batch)) if i not in set(done)]
+        if not keep:
+            return [], None
+        return [batch[i] for i in keep], kv.select(keep)
+
+    def _resolve(self, r: _Request, reason: str = "", matched: Any = None, exc: Exception | None = None) -> None:
+        if r.future.done():
+            return
+        if exc is not None:
+            r.loop.call_soon_threadsafe(_set_exception, r.future, exc)
+            return
+        now = time.perf_counter()
+        gen = Generation(list(r.out_ids), list(r.out_logprobs), reason, self._version, matched,
+                         len(r.prompt), queue_s=(r.admitted or now) - r.submitted,
+                         generate_s=now - (r.admitted or now))
+        r.loop.call_soon_threadsafe(_set_result, r.future, gen)
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: Exception) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def sample_tokens(logprobs: torch.Tensor, top_p: Sequence[float],
+                  generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """Draw one id per row from softmax(logprobs) restricted to its top-p nucleus.
+
+    logprobs: (B, V) normalized log-probabilities. Each row draws its uniform number from
+    its own generator, so a seeded request samples the same ids whatever batch it is in
+    (inverse-CDF sampling: the first id whose cumulative mass exceeds u).
+    """
+    probs = logprobs.exp()
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    p = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(-1)
+    # keep the smallest prefix whose mass reaches top_p (always at least one id)
+    sorted_p = torch.where(cum - sorted_p < p, sorted_p, torch.zeros_like(sorted_p))
+    cum = sorted_p.cumsum(-1)
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1) * cum[:, -1:]
+    idx = torch.searchsorted(cum, u).clamp(max=probs.shape[-1] - 1)
+    return order.gather(-1, idx).squeeze(-1)

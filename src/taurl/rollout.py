@@ -1,0 +1,259 @@
+"""The agent loop: token in, token out (DESIGN.md §3).
+
+One episode, read top to bottom:
+
+1. the task prompt is rendered once with the chat template → prompt ids (mask 0);
+2. the engine samples an action from the concatenated ids; its ids, logprobs and policy
+   version are appended exactly as they came (mask 1);
+3. the environment answers; the observation is encoded once and appended (mask 0):
+   *inline* envs (Search-R1) append it to the same assistant message, *messages* envs
+   append a new chat message as a template delta (render[base, msg] minus render[base]);
+4. repeat until the env terminates or truncates, or a budget runs out; then the
+   template's end-of-turn tokens close the stream (kind "template", mask 0).
+
+History is never re-encoded: the text view (`messages`) is built from the decoded
+segments, so ``decode(ids) == chat_template(messages)`` holds by construction, and the
+tests check it. Every failure inside an episode (engine, env, tool) ends that episode
+with a stop reason and an error text; it never ends the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from taurl.envs.core import Env, Task
+from taurl.errors import ContractError, Error
+from taurl.policy.engine import Engine, SamplingParams
+from taurl.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Budgets and sampling for the agent loop."""
+
+    max_turns: int = 4  # actions per episode (the env may have a smaller budget)
+    max_action_tokens: int = 96  # sampled tokens per action
+    max_episode_tokens: int = 384  # sampled tokens per episode, all actions together
+    max_observation_tokens: int = 256  # an observation is cut to this many tokens
+    observation_keep_tail: int = 4  # ...keeping its last ids (the closing tags)
+    max_context: int = 1536  # prompt + actions + observations (never above the model's)
+    max_tool_calls: int | None = None  # tool calls per episode (None: no budget)
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class ChatCodec:
+    """Renders chat messages with the tokenizer's template and encodes text once."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
+        self.tok = tokenizer
+        self.tools = tools or None
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        kw: dict[str, Any] = {"tools": self.tools} if self.tools else {}
+        return self.tok.apply_chat_template(messages, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt, **kw)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def delta(self, stream_text: str, messages: list[dict], add_generation_prompt: bool) -> str:
+        """The text the template adds after `stream_text` to render `messages`."""
+        target = self.render(messages, add_generation_prompt)
+        if not target.startswith(stream_text):
+            raise ContractError("template_prefix", "the chat template does not render the conversation so far as a "
+                                "prefix of the next one; observations cannot be appended as a template delta")
+        return target[len(stream_text):]
+
+
+class _Episode:
+    """The growing token stream of one episode and its text view."""
+
+    def __init__(self, codec: ChatCodec, messages: list[dict]):
+        self.codec = codec
+        self.messages = messages
+        self.segments: list[Segment] = []
+        self.ids: list[int] = []
+        self.text = ""
+
+    def append(self, kind: str, ids: list[int], logprobs=None, version=None) -> tuple[int, str]:
+        text = self.codec.decode(ids)
+        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
+        self.ids.extend(ids)
+        self.text += text
+        return len(self.segments) - 1, text
+
+    def add_to_assistant(self, text: str) -> None:
+        if self.messages[-1]["role"] != "assistant":
+            self.messages.append({"role": "assistant", "content": ""})
+        self.messages[-1]["content"] += text
+
+
+async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, seed: int,
+                      config: RolloutConfig = RolloutConfig(), group_id: str = "", run_id: str = "",
+                      episode_id: str | None = None) -> Trajectory:
+    """Run one episode of `env` on `task` with `engine`; always returns a finished record."""
+    t_start = time.perf_counter()
+    inline = env.observation_style == "inline"
+    codec = ChatCodec(tokenizer, None if inline else env.tools)
+    messages = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else [])
+    messages.append({"role": "user", "content": task.prompt})
+    ep = _Episode(codec, messages)
+    ep.append("prompt", codec.encode(codec.render(messages, add_generation_prompt=True)))
+    max_context = min(config.max_context, engine.max_context)
+    eos_text = codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
+
+    turns: list[Turn] = []
+    reward, info = 0.0, {}
+    stop: StopReason | None = None
+    sampled = tool_calls = 0
+    gen_s = env_s = 0.0
+    env.reset(task, seed)
+    for t in range(config.max_turns):
+        budget = min(config.max_action_tokens, config.max_episode_tokens - sampled, max_context - len(ep.ids) - 8)
+        if config.max_episode_tokens - sampled <= 0:
+            stop = StopReason.MAX_TOKENS
+            break
+        if budget < 1:
+            stop = StopReason.CONTEXT_FULL
+            break
+        sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=budget,
+                                  stop=tuple(env.stop), seed=_derive_seed(seed, t))
+        t0 = time.perf_counter()
+        try:
+            gen = await engine.generate(ep.ids, sampling)
+        except Error as e:
+            stop, info = StopReason.ERROR, {"error": f"engine: {e}"}
+            break
+        gen_s += time.perf_counter() - t0
+        sampled += len(gen.token_ids)
+        a_idx, action_text = ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version)
+        # a sampled end-of-turn token belongs to the stream, not to the message content
+        env_text = action_text
+        if gen.finish_reason == "eos" and eos_text and action_text.endswith(eos_text):
+            env_text = action_text[:-len(eos_text)]
+        ep.add_to_assistant(env_text)
+
+        t0 = time.perf_counter()
+        try:
+            obs, r, terminated, truncated, info = env.step(env_text)
+        except Exception as e:  # a broken env ends this episode, never the run
+            obs, r, terminated, truncated = "", 0.0, False, True
+            info = {"error": f"env.step raised {type(e).__name__}: {e}", "stop_reason": "error",
+                    "action": {"kind": "error"}, "invalid": False}
+        dt_env = time.perf_counter() - t0
+        env_s += dt_env
+        reward += float(r)
+        receipt = info.get("receipt")
+        tool_calls += receipt is not None
+        ended = terminated or truncated or gen.finish_reason == "eos"
+        o_idx, dropped = None, 0
+        if obs and not ended:
+            obs_ids, dropped = _cut(codec.encode(obs if inline else codec.delta(
+                ep.text, ep.messages + [{"role": info.get("role", "tool"), "content": obs}], True)),
+                config.max_observation_tokens, config.observation_keep_tail)
+            if len(ep.ids) + len(obs_ids) + 8 >= max_context:
+                stop = StopReason.CONTEXT_FULL
+                ended = True
+            else:
+                o_idx, obs_text = ep.append("observation", obs_ids)
+                if inline:
+                    ep.add_to_assistant(obs_text)
+                else:
+                    ep.messages.append({"role": info.get("role", "tool"), "content": obs})
+        turns.append(Turn(index=t, action_text=action_text, action=dict(info.get("action") or {"kind": "unknown"}),
+                          observation_text=ep.codec.decode(ep.segments[o_idx].token_ids) if o_idx is not None else "",
+                          action_segment=a_idx, observation_segment=o_idx, finish_reason=gen.finish_reason,
+                          invalid=bool(info.get("invalid", False)), error=info.get("error"),
+                          receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
+                          generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
+        if terminated:
+            stop = StopReason(info.get("stop_reason", "answered"))
+        elif truncated:
+            stop = StopReason(info.get("stop_reason", "error" if info.get("error") else "max_turns"))
+        elif gen.finish_reason == "eos":
+            stop = StopReason.NO_ANSWER
+        elif config.max_tool_calls is not None and tool_calls >= config.max_tool_calls:
+            stop = StopReason.TOOL_BUDGET
+        if stop is not None:
+            break
+    if stop is None:
+        stop = StopReason.MAX_TURNS
+
+    closing = codec.delta(ep.text, ep.messages, add_generation_prompt=False)
+    if closing:
+        ep.append("template", codec.encode(closing))
+
+    components = dict(info.get("reward_components") or {"outcome": reward})
+    unexplained = reward - sum(components.values())
+    if abs(unexplained) > 1e-9:  # step rewards the final components do not cover
+        components["env_steps"] = unexplained
+    return Trajectory(
+        episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
+        group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
+        seed=seed, segments=tuple(ep.segments), turns=tuple(turns), messages=tuple(ep.messages),
+        terminated=stop.is_termination, truncated=not stop.is_termination, stop_reason=stop,
+        reward=sum(components.values()), reward_components=components,
+        verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
+        timings={"wall_s": time.perf_counter() - t_start, "generate_s": gen_s, "env_s": env_s},
+        metadata={"answers": list(task.answers), "error": info.get("error") if stop is StopReason.ERROR else None,
+                  **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
+    )
+
+
+def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], int]:
+    """Cut `ids` to `max_tokens` in tokens (not characters), keeping the last `keep_tail`."""
+    if len(ids) <= max_tokens:
+        return ids, 0
+    tail = min(keep_tail, max_tokens)
+    return ids[:max_tokens - tail] + ids[len(ids) - tail:], len(ids) - max_tokens
+
+
+def _derive_seed(seed: int, turn: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=4).digest(), "little")
+
+
+@dataclass
+class RolloutResult:
+    trajectories: list[Trajectory]
+    failures: list[tuple[str, str]]  # (task_id, why) for episodes that produced no record
+
+
+async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: Any, tasks: list[Task], *,
+                       group_size: int = 1, config: RolloutConfig = RolloutConfig(), concurrency: int = 32,
+                       seed: int = 0, run_id: str = "", round_index: int = 0,
+                       on_episode: Callable[[Trajectory], None] | None = None) -> RolloutResult:
+    """Run `group_size` episodes per task, at most `concurrency` at once.
+
+    Episodes of the same task in this round share a group_id (for group-relative credit).
+    A failure that prevents a record (e.g. the env cannot even be built) is counted in
+    `failures` with its reason; the other episodes go on.
+    """
+    sem = asyncio.Semaphore(concurrency)
+    trajectories: list[Trajectory] = []
+    failures: list[tuple[str, str]] = []
+
+    async def one(task: Task, g: int, ep_seed: int) -> None:
+        async with sem:
+            try:
+                traj = await run_episode(engine, make_env(), tokenizer, task, seed=ep_seed, config=config,
+                                         group_id=f"{run_id}:{round_index}:{task.task_id}", run_id=run_id)
+            except Exception as e:  # noqa: BLE001 — counted and explained, never fatal
+                failures.append((task.task_id, f"{type(e).__name__}: {e}"))
+                return
+            trajectories.append(traj)
+            if on_episode is not None:
+                on_episode(traj)
+
+    jobs = [one(task, g, _derive_seed(seed, i * group_size + g)) for i, task in enumerate(tasks) for g in range(group_size)]
+    await asyncio.gather(*jobs)
+    return RolloutResult(trajectories, failures)

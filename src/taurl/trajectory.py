@@ -1,0 +1,407 @@
+"""Trajectory records and their validation: the contracts of DESIGN.md §2.
+
+A trajectory τ = (s0, a0, o1, a1, …, aT) is stored as a flat token stream cut into
+*segments*. Each segment has one kind:
+
+=============  =========================================  ====  ==========  =========
+kind           where the ids come from                    mask  logprobs    version
+=============  =========================================  ====  ==========  =========
+prompt         the chat template, rendered once            0     none        none
+action         exactly the ids the engine sampled          1     behaviour   required
+observation    the environment's answer, encoded once      0     none        none
+template       end-of-turn tokens the template adds        0     none        none
+=============  =========================================  ====  ==========  =========
+
+Only `action` ids are trained on (mask 1). Behaviour logprobs are
+``log_softmax(logits / temperature)`` of the policy that sampled the token, before any
+top-p truncation — the same quantity the learner recomputes.
+
+`terminated` and `truncated` follow Gymnasium: *terminated* means the episode reached
+a terminal state of the task (the agent answered, or ended its turn without answering);
+*truncated* means it was cut off from outside (turn, token, context or tool budgets, an
+error). Exactly one of them is true for a finished episode, and `stop_reason` says why.
+
+Records are immutable. `to_dict` / `from_dict` give the JSON form stored in the ledger
+and written by the JSONL export.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from taurl.errors import ContractError
+
+SEGMENT_KINDS = ("prompt", "action", "observation", "template")
+INT32_MAX = 2**31 - 1  # token ids and policy versions are exported as int32
+
+
+class StopReason(str, Enum):
+    """Why an episode ended. The first two are terminations, the rest truncations."""
+
+    ANSWERED = "answered"  # the agent gave a final answer
+    NO_ANSWER = "no_answer"  # the agent ended its turn (EOS) without a final answer
+    MAX_TURNS = "max_turns"  # the per-episode turn budget ran out
+    MAX_TOKENS = "max_tokens"  # the per-episode budget of sampled tokens ran out
+    CONTEXT_FULL = "context_full"  # the next turn would not fit in the model's context
+    TOOL_BUDGET = "tool_budget"  # the tool-call budget ran out
+    ERROR = "error"  # the environment or a tool failed in a way the episode cannot survive
+
+    @property
+    def is_termination(self) -> bool:
+        return self in (StopReason.ANSWERED, StopReason.NO_ANSWER)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of token ids of one kind.
+
+    token_ids: (n,) vocabulary ids. logprobs: (n,) behaviour logprobs, action only.
+    policy_version: the policy version that sampled the ids, action only.
+    """
+
+    kind: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    policy_version: int | None = None
+
+    @property
+    def mask(self) -> int:
+        return 1 if self.kind == "action" else 0
+
+
+@dataclass(frozen=True)
+class ToolReceipt:
+    """What happened to one tool call: the gate's decision, the execution, the result."""
+
+    tool: str
+    arguments: dict[str, Any]
+    decision: str  # "allowed" | "denied"
+    status: str  # "ok" | "error" | "timeout" | "denied"
+    reason: str = ""  # why it was denied or failed, in words
+    latency_s: float = 0.0
+    output_chars: int = 0
+    truncated_output: bool = False
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One action of the agent and the environment's answer to it.
+
+    action: the parsed action as a JSON-able dict (env-specific; always has "kind").
+    action_segment / observation_segment: indexes into `Trajectory.segments`.
+    """
+
+    index: int
+    action_text: str
+    action: dict[str, Any]
+    observation_text: str
+    action_segment: int
+    observation_segment: int | None
+    finish_reason: str  # the engine's: "stop" | "length" | "eos"
+    invalid: bool = False  # the action could not be parsed / was not allowed
+    error: str | None = None  # an environment or tool failure, in words
+    receipt: ToolReceipt | None = None
+    env_reward: float = 0.0
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    observation_tokens_dropped: int = 0  # ids cut from the observation (token budget)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One finished episode: identity, the token stream, the turns and how it ended."""
+
+    episode_id: str
+    run_id: str
+    task_id: str
+    group_id: str
+    split: str
+    env_name: str
+    env_version: str
+    seed: int
+    segments: tuple[Segment, ...]
+    turns: tuple[Turn, ...]
+    messages: tuple[dict[str, str], ...]  # the chat the token stream renders
+    terminated: bool
+    truncated: bool
+    stop_reason: StopReason | None
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    verifier_version: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    # -- the flat views the learner and the export use -------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def action_mask(self) -> list[int]:
+        return [s.mask for s in self.segments for _ in s.token_ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        """Behaviour logprobs aligned with `token_ids`; 0.0 where the mask is 0."""
+        out: list[float] = []
+        for s in self.segments:
+            out.extend(s.logprobs if s.kind == "action" and s.logprobs else [0.0] * len(s.token_ids))
+        return out
+
+    @property
+    def token_versions(self) -> list[int]:
+        """Policy version of each token; -1 where the mask is 0."""
+        out: list[int] = []
+        for s in self.segments:
+            v = s.policy_version if s.kind == "action" and s.policy_version is not None else -1
+            out.extend([v] * len(s.token_ids))
+        return out
+
+    @property
+    def policy_versions(self) -> list[int]:
+        """Sorted distinct versions that produced this trajectory's actions."""
+        return sorted({s.policy_version for s in self.segments if s.kind == "action" and s.policy_version is not None})
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.kind == "action")
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(1 for t in self.turns if t.receipt is not None)
+
+    @property
+    def num_invalid_actions(self) -> int:
+        return sum(1 for t in self.turns if t.invalid)
+
+    @property
+    def num_errors(self) -> int:
+        return sum(1 for t in self.turns if t.error)
+
+    @property
+    def valid(self) -> bool:
+        """The valid-sample flag: false when an error (not the agent) ended the episode."""
+        return self.stop_reason is not StopReason.ERROR
+
+    # -- JSON form -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop_reason"] = self.stop_reason.value if self.stop_reason else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Trajectory:
+        """Build from the JSON form; raises ContractError(rule="schema") on bad structure."""
+        return _from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------
+# Validation: each rule has a stable name; `check_trajectory` lists every violation.
+
+
+def check_trajectory(traj: Trajectory) -> list[ContractError]:
+    """Every contract rule `traj` breaks, as ContractErrors (empty when valid)."""
+    errs: list[ContractError] = []
+
+    def bad(rule: str, detail: str) -> None:
+        errs.append(ContractError(rule, detail))
+
+    for name in ("episode_id", "task_id", "group_id", "split", "env_name", "env_version"):
+        if not getattr(traj, name):
+            bad("missing_identity", f"{name} is empty; every trajectory names its episode, task, group, split and env")
+    if not _is(traj.seed, int) or not -(2**63) <= traj.seed < 2**63:
+        bad("seed_range", f"seed {traj.seed!r} must be an integer that fits in int64")
+    if not traj.segments:
+        bad("empty_trajectory", "a trajectory has no segments")
+    elif traj.segments[0].kind != "prompt":
+        bad("prompt_first", f"the first segment is {traj.segments[0].kind!r}; it must be the prompt")
+    for i, s in enumerate(traj.segments):
+        where = f"segment {i} ({s.kind})"
+        if s.kind not in SEGMENT_KINDS:
+            bad("segment_kind", f"{where}: kind must be one of {SEGMENT_KINDS}")
+            continue
+        if len(s.token_ids) == 0 and s.kind != "action":
+            bad("empty_segment", f"{where} has no tokens")
+        if any(not _is(t, int) or not 0 <= t <= INT32_MAX for t in s.token_ids):
+            bad("token_range", f"{where}: token ids must be integers in [0, 2**31)")
+        if s.kind == "action":
+            if s.logprobs is None or len(s.logprobs) != len(s.token_ids):
+                n = None if s.logprobs is None else len(s.logprobs)
+                bad("logprobs_length", f"{where}: {len(s.token_ids)} ids but {n} logprobs")
+            elif any((not math.isfinite(x)) or x > 1e-6 for x in s.logprobs):
+                bad("logprob_range", f"{where}: logprobs must be finite and <= 0")
+            if s.policy_version is None:
+                bad("action_without_version", f"{where}: every action segment records the policy version that sampled it")
+            elif not _is(s.policy_version, int) or not 0 <= s.policy_version <= INT32_MAX:
+                # -1 means "no version" in the flat `token_versions` view, so versions are >= 0
+                bad("version_range", f"{where}: policy_version {s.policy_version!r} must be an integer in [0, 2**31)")
+        elif s.logprobs is not None or s.policy_version is not None:
+            bad("non_action_logprobs", f"{where}: only action segments carry logprobs and a policy version")
+    for t in traj.turns:
+        if not 0 <= t.action_segment < len(traj.segments) or traj.segments[t.action_segment].kind != "action":
+            bad("turn_segment", f"turn {t.index}: action_segment {t.action_segment} is not an action segment")
+        o = t.observation_segment
+        if o is not None and (not 0 <= o < len(traj.segments) or traj.segments[o].kind != "observation"):
+            bad("turn_segment", f"turn {t.index}: observation_segment {o} is not an observation segment")
+    if traj.stop_reason is None:
+        bad("missing_stop_reason", "a finished episode records why it stopped")
+    elif traj.terminated == traj.truncated:
+        bad("termination_flags", f"exactly one of terminated/truncated must be true (got {traj.terminated}/{traj.truncated})")
+    elif traj.terminated != traj.stop_reason.is_termination:
+        kind = "termination" if traj.stop_reason.is_termination else "truncation"
+        bad("termination_flags", f"stop_reason {traj.stop_reason.value!r} is a {kind} but terminated={traj.terminated}")
+    if not math.isfinite(traj.reward):
+        bad("reward_finite", f"reward {traj.reward} is not finite")
+    if traj.reward_components:
+        total = sum(traj.reward_components.values())
+        if not math.isclose(total, traj.reward, rel_tol=1e-6, abs_tol=1e-6):
+            bad("reward_components_sum", f"reward {traj.reward} != sum of components {total}")
+        if not traj.verifier_version:
+            bad("missing_verifier_version", "a reward from a verifier records the verifier's version")
+    return errs
+
+
+def validate_trajectory(traj: Trajectory) -> Trajectory:
+    """Return `traj` if it keeps every contract, else raise the first broken rule."""
+    errs = check_trajectory(traj)
+    if errs:
+        if len(errs) > 1:
+            more = "; ".join(str(e) for e in errs[1:])
+            raise ContractError(errs[0].rule, f"{errs[0].detail} (also: {more})")
+        raise errs[0]
+    return traj
+
+
+# ---------------------------------------------------------------------------------------
+# from_dict: structural checks only (types, required keys); semantics are checked above.
+# Nothing is coerced: a string where a number belongs is an error, not a conversion.
+
+_NUM = (int, float)
+_SEGMENT_FIELDS = {"kind": str, "token_ids": list, "logprobs": (list, type(None)),
+                   "policy_version": (int, type(None))}
+# field -> (accepted types, required)
+_TURN_FIELDS: dict[str, tuple[Any, bool]] = {
+    "index": (int, True), "action_text": (str, True), "action": (dict, True),
+    "observation_text": (str, True), "action_segment": (int, True),
+    "observation_segment": ((int, type(None)), True), "finish_reason": (str, True),
+    "invalid": (bool, False), "error": ((str, type(None)), False),
+    "receipt": ((dict, type(None)), False), "env_reward": (_NUM, False),
+    "generate_s": (_NUM, False), "env_s": (_NUM, False),
+}
+_RECEIPT_FIELDS: dict[str, tuple[Any, bool]] = {
+    "tool": (str, True), "arguments": (dict, True), "decision": (str, True),
+    "status": (str, True), "reason": (str, False), "latency_s": (_NUM, False),
+    "output_chars": (int, False), "truncated_output": (bool, False),
+}
+
+
+def _is(v: Any, typ: type | tuple[type, ...]) -> bool:
+    """isinstance, except that a bool is not a number unless `typ` names bool."""
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if isinstance(v, bool) and bool not in types:
+        return False
+    return isinstance(v, types)
+
+
+def _need(d: dict, key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if key not in d:
+        raise ContractError("schema", f"{where}: missing field {key!r}")
+    v = d[key]
+    if not _is(v, typ):
+        raise ContractError("schema", f"{where}: field {key!r} has type {type(v).__name__}")
+    return v
+
+
+def _opt(d: dict, key: str, typ: type | tuple[type, ...], default: Any, where: str) -> Any:
+    return _need(d, key, typ, where) if key in d else default
+
+
+def _fields(d: Any, spec: dict[str, tuple[Any, bool]], where: str) -> dict[str, Any]:
+    """The keyword arguments of a record described by `spec`, type-checked."""
+    if not isinstance(d, dict):
+        raise ContractError("schema", f"{where} is a JSON object, got {type(d).__name__}")
+    unknown = sorted(str(k) for k in d if k not in spec)
+    if unknown:
+        raise ContractError("schema", f"{where}: unknown field(s) {unknown}; known: {sorted(spec)}")
+    return {k: _need(d, k, typ, where) for k, (typ, required) in spec.items() if required or k in d}
+
+
+def _num_map(d: dict, key: str, where: str) -> dict[str, float]:
+    m = _opt(d, key, dict, {}, where)
+    for k, v in m.items():
+        if not isinstance(k, str) or not _is(v, _NUM):
+            raise ContractError("schema", f"{where}: {key} maps names to numbers; got {k!r}: {type(v).__name__}")
+    return {k: float(v) for k, v in m.items()}
+
+
+def _segment(s: Any, i: int) -> Segment:
+    kw = _fields(s, {k: (t, k in ("kind", "token_ids")) for k, t in _SEGMENT_FIELDS.items()}, f"segment {i}")
+    lps = kw.get("logprobs")
+    if lps is not None and not all(_is(x, _NUM) for x in lps):
+        raise ContractError("schema", f"segment {i}: logprobs must be a list of numbers or null")
+    return Segment(kw["kind"], tuple(kw["token_ids"]),
+                   None if lps is None else tuple(float(x) for x in lps), kw.get("policy_version"))
+
+
+def _turn(t: Any, i: int) -> Turn:
+    kw = _fields(t, _TURN_FIELDS, f"turn {i}")
+    rec = kw.pop("receipt", None)
+    if rec is not None:
+        kw["receipt"] = ToolReceipt(**_fields(rec, _RECEIPT_FIELDS, f"turn {i} receipt"))
+    return Turn(**kw)
+
+
+def _from_dict(d: Any) -> Trajectory:
+    try:
+        return _from_dict_checked(d)
+    except ContractError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as e:
+        # a safety net: whatever the structure, the caller gets a ContractError
+        raise ContractError("schema", f"malformed trajectory ({type(e).__name__}: {e})") from None
+
+
+def _from_dict_checked(d: Any) -> Trajectory:
+    if not isinstance(d, dict):
+        raise ContractError("schema", f"a trajectory is a JSON object, got {type(d).__name__}")
+    where = "trajectory"
+    segs = [_segment(s, i) for i, s in enumerate(_need(d, "segments", list, where))]
+    turns = [_turn(t, i) for i, t in enumerate(_need(d, "turns", list, where))]
+    messages = _need(d, "messages", list, where)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
+            raise ContractError("schema", f"message {i} must be a JSON object with string keys")
+    reason = _opt(d, "stop_reason", (str, type(None)), None, where)
+    try:
+        stop = StopReason(reason) if reason is not None else None
+    except ValueError:
+        raise ContractError("schema", f"unknown stop_reason {reason!r}; one of {[r.value for r in StopReason]}") from None
+    metadata = _opt(d, "metadata", dict, {}, where)
+    return Trajectory(
+        episode_id=_need(d, "episode_id", str, where),
+        run_id=_opt(d, "run_id", str, "", where),
+        task_id=_need(d, "task_id", str, where),
+        group_id=_need(d, "group_id", str, where),
+        split=_need(d, "split", str, where),
+        env_name=_need(d, "env_name", str, where),
+        env_version=_need(d, "env_version", str, where),
+        seed=_need(d, "seed", int, where),
+        segments=tuple(segs),
+        turns=tuple(turns),
+        messages=tuple(messages),
+        terminated=_need(d, "terminated", bool, where),
+        truncated=_need(d, "truncated", bool, where),
+        stop_reason=stop,
+        reward=float(_need(d, "reward", _NUM, where)),
+        reward_components=_num_map(d, "reward_components", where),
+        verifier_version=_opt(d, "verifier_version", str, "", where),
+        timings=_num_map(d, "timings", where),
+        metadata=dict(metadata),
+    )
