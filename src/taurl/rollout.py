@@ -66,6 +66,17 @@ class ChatCodec:
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def split_stops(self, stops: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Stops that are one token become stop ids (exact, no decoding); the rest stay strings."""
+        ids, strings = [], []
+        for s in stops:
+            enc = self.encode(s)
+            if len(enc) == 1 and self.decode(enc) == s:
+                ids.append(enc[0])
+            else:
+                strings.append(s)
+        return tuple(ids), tuple(strings)
+
     def delta(self, stream_text: str, messages: list[dict], add_generation_prompt: bool) -> str:
         """The text the template adds after `stream_text` to render `messages`."""
         target = self.render(messages, add_generation_prompt)
@@ -112,6 +123,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     max_context = min(config.max_context, engine.max_context)
     eos_text = codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
 
+    stop_ids, stop_strings = codec.split_stops(env.stop)
     turns: list[Turn] = []
     reward, info = 0.0, {}
     stop: StopReason | None = None
@@ -127,7 +139,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
             stop = StopReason.CONTEXT_FULL
             break
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=budget,
-                                  stop=tuple(env.stop), seed=_derive_seed(seed, t))
+                                  stop=stop_strings, stop_token_ids=stop_ids, seed=_derive_seed(seed, t))
         t0 = time.perf_counter()
         try:
             gen = await engine.generate(ep.ids, sampling)

@@ -1,0 +1,78 @@
+"""The run directory: a public layout (documented in the README).
+
+    runs/<name>/
+      config.yaml          the validated configuration of the run
+      ledger.sqlite        every trajectory (append-only, SQLite WAL)
+      metrics.jsonl        one JSON object per step / phase, namespaced keys
+      checkpoints/v<N>/    policy version N in Hugging Face format, tokenizer included
+      exports/             trajectory exports (JSONL / Parquet)
+      report.html          plots and holdout results (training runs)
+      summary.json         the final figures (training runs)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from taurl.errors import Error
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def create(cls, root: str | Path, exist_ok: bool = True) -> RunDir:
+        path = Path(root)
+        if path.exists() and not exist_ok and any(path.iterdir()):
+            raise Error(f"run directory {path} already exists and is not empty; pick another --run-dir")
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    @classmethod
+    def open(cls, root: str | Path) -> RunDir:
+        path = Path(root)
+        if not (path / "ledger.sqlite").exists():
+            raise Error(f"{path} is not a taurl run directory (no ledger.sqlite); "
+                        "create one with `taurl rollout --run-dir PATH`")
+        return cls(path)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.sqlite"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def exports(self) -> Path:
+        return self.root / "exports"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    def checkpoint(self, version: int) -> Path:
+        return self.root / "checkpoints" / f"v{version}"
+
+    def versions(self) -> list[int]:
+        ckpts = self.root / "checkpoints"
+        if not ckpts.exists():
+            return []
+        return sorted(int(m.group(1)) for p in ckpts.iterdir()
+                      if (m := re.fullmatch(r"v(\d+)", p.name)) and (p / "config.json").exists())
+
+    def latest_checkpoint(self) -> Path | None:
+        v = self.versions()
+        return self.checkpoint(v[-1]) if v else None
