@@ -89,7 +89,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
 
     def store(traj) -> None:
         report = ledger.append_many([traj])
-        rejected.extend(f"{r.episode_id}: {r.error}" for r in report.rejected)
+        rejected.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
         bar.update(1)
         bar.set_postfix(reward=f"{traj.reward:.2f}", stop=traj.stop_reason.value)
 

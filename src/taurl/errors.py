@@ -51,3 +51,11 @@ class UnknownEpisodeError(Error, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class SandboxError(Error, RuntimeError):
+    """The sandbox cannot run a command safely (isolation unavailable or misused)."""
+
+
+class EnvCheckError(Error, AssertionError):
+    """An environment breaks the Env protocol (found by `taurl.envs.checker.check_env`)."""

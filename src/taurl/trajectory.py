@@ -27,8 +27,9 @@ and written by the JSONL export.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -284,27 +285,31 @@ def validate_trajectory(traj: Trajectory) -> Trajectory:
 # Nothing is coerced: a string where a number belongs is an error, not a conversion.
 
 _NUM = (int, float)
-_SEGMENT_FIELDS = {"kind": str, "token_ids": list, "logprobs": (list, type(None)),
-                   "policy_version": (int, type(None))}
-# field -> (accepted types, required)
-_TURN_FIELDS: dict[str, tuple[Any, bool]] = {
-    "index": (int, True), "action_text": (str, True), "action": (dict, True),
-    "observation_text": (str, True), "action_segment": (int, True),
-    "observation_segment": ((int, type(None)), True), "finish_reason": (str, True),
-    "invalid": (bool, False), "error": ((str, type(None)), False),
-    "receipt": ((dict, type(None)), False), "env_reward": (_NUM, False),
-    "generate_s": (_NUM, False), "env_s": (_NUM, False),
+# JSON types accepted for each annotation (annotations are strings under __future__)
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": _NUM, "str": (str,), "bool": (bool,), "None": (type(None),),
+    "dict": (dict,), "ToolReceipt": (dict,), "tuple": (list,), "list": (list,),
 }
-_RECEIPT_FIELDS: dict[str, tuple[Any, bool]] = {
-    "tool": (str, True), "arguments": (dict, True), "decision": (str, True),
-    "status": (str, True), "reason": (str, False), "latency_s": (_NUM, False),
-    "output_chars": (int, False), "truncated_output": (bool, False),
-}
+
+
+@functools.cache
+def _spec(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
+    """field -> (accepted JSON types, required), read off the dataclass so it never drifts."""
+    out = {}
+    for f in fields(cls):
+        names = [part.strip().split("[")[0] for part in str(f.type).split("|")]
+        # an annotation we do not know accepts any JSON value rather than refusing good records
+        types = tuple(t for n in names for t in _JSON_TYPES.get(n, (object,)))
+        required = f.default is MISSING and f.default_factory is MISSING
+        out[f.name] = (types, required)
+    return out
 
 
 def _is(v: Any, typ: type | tuple[type, ...]) -> bool:
     """isinstance, except that a bool is not a number unless `typ` names bool."""
     types = typ if isinstance(typ, tuple) else (typ,)
+    if object in types:
+        return True
     if isinstance(v, bool) and bool not in types:
         return False
     return isinstance(v, types)
@@ -342,7 +347,7 @@ def _num_map(d: dict, key: str, where: str) -> dict[str, float]:
 
 
 def _segment(s: Any, i: int) -> Segment:
-    kw = _fields(s, {k: (t, k in ("kind", "token_ids")) for k, t in _SEGMENT_FIELDS.items()}, f"segment {i}")
+    kw = _fields(s, _spec(Segment), f"segment {i}")
     lps = kw.get("logprobs")
     if lps is not None and not all(_is(x, _NUM) for x in lps):
         raise ContractError("schema", f"segment {i}: logprobs must be a list of numbers or null")
@@ -351,10 +356,10 @@ def _segment(s: Any, i: int) -> Segment:
 
 
 def _turn(t: Any, i: int) -> Turn:
-    kw = _fields(t, _TURN_FIELDS, f"turn {i}")
+    kw = _fields(t, _spec(Turn), f"turn {i}")
     rec = kw.pop("receipt", None)
     if rec is not None:
-        kw["receipt"] = ToolReceipt(**_fields(rec, _RECEIPT_FIELDS, f"turn {i} receipt"))
+        kw["receipt"] = ToolReceipt(**_fields(rec, _spec(ToolReceipt), f"turn {i} receipt"))
     return Turn(**kw)
 
 
@@ -372,36 +377,26 @@ def _from_dict_checked(d: Any) -> Trajectory:
     if not isinstance(d, dict):
         raise ContractError("schema", f"a trajectory is a JSON object, got {type(d).__name__}")
     where = "trajectory"
-    segs = [_segment(s, i) for i, s in enumerate(_need(d, "segments", list, where))]
-    turns = [_turn(t, i) for i, t in enumerate(_need(d, "turns", list, where))]
-    messages = _need(d, "messages", list, where)
-    for i, m in enumerate(messages):
+    spec = dict(_spec(Trajectory))
+    # older records may lack these; a missing stop_reason is then reported by its own rule
+    spec["run_id"] = ((str,), False)
+    spec["stop_reason"] = ((str, type(None)), False)
+    spec["reward"] = (_NUM, True)  # an unscored episode says reward 0 explicitly
+    # other keys (the export's flat arrays, counts) are not the record's: the ledger checks them
+    kw = _fields({k: v for k, v in d.items() if k in spec}, spec, where)
+    kw["run_id"] = kw.get("run_id", "")
+    kw["segments"] = tuple(_segment(s, i) for i, s in enumerate(kw["segments"]))
+    kw["turns"] = tuple(_turn(t, i) for i, t in enumerate(kw["turns"]))
+    for i, m in enumerate(kw["messages"]):
         if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
             raise ContractError("schema", f"message {i} must be a JSON object with string keys")
-    reason = _opt(d, "stop_reason", (str, type(None)), None, where)
+    kw["messages"] = tuple(kw["messages"])
+    reason = kw.get("stop_reason")
     try:
-        stop = StopReason(reason) if reason is not None else None
+        kw["stop_reason"] = StopReason(reason) if reason is not None else None
     except ValueError:
         raise ContractError("schema", f"unknown stop_reason {reason!r}; one of {[r.value for r in StopReason]}") from None
-    metadata = _opt(d, "metadata", dict, {}, where)
-    return Trajectory(
-        episode_id=_need(d, "episode_id", str, where),
-        run_id=_opt(d, "run_id", str, "", where),
-        task_id=_need(d, "task_id", str, where),
-        group_id=_need(d, "group_id", str, where),
-        split=_need(d, "split", str, where),
-        env_name=_need(d, "env_name", str, where),
-        env_version=_need(d, "env_version", str, where),
-        seed=_need(d, "seed", int, where),
-        segments=tuple(segs),
-        turns=tuple(turns),
-        messages=tuple(messages),
-        terminated=_need(d, "terminated", bool, where),
-        truncated=_need(d, "truncated", bool, where),
-        stop_reason=stop,
-        reward=float(_need(d, "reward", _NUM, where)),
-        reward_components=_num_map(d, "reward_components", where),
-        verifier_version=_opt(d, "verifier_version", str, "", where),
-        timings=_num_map(d, "timings", where),
-        metadata=dict(metadata),
-    )
+    kw["reward"] = float(kw["reward"])
+    kw["reward_components"] = _num_map(d, "reward_components", where)
+    kw["timings"] = _num_map(d, "timings", where)
+    return Trajectory(**kw)

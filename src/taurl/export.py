@@ -1,0 +1,261 @@
+"""The public export format of the ledger: one row per trajectory, as JSONL or Parquet.
+
+This format is a contract: `EXPORT_FIELDS` documents every field (the README table is
+generated from it by `export_fields_markdown`), and a JSONL row is also a valid input to
+`Ledger.append` — export, re-append into a fresh ledger, and you get identical
+trajectories back.
+
+A row holds the identity of the episode, its outcome, the flat token arrays the learner
+uses (all of length ``num_tokens``), the counts, and the full nested record: in JSONL the
+nested fields (segments, turns, messages, timings, metadata) sit at the top level of the
+row, so the row is ``Trajectory.to_dict()`` plus the flat arrays and counts; in Parquet the
+whole ``Trajectory.to_dict()`` is one JSON string column, ``record``.
+
+When a dict given to `Ledger.append` carries any of the flat arrays or counts, they must
+agree with its segments (`check_export_fields`): a disagreement is refused, never repaired.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from taurl.errors import ContractError
+from taurl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from taurl.ledger import Ledger
+
+EXPORT_VERSION = 1  # bump when a field changes meaning; stored in the Parquet metadata
+
+# name -> "dtype: meaning". dtype is the Parquet type; JSONL uses the JSON equivalent.
+EXPORT_FIELDS: dict[str, str] = {
+    # identity
+    "episode_id": "string: unique id of the episode (the ledger's primary key)",
+    "run_id": "string: the training/eval run that produced it ('' if none)",
+    "task_id": "string: the task instance",
+    "group_id": "string: the group of episodes sampled for one task (GRPO group)",
+    "split": "string: the task split ('train', 'holdout', ...)",
+    "env_name": "string: environment id, e.g. 'search-v0'",
+    "env_version": "string: environment version; changes when observation/reward meaning changes",
+    "seed": "int64: the seed the environment was reset with",
+    # outcome
+    "reward": "float64: total reward = sum of reward_components when they are given",
+    "reward_components": "string (JSON object name -> float); a JSON object in JSONL: each reward layer separately",
+    "verifier_version": "string: version of the verifier that scored the episode ('' if unscored)",
+    "terminated": "bool: the task reached a terminal state (exactly one of terminated/truncated)",
+    "truncated": "bool: the episode was cut off from outside (a budget, an error)",
+    "stop_reason": "string: why it stopped; one of taurl.trajectory.StopReason",
+    "valid": "bool: valid-sample flag; false when an error, not the agent, ended the episode",
+    # flat arrays, each of length num_tokens
+    "token_ids": "list<int32>: the whole token stream, segments concatenated",
+    "action_mask": "list<int8>: 1 on ids the policy sampled (trained on), 0 on prompt/observation/template ids",
+    "logprobs": "list<float32>: behaviour logprob of each sampled id, 0.0 where action_mask is 0",
+    "token_versions": "list<int32>: policy version that sampled each id, -1 where action_mask is 0",
+    "policy_versions": "list<int32>: sorted distinct policy versions of the action segments",
+    # counts
+    "num_tokens": "int32: length of token_ids",
+    "num_action_tokens": "int32: number of 1s in action_mask",
+    "num_turns": "int32: number of agent turns",
+    "num_tool_calls": "int32: turns with a tool receipt",
+    "num_invalid_actions": "int32: turns whose action could not be parsed or was not allowed",
+    "num_errors": "int32: turns with an environment or tool failure",
+    # the nested record
+    "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream by segment",
+    "turns": "JSONL only, list of Turn objects: action/observation text, parsed action, tool receipt, timings",
+    "messages": "JSONL only, list of chat messages: the chat the token stream renders",
+    "timings": "JSONL only, object name -> seconds",
+    "metadata": "JSONL only, object: free-form, JSON-able",
+    "record": "Parquet only, string: JSON of the full Trajectory.to_dict() (Trajectory.from_dict rebuilds it)",
+}
+
+FLAT_ARRAYS = ("token_ids", "action_mask", "logprobs", "token_versions")
+COUNTS = ("num_tokens", "num_action_tokens", "num_turns", "num_tool_calls",
+          "num_invalid_actions", "num_errors")
+_JSONL_ONLY = ("segments", "turns", "messages", "timings", "metadata")
+_LOGPROB_TOL = 1e-6  # relative: float32 rounding (2**-24 ≈ 6e-8) passes, a different value does not
+
+
+def export_fields_markdown() -> str:
+    """`EXPORT_FIELDS` as a Markdown table (for the README)."""
+    lines = ["| field | dtype | meaning |", "|---|---|---|"]
+    for name, doc in EXPORT_FIELDS.items():
+        dtype, _, meaning = doc.partition(": ")
+        lines.append(f"| `{name}` | {dtype} | {meaning} |")
+    return "\n".join(lines)
+
+
+def export_row(traj: Trajectory) -> dict[str, Any]:
+    """The JSONL row of `traj`: identity, outcome, flat arrays, counts, nested record."""
+    d = traj.to_dict()
+    row: dict[str, Any] = {k: d[k] for k in (
+        "episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version", "seed",
+        "reward", "reward_components", "verifier_version", "terminated", "truncated", "stop_reason")}
+    row["valid"] = traj.valid
+    row.update(token_ids=traj.token_ids, action_mask=traj.action_mask, logprobs=traj.logprobs,
+               token_versions=traj.token_versions, policy_versions=traj.policy_versions)
+    row.update({k: getattr(traj, k) for k in COUNTS if k != "num_turns"}, num_turns=len(traj.turns))
+    row.update({k: d[k] for k in _JSONL_ONLY})
+    return _jsonable(row)
+
+
+def _jsonable(x: Any) -> Any:
+    # asdict keeps tuples; rows hold lists so that a row equals its JSON round trip
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------------------------------
+# Checking the flat form of a dict given to Ledger.append
+
+
+def _ints_equal(got: list, want: list[int]) -> int | None:
+    """Index of the first element of `got` that is not exactly the int in `want`, or None."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if type(g) is not int or g != w:
+            return i
+    return None
+
+
+def _floats_close(got: list, want: list[float]) -> int | None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if (type(g) not in (int, float) or not math.isfinite(g)
+                or not math.isclose(g, w, rel_tol=_LOGPROB_TOL, abs_tol=_LOGPROB_TOL)):
+            return i
+    return None
+
+
+def check_export_fields(d: dict[str, Any], traj: Trajectory) -> list[ContractError]:
+    """Rules that the flat arrays and counts of `d`, when present, agree with `traj`.
+
+    `traj` is ``Trajectory.from_dict(d)`` and already keeps the trajectory contracts.
+    Rules: flat_length_mismatch, mask_mismatch, flat_values_mismatch, derived_mismatch.
+    """
+    flat = {k: d[k] for k in FLAT_ARRAYS if k in d}
+    for k, v in flat.items():
+        if not isinstance(v, list):
+            return [ContractError("schema", f"flat field {k!r} must be a list, got {type(v).__name__}")]
+    n = traj.num_tokens
+    lengths = {k: len(v) for k, v in flat.items()}
+    if any(n_k != n for n_k in lengths.values()):
+        # element checks mean nothing when positions do not line up
+        return [ContractError("flat_length_mismatch",
+                              f"flat arrays have lengths {lengths} but the segments hold {n} tokens; "
+                              "write them from the same segments (taurl.export.export_row) or leave them out")]
+    errs: list[ContractError] = []
+    if "action_mask" in flat and (i := _ints_equal(flat["action_mask"], traj.action_mask)) is not None:
+        errs.append(ContractError("mask_mismatch",
+                                  f"action_mask[{i}] is {flat['action_mask'][i]!r} but the segment kinds give "
+                                  f"{traj.action_mask[i]}; the mask must be 1 exactly on action tokens"))
+    checks = (("token_ids", _ints_equal, traj.token_ids), ("token_versions", _ints_equal, traj.token_versions),
+              ("logprobs", _floats_close, traj.logprobs))
+    for k, cmp, want in checks:
+        if k in flat and (i := cmp(flat[k], want)) is not None:
+            errs.append(ContractError("flat_values_mismatch",
+                                      f"{k}[{i}] is {flat[k][i]!r} but the segments give {want[i]!r}"))
+    want_derived: dict[str, Any] = {k: getattr(traj, k) for k in COUNTS if k != "num_turns"}
+    want_derived.update(num_turns=len(traj.turns), valid=traj.valid, policy_versions=traj.policy_versions)
+    for k, want in want_derived.items():
+        if k in d and (type(d[k]) is not type(want) or d[k] != want
+                       or (isinstance(want, list) and _ints_equal(d[k], want) is not None)):
+            errs.append(ContractError("derived_mismatch",
+                                      f"{k} is {d[k]!r} but the record gives {want!r}"))
+    return errs
+
+
+# ---------------------------------------------------------------------------------------
+# Writers and readers
+
+
+def _atomic_path(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    dest = Path(path)
+    return dest, dest.with_name(dest.name + ".tmp")
+
+
+def export_jsonl(ledger: Ledger, path: str | os.PathLike[str], **query: Any) -> int:
+    """Write the trajectories `ledger.query(**query)` selects to `path` as JSONL.
+
+    Rows are in insertion order; the file is replaced atomically. Returns the row count.
+    """
+    dest, tmp = _atomic_path(path)
+    n = 0
+    with tmp.open("w", encoding="utf-8") as f:
+        for traj in ledger.iter_query(**query):
+            f.write(json.dumps(export_row(traj), ensure_ascii=False, allow_nan=False) + "\n")
+            n += 1
+    os.replace(tmp, dest)
+    return n
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a JSONL export (blank lines skipped)."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ContractError("schema", f"{path}:{lineno}: not a JSON line ({e})") from None
+            rows.append(row)
+    return rows
+
+
+def parquet_schema() -> Any:
+    """The pyarrow schema of the Parquet export."""
+    import pyarrow as pa  # imported here: the ledger itself needs only the stdlib
+
+    s, i32 = pa.string(), pa.int32()
+    fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version")]
+    fields += [("seed", pa.int64()), ("reward", pa.float64()), ("reward_components", s),
+               ("verifier_version", s), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
+               ("stop_reason", s), ("valid", pa.bool_()),
+               ("token_ids", pa.list_(i32)), ("action_mask", pa.list_(pa.int8())),
+               ("logprobs", pa.list_(pa.float32())), ("token_versions", pa.list_(i32)),
+               ("policy_versions", pa.list_(i32))]
+    fields += [(k, i32) for k in COUNTS] + [("record", s)]
+    return pa.schema(fields, metadata={"taurl.export_version": str(EXPORT_VERSION)})
+
+
+def _parquet_rows(trajs: Iterator[Trajectory]) -> Iterator[dict[str, Any]]:
+    for traj in trajs:
+        row = export_row(traj)
+        for k in _JSONL_ONLY:  # they live in `record`
+            del row[k]
+        row["reward_components"] = json.dumps(row["reward_components"], allow_nan=False)
+        row["record"] = json.dumps(_jsonable(traj.to_dict()), ensure_ascii=False, allow_nan=False)
+        yield row
+
+
+def export_parquet(ledger: Ledger, path: str | os.PathLike[str], batch_size: int = 512,
+                   **query: Any) -> int:
+    """Write the trajectories `ledger.query(**query)` selects to `path` as Parquet.
+
+    Written in row groups of `batch_size`; the file is replaced atomically. Returns the
+    row count.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema()
+    dest, tmp = _atomic_path(path)
+    n, batch = 0, []
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for row in _parquet_rows(ledger.iter_query(**query)):
+            batch.append(row)
+            if len(batch) >= batch_size:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                n, batch = n + len(batch), []
+        if batch or n == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+            n += len(batch)
+    os.replace(tmp, dest)
+    return n

@@ -1,0 +1,509 @@
+"""The ledger: an append-only, validated store of trajectories (SQLite, WAL).
+
+    with Ledger("runs/ledger.db") as ledger:
+        ledger.append(traj)                      # raises ContractError(rule=...) if broken
+        report = ledger.append_many(batch)       # one transaction; rejects never abort others
+        fresh = ledger.query(run_id="r1", min_version=7)
+
+Every record is checked where it enters (DESIGN.md §2): the rules of
+`taurl.trajectory.check_trajectory`, the structure of the dict form (``schema``), strict
+JSON (``not_json``), and the ledger's own rules — ``duplicate_episode``, and for a dict
+carrying the flat export arrays ``flat_length_mismatch``, ``mask_mismatch``,
+``flat_values_mismatch``, ``derived_mismatch`` (see `taurl.export`). A refused record is
+never repaired: it is written to the ``rejections`` table with its rule, so failures are
+counted and explained.
+
+Append-only is enforced by the database itself: triggers abort any UPDATE or DELETE of a
+stored row and any INSERT that would replace one (``INSERT OR REPLACE``).
+
+One connection, guarded by a lock, serves all threads of a process; other processes may
+open the same file (WAL lets readers run alongside the one writer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
+from taurl.export import EXPORT_FIELDS, check_export_fields
+from taurl.trajectory import Trajectory, check_trajectory
+
+SCHEMA_VERSION = 1
+_COLUMNS = ("episode_id", "seq", "run_id", "task_id", "group_id", "split", "env_name", "env_version",
+            "min_version", "max_version", "reward", "terminated", "truncated", "stop_reason",
+            "num_tokens", "num_action_tokens", "num_turns", "valid", "created_at", "record")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trajectories (
+    episode_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,          -- insertion order, 1, 2, 3, ...
+    run_id TEXT NOT NULL, task_id TEXT NOT NULL, group_id TEXT NOT NULL, split TEXT NOT NULL,
+    env_name TEXT NOT NULL, env_version TEXT NOT NULL,
+    min_version INTEGER, max_version INTEGER,   -- policy versions of the action segments
+    reward REAL NOT NULL, terminated INTEGER NOT NULL, truncated INTEGER NOT NULL,
+    stop_reason TEXT NOT NULL, num_tokens INTEGER NOT NULL, num_action_tokens INTEGER NOT NULL,
+    num_turns INTEGER NOT NULL, valid INTEGER NOT NULL, created_at REAL NOT NULL,
+    record TEXT NOT NULL                  -- Trajectory.to_dict() as JSON
+);
+CREATE INDEX IF NOT EXISTS trajectories_run ON trajectories(run_id, seq);
+CREATE INDEX IF NOT EXISTS trajectories_task ON trajectories(task_id);
+CREATE INDEX IF NOT EXISTS trajectories_group ON trajectories(group_id);
+CREATE INDEX IF NOT EXISTS trajectories_split ON trajectories(split);
+CREATE INDEX IF NOT EXISTS trajectories_env ON trajectories(env_name);
+CREATE INDEX IF NOT EXISTS trajectories_min_version ON trajectories(min_version);
+CREATE INDEX IF NOT EXISTS trajectories_max_version ON trajectories(max_version);
+CREATE TABLE IF NOT EXISTS rejections (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, created_at REAL NOT NULL,
+    episode_id TEXT, run_id TEXT, rule TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rejections_run ON rejections(run_id);
+"""
+# BEFORE INSERT also stops INSERT OR REPLACE, whose implicit delete fires no DELETE trigger.
+_TRIGGERS = """
+CREATE TRIGGER IF NOT EXISTS {t}_no_update BEFORE UPDATE ON {t}
+BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: {t} rows cannot be updated'); END;
+CREATE TRIGGER IF NOT EXISTS {t}_no_delete BEFORE DELETE ON {t}
+BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: {t} rows cannot be deleted'); END;
+CREATE TRIGGER IF NOT EXISTS {t}_no_replace BEFORE INSERT ON {t}
+WHEN EXISTS (SELECT 1 FROM {t} WHERE {key} = NEW.{key}) OR EXISTS (SELECT 1 FROM {t} WHERE seq = NEW.seq)
+BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: a stored row cannot be replaced'); END;
+"""
+# Every rule a refused append can name (ContractError.rule), with its meaning.
+RULES: dict[str, str] = {
+    # structure (taurl.trajectory.from_dict) and storage
+    "schema": "not a Trajectory or its dict form: a missing field, a wrong type, an unknown field",
+    "not_json": "a value JSON cannot hold exactly: NaN/Infinity, a non-string key, a numpy scalar, a lone surrogate",
+    # the trajectory contracts (taurl.trajectory.check_trajectory)
+    "missing_identity": "episode_id, task_id, group_id, split, env_name or env_version is empty",
+    "seed_range": "the seed is not an integer that fits in int64",
+    "empty_trajectory": "no segments",
+    "prompt_first": "the first segment is not the prompt",
+    "segment_kind": "a segment kind outside prompt/action/observation/template",
+    "empty_segment": "a non-action segment without tokens",
+    "token_range": "a token id that is not an integer in [0, 2**31)",
+    "logprobs_length": "an action segment whose logprobs are missing or not one per token id",
+    "logprob_range": "a behaviour logprob that is not finite or is > 0",
+    "action_without_version": "an action segment without the policy version that sampled it",
+    "version_range": "a policy version that is not an integer in [0, 2**31)",
+    "non_action_logprobs": "logprobs or a policy version on a prompt/observation/template segment",
+    "turn_segment": "a turn whose action/observation segment index points at the wrong kind",
+    "missing_stop_reason": "no stop_reason",
+    "termination_flags": "terminated/truncated not exactly one true, or not matching the stop_reason",
+    "reward_finite": "the reward is NaN or infinite",
+    "reward_components_sum": "the reward components do not sum to the reward",
+    "missing_verifier_version": "reward components without the verifier version",
+    # the ledger's own
+    "duplicate_episode": "the episode_id is already stored (or repeated within one batch)",
+    "flat_length_mismatch": "flat token_ids/action_mask/logprobs/token_versions disagree in length with the segments",
+    "mask_mismatch": "the flat action_mask is not 1 exactly on the action segments' tokens",
+    "flat_values_mismatch": "flat token_ids/logprobs/token_versions differ from the segments'",
+    "derived_mismatch": "a count, valid or policy_versions differs from what the record gives",
+}
+_DETAIL_MAX = 4000  # characters of a rejection's detail kept in the table
+_PAGE = 256  # rows per read in iter_query
+# keys a dict given to `append` may have: the record's fields and the export's extras
+_KNOWN_KEYS = frozenset(f.name for f in fields(Trajectory)) | (frozenset(EXPORT_FIELDS) - {"record"})
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """One item of an `append_many` batch that was refused; `index` is its batch position."""
+
+    index: int
+    episode_id: str | None
+    rule: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class AppendReport:
+    """What `append_many` did: the ids it stored (in order) and the items it refused."""
+
+    accepted: tuple[str, ...]
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+    @property
+    def by_rule(self) -> dict[str, int]:
+        return dict(Counter(r.rule for r in self.rejected))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A row of the ledger's rejections table."""
+
+    seq: int
+    created_at: float  # unix seconds
+    episode_id: str | None
+    run_id: str | None
+    rule: str
+    detail: str
+
+
+# ---------------------------------------------------------------------------------------
+# Admission: from whatever the caller gave to a checked Trajectory and its stored JSON
+
+
+def _json_problem(x: Any, finite: bool, where: str = "record") -> str | None:
+    """Why `x` cannot be stored as JSON and read back identical, or None.
+
+    finite=False lets NaN/Infinity pass, so that the rules that name them (reward_finite,
+    logprob_range) speak first; the stored form is checked again with finite=True.
+    """
+    if x is None or isinstance(x, (bool, int)):
+        return None
+    if isinstance(x, float):
+        return None if math.isfinite(x) or not finite else f"{where} is {x}; JSON has no NaN/Infinity"
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} holds a lone surrogate; text must be valid Unicode"
+        return None
+    if isinstance(x, (list, tuple)):
+        return next((p for i, v in enumerate(x) if (p := _json_problem(v, finite, f"{where}[{i}]"))), None)
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if not isinstance(k, str):
+                return f"{where} has key {k!r} of type {type(k).__name__}; JSON keys are strings"
+            if p := _json_problem(k, finite, f"{where} key") or _json_problem(v, finite, f"{where}[{k!r}]"):
+                return p
+        return None
+    return (f"{where} is a {type(x).__name__}; only str, int, float, bool, None, list and dict "
+            "are stored (convert numpy scalars with int()/float())")
+
+
+def _admit(item: Any) -> tuple[Trajectory, str]:
+    """Check `item` against every rule; return the trajectory and its canonical JSON."""
+    is_dict = isinstance(item, dict)
+    if isinstance(item, Trajectory):
+        try:
+            d: Any = item.to_dict()
+        except RecursionError:
+            raise  # reported as not_json, like a deep dict
+        except Exception as e:  # asdict deep-copies whatever the fields hold; any failure is the record's
+            raise ContractError("schema", f"the Trajectory's fields have the wrong types ({type(e).__name__}: {e})") from None
+    elif is_dict:
+        d = item
+        unknown = sorted(repr(k) for k in d if k not in _KNOWN_KEYS)
+        if unknown:
+            raise ContractError("schema", f"unknown field(s) {', '.join(unknown)[:400]}; a record has the fields of "
+                                "Trajectory.to_dict() and, optionally, those of taurl.export.EXPORT_FIELDS")
+    else:
+        raise ContractError("schema", f"append takes a Trajectory or its dict form (to_dict() or an exported "
+                            f"JSONL row), got {type(item).__name__}")
+    # the JSON round trip sends Trajectory input through from_dict's type checks too
+    norm = _json_round_trip(d)
+    traj = Trajectory.from_dict(norm)
+    errs = check_trajectory(traj)
+    if not errs and is_dict:
+        errs = check_export_fields(norm, traj)
+    if errs:
+        also = "; ".join(str(e) for e in errs[1:])
+        raise ContractError(errs[0].rule, errs[0].detail + (f" (also: {also})" if also else ""))
+    stored = traj.to_dict()
+    if problem := _json_problem(stored, finite=True):  # e.g. a NaN timing
+        raise ContractError("not_json", problem)
+    return traj, json.dumps(stored, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _json_round_trip(d: Any) -> Any:
+    try:
+        problem = _json_problem(d, finite=False)
+        if not problem:
+            return json.loads(json.dumps(d))
+    except (RecursionError, ValueError) as e:  # too deep; an int past Python's digit limit
+        problem = f"the record cannot be written as JSON ({type(e).__name__}: {e})"
+    raise ContractError("not_json", problem)
+
+
+def _ident(item: Any, key: str) -> str | None:
+    """`item`'s episode_id/run_id for the rejections table, if it has a readable one."""
+    v = getattr(item, key, None) if isinstance(item, Trajectory) else item.get(key) if isinstance(item, dict) else None
+    return _safe_text(v) if isinstance(v, str) else None
+
+
+def _safe_text(s: str) -> str:
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _row(traj: Trajectory, record: str, now: float) -> tuple:
+    versions = traj.policy_versions
+    return (traj.episode_id, traj.run_id, traj.task_id, traj.group_id, traj.split, traj.env_name,
+            traj.env_version, versions[0] if versions else None, versions[-1] if versions else None,
+            traj.reward, int(traj.terminated), int(traj.truncated), traj.stop_reason.value,
+            traj.num_tokens, traj.num_action_tokens, len(traj.turns), int(traj.valid), now, record)
+
+
+_INSERT = (f"INSERT INTO trajectories ({', '.join(c for c in _COLUMNS if c != 'seq')}, seq) "
+           f"VALUES ({', '.join('?' * (len(_COLUMNS) - 1))}, "
+           "(SELECT COALESCE(MAX(seq), 0) + 1 FROM trajectories))")
+
+
+# ---------------------------------------------------------------------------------------
+# The store
+
+
+class Ledger:
+    """An append-only store of validated trajectories in one SQLite file.
+
+    `path` is created if missing; an existing ledger is continued. ``":memory:"`` gives a
+    private in-memory ledger (tests). Durability: WAL with ``synchronous=NORMAL`` — a
+    crash of the process loses nothing committed; a power loss may lose the last commits
+    but never corrupts the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], timeout_s: float = 30.0):
+        self.path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            self.path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+        try:
+            self._init_schema()
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise Error(f"{self.path} is not a usable taurl ledger ({e}); give a new path or a ledger file") from None
+
+    def _init_schema(self) -> None:
+        c = self._db()
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=NORMAL")
+        version = c.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {version}, this taurl reads {SCHEMA_VERSION}")
+        c.executescript(_SCHEMA + _TRIGGERS.format(t="trajectories", key="episode_id")
+                        + _TRIGGERS.format(t="rejections", key="seq"))
+        c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise Error(f"the ledger {self.path} is closed; open it again with Ledger(path)")
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.count()
+
+    # -- writing -----------------------------------------------------------------------
+    def append(self, item: Trajectory | dict[str, Any]) -> str:
+        """Store one trajectory; return its episode_id.
+
+        Raises ContractError (its `rule` names the broken rule) if `item` breaks a
+        contract; the refusal is recorded in `rejections()`.
+        """
+        errors: list[ContractError] = []
+        report = self._append([item], errors)
+        if errors:
+            raise errors[0]
+        return report.accepted[0]
+
+    def append_many(self, items: Iterable[Trajectory | dict[str, Any]]) -> AppendReport:
+        """Store many trajectories in one transaction.
+
+        A refused item never stops the others: the report lists the stored ids and, for
+        each refused item, its position, rule and detail (also recorded in `rejections()`).
+        """
+        return self._append(list(items), [])
+
+    def _append(self, items: list[Any], errors: list[ContractError]) -> AppendReport:
+        checked: list[tuple[Trajectory, str] | ContractError] = []
+        for item in items:  # validation needs no lock: it touches no shared state
+            try:
+                checked.append(_admit(item))
+            except ContractError as e:
+                checked.append(e)
+            except RecursionError:  # from any of the walks over a pathologically deep record
+                checked.append(ContractError("not_json", "the record is nested too deeply to store"))
+        accepted: list[str] = []
+        rejected: list[Rejected] = []
+        with self._lock:
+            c = self._db()
+            now = time.time()
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                seen: set[str] = set()
+                for i, (item, res) in enumerate(zip(items, checked, strict=True)):
+                    if not isinstance(res, ContractError):
+                        res = self._insert(c, res, seen, now)
+                    if isinstance(res, ContractError):
+                        rej = Rejected(i, _ident(item, "episode_id"), res.rule, res.detail)
+                        rejected.append(rej)
+                        errors.append(res)
+                        c.execute("INSERT INTO rejections (created_at, episode_id, run_id, rule, detail) "
+                                  "VALUES (?, ?, ?, ?, ?)", (now, rej.episode_id, _ident(item, "run_id"),
+                                                             res.rule, _safe_text(res.detail[:_DETAIL_MAX])))
+                    else:
+                        accepted.append(res)
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+        return AppendReport(tuple(accepted), tuple(rejected))
+
+    @staticmethod
+    def _insert(c: sqlite3.Connection, checked: tuple[Trajectory, str], seen: set[str],
+                now: float) -> str | ContractError:
+        traj, record = checked
+        dup = ContractError("duplicate_episode", f"episode_id {traj.episode_id!r} is already stored; "
+                            "episode ids are unique (use a fresh uuid per episode)")
+        if traj.episode_id in seen:
+            return dup
+        try:
+            c.execute(_INSERT, _row(traj, record, now))
+        except sqlite3.IntegrityError:  # the no-replace trigger or the primary key
+            return dup
+        seen.add(traj.episode_id)
+        return traj.episode_id
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, episode_id: str) -> Trajectory:
+        """The stored trajectory `episode_id`; UnknownEpisodeError if there is none."""
+        with self._lock:
+            row = self._db().execute("SELECT record FROM trajectories WHERE episode_id = ?",
+                                     (episode_id,)).fetchone()
+        if row is None:
+            raise UnknownEpisodeError(f"no trajectory with episode_id {episode_id!r} in {self.path}")
+        return Trajectory.from_dict(json.loads(row[0]))
+
+    def __contains__(self, episode_id: object) -> bool:
+        with self._lock:
+            return self._db().execute("SELECT 1 FROM trajectories WHERE episode_id = ?",
+                                      (episode_id,)).fetchone() is not None
+
+    @staticmethod
+    def _where(run_id: str | None = None, split: str | None = None, task_id: str | None = None,
+               group_id: str | None = None, min_version: int | None = None,
+               max_version: int | None = None, env_name: str | None = None,
+               valid: bool | None = None) -> tuple[list[str], list[Any]]:
+        """The SQL conditions and parameters of the `query` filters."""
+        conds: list[str] = []
+        params: list[Any] = []
+        for col, val in (("run_id", run_id), ("split", split), ("task_id", task_id),
+                         ("group_id", group_id), ("env_name", env_name)):
+            if val is not None:
+                conds.append(f"{col} = ?")
+                params.append(val)
+        if min_version is not None:
+            conds.append("min_version >= ?")
+            params.append(min_version)
+        if max_version is not None:
+            conds.append("max_version <= ?")
+            params.append(max_version)
+        if valid is not None:
+            conds.append("valid = ?")
+            params.append(int(bool(valid)))
+        return conds, params
+
+    def iter_query(self, *, limit: int | None = None, **filters: Any) -> Iterator[Trajectory]:
+        """Stream the matching trajectories in insertion order, `_PAGE` rows at a time.
+
+        Filters: see `query`. The lock is held only while a page is read, so other threads
+        may append meanwhile; rows they append may appear at the end of the stream.
+        """
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise ConfigError(f"limit must be a non-negative integer or None, got {limit!r}")
+        conds, params = self._where(**filters)
+        last, left = 0, limit
+        while left is None or left > 0:
+            page = _PAGE if left is None else min(_PAGE, left)
+            sql = ("SELECT seq, record FROM trajectories WHERE " + " AND ".join([*conds, "seq > ?"])
+                   + " ORDER BY seq LIMIT ?")
+            with self._lock:
+                rows = self._db().execute(sql, (*params, last, page)).fetchall()
+            for _, record in rows:
+                yield Trajectory.from_dict(json.loads(record))
+            if len(rows) < page:
+                return
+            last = rows[-1][0]
+            left = None if left is None else left - len(rows)
+
+    def query(self, *, run_id: str | None = None, split: str | None = None,
+              task_id: str | None = None, group_id: str | None = None,
+              min_version: int | None = None, max_version: int | None = None,
+              env_name: str | None = None, valid: bool | None = None,
+              limit: int | None = None) -> list[Trajectory]:
+        """The matching trajectories in insertion order; the filters combine with AND.
+
+        min_version=v keeps trajectories whose every action was sampled by version >= v
+        (the staleness filter: ``min_version=current - eta``); max_version=v those whose
+        every action version is <= v. A trajectory without action segments has no
+        version and is left out by both.
+        """
+        return list(self.iter_query(run_id=run_id, split=split, task_id=task_id, group_id=group_id,
+                                    min_version=min_version, max_version=max_version,
+                                    env_name=env_name, valid=valid, limit=limit))
+
+    def count(self, **filters: Any) -> int:
+        """How many stored trajectories match (filters as in `query`, without limit)."""
+        conds, params = self._where(**filters)
+        sql = "SELECT COUNT(*) FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds else "")
+        with self._lock:
+            return self._db().execute(sql, params).fetchone()[0]
+
+    def episode_ids(self, *, limit: int | None = None, **filters: Any) -> list[str]:
+        """The matching episode ids in insertion order."""
+        conds, params = self._where(**filters)
+        sql = ("SELECT episode_id FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds else "")
+               + " ORDER BY seq" + (" LIMIT ?" if limit is not None else ""))
+        with self._lock:
+            rows = self._db().execute(sql, [*params, *([limit] if limit is not None else [])]).fetchall()
+        return [r[0] for r in rows]
+
+    def rejections(self, *, run_id: str | None = None, rule: str | None = None) -> list[Rejection]:
+        """The recorded refusals, oldest first."""
+        conds, params = [], []
+        for col, val in (("run_id", run_id), ("rule", rule)):
+            if val is not None:
+                conds.append(f"{col} = ?")
+                params.append(val)
+        sql = ("SELECT seq, created_at, episode_id, run_id, rule, detail FROM rejections"
+               + (" WHERE " + " AND ".join(conds) if conds else "") + " ORDER BY seq")
+        with self._lock:
+            return [Rejection(*r) for r in self._db().execute(sql, params).fetchall()]
+
+    def stats(self, run_id: str | None = None) -> dict[str, Any]:
+        """Summary of the stored episodes (of one run, or all).
+
+        episodes, valid, terminated, truncated: counts; mean_reward: mean of `reward`
+        (None without episodes); stop_reasons: count per reason; num_tokens,
+        num_action_tokens, num_turns: sums; rejected / rejected_by_rule: refusals.
+        """
+        where, params = ("WHERE run_id = ?", [run_id]) if run_id is not None else ("", [])
+        with self._lock:
+            c = self._db()
+            n, mean, valid, term, trunc, toks, atoks, turns = c.execute(
+                "SELECT COUNT(*), AVG(reward), SUM(valid), SUM(terminated), SUM(truncated), "
+                f"SUM(num_tokens), SUM(num_action_tokens), SUM(num_turns) FROM trajectories {where}",
+                params).fetchone()
+            reasons = c.execute(f"SELECT stop_reason, COUNT(*) FROM trajectories {where} "
+                                "GROUP BY stop_reason ORDER BY stop_reason", params).fetchall()
+            rules = c.execute(f"SELECT rule, COUNT(*) FROM rejections {where} GROUP BY rule ORDER BY rule",
+                              params).fetchall()
+        return {
+            "episodes": n, "valid": valid or 0, "terminated": term or 0, "truncated": trunc or 0,
+            "mean_reward": mean, "stop_reasons": dict(reasons),
+            "num_tokens": toks or 0, "num_action_tokens": atoks or 0, "num_turns": turns or 0,
+            "rejected": sum(k for _, k in rules), "rejected_by_rule": dict(rules),
+        }
