@@ -1,6 +1,16 @@
-"""Environments: the protocol, the registry and the built-in envs."""
+"""Environments: the protocol, the registry, the checker and the built-in envs."""
 
+from taurl.envs.checker import check_env
 from taurl.envs.core import Env, Task
 from taurl.envs.registry import make, register, registered
 
-__all__ = ["Env", "Task", "make", "register", "registered"]
+
+def _search_env(**config):
+    from taurl.envs.search import SearchEnv
+
+    return SearchEnv(**config)
+
+
+register("search-v0", _search_env)
+
+__all__ = ["Env", "Task", "check_env", "make", "register", "registered"]
