@@ -221,6 +221,7 @@ class ToyEnv:
     """A small correct env; each test below breaks one rule of the protocol."""
 
     name, version, observation_style, stop, system_prompt = "toy-v0", "1", "inline", ("</a>",), ""
+    verifier_version = "toy-v1"
     tools: list[dict[str, Any]] = [{"type": "function", "function": {
         "name": "echo", "description": "Echo.",
         "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}]

@@ -40,6 +40,7 @@ class Task:
 class Env(Protocol):
     name: str
     version: str
+    verifier_version: str  # version of the outcome verifier behind the env's reward
     observation_style: str  # "inline" | "messages"
     stop: tuple[str, ...]  # strings that end an action (inline style)
     tools: list[dict[str, Any]]  # JSON Schema tool declarations (OpenAI function format)

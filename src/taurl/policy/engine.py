@@ -176,6 +176,19 @@ class LocalEngine:
 
     # -- the worker ----------------------------------------------------------------------
     def _serve(self) -> None:
+        try:
+            self._serve_loop()
+        finally:  # whatever ended the loop, no caller may wait forever
+            with self._lock:
+                stranded = list(self._pending) if self._worker is threading.current_thread() else []
+                if stranded:
+                    self._pending.clear()
+                    self._worker = None
+                    self._idle.set()
+            for r in stranded:
+                self._resolve(r, exc=EngineError("the engine worker stopped unexpectedly"))
+
+    def _serve_loop(self) -> None:
         batch: list[_Request] = []
         kv: BatchKV | None = None
         while True:

@@ -96,6 +96,7 @@ class SearchEnv:
 
     name = "search-v0"
     version = VERSION
+    verifier_version = VERIFIER_VERSION
     observation_style = "inline"
     stop = ("</search>", "</answer>")
     tools = [SEARCH_TOOL]

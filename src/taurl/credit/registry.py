@@ -1,0 +1,95 @@
+"""Estimators by name, for the config: ``compute_advantages(batch, "gigpo", omega=1.0)``.
+
+Every estimator is a pure function ``(batch: TurnBatch, **hyperparameters) -> Credit``.
+Unknown names and unknown hyperparameters raise one ConfigError that lists every problem,
+with "did you mean" hints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from taurl.credit.batch import Credit, TurnBatch
+from taurl.credit.gae import gae_turns
+from taurl.credit.gigpo import gigpo
+from taurl.credit.graph import salt
+from taurl.credit.outcome import (
+    discounted_turn_returns,
+    dr_grpo,
+    grpo,
+    grpo_batch_std,
+    orm,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
+from taurl.credit.segments import segment_grpo
+from taurl.errors import ConfigError
+
+Estimator = Callable[..., Credit]
+T = TypeVar("T")
+
+ESTIMATORS: dict[str, Estimator] = {
+    "returns": discounted_turn_returns,
+    "orm": orm,
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "grpo_batch_std": grpo_batch_std,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "gae": gae_turns,
+    "gigpo": gigpo,
+    "segment_grpo": segment_grpo,
+    "salt": salt,
+}
+
+
+def did_you_mean(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+def lookup(table: Mapping[str, T], name: str, what: str) -> T:
+    """``table[name]``, or a ConfigError naming the closest registered names."""
+    if name not in table:
+        raise ConfigError(f"unknown {what} {name!r}.{did_you_mean(name, list(table))} "
+                          f"Registered: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def check_config(fn: Callable[..., Any], config: Mapping[str, Any], what: str, positional: int) -> None:
+    """Raise one ConfigError listing every key of `config` that `fn` does not take.
+
+    positional: how many leading parameters are data (the batch, tensors), not config.
+    """
+    params = list(inspect.signature(fn).parameters)[positional:]
+    problems = [f"{what} has no option {k!r}.{did_you_mean(k, params)} Options: {', '.join(params) or 'none'}"
+                for k in config if k not in params]
+    if problems:
+        raise ConfigError(problems)
+
+
+def estimator_names() -> list[str]:
+    return sorted(ESTIMATORS)
+
+
+def get_estimator(name: str) -> Estimator:
+    """The estimator function registered under `name`."""
+    return lookup(ESTIMATORS, name, "advantage estimator")
+
+
+def make_estimator(name: str, **config: Any) -> Callable[[TurnBatch], Credit]:
+    """`name`'s estimator with its hyperparameters bound, checked once, here."""
+    fn = get_estimator(name)
+    check_config(fn, config, f"estimator {name!r}", positional=1)
+    return functools.partial(fn, **config)
+
+
+def compute_advantages(batch: TurnBatch, name: str, **config: Any) -> Credit:
+    """Run estimator `name` on `batch` with hyperparameters `config`."""
+    return make_estimator(name, **config)(batch)

@@ -1,0 +1,121 @@
+"""Decoupled (off-policy) PPO: behaviour policy ≠ proximal policy.
+
+With asynchronous rollouts the tokens were sampled by a *behaviour* policy μ (an older
+version, or the inference engine's numerics), while the trust region should be centred
+on a recent *proximal* policy π_prox (recomputed by the learner). The objective separates
+the two (Hilton et al., arXiv 2110.00641; AReaL, arXiv 2505.24298):
+
+    w      = π_prox / μ                                 (importance weight, no gradient)
+    ρ_t    = π_θ / π_prox
+    ℓ_t    = w · max(−A ρ_t, −A clip(ρ_t, 1 − ε_low, 1 + ε_high))
+
+w is taken at one of three levels and then bounded (``is_mode``):
+
+* level "token": w_t = π_prox(a_t) / μ(a_t);
+* level "sequence": w_i = Π_t w_t over the sequence's action tokens (exact, high variance);
+* level "geometric": w_i = (Π_t w_t)^(1/|y_i|) (length-normalized, as GSPO's ratio);
+* mode "truncate": w ← min(w, cap) (truncated importance sampling, TIS; Ionides 2008,
+  used for the rollout/training mismatch by Yao et al. 2025);
+* mode "mask": tokens (or whole sequences) with w outside [floor, cap] get weight 0 —
+  masked importance sampling; the rest keep w. Masked tokens stay in the aggregation's
+  denominator, so the loss scale does not jump with the number masked.
+
+When μ = π_prox, w = 1 and this is `ppo_clip_loss`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from taurl.credit.registry import did_you_mean
+from taurl.errors import ConfigError
+from taurl.train.objectives.aggregation import (
+    aggregate,
+    check_aggregation,
+    masked,
+    masked_mean,
+    sequence_sums,
+)
+from taurl.train.objectives.ppo import Metrics, check_clip, clipped_surrogate, surrogate_metrics
+
+IS_LEVELS = ("token", "sequence", "geometric")
+IS_MODES = ("truncate", "mask")
+
+
+def _check(level: str, mode: str, cap: float, floor: float) -> None:
+    problems = []
+    if level not in IS_LEVELS:
+        problems.append(f"unknown is_level {level!r}.{did_you_mean(level, list(IS_LEVELS))} One of: {IS_LEVELS}")
+    if mode not in IS_MODES:
+        problems.append(f"unknown is_mode {mode!r}.{did_you_mean(mode, list(IS_MODES))} One of: {IS_MODES}")
+    if not cap > 0:
+        problems.append(f"is_cap must be > 0, got {cap!r}")
+    if not 0 <= floor < cap:
+        problems.append(f"is_floor must be in [0, is_cap), got {floor!r}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def importance_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
+                       level: str = "token", mode: str = "truncate", cap: float = 2.0, floor: float = 0.0,
+                       traj_index: Tensor | None = None) -> tuple[Tensor, Metrics]:
+    """Bounded importance weights w (B, L) = π_prox / μ at `level`, without gradient; 0 off the mask.
+
+    Computed in log space, so a sequence-level product never overflows before the bound.
+    """
+    _check(level, mode, cap, floor)
+    with torch.no_grad():
+        token_log_w = masked(proximal_logprobs - behaviour_logprobs, mask).float()
+        log_w = token_log_w
+        if level != "token":
+            seq_sum, seq_count, row_seq = sequence_sums(log_w, mask, traj_index)
+            per_seq = seq_sum if level == "sequence" else seq_sum / seq_count.clamp(min=1)
+            log_w = per_seq[row_seq][:, None].expand_as(log_w)
+        log_cap = math.log(cap)
+        if mode == "truncate":
+            w = torch.exp(torch.clamp(log_w, max=log_cap))
+            bounded = log_w > log_cap
+        else:
+            log_floor = math.log(floor) if floor > 0 else -math.inf
+            bounded = (log_w > log_cap) | (log_w < log_floor)
+            w = torch.where(bounded, torch.zeros_like(log_w), torch.exp(torch.clamp(log_w, max=log_cap)))
+        m = mask.bool()
+        w = masked(w, m)
+        raw = torch.exp(torch.clamp(log_w, max=80.0))
+        metrics = {
+            "learn/is_weight_mean": float(masked_mean(w, m)),
+            "learn/is_weight_max_raw": float(masked(raw, m).max()) if m.any() else 1.0,
+            "learn/is_bounded_frac": float(masked_mean(bounded.float(), m)),  # truncated or masked
+            # k3 estimate of KL(μ ‖ π_prox) from the sampled tokens: how stale the data is
+            "learn/behaviour_kl": float(masked_mean(torch.expm1(token_log_w) - token_log_w, m)),
+        }
+    return w.to(proximal_logprobs.dtype), metrics
+
+
+def decoupled_ppo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                       behaviour_logprobs: Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
+                       dual_clip: float | None = None, is_level: str = "token", is_mode: str = "truncate",
+                       is_cap: float = 2.0, is_floor: float = 0.0, aggregation: str = "token-mean",
+                       traj_index: Tensor | None = None, norm_constant: float | None = None,
+                       denominator: float | None = None) -> tuple[Tensor, Metrics]:
+    """Decoupled PPO (module docstring).
+
+    logprobs: (B, L) log π_θ with grad; old_logprobs: (B, L) log π_prox, the proximal
+    policy the learner recomputed; behaviour_logprobs: (B, L) log μ recorded at sampling
+    (``Trajectory.logprobs``). Returns (loss, metrics).
+    """
+    check_clip(eps_low, eps_high, dual_clip)
+    check_aggregation(aggregation)
+    w, is_metrics = importance_weights(old_logprobs.detach(), behaviour_logprobs.detach(), mask, level=is_level,
+                                       mode=is_mode, cap=is_cap, floor=is_floor, traj_index=traj_index)
+    log_ratio = masked(logprobs - old_logprobs.detach(), mask)
+    ratio = torch.exp(log_ratio)
+    adv = masked(advantages.detach().to(logprobs.dtype), mask)
+    surrogate, flags = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+    loss_tok = w * surrogate
+    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index, norm_constant=norm_constant,
+                     denominator=denominator)
+    return loss, {"learn/pg_loss": float(loss.detach()), **surrogate_metrics(loss_tok, ratio, log_ratio, flags, mask), **is_metrics}
