@@ -114,6 +114,7 @@ class LocalEngine:
         self._version = version
         self.max_batch_size = max_batch_size
         cfg = model.config
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._max_context = max_context or int(getattr(cfg, "max_position_embeddings", 2048))
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(cfg, "eos_token_id", None)
         self.eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
@@ -144,6 +145,9 @@ class LocalEngine:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineError("prompt_ids is empty; render the prompt with the chat template first")
+        if min(prompt) < 0 or max(prompt) >= self._vocab_size:
+            raise EngineError(f"prompt_ids must be in [0, {self._vocab_size}) for this model; "
+                              "was the prompt encoded with the model's own tokenizer?")
         if len(prompt) >= self._max_context:
             raise EngineError(f"prompt has {len(prompt)} tokens; the model's context is {self._max_context}")
         loop = asyncio.get_running_loop()
@@ -210,9 +214,10 @@ class LocalEngine:
                 with torch.no_grad():
                     if admitted:
                         new_kv, logits = self._prefill(admitted)
+                        offset = len(batch)  # admitted rows sit after the running ones
                         batch, kv = batch + admitted, new_kv if kv is None else kv.merge(new_kv)
                         done = self._sample_and_finish(admitted, logits)
-                        batch, kv = self._drop(batch, kv, done)
+                        batch, kv = self._drop(batch, kv, [offset + i for i in done])
                     if batch:
                         logits = self._decode(batch, kv)
                         done = self._sample_and_finish(batch, logits)
