@@ -157,7 +157,9 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
 
         t0 = time.perf_counter()
         try:
-            obs, r, terminated, truncated, info = env.step(env_text)
+            # envs whose tools do I/O offer `astep`, so other episodes run while a tool runs
+            astep = getattr(env, "astep", None)
+            obs, r, terminated, truncated, info = await astep(env_text) if astep else env.step(env_text)
         except Exception as e:  # a broken env ends this episode, never the run
             obs, r, terminated, truncated = "", 0.0, False, True
             info = {"error": f"env.step raised {type(e).__name__}: {e}", "stop_reason": "error",
@@ -201,6 +203,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     if stop is None:
         stop = StopReason.MAX_TURNS
 
+    if ep.messages[-1]["role"] != "assistant":
+        ep.add_to_assistant("")  # the stream ends inside an opened assistant turn: close it empty
     closing = codec.delta(ep.text, ep.messages, add_generation_prompt=False)
     if closing:
         ep.append("template", codec.encode(closing))

@@ -13,4 +13,13 @@ def _search_env(**config):
 
 register("search-v0", _search_env)
 
+
+def _code_env(**config):
+    from taurl.envs.code import CodeEnv
+
+    return CodeEnv(**config)
+
+
+register("code-v0", _code_env)
+
 __all__ = ["Env", "Task", "check_env", "make", "register", "registered"]

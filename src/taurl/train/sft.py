@@ -74,7 +74,7 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             if progress is not None:
                 progress(len(losses), losses[-1])
             if max_steps is not None and len(losses) >= max_steps:
