@@ -2,7 +2,7 @@
 
 from taurl.envs.checker import check_env
 from taurl.envs.core import Env, Task
-from taurl.envs.registry import make, register, registered
+from taurl.envs.registry import make, make_tasks, register, registered
 
 
 def _search_env(**config):
@@ -11,7 +11,10 @@ def _search_env(**config):
     return SearchEnv(**config)
 
 
-register("search-v0", _search_env)
+def _search_tasks(split, n, seed=0):
+    from taurl.envs.search import generate_tasks
+
+    return generate_tasks(split, n=n, seed=seed)
 
 
 def _code_env(**config):
@@ -20,6 +23,13 @@ def _code_env(**config):
     return CodeEnv(**config)
 
 
-register("code-v0", _code_env)
+def _code_tasks(split, n, seed=0):
+    from taurl.envs.code import generate_tasks
 
-__all__ = ["Env", "Task", "check_env", "make", "register", "registered"]
+    return generate_tasks(split, n=n, seed=seed)
+
+
+register("search-v0", _search_env, tasks=_search_tasks)
+register("code-v0", _code_env, tasks=_code_tasks)
+
+__all__ = ["Env", "Task", "check_env", "make", "make_tasks", "register", "registered"]
