@@ -21,14 +21,6 @@ from taurl.errors import ConfigError
 from taurl.reward import normalize_answer
 
 
-@pytest.fixture(scope="session")
-def taurl_cache(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "taurl-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TAURL_CACHE", str(path))
-        yield path
-
-
 @pytest.fixture(scope="module")
 def corpus() -> list[Document]:
     return build_corpus()

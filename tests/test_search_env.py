@@ -18,15 +18,6 @@ from taurl.reward import VERIFIER_VERSION
 from taurl.trajectory import ToolReceipt
 
 
-@pytest.fixture(scope="session")
-def taurl_cache(tmp_path_factory):
-    # the same path as test_search_corpus.py: whichever module runs second loads the index
-    path = tmp_path_factory.getbasetemp() / "taurl-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TAURL_CACHE", str(path))
-        yield path
-
-
 @pytest.fixture(scope="module")
 def env(taurl_cache) -> SearchEnv:
     return SearchEnv()

@@ -1,0 +1,12 @@
+"""Session-wide test settings."""
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def taurl_cache(tmp_path_factory):
+    """Every test builds and loads the BM25 index in a private cache, never in ~/.cache."""
+    path = tmp_path_factory.getbasetemp() / "taurl-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TAURL_CACHE", str(path))
+        yield path
