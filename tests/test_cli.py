@@ -1,0 +1,62 @@
+"""Smoke runs of the `taurl` CLI with tiny budgets: rollout -> export -> inspect."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from taurl.cli import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "smoke"
+    code = main(["rollout", "--run-dir", str(run), "--episodes", "6", "--group-size", "3", "--max-turns", "2",
+                 "--max-action-tokens", "8", "--no-progress"])
+    assert code == 0
+    return run
+
+
+def test_rollout_writes_the_run_directory(run_dir):
+    assert (run_dir / "ledger.sqlite").exists()
+    assert (run_dir / "checkpoints" / "v0" / "config.json").exists()
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["episodes"] == 6 and cfg["env"] == "search-v0"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["rollout/episodes"] == 6 and metrics[-1]["rollout/ledger_rejections"] == 0
+
+
+def test_export_both_formats(run_dir, capsys):
+    assert main(["export", str(run_dir), "--format", "jsonl"]) == 0
+    assert main(["export", str(run_dir), "--format", "parquet"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "exports" / "trajectories.jsonl").read_text().splitlines()]
+    table = pq.read_table(run_dir / "exports" / "trajectories.parquet")
+    assert len(rows) == table.num_rows == 6
+    for row in rows:
+        assert len(row["token_ids"]) == len(row["action_mask"]) == len(row["logprobs"]) == row["num_tokens"]
+    assert table.column("episode_id").to_pylist() == [r["episode_id"] for r in rows]
+
+
+def test_inspect_shows_masks(run_dir, capsys):
+    assert main(["inspect", str(run_dir), "--index", "1", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "mask=1" in out and "mask=0" in out and "⟦" in out and "stop_reason=" in out
+
+
+def test_bad_config_reports_every_problem(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("episods: 3\ntemperature: -1\ntop_p: 2\n")
+    assert main(["rollout", "--run-dir", str(tmp_path / "r"), "--config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "did you mean 'episodes'" in err
+    assert main(["rollout", "--run-dir", str(tmp_path / "r"), "--temperature", "-1", "--top-p", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "temperature" in err and "top_p" in err and "2 problem" in err
+
+
+def test_inspect_of_a_missing_run_says_how_to_fix(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nope")]) == 1
+    assert "taurl rollout --run-dir" in capsys.readouterr().err
