@@ -208,3 +208,7 @@ def test_honest_episode_through_the_real_loop(tasks):
     assert "<tools>" in prompt and '"name": "run_tests"' in prompt  # tools rendered by the template
     assert traj.messages[3] == {"role": "tool", "content": "Error: no tool call found; call a tool as "
                                 '<tool_call>{"name": "TOOL", "arguments": {"ARG": "VALUE"}}</tool_call>'}
+    # token-exact in the messages style too: the ids decode to the chat rendering of the messages
+    rendered = tok.apply_chat_template(list(traj.messages), tools=env.tools, tokenize=False)
+    assert tok.decode(traj.token_ids, skip_special_tokens=False) == rendered
+    assert sum(traj.action_mask) == sum(len(s.token_ids) for s in traj.segments if s.kind == "action")

@@ -169,21 +169,29 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         reward += float(r)
         receipt = info.get("receipt")
         tool_calls += receipt is not None
-        ended = terminated or truncated or gen.finish_reason == "eos"
+        # inline: the episode is one assistant message, so EOS ends it; messages: EOS only
+        # ends this assistant message and the env decides what comes next
+        gave_up = inline and gen.finish_reason == "eos"
+        ended = terminated or truncated or gave_up
         o_idx, dropped = None, 0
         if obs and not ended:
-            obs_ids, dropped = _cut(codec.encode(obs if inline else codec.delta(
-                ep.text, ep.messages + [{"role": info.get("role", "tool"), "content": obs}], True)),
-                config.max_observation_tokens, config.observation_keep_tail)
+            if inline:  # cut the whole text, keeping its last ids (the closing tag)
+                obs_ids, dropped = _cut(codec.encode(obs), config.max_observation_tokens,
+                                        config.observation_keep_tail)
+                message = None
+            else:  # cut the message content, then render it as a template delta
+                content_ids, dropped = _cut(codec.encode(obs), config.max_observation_tokens, 0)
+                message = {"role": info.get("role", "tool"), "content": codec.decode(content_ids)}
+                obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
             if len(ep.ids) + len(obs_ids) + 8 >= max_context:
                 stop = StopReason.CONTEXT_FULL
                 ended = True
             else:
                 o_idx, obs_text = ep.append("observation", obs_ids)
-                if inline:
+                if message is None:
                     ep.add_to_assistant(obs_text)
                 else:
-                    ep.messages.append({"role": info.get("role", "tool"), "content": obs})
+                    ep.messages.append(message)
         turns.append(Turn(index=t, action_text=action_text, action=dict(info.get("action") or {"kind": "unknown"}),
                           observation_text=ep.codec.decode(ep.segments[o_idx].token_ids) if o_idx is not None else "",
                           action_segment=a_idx, observation_segment=o_idx, finish_reason=gen.finish_reason,
@@ -194,7 +202,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
             stop = StopReason(info.get("stop_reason", "answered"))
         elif truncated:
             stop = StopReason(info.get("stop_reason", "error" if info.get("error") else "max_turns"))
-        elif gen.finish_reason == "eos":
+        elif gave_up:
             stop = StopReason.NO_ANSWER
         elif config.max_tool_calls is not None and tool_calls >= config.max_tool_calls:
             stop = StopReason.TOOL_BUDGET
