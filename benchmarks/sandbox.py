@@ -5,6 +5,8 @@
                and `python3 -S -c pass` / `-I -S` (no site import: Python's own startup
                is most of the time; the sandbox adds the rest)
     reset      a pooled workspace reset from a template of --template-files small files
+    zygote     `pass` and `print(1)` through a warm Python zygote (taurl.tools.zygote): one
+               python3 per sandbox, each request a fresh fork of it
     bare       `true` and `python3 -S -c pass` spawned with no sandbox (the floor)
     throughput --concurrency sandboxes from a SandboxPool, each running --per-worker
                commands back to back; commands/s over the wall time
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from taurl.tools import Sandbox, SandboxConfig, SandboxPool
 from taurl.tools import workspace as ws
+from taurl.tools.zygote import WarmPython, acquire_warm
 
 PY = ["python3", "-c", "pass"]
 PY_S = ["python3", "-S", "-c", "pass"]
@@ -89,6 +92,35 @@ async def throughput(cfg: SandboxConfig, conc: int, per_worker: int, cmd: list[s
         return conc * per_worker / (time.perf_counter() - t0)
 
 
+async def zygote_runs(wp: WarmPython, src: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        r = await wp.run_code(src)
+        out.append(time.perf_counter() - t)
+        if not r.ok:
+            raise SystemExit(f"{src!r} failed in the zygote: {r}")
+    return out
+
+
+async def zygote_throughput(cfg: SandboxConfig, conc: int, per_worker: int) -> float:
+    async with SandboxPool(conc, config=cfg) as pool:
+        zygotes = [acquire_warm(pool) for _ in range(conc)]
+        wps = await asyncio.gather(*(z.__aenter__() for z in zygotes))  # started, not timed
+
+        async def worker(wp: WarmPython) -> None:
+            for _ in range(per_worker):
+                r = await wp.run_code("pass")
+                if not r.ok:
+                    raise SystemExit(f"zygote `pass` failed under load: {r}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(wp) for wp in wps))
+        rate = conc * per_worker / (time.perf_counter() - t0)
+        await asyncio.gather(*(z.__aexit__(None, None, None) for z in zygotes))
+        return rate
+
+
 def bare(cmd: list[str], n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -118,21 +150,32 @@ async def run(args: argparse.Namespace) -> None:
             ws.reset_workspace(sb.workspace, tmpl, sb.owner)
             resets.append(time.perf_counter() - t)
         rows.append((f"reset from a {args.template_files}-file template", resets, ""))
+        starts = []
+        for _ in range(max(2, args.n // 10)):
+            t = time.perf_counter()
+            async with WarmPython.start(sb) as wp:
+                starts.append(time.perf_counter() - t)
+        rows.append(("zygote start (bwrap + python3, once/episode)", starts, ""))
+        async with WarmPython.start(sb) as wp:
+            for src in ("pass", "print(1)"):
+                rows.append((f"warm zygote: {src}", await zygote_runs(wp, src, args.n), "<= 20"))
     ws.clear_workspace(tmpl)
 
     load = os.getloadavg()
     print(
         f"\nsandbox latency, n={args.n} each, {os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f}"
     )
-    print(f"{'measure':40s} {'P50 ms':>8s} {'P99 ms':>8s} {'max ms':>8s}  goal P99")
+    print(f"{'measure':44s} {'P50 ms':>8s} {'P99 ms':>8s} {'max ms':>8s}  goal P99")
     for name, xs, goal in rows:
-        print(f"{name:40s} {pct(xs, 50):8.1f} {pct(xs, 99):8.1f} {max(xs) * 1e3:8.1f}  {goal}")
+        print(f"{name:44s} {pct(xs, 50):8.1f} {pct(xs, 99):8.1f} {max(xs) * 1e3:8.1f}  {goal}")
     print(f"\nthroughput, {args.per_worker} commands per sandbox")
-    print(f"{'concurrent sandboxes':>20s} {'true cmd/s':>12s} {'python3 -S cmd/s':>18s}")
+    print(f"{'concurrent sandboxes':>20s} {'true cmd/s':>12s} {'python3 -S cmd/s':>18s}"
+          f" {'zygote pass/s':>14s}")  # fmt: skip
     for c in args.concurrency:
         t_true = await throughput(cfg, c, args.per_worker, ["/bin/true"])
         t_py = await throughput(cfg, c, args.per_worker, PY_S)
-        print(f"{c:>20d} {t_true:12.1f} {t_py:18.1f}")
+        t_zy = await zygote_throughput(cfg, c, args.per_worker)
+        print(f"{c:>20d} {t_true:12.1f} {t_py:18.1f} {t_zy:14.1f}")
 
 
 def main() -> None:
