@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-color", action="store_true")
 
     sub.add_parser("envs", help="list registered environments")
+    from taurl.tools.sandbox_cli import add_sandbox_parser
+
+    add_sandbox_parser(sub)
     p = sub.add_parser("demo", help="the main job: build a policy, run episodes, export, inspect")
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--episodes", type=int, default=128)
@@ -106,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "sandbox":  # before `commands`: no model libraries needed
+        from taurl.tools.sandbox_cli import run_sandbox_command
+
+        return run_sandbox_command(args)
     from taurl import commands
 
     if args.command == "rollout":
