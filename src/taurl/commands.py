@@ -26,7 +26,7 @@ def default_policy_texts(env_name: str = "search-v0") -> list[str]:
 
     env = envs.make(env_name)
     texts = [d.text for d in build_corpus()]
-    texts += [t.prompt for split in ("train", "holdout") for t in generate_tasks(split)]
+    texts += [t.prompt for t in generate_tasks("train")]  # holdout questions stay unseen
     texts += [env.system_prompt] * 50
     return texts
 
