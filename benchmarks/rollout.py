@@ -25,9 +25,15 @@ def main() -> None:
     ap.add_argument("--max-action-tokens", type=int, default=48)
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
 
     import torch
+
+    import taurl  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from taurl import envs
     from taurl.commands import default_policy_texts

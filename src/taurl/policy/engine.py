@@ -333,12 +333,15 @@ def sample_tokens(logprobs: torch.Tensor, top_p: Sequence[float],
     (inverse-CDF sampling: the first id whose cumulative mass exceeds u).
     """
     probs = logprobs.exp()
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1)
+    if all(p >= 1.0 for p in top_p):  # no nucleus: skip the sort (the common case)
+        cum = probs.cumsum(-1)
+        return torch.searchsorted(cum, u * cum[:, -1:]).clamp(max=probs.shape[-1] - 1).squeeze(-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     cum = sorted_p.cumsum(-1)
     p = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(-1)
     # keep the smallest prefix whose mass reaches top_p (always at least one id)
     sorted_p = torch.where(cum - sorted_p < p, sorted_p, torch.zeros_like(sorted_p))
     cum = sorted_p.cumsum(-1)
-    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1) * cum[:, -1:]
-    idx = torch.searchsorted(cum, u).clamp(max=probs.shape[-1] - 1)
+    idx = torch.searchsorted(cum, u * cum[:, -1:]).clamp(max=probs.shape[-1] - 1)
     return order.gather(-1, idx).squeeze(-1)
