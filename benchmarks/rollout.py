@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
+
+# as taurl itself does, before torch loads: spinning OpenMP workers wreck shared cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main() -> None:
@@ -29,8 +33,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
-    import taurl  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
     if args.threads:
         torch.set_num_threads(args.threads)

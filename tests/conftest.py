@@ -2,6 +2,8 @@
 
 import pytest
 
+import taurl  # noqa: F401  (first: sets OMP_WAIT_POLICY before any test imports torch)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def taurl_cache(tmp_path_factory):

@@ -163,3 +163,23 @@ def test_requests_that_finish_at_their_first_token_never_strand_the_others(model
     for p, g in zip(long_prompts + short_prompts, outs, strict=True):
         _check_logprobs(model, p, g)
     assert [len(g.token_ids) for g in outs[4:]] == [1, 1, 1, 1]
+
+
+def test_next_turn_reuses_the_finished_sequence_and_stays_exact(model, tok):
+    """Turn 2's prompt extends turn 1's sequence: its prefix KV is reused, results unchanged."""
+    cached, plain = LocalEngine(model, tok), LocalEngine(model, tok, prefix_cache_tokens=0)
+    prompts = _prompts(6, seed=13)
+
+    async def episode(engine, p, i):
+        first = await engine.generate(p, SamplingParams(max_tokens=6, seed=i))
+        second_prompt = p + first.token_ids + [7, 8, 9]  # + an observation
+        return first, second_prompt, await engine.generate(second_prompt, SamplingParams(max_tokens=6, seed=100 + i))
+
+    async def run(engine):
+        return await asyncio.gather(*[episode(engine, p, i) for i, p in enumerate(prompts)])
+
+    with_cache, without = asyncio.run(run(cached)), asyncio.run(run(plain))
+    assert cached.stats["prefix_tokens_reused"] > 0 and plain.stats["prefix_tokens_reused"] == 0
+    for (f1, p2, s1), (f2, _, s2) in zip(with_cache, without, strict=True):
+        assert f1.token_ids == f2.token_ids and s1.token_ids == s2.token_ids
+        _check_logprobs(model, p2, s1)

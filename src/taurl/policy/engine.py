@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -108,7 +108,8 @@ class LocalEngine:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
-                 max_batch_size: int = 64, seed: int = 0, max_context: int | None = None):
+                 max_batch_size: int = 64, seed: int = 0, max_context: int | None = None,
+                 prefix_cache_tokens: int = 65536):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self._version = version
@@ -130,7 +131,9 @@ class LocalEngine:
         self._paused = False
         self._idle = threading.Event()
         self._idle.set()
-        self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0}
+        self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0,
+                      "prefill_tokens": 0, "prefix_tokens_reused": 0}
+        self._prefixes = PrefixCache(prefix_cache_tokens)
 
     @property
     def version(self) -> int:
@@ -173,6 +176,7 @@ class LocalEngine:
             await asyncio.to_thread(self._idle.wait)
             with torch.no_grad():
                 self.model.load_state_dict(state_dict)
+            self._prefixes.clear()  # keys/values of the old weights must not serve the new ones
             self._version = version
         finally:
             self._paused = False
@@ -228,20 +232,34 @@ class LocalEngine:
                 batch, kv = [], None
 
     def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
-        lengths = [len(r.prompt) for r in reqs]
-        width = max(lengths)
+        """Prefill new rows; a row whose prompt extends a finished sequence reuses its KV.
+
+        Layout per row: [padding][reused prefix][padding][new tokens]; the mask hides the
+        padding and positions are explicit, so the holes change nothing.
+        """
+        prefixes = [self._prefixes.take(r.prompt) for r in reqs]
+        starts = [0 if p is None else p[0][0].shape[2] for p in prefixes]
+        past = BatchKV.from_prefixes(prefixes)
+        width = max(len(r.prompt) - s for r, s in zip(reqs, starts, strict=True))
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding: real tokens end at the right edge
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt):] = 1
+        positions = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, (r, s) in enumerate(zip(reqs, starts, strict=True)):
+            n = len(r.prompt) - s
+            ids[i, width - n:] = torch.tensor(r.prompt[s:])
+            mask[i, width - n:] = 1
+            positions[i, width - n:] = torch.arange(s, len(r.prompt))
             r.admitted = time.perf_counter()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        kv = BatchKV.empty(mask, lengths)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+        if past is None:
+            kv = BatchKV.empty(mask, [len(r.prompt) for r in reqs])
+        else:
+            kv = BatchKV(past.cache, torch.cat([past.mask, mask], dim=1), [len(r.prompt) for r in reqs])
+        out = self.model(input_ids=ids, attention_mask=kv.mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1, **{self._cache_kw: kv.cache})
         kv.zero_padding()
         self.stats["prefills"] += 1
+        self.stats["prefix_tokens_reused"] += sum(starts)
+        self.stats["prefill_tokens"] += sum(len(r.prompt) - s for r, s in zip(reqs, starts, strict=True))
         return kv, out.logits[:, -1, :].float()
 
     def _decode(self, batch: list[_Request], kv: BatchKV) -> torch.Tensor:
@@ -296,6 +314,9 @@ class LocalEngine:
     def _drop(self, batch: list[_Request], kv: BatchKV, done: list[int]):
         if not done:
             return batch, kv
+        for i in done:  # keep what was computed: the agent's next turn extends this sequence
+            r = batch[i]
+            self._prefixes.put(r.prompt + r.out_ids[:-1], kv.row(i))
         keep = [i for i in range(len(batch)) if i not in set(done)]
         if not keep:
             return [], None
@@ -345,3 +366,41 @@ def sample_tokens(logprobs: torch.Tensor, top_p: Sequence[float],
     cum = sorted_p.cumsum(-1)
     idx = torch.searchsorted(cum, u * cum[:, -1:]).clamp(max=probs.shape[-1] - 1)
     return order.gather(-1, idx).squeeze(-1)
+
+
+class PrefixCache:
+    """Keys/values of finished sequences, for the agent's next turn (which extends one).
+
+    LRU, bounded in tokens; an entry is used once (the next turn's row replaces it). A
+    lookup tries every cached length, longest first: a few hundred tuple compares.
+    """
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[tuple[int, ...], list] = OrderedDict()
+        self._tokens = 0
+
+    def put(self, ids: list[int], kv: list) -> None:
+        if self.max_tokens <= 0 or len(ids) > self.max_tokens or not ids:
+            return
+        key = tuple(ids)
+        if key in self._entries:
+            return
+        self._entries[key] = kv
+        self._tokens += len(key)
+        while self._tokens > self.max_tokens:
+            old, _ = self._entries.popitem(last=False)
+            self._tokens -= len(old)
+
+    def take(self, prompt: list[int]):
+        """The cached KV of the longest cached proper prefix of `prompt`, removed; or None."""
+        for n in sorted({len(k) for k in self._entries if len(k) < len(prompt)}, reverse=True):
+            key = tuple(prompt[:n])
+            if key in self._entries:
+                self._tokens -= n
+                return self._entries.pop(key)
+        return None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0

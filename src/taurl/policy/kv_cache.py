@@ -101,11 +101,42 @@ class BatchKV:
         mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)], dim=0)
         return BatchKV(Cache(layers=layers), mask, self.lengths + other.lengths)
 
+    def row(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row i's real keys/values per layer, (1, H, n, D) copies, padding and holes removed."""
+        cols = self.mask[i].nonzero().squeeze(-1)
+        out = []
+        for layer in self.cache.layers:
+            k, v = layer.used()
+            out.append((k[i:i + 1, :, cols].clone(), v[i:i + 1, :, cols].clone()))
+        return out
+
+    @classmethod
+    def from_prefixes(cls, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None]) -> BatchKV | None:
+        """A batch cache holding each row's cached prefix, left-padded (None: no prefix)."""
+        widths = [0 if p is None else p[0][0].shape[2] for p in prefixes]
+        width = max(widths)
+        if width == 0:
+            return None
+        template = next(p for p in prefixes if p is not None)
+        layers = []
+        for li in range(len(template)):
+            ks, vs = [], []
+            for p in prefixes:
+                k, v = p[li] if p is not None else (template[li][0][:, :, :0], template[li][1][:, :, :0])
+                ks.append(_left_pad(k, width, dim=2))
+                vs.append(_left_pad(v, width, dim=2))
+            layers.append(GrowLayer.from_tensors(torch.cat(ks), torch.cat(vs)))
+        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for i, w in enumerate(widths):
+            mask[i, width - w:] = 1
+        return cls(Cache(layers=layers), mask, widths)
+
     def select(self, rows: list[int]) -> BatchKV:
         """Keep `rows`, dropping leading columns that are padding for all of them."""
         idx = torch.tensor(rows, dtype=torch.long)
         lengths = [self.lengths[i] for i in rows]
-        start = self.mask.shape[1] - max(lengths)
+        # rows may have holes (a reused prefix, padding, then the new tokens): trim by the mask
+        start = int(self.mask[idx].any(0).nonzero()[0])
         layers = []
         for layer in self.cache.layers:
             k, v = layer.used()
