@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import typing
 
@@ -19,6 +20,9 @@ examples:
   taurl inspect runs/first --index 3                        # one trajectory, masks shown
   taurl export runs/first --format parquet                  # runs/first/exports/trajectories.parquet
   taurl envs                                                # registered environments
+  taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
+  taurl demo --config configs/large.yaml --run-dir runs/large
+  taurl eval runs/demo --trials 5                           # holdout evaluation of the newest checkpoint
 """
 
 
@@ -87,13 +91,39 @@ def build_parser() -> argparse.ArgumentParser:
     from taurl.tools.sandbox_cli import add_sandbox_parser
 
     add_sandbox_parser(sub)
-    p = sub.add_parser("demo", help="the main job: build a policy, run episodes, export, inspect")
-    p.add_argument("--run-dir", default="runs/demo")
-    p.add_argument("--episodes", type=int, default=128)
+    from taurl.pipeline import PipelineConfig
+
+    for name, help_, desc in (
+        ("demo", "the main job: demonstrations, SFT, holdout eval, GRPO, holdout eval, report",
+         "Build corpus, tokenizer and a tiny policy, synthesize demonstrations, run SFT, evaluate on the "
+         "holdout split, train with GRPO, evaluate again and write RUN/report.html and RUN/summary.json. "
+         "Options come from --config (default configs/demo.yaml when present), then flags. Re-running the "
+         "same command resumes an interrupted run."),
+        ("train", "the same pipeline as demo, with your own config (no default config file)",
+         "Run or resume the end-to-end pipeline (see `taurl demo --help`) with --config and flags.")):
+        p = sub.add_parser(name, help=help_, description=desc)
+        p.add_argument("--run-dir", default=f"runs/{name}", help="run directory to create or resume")
+        p.add_argument("--config", help="YAML file with any of the options below")
+        p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+        _add_config_flags(p, PipelineConfig)
+    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint (or a checkpoint) on the holdout split",
+                       description="Holdout evaluation with its own verifier: k trials per task, success with a "
+                       "95% Wilson interval, pass@k, tool calls, tokens, invalid and truncation rates. TARGET is a "
+                       "run directory (its newest checkpoint and its config.yaml) or a checkpoint directory.")
+    p.add_argument("target", metavar="RUN|CHECKPOINT")
+    p.add_argument("--config", help="YAML pipeline config (eval_* options, families, env_config)")
+    p.add_argument("--tasks", type=int, help="holdout tasks")
+    p.add_argument("--trials", type=int, help="k trials per task")
+    p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--no-progress", action="store_true")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    # OpenMP threads that spin while waiting slow torch down several-fold when the cores are
+    # shared with other processes; passive waiting costs little when they are not. It must be
+    # set before torch loads, which the commands import lazily.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -137,16 +167,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             env = make(name)
             print(f"{name}  version {env.version}  style {env.observation_style}  "
                   f"tools {[t['function']['name'] for t in env.tools]}")
-    elif args.command == "demo":
-        from taurl.config import RolloutRunConfig
+    elif args.command in ("demo", "train"):
+        from taurl.pipeline import PipelineConfig
 
-        cfg = RolloutRunConfig(episodes=args.episodes, group_size=4)
-        metrics = commands.rollout(cfg, args.run_dir)
-        _print_metrics(metrics)
-        for fmt in ("jsonl", "parquet"):
-            path, n = commands.export(args.run_dir, fmt)
-            print(f"exported {n} trajectories to {path}")
-        print(commands.inspect_text(args.run_dir, index=0, color=sys.stdout.isatty()))
+        overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(PipelineConfig)}
+        summary = commands.train(args.config, overrides, args.run_dir, progress=not args.no_progress,
+                                 default_config="configs/demo.yaml" if args.command == "demo" else None)
+        print(commands.summary_text(summary, args.run_dir))
+    elif args.command == "eval":
+        result = commands.evaluate(args.target, args.config, tasks=args.tasks, trials=args.trials,
+                                   temperature=args.temperature, progress=not args.no_progress)
+        print(json.dumps(result.to_dict(), indent=2))
     return 0
 
 

@@ -55,11 +55,8 @@ def policy_version(model_dir: str | Path | None) -> int:
 
 
 def sample_tasks(env_name: str, split: str, n: int, seed: int) -> list:
-    from taurl.envs.search import generate_tasks
-
-    if env_name != "search-v0":
-        raise Error(f"taurl rollout has no task source for {env_name!r} yet")
-    tasks = generate_tasks(split, n=n, seed=seed)
+    """`n` tasks of `split` from the env's registered task source, shuffled by `seed`."""
+    tasks = envs.make_tasks(env_name, split, n=n, seed=seed)
     if not tasks:
         raise Error(f"no {split!r} tasks for {env_name}")
     random.Random(seed).shuffle(tasks)
@@ -179,3 +176,49 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
         lines.append(f"turn {t.index}: action={json.dumps(t.action)} invalid={t.invalid} "
                      f"finish={t.finish_reason}{extra}")
     return "\n".join(lines)
+
+
+def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Path, progress: bool = True,
+          default_config: str | None = None) -> dict[str, Any]:
+    """`taurl demo` / `taurl train`: run (or resume) the end-to-end pipeline; returns summary.json."""
+    from taurl.config import load_config
+    from taurl.pipeline import PipelineConfig, run_pipeline
+
+    path = config_path or (default_config if default_config and Path(default_config).exists() else None)
+    cfg = load_config(PipelineConfig, path=path, overrides=overrides)
+    return run_pipeline(cfg, str(run_dir), progress=progress)
+
+
+def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
+    """The demo's closing lines: holdout figures before and after RL, where the report is."""
+    h = summary["holdout"]
+    lines = []
+    for tag in ("sft", "final"):
+        r = h[tag]
+        lines.append(f"holdout {tag:<5} success {r['success']:.3f} (95% CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}, "
+                     f"{r['episodes']} episodes)  pass@{r['trials']} {r['pass_at_k']:.3f}  "
+                     f"search rate {r['search_rate']:.3f}  tool calls {r['tool_calls_mean']:.2f}")
+    lines.append(f"gain {h['gain']:+.3f}; intervals {'overlap' if h['intervals_overlap'] else 'do not overlap'}; "
+                 f"{summary['train']['updates']} GRPO updates; wall {summary['wall_seconds']:.0f} s")
+    lines.append(f"report: {Path(run_dir) / 'report.html'}  summary: {Path(run_dir) / 'summary.json'}")
+    return "\n".join(lines)
+
+
+def evaluate(target: str | Path, config_path: str | None = None, *, tasks: int | None = None,
+             trials: int | None = None, temperature: float | None = None, progress: bool = True):
+    """`taurl eval RUN|CHECKPOINT`: holdout evaluation of a run's newest checkpoint or of a checkpoint."""
+    from taurl.config import load_config
+    from taurl.pipeline import PipelineConfig, evaluate_checkpoint
+
+    target = Path(target)
+    ckpt = target
+    if not (target / "config.json").exists():
+        run = RunDir(target)
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            raise Error(f"{target} is neither a checkpoint (config.json) nor a run directory with checkpoints/v<N>")
+        if config_path is None and run.config.exists():
+            config_path = str(run.config)
+    overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature}
+    cfg = load_config(PipelineConfig, path=config_path, overrides=overrides)
+    return evaluate_checkpoint(ckpt, cfg, progress=progress, tag="cli")

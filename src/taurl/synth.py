@@ -9,21 +9,45 @@ their trajectories say ``metadata["source"] = "expert"``.
 
 `quality` knobs degrade the expert on purpose (documented in the README): with
 probability `p_skip_search` it answers without searching (from its own knowledge, which
-is right with probability `p_guess_right`).
+is right with probability `p_guess_right`). This is the demo's lever: SFT on such demos
+teaches the *format* (think, search, read, answer) but also a bad *strategy* (answer
+from memory half the time), which reinforcement learning then has to unlearn.
+
+Synthesis (`rejection_sample`): sample k episodes per task from a policy, keep those the
+verifier accepts and pass the quality filters (`SynthFilters`):
+
+* efficiency — at most ``hops + max_extra_tool_calls`` tool calls;
+* completeness — every turn has a thought (``<think>…</think>``) and a valid action,
+  every turn but the last got an observation, and the last one answered;
+* diversity — among kept episodes of one task, the action-sequence Jaccard similarity
+  |A ∩ B| / |A ∪ B| (A, B: the sets of normalized actions) stays <= ``max_jaccard``;
+* difficulty buckets — each task is bucketed by its success rate over the k samples
+  (easy >= 2/3 > medium >= 1/3 > hard > 0 = unsolved); ``max_easy_fraction`` caps the
+  share of kept episodes from easy tasks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
-from collections.abc import Sequence
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from taurl.envs.core import Task
-from taurl.policy.engine import Generation, SamplingParams
+from taurl.envs.core import Env, Task
+from taurl.errors import ConfigError
+from taurl.policy.engine import Engine, Generation, SamplingParams
+from taurl.reward.exact_match import normalize_answer
+from taurl.rollout import RolloutConfig, run_episode
+from taurl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class ExpertQuality:
+    """How good the scripted expert is; the defaults are a perfect expert."""
+
     p_skip_search: float = 0.0  # share of demos that answer without searching
     p_guess_right: float = 0.5  # when skipping, chance that the guess is right
 
@@ -78,3 +102,164 @@ class ScriptedEngine:
             ids.append(self.tokenizer.eos_token_id)
         ids = ids[:sampling.max_tokens]
         return Generation(ids, [0.0] * len(ids), reason, 0, prompt_tokens=len(prompt_ids))
+
+
+async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[], Env], *,
+                         quality: ExpertQuality = ExpertQuality(), seed: int = 0, run_id: str = "",
+                         config: RolloutConfig | None = None, episode_prefix: str = "demo") -> list[Trajectory]:
+    """One expert episode per task, through the real agent loop (`run_episode`).
+
+    Episode ids are ``{episode_prefix}-{i}`` (deterministic, so a restarted run finds the
+    ones it stored). ``metadata["source"] = "expert"`` and ``metadata["demo"]`` says
+    whether the expert searched ("search") or answered from memory ("skip").
+    """
+    out = []
+    for i, task in enumerate(tasks):
+        actions = expert_actions(task, quality, random.Random(f"{seed}:{i}"))
+        traj = await run_episode(ScriptedEngine(tokenizer, actions), make_env(), tokenizer, task, seed=seed + i,
+                                 config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}", run_id=run_id,
+                                 episode_id=f"{episode_prefix}-{i}")
+        kind = "search" if "<search>" in actions[0] else "skip"
+        out.append(dataclasses.replace(traj, metadata={**traj.metadata, "source": "expert", "demo": kind}))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Rejection-sampling synthesis with quality filters (module docstring)
+
+
+@dataclass(frozen=True)
+class SynthFilters:
+    """Which sampled episodes become demonstrations."""
+
+    min_reward: float = 1.0  # the verifier's reward an episode needs (rejection sampling)
+    max_extra_tool_calls: int = 1  # efficiency: at most hops + this many tool calls
+    require_complete: bool = True  # completeness: thought + valid action every turn, observation, final answer
+    max_jaccard: float = 0.8  # diversity: max action-sequence Jaccard between kept episodes of one task
+    per_task: int = 2  # at most this many kept episodes per task
+    max_easy_fraction: float = 1.0  # cap on the share of kept episodes from easy tasks
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 0 <= self.max_jaccard <= 1:
+            out.append(f"max_jaccard must be in [0, 1] (got {self.max_jaccard})")
+        if not 0 < self.max_easy_fraction <= 1:
+            out.append(f"max_easy_fraction must be in (0, 1] (got {self.max_easy_fraction})")
+        if self.per_task < 1 or self.max_extra_tool_calls < 0:
+            out.append("per_task must be >= 1 and max_extra_tool_calls >= 0")
+        return out
+
+
+_THINK = re.compile(r"<think>.+?</think>", re.DOTALL)
+
+
+def action_sequence(traj: Trajectory) -> tuple[str, ...]:
+    """The episode's actions, normalized: ``("search:rockville", "answer:united states")``."""
+    out = []
+    for t in traj.turns:
+        kind = t.action.get("kind", "unknown")
+        arg = t.action.get("query", t.action.get("answer", ""))
+        out.append(f"{kind}:{normalize_answer(str(arg))}")
+    return tuple(out)
+
+
+def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
+    """|A ∩ B| / |A ∪ B| of the two action sets (1.0 for two empty sequences).
+
+    >>> jaccard(["search:a", "answer:x"], ["search:b", "answer:x"])
+    0.3333333333333333
+    """
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+
+
+def is_complete(traj: Trajectory) -> bool:
+    """Every turn thinks and acts validly, every non-final turn was answered, the last one answers."""
+    if not traj.turns or not traj.terminated or traj.turns[-1].action.get("kind") != "answer":
+        return False
+    for i, t in enumerate(traj.turns):
+        if t.invalid or not _THINK.search(t.action_text):
+            return False
+        if i < len(traj.turns) - 1 and not t.observation_text:
+            return False
+    return True
+
+
+def is_efficient(traj: Trajectory, hops: int, max_extra: int) -> bool:
+    return traj.num_tool_calls <= hops + max_extra
+
+
+def difficulty_bucket(success_rate: float) -> str:
+    """easy (>= 2/3), medium (>= 1/3), hard (> 0), unsolved (0)."""
+    if success_rate >= 2 / 3:
+        return "easy"
+    if success_rate >= 1 / 3:
+        return "medium"
+    return "hard" if success_rate > 0 else "unsolved"
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    kept: list[Trajectory]
+    stats: dict[str, float]  # synth/* counts of each filter and bucket
+
+
+def select_demonstrations(trajs: Sequence[Trajectory], tasks: Sequence[Task],
+                          filters: SynthFilters = SynthFilters()) -> SynthResult:
+    """Apply the rejection threshold and the quality filters (module docstring) to sampled episodes."""
+    if problems := filters.problems():
+        raise ConfigError(problems)
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_task[t.task_id].append(t)
+    hops = {t.task_id: int(t.metadata.get("hops", 1)) for t in tasks}
+    stats: Counter[str] = Counter()
+    kept_by_bucket: dict[str, list[Trajectory]] = defaultdict(list)
+    for task_id, eps in by_task.items():
+        rate = sum(e.reward >= filters.min_reward for e in eps) / len(eps)
+        bucket = difficulty_bucket(rate)
+        stats[f"synth/tasks_{bucket}"] += 1
+        kept: list[Trajectory] = []
+        for e in eps:
+            if e.reward < filters.min_reward:
+                stats["synth/rejected_reward"] += 1
+            elif filters.require_complete and not is_complete(e):
+                stats["synth/rejected_incomplete"] += 1
+            elif not is_efficient(e, hops.get(task_id, 1), filters.max_extra_tool_calls):
+                stats["synth/rejected_inefficient"] += 1
+            elif any(jaccard(action_sequence(e), action_sequence(k)) > filters.max_jaccard for k in kept):
+                stats["synth/rejected_duplicate"] += 1
+            elif len(kept) >= filters.per_task:
+                stats["synth/rejected_per_task"] += 1
+            else:
+                kept.append(e)
+        kept_by_bucket[bucket].extend(kept)
+    others = sum(len(v) for b, v in kept_by_bucket.items() if b != "easy")
+    easy = kept_by_bucket.get("easy", [])
+    if filters.max_easy_fraction < 1 and easy:
+        # easy share e / (e + others) <= f  <=>  e <= f·others / (1 − f)
+        cap = int(filters.max_easy_fraction * others / (1 - filters.max_easy_fraction))
+        stats["synth/rejected_easy_cap"] += max(0, len(easy) - cap)
+        kept_by_bucket["easy"] = easy[:cap]
+    out = [e for b in ("easy", "medium", "hard", "unsolved") for e in kept_by_bucket.get(b, [])]
+    stats["synth/sampled"] = len(trajs)
+    stats["synth/kept"] = len(out)
+    for b in ("easy", "medium", "hard"):
+        stats[f"synth/kept_{b}"] = len(kept_by_bucket.get(b, []))
+    return SynthResult(out, {k: float(v) for k, v in stats.items()})
+
+
+async def rejection_sample(engine: Engine, tokenizer, make_env: Callable[[], Env], tasks: Sequence[Task], *,
+                           k: int = 4, filters: SynthFilters = SynthFilters(), seed: int = 0,
+                           config: RolloutConfig | None = None, run_id: str = "",
+                           concurrency: int = 32) -> SynthResult:
+    """Sample `k` episodes per task from `engine`'s policy and keep the good ones (module docstring)."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, task: Task, g: int) -> Trajectory:
+        async with sem:
+            return await run_episode(engine, make_env(), tokenizer, task, seed=seed * 1_000_003 + i * k + g,
+                                     config=config or RolloutConfig(), group_id=f"synth:{task.task_id}", run_id=run_id)
+
+    trajs = await asyncio.gather(*(one(i, t, g) for i, t in enumerate(tasks) for g in range(k)))
+    return select_demonstrations(list(trajs), tasks, filters)

@@ -1,0 +1,170 @@
+"""report.html: one self-contained file (plots as base64 PNGs) of a training run.
+
+Plots come from ``metrics.jsonl`` (one row per SFT step / GRPO update / evaluation) and
+the holdout results from ``summary.json``; nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from taurl.runs import RunDir
+
+# The keys the training pipeline adds to `taurl.monitor.metrics.GLOSSARY` (rollout/* there).
+TRAIN_GLOSSARY: dict[str, str] = {
+    "rollout/groups_same_reward": "share of groups whose G rewards are all equal (zero advantage under GRPO)",
+    "learn/loss": "total loss of the update: policy loss + β·KL − entropy bonus, token-weighted over micro-batches",
+    "learn/pg_loss": "the objective's policy-gradient loss (PPO clipped surrogate by default)",
+    "learn/clip_frac": "share of action tokens where the PPO clip is active (ratio outside [1−ε_low, 1+ε_high])",
+    "learn/approx_kl": "mean over action tokens of (r − 1) − log r, r = π_θ/π_old (k3 estimate of KL(π_old‖π_θ))",
+    "learn/kl_k3": "mean k3 estimate of KL(π_θ ‖ π_ref) to the frozen SFT policy (when kl_coef > 0)",
+    "learn/entropy": "mean policy entropy H(π(·|x_<t)) over action tokens",
+    "learn/grad_norm": "global gradient norm before clipping",
+    "learn/tokens_per_s": "real (non-padding) tokens through forward+backward / learn seconds",
+    "learn/padding_frac": "padding tokens / all tokens of the micro-batches",
+    "learn/skipped": "1 when every group had identical rewards, so no step was taken",
+    "learn/rows": "trajectories left after the zero-variance group filter",
+    "pipeline/stale_dropped": "trajectories dropped because a version < v − η sampled them",
+    "pipeline/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
+    "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
+    "sft/loss": "token-mean NLL of the demonstrations' action tokens",
+    "eval/success": "holdout successes / episodes under the evaluator's own verifier (Wilson 95% CI in eval/ci95_*)",
+    "eval/pass_at_k": "unbiased pass@k over the k trials per task (Chen et al. 2021)",
+}
+
+CURVES: list[tuple[str, list[str]]] = [
+    ("GRPO rollouts: reward and success", ["rollout/reward_mean", "rollout/success"]),
+    ("Strategy: search rate and tool calls", ["rollout/search_rate", "rollout/tool_calls_mean"]),
+    ("Groups with identical rewards, invalid and truncation rates",
+     ["rollout/groups_same_reward", "rollout/invalid_rate", "rollout/truncation_rate"]),
+    ("Policy loss and clip fraction", ["learn/pg_loss", "learn/clip_frac"]),
+    ("Approx KL (k3) to the behaviour policy, entropy", ["learn/approx_kl", "learn/entropy"]),
+    ("Gradient norm", ["learn/grad_norm"]),
+    ("Episode length (tokens)", ["rollout/tokens_mean", "rollout/action_tokens_mean"]),
+    ("Time per update (s): rollout / learn / checkpoint", ["time/rollout_s", "time/learn_s", "time/checkpoint_s"]),
+]
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(title, base64 PNG) of each training curve that has data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    sft = [r for r in rows if r.get("phase") == "sft" and "sft/loss" in r]
+    if sft:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.plot([r["step"] for r in sft], [r["sft/loss"] for r in sft])
+        ax.set_xlabel("SFT step")
+        ax.set_ylabel("NLL of action tokens")
+        ax.grid(alpha=0.3)
+        out.append(("SFT loss", _png(fig)))
+        plt.close(fig)
+    grpo = [r for r in rows if r.get("phase") == "grpo"]
+    for title, keys in CURVES:
+        present = [k for k in keys if any(k in r for r in grpo)]
+        if not present:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3))
+        for k in present:
+            pts = [(r["update"], r[k]) for r in grpo if k in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=k)
+        ax.set_xlabel("GRPO update")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        out.append((title, _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def holdout_figure(summary: dict[str, Any]) -> str | None:
+    """Bar chart of holdout success (95% Wilson intervals) and search rate, SFT vs final."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h = summary.get("holdout", {})
+    tags = [t for t in ("sft", "final") if t in h]
+    if not tags:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3))
+    xs = range(len(tags))
+    succ = [h[t]["success"] for t in tags]
+    err = [[s - h[t]["ci95"][0] for s, t in zip(succ, tags, strict=True)],
+           [h[t]["ci95"][1] - s for s, t in zip(succ, tags, strict=True)]]
+    ax.bar([x - 0.2 for x in xs], succ, width=0.4, yerr=err, capsize=4, label="success (95% CI)")
+    ax.bar([x + 0.2 for x in xs], [h[t]["search_rate"] for t in tags], width=0.4, label="search rate")
+    ax.set_xticks(list(xs), [f"{t} ({h[t]['episodes']} ep.)" for t in tags])
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    png = _png(fig)
+    plt.close(fig)
+    return png
+
+
+def _table(summary: dict[str, Any]) -> str:
+    h = summary.get("holdout", {})
+    keys = ["success", "ci95", "episodes", "pass_at_k", "search_rate", "tool_calls_mean", "tokens_mean",
+            "invalid_rate", "truncation_rate", "verifier_disagreements", "policy_version"]
+    tags = [t for t in ("sft", "final") if t in h]
+    head = "".join(f"<th>{t}</th>" for t in tags)
+    body = ""
+    for k in keys:
+        cells = ""
+        for t in tags:
+            v = h[t].get(k)
+            text = (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else f"{v:.3f}" if isinstance(v, float)
+                    else str(v))
+            cells += f"<td>{html.escape(text)}</td>"
+        body += f"<tr><th>{k}</th>{cells}</tr>"
+    return f"<table><tr><th></th>{head}</tr>{body}</table>"
+
+
+def render_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The HTML text of the report (self-contained)."""
+    parts = [f"<h1>taurl run {html.escape(str(summary.get('run', '')))}</h1>"]
+    h = summary.get("holdout", {})
+    if "sft" in h and "final" in h:
+        parts.append(f"<p><b>Holdout success</b>: SFT {h['sft']['success']:.3f} → after RL "
+                     f"{h['final']['success']:.3f} (gain {h.get('gain', 0):+.3f}; 95% intervals "
+                     f"{'overlap' if h.get('intervals_overlap') else 'do not overlap'}). "
+                     f"Train updates: {summary.get('train', {}).get('updates')}, wall time "
+                     f"{summary.get('wall_seconds', 0):.0f} s.</p>")
+    parts.append(_table(summary))
+    fig = holdout_figure(summary)
+    if fig:
+        parts.append(f'<h2>Holdout</h2><img alt="holdout" src="data:image/png;base64,{fig}">')
+    parts.append("<h2>Training curves</h2>")
+    for title, png in curve_figures(rows):
+        parts.append(f'<figure><figcaption>{html.escape(title)}</figcaption>'
+                     f'<img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>')
+    rows_html = "".join(f"<tr><th>{html.escape(k)}</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
+                        for k, v in TRAIN_GLOSSARY.items())
+    parts.append(f"<h2>Glossary</h2><table>{rows_html}</table>")
+    parts.append("<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=2)) + "</pre>")
+    style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}figure{display:inline-block;margin:4px}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>taurl report</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
+
+
+def write_report(run: RunDir | str | Path, summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path:
+    """Write ``report.html`` into the run directory; returns its path."""
+    run = run if isinstance(run, RunDir) else RunDir(Path(run))
+    run.report.write_text(render_report(summary, rows), encoding="utf-8")
+    return run.report

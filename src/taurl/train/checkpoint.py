@@ -1,0 +1,61 @@
+"""Checkpoints: each policy version is a plain HF directory plus the learner's state.
+
+    checkpoints/v<N>/   config.json, model.safetensors, tokenizer files (`save_policy`),
+                        taurl.json (policy_version, phase, update), optimizer.pt (AdamW state;
+                        the pipeline keeps it in the newest checkpoint only)
+
+A version is written into ``checkpoints/.v<N>.partial`` and renamed into place only when
+complete, so after a crash `RunDir.versions()` lists only whole checkpoints and a restart
+resumes from the newest one (weights and optimizer moments both).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taurl.policy.model import load_policy, load_policy_meta, save_policy
+from taurl.runs import RunDir
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any,
+                    optimizer: torch.optim.Optimizer | None = None, **meta: Any) -> Path:
+    """Write policy `version` (and the optimizer state) atomically; returns its directory."""
+    final = run.checkpoint(version)
+    partial = final.with_name(f".v{version}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    save_policy(model, tokenizer, partial, {"policy_version": version, **meta})
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), partial / OPTIMIZER_FILE)
+    if final.exists():  # a re-run of the same version replaces it whole
+        shutil.rmtree(final)
+    partial.rename(final)
+    return final
+
+
+def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = None):
+    """(model, tokenizer, meta) of a checkpoint; loads the optimizer state into `optimizer` if saved."""
+    path = Path(path)
+    model, tokenizer = load_policy(path)
+    if optimizer is not None and (path / OPTIMIZER_FILE).exists():
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+    return model, tokenizer, load_policy_meta(path)
+
+
+def drop_optimizer_state(path: str | Path) -> None:
+    """Delete the optimizer state of checkpoint `path` (its policy stays); twice the model's size."""
+    (Path(path) / OPTIMIZER_FILE).unlink(missing_ok=True)
+
+
+def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> bool:
+    """Load the optimizer state saved with checkpoint `path` into `optimizer`; False if none."""
+    f = Path(path) / OPTIMIZER_FILE
+    if not f.exists():
+        return False
+    optimizer.load_state_dict(torch.load(f, weights_only=True))
+    return True

@@ -1,0 +1,318 @@
+"""The learner: one policy update from a batch of grouped trajectories (GRPO by default).
+
+Read top to bottom, an update is the seeds' loop body:
+
+    credit   = compute_advantages(TurnBatch.from_trajectories(trajs), estimator)   # (N, T)
+    A_tok    = broadcast_to_tokens(credit.advantages, padded_token_turn_index(trajs))
+    for micro-batch in length buckets:                    # gradient accumulation
+        logπ_θ   = forward(policy)  on action tokens only (mask 1)
+        loss     = objective(logπ_θ, logπ_old, A_tok, mask) + β·KL_k3(π_θ ‖ π_ref)
+        loss.backward()                                   # scaled by the global denominator
+    clip_grad_norm(max_norm); AdamW.step()                # one new policy version
+
+The estimator and the objective are chosen by name (`taurl.credit.ESTIMATORS`,
+`taurl.train.objectives.OBJECTIVES`); this module only moves tensors between them.
+π_old is the behaviour policy recorded at sampling (``Trajectory.logprobs``): with a
+staleness bound η = 0 and one epoch it is the current policy, so the ratio starts at 1.
+The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour and recomputes
+the proximal policy.
+
+Only action positions go through the output layer: the decoder runs on every token (the
+context), but ``lm_head`` and the softmax run on the mask-1 positions alone, which is
+most of the saving on a small model with a 4k vocabulary. Logprobs are scattered back to
+(B, L) so the objectives keep their plain, aligned shapes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from taurl.credit import (
+    TurnBatch,
+    broadcast_to_tokens,
+    make_estimator,
+    padded_token_turn_index,
+    zero_variance_filter,
+)
+from taurl.errors import ConfigError
+from taurl.train.objectives import kl_loss, make_objective, objective_family
+from taurl.train.objectives.kl import KL_ESTIMATORS
+from taurl.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Hyper-parameters of one policy update (GRPO + PPO clip by default)."""
+
+    estimator: str = "grpo"  # advantage estimator by name: grpo | gigpo | rloo | dr_grpo | ... (taurl.credit.ESTIMATORS)
+    estimator_options: dict[str, Any] = field(default_factory=dict)  # keyword options of the estimator, e.g. {"omega": 1.0}
+    objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
+    objective_options: dict[str, Any] = field(default_factory=dict)  # extra keyword options of the objective
+    eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low for negative advantages
+    eps_high: float = 0.28  # PPO clip above ("clip-higher", DAPO): ratio <= 1 + eps_high
+    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    lr: float = 1e-3  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global gradient norm
+    kl_coef: float = 0.0  # β of the KL(π_θ ‖ π_ref) loss term; 0 keeps no reference model
+    kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
+    entropy_coef: float = 0.0  # entropy bonus coefficient (the entropy is always measured)
+    drop_zero_variance: bool = True  # drop groups whose rewards are all equal (DAPO dynamic sampling)
+    micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
+    epochs: int = 1  # optimizer steps on each batch (PPO epochs)
+    temperature: float = 1.0  # sampling temperature of the rollouts (logprobs are of logits / T)
+
+    def problems(self) -> list[str]:
+        out = []
+        try:
+            make_estimator(self.estimator, **self.estimator_options)
+        except ConfigError as e:
+            out += e.problems
+        try:
+            if objective_family(self.objective) != "policy_gradient":
+                out.append(f"objective {self.objective!r} is not a policy-gradient loss; use ppo, "
+                           "dual_clip_ppo, gspo or decoupled_ppo")
+            else:
+                make_objective(self.objective, **self._objective_kwargs())
+        except ConfigError as e:
+            out += e.problems
+        for name in ("lr", "grad_clip", "micro_batch_tokens", "epochs", "temperature"):
+            if not getattr(self, name) > 0:
+                out.append(f"{name} must be > 0 (got {getattr(self, name)!r})")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            out.append("kl_coef and entropy_coef must be >= 0")
+        if self.kl_kind not in KL_ESTIMATORS:
+            out.append(f"kl_kind must be one of {KL_ESTIMATORS} (got {self.kl_kind!r})")
+        return out
+
+    def _objective_kwargs(self) -> dict[str, Any]:
+        from taurl.train.objectives import get_objective
+
+        params = inspect.signature(get_objective(self.objective)).parameters
+        base = {"eps_low": self.eps_low, "eps_high": self.eps_high, "aggregation": self.aggregation}
+        if self.objective == "gspo":  # sequence-level ratios need their own (tiny) clip range
+            base = {"aggregation": self.aggregation}
+        return {**{k: v for k, v in base.items() if k in params}, **self.objective_options}
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors of a micro-batch
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Right-padded rows of trajectories. All (B, L); mask is 1 on action tokens only."""
+
+    input_ids: Tensor  # long
+    attention: Tensor  # long, 1 on real tokens
+    mask: Tensor  # float, the action mask
+    behaviour: Tensor  # float, behaviour logprobs (0 off the mask)
+    advantages: Tensor  # float, per-token advantages (0 off the mask)
+
+
+def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int) -> Rows:
+    """Pad `trajs` into `Rows`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT)."""
+    width = max(t.num_tokens for t in trajs)
+    n = len(trajs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width))
+    beh = torch.zeros((n, width))
+    for i, t in enumerate(trajs):
+        k = t.num_tokens
+        ids[i, :k] = torch.tensor(t.token_ids)
+        attn[i, :k] = 1
+        mask[i, :k] = torch.tensor(t.action_mask, dtype=torch.float32)
+        beh[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
+    adv = torch.zeros((n, width))
+    if advantages is not None:
+        adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
+    return Rows(ids, attn, mask, beh, adv)
+
+
+def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0,
+                    with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log π(x_t | x_<t) (B, L) at action positions (0 elsewhere), and the entropy there.
+
+    The decoder sees every token; the output layer only the positions whose *next* token
+    is an action token (logits at t−1 predict token t), as in
+    `taurl.train.objectives.sequence_logprobs` but without the (B, L, V) logits.
+    """
+    hidden = model.model(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
+    sel = rows.mask[:, 1:].bool()  # (B, L-1): token t+1 is an action token
+    logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature  # (K, V)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, rows.input_ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)  # (K,)
+    lp = torch.zeros(rows.mask.shape, dtype=picked.dtype)
+    lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
+    ent = None
+    if with_entropy:
+        h = -(logp_all.exp() * logp_all).sum(-1)
+        ent = torch.zeros(rows.mask.shape, dtype=h.dtype)
+        ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
+    return lp, ent
+
+
+def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
+    """Indices of `trajs` cut into length buckets of at most `max_tokens` padded tokens.
+
+    Sorted by length, so rows of a micro-batch have similar lengths and padding stays small.
+    """
+    order = sorted(range(len(trajs)), key=lambda i: trajs[i].num_tokens)
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        # rows are sorted ascending, so the newest row sets the padded width
+        if cur and (len(cur) + 1) * trajs[i].num_tokens > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The learner
+
+
+class Learner:
+    """Owns the policy's optimizer (and the frozen reference); `update(trajs)` is one version."""
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
+                 reference: torch.nn.Module | None = None):
+        if problems := config.problems():
+            raise ConfigError(problems)
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.reference = reference if config.kl_coef > 0 else None
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.loss_fn = make_objective(config.objective, **config._objective_kwargs())
+        self.estimator = make_estimator(config.estimator, **config.estimator_options)
+
+    def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
+        """Per-turn advantages of the trajectories kept after the zero-variance filter."""
+        batch = TurnBatch.from_trajectories(trajs)
+        credit = self.estimator(batch)
+        stats = dict(credit.stats)
+        keep = np.arange(len(trajs))
+        if self.config.drop_zero_variance:
+            sel = zero_variance_filter(batch.scores, batch.group)
+            stats.update(sel.stats)
+            keep = sel.kept
+        kept = [trajs[i] for i in keep]
+        adv = credit.advantages[keep]
+        return kept, adv, stats
+
+    def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics."""
+        t0 = time.perf_counter()
+        cfg = self.config
+        kept, adv, stats = self.advantages(trajs)
+        stats["learn/rows"] = float(len(kept))
+        if not kept:  # every group had equal rewards: nothing to learn, no step taken
+            stats.update(self._idle_metrics(trajs))
+            stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
+            return stats
+        chunks = micro_batches(kept, cfg.micro_batch_tokens)
+        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id) for c in chunks]
+        n_tok = sum(float(r.mask.sum()) for r in rows)
+        denom = n_tok if cfg.aggregation == "token-mean" else float(len(kept))
+        prox = None
+        if cfg.objective == "decoupled_ppo":
+            with torch.no_grad():
+                prox = [action_logprobs(self.model, r, cfg.temperature)[0] for r in rows]
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = [action_logprobs(self.reference, r, cfg.temperature)[0] for r in rows]
+        self.model.train()
+        sums: dict[str, float] = {}
+        for _ in range(cfg.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for j, r in enumerate(rows):
+                lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
+                old = prox[j] if prox is not None else r.behaviour
+                extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
+                loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
+                if ref is not None:
+                    kl, km = kl_loss(lp, ref[j], r.mask, kind=cfg.kl_kind, aggregation=cfg.aggregation,
+                                     denominator=denom)
+                    loss = loss + cfg.kl_coef * kl
+                    m.update(km)
+                ent = ent if ent is not None else torch.zeros_like(lp)
+                m["learn/entropy"] = float((ent.detach() * r.mask).sum() / r.mask.sum().clamp(min=1))
+                if cfg.entropy_coef > 0:
+                    loss = loss - cfg.entropy_coef * (ent * r.mask).sum() / denom
+                loss.backward()
+                w = float(r.mask.sum()) / max(n_tok, 1.0)  # token-weighted mean of the metrics
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + w * v / cfg.epochs
+                sums["learn/loss"] = sums.get("learn/loss", 0.0) + float(loss.detach()) / cfg.epochs
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+        self.model.eval()
+        dt = time.perf_counter() - t0
+        padded = sum(r.attention.numel() for r in rows)
+        real = sum(float(r.attention.sum()) for r in rows)
+        stats.update(sums)
+        stats.update({
+            "learn/grad_norm": float(norm), "learn/action_tokens": n_tok, "learn/micro_batches": float(len(rows)),
+            "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt, "learn/skipped": 0.0,
+            "learn/tokens_per_s": real * cfg.epochs / dt if dt > 0 else 0.0,
+        })
+        return stats
+
+    def _idle_metrics(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """The per-update metrics of an update that took no step (entropy is still measured)."""
+        ent_sum = tok = 0.0
+        with torch.no_grad():
+            for c in micro_batches(trajs, self.config.micro_batch_tokens):
+                r = make_rows([trajs[i] for i in c], None, self.pad_id)
+                _, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True)
+                ent_sum += float((ent * r.mask).sum()) if ent is not None else 0.0
+                tok += float(r.mask.sum())
+        return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
+                "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
+                "learn/tokens_per_s": 0.0}
+
+
+# ---------------------------------------------------------------------------------------
+# SFT with the same masks, micro-batches and output-layer saving
+
+
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *,
+             pad_id: int, grad_clip: float = 1.0, micro_batch_tokens: int = 6144) -> dict[str, float]:
+    """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
+
+    Exactly the action mask of RL; the batch is cut into length-bucketed micro-batches
+    whose gradients are accumulated with the global token count as denominator.
+    """
+    sft = make_objective("sft")
+    chunks = micro_batches(trajs, micro_batch_tokens)
+    rows = [make_rows([trajs[i] for i in c], None, pad_id) for c in chunks]
+    n_tok = sum(float(r.mask.sum()) for r in rows)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for r in rows:
+        lp, _ = action_logprobs(model, r)
+        loss, _ = sft(lp, r.mask, denominator=max(n_tok, 1.0))
+        loss.backward()
+        total += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    model.eval()
+    return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok}
+

@@ -1,0 +1,133 @@
+"""Demonstrations and rejection-sampling synthesis on the real search env and a real tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from taurl import envs
+from taurl.envs.search import generate_tasks
+from taurl.policy.engine import LocalEngine
+from taurl.policy.model import create_policy
+from taurl.policy.tokenizer import build_tokenizer
+from taurl.rollout import RolloutConfig, run_episode
+from taurl.synth import (
+    ExpertQuality,
+    ScriptedEngine,
+    SynthFilters,
+    action_sequence,
+    demonstrations,
+    difficulty_bucket,
+    is_complete,
+    jaccard,
+    rejection_sample,
+    select_demonstrations,
+)
+
+ENV = {"top_k": 2, "max_doc_chars": 160}
+ONE_HOP = ["city_country", "country_capital"]
+
+
+def make_env():
+    return envs.make("search-v0", **ENV)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from taurl.envs.search import build_corpus
+
+    texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
+    return build_tokenizer(texts + [make_env().system_prompt], vocab_size=4096)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return generate_tasks("train", n=60, seed=3, families=ONE_HOP)
+
+
+def scripted(tok, task, actions, seed=0):
+    return asyncio.run(run_episode(ScriptedEngine(tok, actions), make_env(), tok, task, seed=seed,
+                                   episode_id=f"s-{seed}"))
+
+
+def test_perfect_expert_searches_and_answers_right(tok, tasks):
+    demos = asyncio.run(demonstrations(tasks[:20], tok, make_env, quality=ExpertQuality()))
+    assert [d.episode_id for d in demos] == [f"demo-{i}" for i in range(20)]
+    assert all(d.metadata["source"] == "expert" and d.metadata["demo"] == "search" for d in demos)
+    assert all(d.num_tool_calls == 1 and d.reward == 1.0 for d in demos)
+    assert all(is_complete(d) for d in demos)
+
+
+def test_quality_knob_sets_the_share_of_demos_that_skip_search(tok, tasks):
+    demos = asyncio.run(demonstrations(tasks, tok, make_env, quality=ExpertQuality(p_skip_search=0.5,
+                                                                                     p_guess_right=0.0)))
+    skipped = [d for d in demos if d.metadata["demo"] == "skip"]
+    assert 0.3 < len(skipped) / len(demos) < 0.7  # 60 draws of p = 0.5
+    assert all(d.num_tool_calls == 0 for d in skipped)
+    # a guess that is never right: every skipping demo fails, every searching one succeeds
+    assert all(d.reward == 0.0 for d in skipped)
+    assert all(d.reward == 1.0 for d in demos if d.metadata["demo"] == "search")
+
+
+def test_jaccard_hand_computed():
+    # {s:a, a:x} vs {s:b, a:x}: 1 shared of 3 distinct
+    assert jaccard(["search:a", "answer:x"], ["search:b", "answer:x"]) == pytest.approx(1 / 3)
+    assert jaccard(["search:a"], ["search:a"]) == 1.0
+    assert jaccard([], []) == 1.0
+    assert jaccard(["a"], ["b"]) == 0.0
+
+
+@pytest.mark.parametrize(("rate", "bucket"), [(1.0, "easy"), (2 / 3, "easy"), (0.5, "medium"), (1 / 3, "medium"),
+                                              (0.25, "hard"), (0.0, "unsolved")])
+def test_difficulty_buckets(rate, bucket):
+    assert difficulty_bucket(rate) == bucket
+
+
+def test_filters_keep_only_correct_complete_efficient_diverse_episodes(tok, tasks):
+    task = tasks[0]
+    subject, answer = task.metadata["subject"], task.answers[0]
+    good = f"<think>find {subject}</think>\n<search>{subject}</search>"
+    final = f"<think>found</think>\n<answer>{answer}</answer>"
+    episodes = [
+        scripted(tok, task, [good, final], 1),  # kept
+        scripted(tok, task, [good, final], 2),  # same actions: Jaccard 1 > 0.8, a duplicate
+        scripted(tok, task, [f"<think>x</think><search>{subject} city</search>", final], 3),  # kept (diverse)
+        scripted(tok, task, [good, good, good, final], 4),  # 3 searches for a 1-hop task: inefficient
+        scripted(tok, task, [f"<search>{subject}</search>", f"<answer>{answer}</answer>"], 5),  # no thought
+        scripted(tok, task, [good, "<think>guess</think><answer>Atlantis</answer>"], 6),  # wrong answer
+    ]
+    assert action_sequence(episodes[0]) == (f"search:{subject.lower()}", f"answer:{answer.lower()}")
+    res = select_demonstrations(episodes, [task], SynthFilters(max_jaccard=0.8, per_task=5))
+    assert [e.episode_id for e in res.kept] == ["s-1", "s-3"]
+    s = res.stats
+    assert (s["synth/rejected_duplicate"], s["synth/rejected_inefficient"], s["synth/rejected_incomplete"],
+            s["synth/rejected_reward"]) == (1, 1, 1, 1)
+    assert s["synth/tasks_easy"] == 1  # 5 of 6 episodes answer right: rate 5/6 >= 2/3
+
+
+def test_rejection_sampling_runs_a_real_policy_and_counts(tok, tasks):
+    model = create_policy(tok, "tiny", seed=0)
+    engine = LocalEngine(model, tok, max_batch_size=8)
+    res = asyncio.run(rejection_sample(engine, tok, make_env, tasks[:2], k=2, seed=1,
+                                       config=RolloutConfig(max_turns=1, max_action_tokens=4)))
+    assert res.stats["synth/sampled"] == 4
+    # an untrained policy never answers correctly: all rejected, the tasks are unsolved
+    assert res.stats["synth/kept"] == 0 and res.stats["synth/tasks_unsolved"] == 2
+
+
+def test_easy_cap_limits_the_share_of_easy_tasks(tok, tasks):
+    eps = []
+    for i, task in enumerate(tasks[:4]):
+        s, a = task.metadata["subject"], task.answers[0]
+        right = [f"<think>a</think><search>{s}</search>", f"<think>b</think><answer>{a}</answer>"]
+        wrong = [f"<think>a</think><search>{s}</search>", "<think>b</think><answer>Atlantis</answer>"]
+        # tasks 0-2 easy (2 of 2 right), task 3 medium (1 of 2 right)
+        eps += [scripted(tok, task, right, 10 * i), scripted(tok, task, right if i < 3 else wrong, 10 * i + 1)]
+    rng = random.Random(0)
+    rng.shuffle(eps)
+    res = select_demonstrations(eps, tasks[:4], SynthFilters(max_jaccard=1.0, per_task=2, max_easy_fraction=0.5))
+    assert res.stats["synth/tasks_easy"] == 3 and res.stats["synth/tasks_medium"] == 1
+    # 1 medium episode kept → at most 1 easy one for a share of 1/2
+    assert res.stats["synth/kept"] == 2 and res.stats["synth/rejected_easy_cap"] == 5
