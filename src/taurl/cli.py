@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import sys
 import typing
 
@@ -120,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # OpenMP threads that spin while waiting slow torch down several-fold when the cores are
-    # shared with other processes; passive waiting costs little when they are not. It must be
-    # set before torch loads, which the commands import lazily.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
