@@ -173,7 +173,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         # ends this assistant message and the env decides what comes next
         gave_up = inline and gen.finish_reason == "eos"
         ended = terminated or truncated or gave_up
-        o_idx, dropped = None, 0
+        o_idx, obs_text, dropped = None, "", 0
         if obs and not ended:
             if inline:  # cut the whole text, keeping its last ids (the closing tag)
                 obs_ids, dropped = _cut(codec.encode(obs), config.max_observation_tokens,
@@ -193,7 +193,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                 else:
                     ep.messages.append(message)
         turns.append(Turn(index=t, action_text=action_text, action=dict(info.get("action") or {"kind": "unknown"}),
-                          observation_text=ep.codec.decode(ep.segments[o_idx].token_ids) if o_idx is not None else "",
+                          observation_text=obs_text,
                           action_segment=a_idx, observation_segment=o_idx, finish_reason=gen.finish_reason,
                           invalid=bool(info.get("invalid", False)), error=info.get("error"),
                           receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
