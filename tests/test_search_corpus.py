@@ -212,10 +212,8 @@ ENTITY_ANSWER_KINDS = {"country", "city"}
 GENERIC_ANSWER_KINDS = {"currency", "continent", "timezone"}
 
 
-def test_holdout_never_leaks_into_training(tasks) -> None:
-    assert {f.answer_kind for f in FAMILIES.values()} <= ENTITY_ANSWER_KINDS | GENERIC_ANSWER_KINDS
-    train, holdout = tasks["train"], tasks["holdout"]
-    train_entities = {e for t in train for e in t.metadata["entities"]}
+def _phrase_finder(train: list[Task]):
+    """phrase -> whether some training question names it as whole words (word postings)."""
     texts = [normalize_answer(t.prompt) for t in train]
     postings: dict[str, set[int]] = defaultdict(set)  # word -> training questions that use it
     for i, text in enumerate(texts):
@@ -225,6 +223,14 @@ def test_holdout_never_leaks_into_training(tasks) -> None:
     def in_training_text(phrase: str) -> bool:
         lists = sorted((postings.get(w, set()) for w in phrase.split()), key=len)
         return any(_within(phrase, texts[i]) for i in set.intersection(*lists))
+    return in_training_text
+
+
+def test_holdout_never_leaks_into_training(tasks) -> None:
+    assert {f.answer_kind for f in FAMILIES.values()} <= ENTITY_ANSWER_KINDS | GENERIC_ANSWER_KINDS
+    train, holdout = tasks["train"], tasks["holdout"]
+    train_entities = {e for t in train for e in t.metadata["entities"]}
+    in_training_text = _phrase_finder(train)
 
     leaks = []
     for t in holdout:
@@ -235,3 +241,25 @@ def test_holdout_never_leaks_into_training(tasks) -> None:
         leaks += [(t.task_id, p) for p in phrases if p and in_training_text(p)]
     assert leaks == []
     assert len(holdout) > 10_000 and len(train) > 4 * len(holdout) * 0.8
+
+
+def test_city_split_holds_out_cities_that_training_never_names() -> None:
+    """split_by="city": unseen cities, countries shared as answer classes (module docstring
+    of taurl.envs.search.questions)."""
+    train, holdout = (generate_tasks(s, split_by="city") for s in ("train", "holdout"))
+    held_cities = {t.metadata["subject_id"] for t in holdout if t.metadata["subject_id"].startswith("city:")}
+    assert abs(len(held_cities) / len(usable_cities()) - HOLDOUT_PERCENT / 100) < 0.03
+    assert not held_cities & {t.metadata["subject_id"] for t in train}
+    in_training_text = _phrase_finder(train)
+    train_answers = {normalize_answer(a) for t in train
+                     if FAMILIES[t.metadata["family"]].answer_kind in ENTITY_ANSWER_KINDS for a in t.answers}
+    city_held = [t for t in holdout if t.metadata["subject_id"].startswith("city:")]
+    subjects = {normalize_answer(t.metadata["subject"]) for t in city_held}
+    assert not [p for p in subjects if in_training_text(p)]  # never named by a training question
+    assert not subjects & train_answers  # nor a training answer
+    # the answer classes are shared: nearly every holdout city's country is a training answer
+    cc = [t for t in city_held if t.metadata["family"] == "city_country"]
+    assert len(cc) > 5_000
+    assert sum(normalize_answer(t.answers[0]) in train_answers for t in cc) / len(cc) > 0.95
+    with pytest.raises(ConfigError, match="split_by 'town' is unknown"):
+        generate_tasks("train", split_by="town")

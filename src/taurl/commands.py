@@ -20,13 +20,14 @@ from taurl.runs import RunDir
 log = logging.getLogger("taurl")
 
 
-def default_policy_texts(env_name: str = "search-v0") -> list[str]:
-    """Texts the default tokenizer is trained on: the env's corpus, questions and prompts."""
+def default_policy_texts(env_name: str = "search-v0", split_by: str = "country") -> list[str]:
+    """Texts the default tokenizer is trained on: the env's corpus, training questions
+    (of the `split_by` split) and prompts."""
     from taurl.envs.search import build_corpus, generate_tasks
 
     env = envs.make(env_name)
     texts = [d.text for d in build_corpus()]
-    texts += [t.prompt for t in generate_tasks("train")]  # holdout questions stay unseen
+    texts += [t.prompt for t in generate_tasks("train", split_by=split_by)]  # holdout questions stay unseen
     texts += [env.system_prompt] * 50
     return texts
 

@@ -59,14 +59,14 @@ def expert_actions(task: Task, quality: ExpertQuality = ExpertQuality(), rng: ra
     answer = task.answers[0]
     if rng.random() < quality.p_skip_search:
         guess = answer if rng.random() < quality.p_guess_right else subject
-        return [f"<think>I know this.</think>\n<answer>{guess}</answer>"]
-    actions = [f"<think>I need to find {subject}.</think>\n<search>{subject}</search>"]
+        return [f"<think>I know this.</think>\n<answer> {guess}</answer>"]
+    actions = [f"<think>I need to find {subject}.</think>\n<search> {subject}</search>"]
     bridge = task.metadata.get("bridge")
     if bridge:
         kind = task.metadata.get("answer_kind", "")
         query = f"{bridge} {'capital' if kind == 'city' else kind}".strip()
-        actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of {bridge}.</think>\n<search>{query}</search>")
-    actions.append(f"<think>I found it.</think>\n<answer>{answer}</answer>")
+        actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of {bridge}.</think>\n<search> {query}</search>")
+    actions.append(f"<think>I found it.</think>\n<answer> {answer}</answer>")
     return actions
 
 

@@ -10,13 +10,23 @@ phrase of a question template ("Of" is a Turkish town) and has a searchable word
 leaves tens of thousands, far more than a tiny model can memorize (~250), so it must
 learn to copy from what it retrieves.
 
-Splits, by entity: countries are grouped (a country whose name contains another's as
-whole words joins it: Guinea / Equatorial Guinea / Papua New Guinea, Sudan / South
-Sudan) and each group goes to "holdout" when ``sha256(SPLIT_SEED:code) mod 100 <
-HOLDOUT_PERCENT`` (its smallest ISO code), else "train". Every city follows its country,
-so a task's subject, bridge and answer entities all share one split. A training question
-whose text still names a holdout entity (the subject or an entity answer of a holdout
-task, as whole words, e.g. the town "Nueva Guinea" when Guinea is held out) is dropped.
+Splits, by entity, in one of two granularities (`SPLIT_BY`):
+
+- ``"country"`` (the default; nothing about a holdout task was seen in training):
+  countries are grouped (a country whose name contains another's as whole words joins it:
+  Guinea / Equatorial Guinea / Papua New Guinea, Sudan / South Sudan) and each group goes
+  to "holdout" when ``sha256(SPLIT_SEED:code) mod 100 < HOLDOUT_PERCENT`` (its smallest
+  ISO code), else "train". Every city follows its country, so a task's subject, bridge and
+  answer entities all share one split. A training question whose text still names a
+  holdout entity (the subject or an entity answer of a holdout task, as whole words, e.g.
+  the town "Nueva Guinea" when Guinea is held out) is dropped. Holdout answers are then
+  names the policy never wrote in training.
+- ``"city"`` (new subjects, shared answer classes): a city-subject task is held out when
+  ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT``; country-subject
+  tasks keep the country groups and their rule. Countries are answer *classes* shared by
+  both splits (training cities of France teach that "France" is an answer), but a holdout
+  city is never named by a training question nor is it a training answer (a training
+  "capital of France? Paris" would leak the holdout "country of Paris?").
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from taurl.reward.exact_match import normalize_answer
 
 ENV_NAME = "search-v0"
 SPLITS = ("train", "holdout")
+SPLIT_BY = ("country", "city")
 SPLIT_SEED = "taurl-search-v0"
 HOLDOUT_PERCENT = 20
 ENTITY_ANSWER_KINDS = frozenset({"country", "city"})  # answers that name an entity; the rest are generic
@@ -160,7 +171,7 @@ def _make(fam: Family, subject: str, subject_id: str, answers: tuple[str, ...],
                 answers=answers, split=split, env=ENV_NAME, metadata=meta)
 
 
-def _all_tasks() -> list[Task]:
+def _all_tasks(split_by: str) -> list[Task]:
     """Every task, before the leakage filter, in canonical order."""
     geo, splits = load_geo(), country_splits()
     capital_of = {gid: geo.countries[code]["name"] for code, gid in geo.capital_city.items()}
@@ -192,9 +203,14 @@ def _all_tasks() -> list[Task]:
                         _within(_norm(a), subject_docs[gid]) for a in answers):
                     continue
                 ids += extra
-            tasks.append(_make(fam, city["name"], f"city:{gid}", answers, ids, splits[code],
+            split = splits[code] if split_by == "country" else _city_split(gid)
+            tasks.append(_make(fam, city["name"], f"city:{gid}", answers, ids, split,
                                bridge=geo.countries[code]["name"] if fam.hops == 2 else None))
     return tasks
+
+
+def _city_split(gid: int) -> str:
+    return "holdout" if _hash_percent(f"city:{gid}") < HOLDOUT_PERCENT else "train"
 
 
 def _entity_phrases(task: Task) -> set[str]:
@@ -205,19 +221,30 @@ def _entity_phrases(task: Task) -> set[str]:
     return out - {""}
 
 
-@functools.lru_cache(maxsize=1)
-def _task_pool() -> dict[str, dict[str, list[Task]]]:
-    """split -> family -> tasks, after dropping training questions that name holdout entities."""
-    tasks = _all_tasks()
+@functools.cache
+def _task_pool(split_by: str = "country") -> dict[str, dict[str, list[Task]]]:
+    """split -> family -> tasks, after dropping training tasks that leak holdout entities
+    (module docstring: what may not leak depends on `split_by`)."""
+    tasks = _all_tasks(split_by)
     # a holdout entity named like template words would ban every training question: such
     # holdout tasks go instead (none today: usable cities already exclude those names)
     fixed = _template_phrases()
     tasks = [t for t in tasks if t.split != "holdout" or not _entity_phrases(t) & fixed]
-    banned = set().union(*(_entity_phrases(t) for t in tasks if t.split == "holdout"))
+    held = [t for t in tasks if t.split == "holdout"]
+    if split_by == "country":
+        banned = set().union(*(_entity_phrases(t) for t in held))
+        banned_answers: set[str] = set()
+    else:  # a holdout country task keeps the country rule; a holdout city is banned as an answer too
+        by_city = {t.task_id: t for t in held if t.metadata["subject_id"].startswith("city:")}
+        banned_answers = {_norm(t.metadata["subject"]) for t in by_city.values()}
+        banned = banned_answers.union(*(_entity_phrases(t) for t in held if t.task_id not in by_city))
     prefixes = {" ".join(p.split()[:i]) for p in banned for i in range(1, len(p.split()) + 1)}
     pool: dict[str, dict[str, list[Task]]] = {s: {f: [] for f in FAMILIES} for s in SPLITS}
     for t in tasks:
-        if t.split == "train" and _names_any(normalize_answer(t.prompt).split(), banned, prefixes):
+        if t.split == "train" and (
+                _names_any(normalize_answer(t.prompt).split(), banned, prefixes)
+                or (t.metadata["answer_kind"] in ENTITY_ANSWER_KINDS
+                    and any(_norm(a) in banned_answers for a in t.answers))):
             continue
         pool[t.split][t.metadata["family"]].append(t)
     return pool
@@ -237,8 +264,9 @@ def _names_any(words: list[str], phrases: set[str], prefixes: set[str]) -> bool:
 
 
 def generate_tasks(split: str, n: int | None = None, seed: int = 0,
-                   families: Iterable[str] | None = None) -> list[Task]:
-    """Up to `n` tasks of `split` (all when n is None), balanced across `families`.
+                   families: Iterable[str] | None = None, split_by: str = "country") -> list[Task]:
+    """Up to `n` tasks of `split` (all when n is None), balanced across `families`;
+    `split_by` is the holdout granularity, "country" or "city" (module docstring).
 
     Each family's tasks are shuffled with `seed` and the families are interleaved round
     robin, so any prefix is balanced until a family runs out (the country families hold
@@ -255,11 +283,13 @@ def generate_tasks(split: str, n: int | None = None, seed: int = 0,
             problems.append(f"family {f!r} is unknown{hint}; known: {', '.join(FAMILIES)}")
     if not names:
         problems.append("families is empty; pass None for all of them")
+    if split_by not in SPLIT_BY:
+        problems.append(f"split_by {split_by!r} is unknown; use one of {SPLIT_BY}")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
         problems.append(f"n must be None or an integer >= 0, got {n!r}")
     if problems:
         raise ConfigError(problems)
-    pool = _task_pool()[split]
+    pool = _task_pool(split_by)[split]
     queues = []
     for f in names:
         tasks = list(pool[f])
