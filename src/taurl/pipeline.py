@@ -71,7 +71,7 @@ class PipelineConfig:
     system_prompt: str | None = ""  # replace the env's system prompt ("" drops it; null keeps the env's)
     families: list[str] = field(default_factory=lambda: ["city_country"])  # question families of train and holdout tasks
     split_by: str = "city"  # holdout granularity: city (unseen cities) | country (unseen countries)
-    model_size: str = "tiny"  # default policy preset: tiny (~1.8M params) | small
+    model_size: str = "tiny"  # default policy preset: tiny (0.79M params + embeddings) | small (5.9M + embeddings)
     tokenizer_texts: int = 0  # train the tokenizer on every n-th text to use about this many (0: all)
     vocab_size: int = 1024  # BPE vocabulary of the default policy's tokenizer
     max_turns: int = 3  # actions per episode
@@ -80,6 +80,7 @@ class PipelineConfig:
     max_context: int = 1024  # prompt + actions + observations
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
+    torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     demos: int = 12000  # expert demonstrations (one per training task)
     p_skip_search: float = 0.5  # share of demos that answer without searching (the quality knob)
     p_guess_right: float = 0.0  # chance that such an answer from memory is right
@@ -131,6 +132,8 @@ class PipelineConfig:
 
     def problems(self) -> list[str]:
         out = self.learner_config().problems() + self.eval_config().problems()
+        if self.torch_threads < 0:
+            out.append(f"torch_threads must be >= 0 (got {self.torch_threads})")
         if self.copy_warmup_steps < 0 or self.copy_warmup_batch_size < 1:
             out.append(f"copy_warmup_steps must be >= 0 and copy_warmup_batch_size >= 1 (got "
                        f"{self.copy_warmup_steps}, {self.copy_warmup_batch_size})")
@@ -279,7 +282,8 @@ class Pipeline:
         self.state_path = self.run.root / "state.json"
         self.state: dict[str, Any] = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         self.metrics = MetricsWriter(self.run.metrics)
-        torch.set_num_threads(min(2, torch.get_num_threads()))
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
 
     # -- helpers -----------------------------------------------------------------------
     def _save_state(self, **changes: Any) -> None:

@@ -1,0 +1,117 @@
+"""Does the copy warm-up help SFT teach a policy built from scratch to copy names?
+
+Two arms from the same tiny policy v0 and the same demonstrations (configs/demo.yaml
+settings): SFT alone, and the copy warm-up (taurl.train.copy_warmup) followed by SFT.
+Every `--every` SFT steps it measures, teacher-forced on expert episodes of *holdout*
+cities (split_by="city"), the share whose whole query (``<search> name</search>``) and
+whose whole answer (``<answer> country</answer>``) are the greedy prediction.
+
+    .venv/bin/python benchmarks/copy_warmup.py --steps 1500 --every 300
+
+The arms run one after another on one torch thread each (pass --arm to run one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+
+import torch
+
+from taurl.commands import default_policy_texts
+from taurl.envs.search import generate_tasks
+from taurl.pipeline import PipelineConfig, make_env, sft_lr_factor
+from taurl.policy.model import create_policy
+from taurl.policy.tokenizer import build_tokenizer
+from taurl.synth import ExpertQuality, demonstrations
+from taurl.train.copy_warmup import copy_warmup
+from taurl.train.learner import sft_step
+from taurl.train.sft import length_buckets
+from taurl.trajectory import Trajectory
+
+
+@torch.no_grad()
+def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
+    """Share of episodes whose query span / answer span is entirely the greedy prediction
+    (from the tag on: the search-or-answer choice before it is the policy's to make)."""
+    tags = tok.convert_tokens_to_ids(["<search>", "<answer>"])
+    hits = [0, 0]
+    for i in range(0, len(trajs), 64):
+        batch = trajs[i:i + 64]
+        width = max(t.num_tokens for t in batch)
+        ids = torch.full((len(batch), width), tok.pad_token_id)
+        att = torch.zeros((len(batch), width), dtype=torch.long)
+        for j, t in enumerate(batch):
+            ids[j, :t.num_tokens] = torch.tensor(t.token_ids)
+            att[j, :t.num_tokens] = 1
+        pred = model(input_ids=ids, attention_mask=att).logits.argmax(-1)
+        for j, t in enumerate(batch):
+            pos, k = 0, 0
+            for seg in t.segments:
+                if seg.kind == "action" and k < 2:
+                    start = pos + list(seg.token_ids).index(tags[k])
+                    end = pos + len(seg.token_ids)
+                    hits[k] += bool((pred[j, start - 1:end - 1] == ids[j, start:end]).all())
+                    k += 1
+                pos += len(seg.token_ids)
+    return hits[0] / len(trajs), hits[1] / len(trajs)
+
+
+def run_arm(arm: str, args, tok, demos, probe, names) -> list[dict]:
+    cfg = PipelineConfig()
+    model = create_policy(tok, cfg.model_size, seed=0)
+    rows = []
+    t0 = time.perf_counter()
+    if arm == "warmup":
+        copy_warmup(model, tok, names, steps=cfg.copy_warmup_steps, batch_size=cfg.copy_warmup_batch_size,
+                    lr=cfg.sft_lr, seed=0)
+    warm_s = time.perf_counter() - t0
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr)
+    rng = random.Random(0)
+    batches = [b for _ in range(cfg.sft_epochs) for b in length_buckets(demos, cfg.sft_batch_size, rng)][:args.steps]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: sft_lr_factor(s, warmup=cfg.sft_warmup_steps, total=len(batches)))
+    t1 = time.perf_counter()
+    for step, batch in enumerate(batches, 1):
+        m = sft_step(model, opt, batch, pad_id=tok.pad_token_id, grad_clip=cfg.grad_clip)
+        sched.step()
+        if step % args.every == 0 or step == len(batches):
+            q, a = exact_spans(model, tok, probe)
+            row = {"arm": arm, "sft_step": step, "sft_loss": round(m["sft/loss"], 3), "query_exact": q,
+                   "answer_exact": a, "warmup_s": round(warm_s, 1), "sft_s": round(time.perf_counter() - t1, 1)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=1500, help="SFT steps per arm")
+    ap.add_argument("--every", type=int, default=300, help="measure every this many SFT steps")
+    ap.add_argument("--probe", type=int, default=300, help="holdout expert episodes to measure on")
+    ap.add_argument("--arm", choices=["sft", "warmup"], nargs="+", default=["sft", "warmup"])
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = PipelineConfig()
+    tok = build_tokenizer(default_policy_texts(cfg.env, split_by=cfg.split_by), cfg.vocab_size)
+    tasks = generate_tasks("train", n=cfg.demos, seed=0, families=cfg.families, split_by=cfg.split_by)
+    held = generate_tasks("holdout", n=args.probe, seed=1, families=cfg.families, split_by=cfg.split_by)
+    make = lambda: make_env(cfg)  # noqa: E731
+    rc = cfg.rollout_config()
+    demos = asyncio.run(demonstrations(tasks, tok, make, quality=ExpertQuality(cfg.p_skip_search, cfg.p_guess_right),
+                                       config=rc))
+    probe = asyncio.run(demonstrations(held, tok, make, quality=ExpertQuality(0.0, 0.0), config=rc, episode_prefix="probe"))
+    names = list(dict.fromkeys([t.metadata["subject"] for t in tasks] + [t.answers[0] for t in tasks]))
+    rows = [r for arm in args.arm for r in run_arm(arm, args, tok, demos, probe, names)]
+    print("\n| arm | SFT step | SFT loss | query exact | answer exact | warm-up s | SFT s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['arm']} | {r['sft_step']} | {r['sft_loss']:.3f} | {r['query_exact']:.2f} | "
+              f"{r['answer_exact']:.2f} | {r['warmup_s']} | {r['sft_s']} |")
+
+
+if __name__ == "__main__":
+    main()
