@@ -28,9 +28,9 @@ from taurl.train.objectives import sequence_logprobs
 # format, and sampled continents are sometimes right, so GRPO groups have reward variance.
 # No system prompt: the episodes are ~30 tokens, so the miniature's SFT takes seconds.
 MINI = dict(demos=48, p_skip_search=1.0, p_guess_right=1.0, families=["country_continent"], system_prompt="",
-            sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=2, tasks_per_update=4, group_size=4, eval_tasks=3,
-            eval_trials=2, max_turns=1, max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000,
-            concurrency=16, lr=3e-3, temperature=0.5, eval_temperature=0.5)
+            copy_warmup_steps=10, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=2,
+            tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1, max_action_tokens=16,
+            max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3, temperature=0.5, eval_temperature=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +100,11 @@ def test_metrics_and_report(mini):
                 "rollout/tokens_mean", "learn/entropy", "learn/grad_norm", "time/rollout_s", "time/learn_s",
                 "pipeline/stale_dropped"):
         assert all(key in r for r in grpo), key
-    assert {r["phase"] for r in rows} >= {"demos", "sft", "eval_sft", "grpo", "eval_final"}
+    assert {r["phase"] for r in rows} >= {"demos", "copy_warmup", "sft", "eval_sft", "grpo", "eval_final"}
+    copy = [r for r in rows if r["phase"] == "copy_warmup"]
+    assert copy[-1]["step"] == MINI["copy_warmup_steps"] and 0 <= copy[-1]["copy/exact_unseen"] <= 1
     page = (run_dir / "report.html").read_text()
+    assert "Copy warm-up loss" in page and "SFT loss" in page
     assert page.count("data:image/png;base64,") >= 3 and "http://" not in page and "https://" not in page
 
 

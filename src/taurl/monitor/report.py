@@ -33,6 +33,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "pipeline/stale_dropped": "trajectories dropped because a version < v − η sampled them",
     "pipeline/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
+    "copy/loss": "copy warm-up: token-mean NLL of the copied name (taurl.train.copy_warmup)",
+    "copy/exact_unseen": "copy warm-up: share of names it never trained on copied exactly (greedy)",
     "sft/loss": "token-mean NLL of the demonstrations' action tokens",
     "eval/success": "holdout successes / episodes under the evaluator's own verifier (Wilson 95% CI in eval/ci95_*)",
     "eval/pass_at_k": "unbiased pass@k over the k trials per task (Chen et al. 2021)",
@@ -65,14 +67,17 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     out = []
-    sft = [r for r in rows if r.get("phase") == "sft" and "sft/loss" in r]
-    if sft:
+    for phase, key, title, ylabel in (("copy_warmup", "copy/loss", "Copy warm-up loss", "NLL of the copy"),
+                                      ("sft", "sft/loss", "SFT loss", "NLL of action tokens")):
+        pts = [r for r in rows if r.get("phase") == phase and key in r]
+        if not pts:
+            continue
         fig, ax = plt.subplots(figsize=(6, 3))
-        ax.plot([r["step"] for r in sft], [r["sft/loss"] for r in sft])
-        ax.set_xlabel("SFT step")
-        ax.set_ylabel("NLL of action tokens")
+        ax.plot([r["step"] for r in pts], [r[key] for r in pts])
+        ax.set_xlabel(f"{title.rsplit(' ', 1)[0]} step")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        out.append(("SFT loss", _png(fig)))
+        out.append((title, _png(fig)))
         plt.close(fig)
     grpo = [r for r in rows if r.get("phase") == "grpo"]
     for title, keys in CURVES:
