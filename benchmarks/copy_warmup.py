@@ -6,9 +6,11 @@ Every `--every` SFT steps it measures, teacher-forced on expert episodes of *hol
 cities (split_by="city"), the share whose whole query (``<search> name</search>``) and
 whose whole answer (``<answer> country</answer>``) are the greedy prediction.
 
-    .venv/bin/python benchmarks/copy_warmup.py --steps 1500 --every 300
+    .venv/bin/python benchmarks/copy_warmup.py                      # PipelineConfig defaults
+    .venv/bin/python benchmarks/copy_warmup.py --config configs/demo.yaml
 
-The arms run one after another on one torch thread each (pass --arm to run one).
+The arms run one after another on one torch thread (pass --arm to run one). SFT runs the
+config's planned steps (epochs x demos / batch size), capped by --steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 import torch
 
 from taurl.commands import default_policy_texts
+from taurl.config import load_config
 from taurl.envs.search import generate_tasks
 from taurl.pipeline import PipelineConfig, make_env, sft_lr_factor
 from taurl.policy.model import create_policy
@@ -60,8 +63,7 @@ def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
     return hits[0] / len(trajs), hits[1] / len(trajs)
 
 
-def run_arm(arm: str, args, tok, demos, probe, names) -> list[dict]:
-    cfg = PipelineConfig()
+def run_arm(arm: str, args, cfg: PipelineConfig, tok, demos, probe, names) -> list[dict]:
     model = create_policy(tok, cfg.model_size, seed=0)
     rows = []
     t0 = time.perf_counter()
@@ -89,13 +91,14 @@ def run_arm(arm: str, args, tok, demos, probe, names) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=1500, help="SFT steps per arm")
+    ap.add_argument("--config", help="a pipeline YAML (default: PipelineConfig's defaults)")
+    ap.add_argument("--steps", type=int, default=1500, help="at most this many SFT steps per arm")
     ap.add_argument("--every", type=int, default=300, help="measure every this many SFT steps")
     ap.add_argument("--probe", type=int, default=300, help="holdout expert episodes to measure on")
     ap.add_argument("--arm", choices=["sft", "warmup"], nargs="+", default=["sft", "warmup"])
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = PipelineConfig()
+    cfg = load_config(PipelineConfig, path=args.config) if args.config else PipelineConfig()
     tok = build_tokenizer(default_policy_texts(cfg.env, split_by=cfg.split_by), cfg.vocab_size)
     tasks = generate_tasks("train", n=cfg.demos, seed=0, families=cfg.families, split_by=cfg.split_by)
     held = generate_tasks("holdout", n=args.probe, seed=1, families=cfg.families, split_by=cfg.split_by)
@@ -105,7 +108,7 @@ def main() -> None:
                                        config=rc))
     probe = asyncio.run(demonstrations(held, tok, make, quality=ExpertQuality(0.0, 0.0), config=rc, episode_prefix="probe"))
     names = list(dict.fromkeys([t.metadata["subject"] for t in tasks] + [t.answers[0] for t in tasks]))
-    rows = [r for arm in args.arm for r in run_arm(arm, args, tok, demos, probe, names)]
+    rows = [r for arm in args.arm for r in run_arm(arm, args, cfg, tok, demos, probe, names)]
     print("\n| arm | SFT step | SFT loss | query exact | answer exact | warm-up s | SFT s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
