@@ -3,7 +3,7 @@
 import pytest
 
 from taurl.envs import check_env, make, make_tasks, registered
-from taurl.errors import UnknownEnvError
+from taurl.errors import ConfigError, UnknownEnvError
 
 
 @pytest.mark.parametrize("name", registered())
@@ -15,3 +15,12 @@ def test_every_registered_env_passes_check_env(name):
 def test_unknown_env_says_did_you_mean():
     with pytest.raises(UnknownEnvError, match="Did you mean 'search-v0'"):
         make("serch-v0")
+
+
+def test_task_sources_take_their_own_options_and_name_the_rest():
+    tasks = make_tasks("search-v0", "holdout", n=4, seed=0, families=["city_country"], split_by="city")
+    assert len(tasks) == 4 and {t.metadata["family"] for t in tasks} == {"city_country"}
+    with pytest.raises(ConfigError, match="search-v0's task source has no option 'level'; its options: families, split_by"):
+        make_tasks("search-v0", "train", n=1, level="hard")
+    with pytest.raises(ConfigError, match="code-v0's task source has no option 'split_by'; its options: none"):
+        make_tasks("code-v0", "train", n=1, split_by="city")

@@ -55,9 +55,9 @@ def policy_version(model_dir: str | Path | None) -> int:
     return int(load_policy_meta(model_dir).get("policy_version", 0))
 
 
-def sample_tasks(env_name: str, split: str, n: int, seed: int) -> list:
+def sample_tasks(env_name: str, split: str, n: int, seed: int, options: dict[str, Any] | None = None) -> list:
     """`n` tasks of `split` from the env's registered task source, shuffled by `seed`."""
-    tasks = envs.make_tasks(env_name, split, n=n, seed=seed)
+    tasks = envs.make_tasks(env_name, split, n=n, seed=seed, **(options or {}))
     if not tasks:
         raise Error(f"no {split!r} tasks for {env_name}")
     random.Random(seed).shuffle(tasks)
@@ -77,7 +77,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
     version = policy_version(cfg.model or run.latest_checkpoint())
     engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
     n_tasks = -(-cfg.episodes // cfg.group_size)
-    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed)
+    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)
     env_config = dict(cfg.env_config)
     env_config.setdefault("max_turns", cfg.max_turns)
     envs.make(cfg.env, **env_config)  # fail fast on a bad env config, before any episode

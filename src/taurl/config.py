@@ -27,6 +27,7 @@ class RolloutRunConfig:
     model: str = ""  # a local Hugging Face model directory; "" builds the default tiny policy
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
     split: str = "train"  # task split to sample: train | holdout
+    task_options: dict[str, Any] = field(default_factory=dict)  # the env's task-source options (search-v0: families, split_by)
     episodes: int = 64  # number of episodes (tasks x group_size)
     group_size: int = 1  # episodes per task (G, for group-relative credit)
     concurrency: int = 32  # episodes in flight at once (the engine batches them)

@@ -11,10 +11,10 @@ def _search_env(**config):
     return SearchEnv(**config)
 
 
-def _search_tasks(split, n, seed=0):
+def _search_tasks(split, n, seed=0, families=None, split_by="country"):
     from taurl.envs.search import generate_tasks
 
-    return generate_tasks(split, n=n, seed=seed)
+    return generate_tasks(split, n=n, seed=seed, families=families, split_by=split_by)
 
 
 def _code_env(**config):

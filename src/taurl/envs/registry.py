@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from taurl.envs.core import Env, Task
-from taurl.errors import UnknownEnvError
+from taurl.errors import ConfigError, UnknownEnvError
 
 _REGISTRY: dict[str, Callable[..., Env]] = {}
 _TASKS: dict[str, Callable[..., list[Task]]] = {}
@@ -16,7 +17,9 @@ _TASKS: dict[str, Callable[..., list[Task]]] = {}
 def register(name: str, factory: Callable[..., Env], tasks: Callable[..., list[Task]] | None = None) -> None:
     """Register `factory` under `name` (``family-vN``).
 
-    tasks: ``tasks(split, n, seed) -> list[Task]``, the env's task source (optional).
+    tasks: ``tasks(split, n, seed, **options) -> list[Task]``, the env's task source
+    (optional); its keyword options (e.g. search-v0's ``families``, ``split_by``) are
+    whatever it declares.
     """
     if name in _REGISTRY:
         raise ValueError(f"environment {name!r} is already registered")
@@ -42,9 +45,14 @@ def make(name: str, **config: Any) -> Env:
     return _REGISTRY[name](**config)
 
 
-def make_tasks(name: str, split: str, n: int, seed: int = 0) -> list[Task]:
-    """`n` tasks of `split` from the env's registered task source."""
+def make_tasks(name: str, split: str, n: int, seed: int = 0, **options: Any) -> list[Task]:
+    """`n` tasks of `split` from the env's registered task source, with its `options`."""
     _check(name)
     if name not in _TASKS:
         raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks yourself")
-    return _TASKS[name](split, n=n, seed=seed)
+    source = _TASKS[name]
+    accepted = set(inspect.signature(source).parameters) - {"split", "n", "seed"}
+    if unknown := sorted(set(options) - accepted):
+        raise ConfigError([f"{name}'s task source has no option {o!r}; its options: "
+                           f"{', '.join(sorted(accepted)) or 'none'}" for o in unknown])
+    return source(split, n=n, seed=seed, **options)
