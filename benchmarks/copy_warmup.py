@@ -26,20 +26,20 @@ import torch
 from taurl.commands import default_policy_texts
 from taurl.config import load_config
 from taurl.envs.search import generate_tasks
-from taurl.pipeline import PipelineConfig, make_env, sft_lr_factor
+from taurl.pipeline import PipelineConfig, make_env
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
 from taurl.synth import ExpertQuality, demonstrations
 from taurl.train.copy_warmup import copy_warmup
 from taurl.train.learner import sft_step
-from taurl.train.sft import length_buckets
+from taurl.train.sft import length_buckets, sft_lr_factor
 from taurl.trajectory import Trajectory
 
 
 @torch.no_grad()
 def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
-    """Share of episodes whose query span / answer span is entirely the greedy prediction
-    (from the tag on: the search-or-answer choice before it is the policy's to make)."""
+    """Share of episodes whose first query span / answer span is entirely the greedy
+    prediction (from the tag on: the search-or-answer choice before it is the policy's)."""
     tags = tok.convert_tokens_to_ids(["<search>", "<answer>"])
     hits = [0, 0]
     for i in range(0, len(trajs), 64):
@@ -52,14 +52,15 @@ def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
             att[j, :t.num_tokens] = 1
         pred = model(input_ids=ids, attention_mask=att).logits.argmax(-1)
         for j, t in enumerate(batch):
-            pos, k = 0, 0
+            pos, done = 0, [False, False]
             for seg in t.segments:
-                if seg.kind == "action" and k < 2:
-                    start = pos + list(seg.token_ids).index(tags[k])
-                    end = pos + len(seg.token_ids)
-                    hits[k] += bool((pred[j, start - 1:end - 1] == ids[j, start:end]).all())
-                    k += 1
-                pos += len(seg.token_ids)
+                ids_k = list(seg.token_ids)
+                for k in (0, 1):  # the first search, then the answer (two-hop episodes search twice)
+                    if seg.kind == "action" and not done[k] and tags[k] in ids_k:
+                        start, end = pos + ids_k.index(tags[k]), pos + len(ids_k)
+                        hits[k] += bool((pred[j, start - 1:end - 1] == ids[j, start:end]).all())
+                        done[k] = True
+                pos += len(ids_k)
     return hits[0] / len(trajs), hits[1] / len(trajs)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taurl.pipeline import sft_lr_factor
 from taurl.policy import build_tokenizer
 from taurl.policy.model import create_policy
 from taurl.train.copy_warmup import SEPARATOR, copy_accuracy, copy_batch, copy_loss, copy_warmup
+from taurl.train.sft import sft_lr_factor
 
 NAMES = ["Gatesville", "Rockville", "Oslo", "Nizhny Novgorod", "São Paulo", "Aix-en-Provence", "Ulm", "Tromsø"]
 

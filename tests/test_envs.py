@@ -24,3 +24,12 @@ def test_task_sources_take_their_own_options_and_name_the_rest():
         make_tasks("search-v0", "train", n=1, level="hard")
     with pytest.raises(ConfigError, match="code-v0's task source has no option 'split_by'; its options: none"):
         make_tasks("code-v0", "train", n=1, split_by="city")
+
+
+def test_rollout_config_checks_task_options_before_any_work():
+    from taurl.config import RolloutRunConfig
+
+    assert RolloutRunConfig(task_options={"split_by": "city"}).problems() == []
+    problems = RolloutRunConfig(task_options={"seed": 3, "levels": 2}).problems()
+    assert any("'seed' is not an option" in p for p in problems)
+    assert any("no option 'levels'; its options: families, split_by" in p for p in problems)

@@ -105,7 +105,7 @@ def test_evaluate_checkpoint_runs_k_trials_of_holdout_tasks(tok, tmp_path):
 
     save_policy(create_policy(tok, "tiny", seed=0), tok, tmp_path / "v0", {"policy_version": 0})
     cfg = PipelineConfig(eval_tasks=3, eval_trials=2, max_turns=1, max_action_tokens=4, max_episode_tokens=4,
-                         families=["country_capital"])
+                         families=["country_capital"], split_by="country")
     r = evaluate_checkpoint(tmp_path / "v0", cfg, progress=False)
     assert r.episodes == 6 and r.tasks == 3 and r.trials == 2 and r.policy_version == 0
     assert all(t.split == "holdout" for t in holdout_tasks(cfg))

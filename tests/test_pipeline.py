@@ -27,7 +27,8 @@ from taurl.train.objectives import sequence_logprobs
 # country_continent with an expert that answers from memory: a few SFT steps teach the answer
 # format, and sampled continents are sometimes right, so GRPO groups have reward variance.
 # No system prompt: the episodes are ~30 tokens, so the miniature's SFT takes seconds.
-MINI = dict(demos=48, p_skip_search=1.0, p_guess_right=1.0, families=["country_continent"], system_prompt="",
+MINI = dict(demos=48, p_skip_search=1.0, p_guess_right=1.0, families=["country_continent"], split_by="country",
+            system_prompt="",
             copy_warmup_steps=10, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=2,
             tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1, max_action_tokens=16,
             max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3, temperature=0.5, eval_temperature=0.5)

@@ -18,7 +18,7 @@ from taurl.runs import RunDir
 
 CFG = PipelineConfig(demos=16, copy_warmup_steps=0, sft_batch_size=16, sft_epochs=1, updates=3, tasks_per_update=2, group_size=3, eval_tasks=2,
                      eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
-                     families=["country_continent"], system_prompt="", tokenizer_texts=2000, concurrency=8)
+                     families=["country_continent"], split_by="country", system_prompt="", tokenizer_texts=2000, concurrency=8)
 PER_ROUND = 2 * 3
 
 

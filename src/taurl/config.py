@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from taurl.errors import ConfigError
+from taurl.errors import ConfigError, UnknownEnvError
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,13 @@ class RolloutRunConfig:
             out.append(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             out.append(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.task_options:
+            from taurl.envs.registry import task_option_problems
+
+            try:
+                out += task_option_problems(self.env, self.task_options)
+            except UnknownEnvError as e:
+                out.append(str(e))
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
         if self.model and not (Path(self.model) / "config.json").exists():

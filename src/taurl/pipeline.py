@@ -54,7 +54,7 @@ from taurl.synth import ExpertQuality, demonstrations
 from taurl.train.checkpoint import drop_optimizer_state, load_optimizer_state, save_checkpoint
 from taurl.train.copy_warmup import copy_accuracy, copy_warmup
 from taurl.train.learner import Learner, LearnerConfig, sft_step
-from taurl.train.sft import length_buckets
+from taurl.train.sft import length_buckets, sft_lr_factor
 from taurl.trajectory import Trajectory
 
 log = logging.getLogger("taurl.pipeline")
@@ -84,7 +84,7 @@ class PipelineConfig:
     demos: int = 12000  # expert demonstrations (one per training task)
     p_skip_search: float = 0.5  # share of demos that answer without searching (the quality knob)
     p_guess_right: float = 0.0  # chance that such an answer from memory is right
-    copy_warmup_steps: int = 300  # steps of the copy warm-up before SFT (taurl.train.copy_warmup; 0: none)
+    copy_warmup_steps: int = 300  # steps of the copy warm-up before SFT, at sft_lr (taurl.train.copy_warmup; 0: none)
     copy_warmup_batch_size: int = 64  # names per copy warm-up step
     sft_epochs: int = 2  # passes over the demonstrations
     sft_batch_size: int = 32  # demonstrations per SFT step
@@ -148,8 +148,10 @@ class PipelineConfig:
         for name in ("p_skip_search", "p_guess_right"):
             if not 0 <= getattr(self, name) <= 1:
                 out.append(f"{name} must be in [0, 1] (got {getattr(self, name)})")
-        if self.split_by not in ("city", "country"):
-            out.append(f"split_by must be 'city' or 'country' (got {self.split_by!r})")
+        from taurl.envs.search.questions import SPLIT_BY
+
+        if self.split_by not in SPLIT_BY:
+            out.append(f"split_by must be one of {SPLIT_BY} (got {self.split_by!r})")
         if self.sft_warmup_steps < 0:
             out.append(f"sft_warmup_steps must be >= 0 (got {self.sft_warmup_steps})")
         if self.model_size not in ("tiny", "small"):
@@ -548,15 +550,6 @@ def make_env(cfg: PipelineConfig) -> Env:
     return env
 
 
-def sft_lr_factor(step: int, *, warmup: int, total: int) -> float:
-    """SFT learning-rate multiplier: linear warm-up over `warmup` steps, then linear decay
-    to a tenth at `total`. Without the warm-up a tiny policy trained from scratch at
-    3e-3 stalls before it learns to copy names (measured in BENCHMARKS.md)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 1.0 - 0.9 * min((step - warmup) / max(total - warmup, 1), 1.0)
-
-
 def _same_reward_share(trajs: Sequence[Trajectory]) -> float:
     groups: dict[str, set[float]] = {}
     for t in trajs:
@@ -588,7 +581,9 @@ def holdout_tasks(cfg: PipelineConfig) -> list[Task]:
     ecfg = cfg.eval_config()
     tasks = generate_tasks("holdout", n=ecfg.tasks, seed=ecfg.seed, families=cfg.families, split_by=cfg.split_by)
     if not tasks:
-        raise Error("no holdout tasks for these families")
+        raise Error(f"no holdout tasks for families {cfg.families} with split_by={cfg.split_by!r}; split_by 'city' "
+                    "holds out cities only (questions about a country are all training tasks): use a city family "
+                    "or split_by: country")
     return tasks
 
 

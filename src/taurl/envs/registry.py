@@ -45,14 +45,26 @@ def make(name: str, **config: Any) -> Env:
     return _REGISTRY[name](**config)
 
 
+def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    """What is wrong with `options` for env `name`'s task source (empty when all is well)."""
+    _check(name)
+    if name not in _TASKS:
+        return [f"environment {name!r} has no registered task source; pass tasks yourself"]
+    params = inspect.signature(_TASKS[name]).parameters
+    fixed = {"split", "n", "seed"}
+    accepted = set(params) - fixed
+    problems = [f"task option {o!r} is not an option: it is make_tasks' own argument" for o in sorted(set(options) & fixed)]
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        problems += [f"{name}'s task source has no option {o!r}; its options: {', '.join(sorted(accepted)) or 'none'}"
+                     for o in sorted(set(options) - accepted - fixed)]
+    return problems
+
+
 def make_tasks(name: str, split: str, n: int, seed: int = 0, **options: Any) -> list[Task]:
     """`n` tasks of `split` from the env's registered task source, with its `options`."""
     _check(name)
     if name not in _TASKS:
         raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks yourself")
-    source = _TASKS[name]
-    accepted = set(inspect.signature(source).parameters) - {"split", "n", "seed"}
-    if unknown := sorted(set(options) - accepted):
-        raise ConfigError([f"{name}'s task source has no option {o!r}; its options: "
-                           f"{', '.join(sorted(accepted)) or 'none'}" for o in unknown])
-    return source(split, n=n, seed=seed, **options)
+    if problems := task_option_problems(name, options):
+        raise ConfigError(problems)
+    return _TASKS[name](split, n=n, seed=seed, **options)

@@ -69,7 +69,9 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     out = []
     for phase, key, title, ylabel in (("copy_warmup", "copy/loss", "Copy warm-up loss", "NLL of the copy"),
                                       ("sft", "sft/loss", "SFT loss", "NLL of action tokens")):
-        pts = [r for r in rows if r.get("phase") == phase and key in r]
+        # a run resumed after a crash in SFT redoes the warm-up and SFT: plot the last try
+        last = {r["step"]: r for r in rows if r.get("phase") == phase and key in r}
+        pts = [last[k] for k in sorted(last)]
         if not pts:
             continue
         fig, ax = plt.subplots(figsize=(6, 3))

@@ -8,8 +8,8 @@ time budget. A few hundred steps on the bare copy task form them first (BENCHMAR
 "copy warm-up").
 
 Each example is ``{name} ->{name}<|im_end|>``, with the loss on the second copy and the
-end token only. The names are the subjects of training tasks: the warm-up sees no holdout
-name and no question-answer pair.
+end token only. The pipeline passes the subjects and answers of the demonstrations'
+(training) tasks: the warm-up sees no holdout name and no question-answer pair.
 """
 
 from __future__ import annotations

@@ -28,6 +28,21 @@ def length_buckets(trajs: Sequence[Trajectory], batch_size: int, rng: random.Ran
     return batches
 
 
+def sft_lr_factor(step: int, *, warmup: int, total: int) -> float:
+    """SFT learning-rate multiplier at optimizer step `step` (0-based), W = warmup, T = total:
+
+        f(s) = (s + 1) / W                          for s < W
+        f(s) = 1 - 0.9 · min((s - W) / (T - W), 1)  otherwise
+
+    a linear warm-up to the peak, then a linear decay to a tenth. In exploratory runs a tiny
+    policy built from scratch and trained at a 5e-3 peak with no warm-up was far slower to
+    learn to copy names than at 3e-3 with one (not a benchmark: no controlled comparison).
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    return 1.0 - 0.9 * min((step - warmup) / max(total - warmup, 1), 1.0)
+
+
 def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int = 1, batch_size: int = 16,
               lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float = 1.0, seed: int = 0,
               pad_id: int = 0, max_steps: int | None = None,

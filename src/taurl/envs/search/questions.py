@@ -22,11 +22,11 @@ Splits, by entity, in one of two granularities (`SPLIT_BY`):
   the town "Nueva Guinea" when Guinea is held out) is dropped. Holdout answers are then
   names the policy never wrote in training.
 - ``"city"`` (new subjects, shared answer classes): a city-subject task is held out when
-  ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT``; country-subject
-  tasks keep the country groups and their rule. Countries are answer *classes* shared by
-  both splits (training cities of France teach that "France" is an answer), but a holdout
-  city is never named by a training question nor is it a training answer (a training
-  "capital of France? Paris" would leak the holdout "country of Paris?").
+  ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT``; every
+  country-subject task is a training task. A holdout city is never named by a training
+  question nor is it a training answer (a training "capital of France? Paris" would leak
+  the holdout "country of Paris?"). Countries and capitals are answer *classes* shared by
+  both splits (training cities of France teach that "France" is an answer).
 """
 
 from __future__ import annotations
@@ -182,9 +182,10 @@ def _all_tasks(split_by: str) -> list[Task]:
         if fam.subject_kind == "country":
             for code in sorted(geo.countries):
                 answers, extra = facts[code][fam.answer_kind]
+                split = splits[code] if split_by == "country" else "train"  # city mode holds out cities only
                 if answers:
                     tasks.append(_make(fam, geo.countries[code]["name"], f"country:{code}", answers,
-                                       [f"country:{code}", *extra], splits[code]))
+                                       [f"country:{code}", *extra], split))
             continue
         for gid in usable_cities():
             city, code = geo.cities[gid], geo.cities[gid]["countrycode"]
@@ -234,10 +235,8 @@ def _task_pool(split_by: str = "country") -> dict[str, dict[str, list[Task]]]:
     if split_by == "country":
         banned = set().union(*(_entity_phrases(t) for t in held))
         banned_answers: set[str] = set()
-    else:  # a holdout country task keeps the country rule; a holdout city is banned as an answer too
-        by_city = {t.task_id: t for t in held if t.metadata["subject_id"].startswith("city:")}
-        banned_answers = {_norm(t.metadata["subject"]) for t in by_city.values()}
-        banned = banned_answers.union(*(_entity_phrases(t) for t in held if t.task_id not in by_city))
+    else:  # every holdout task is about a city: its name may be neither asked about nor answered
+        banned = banned_answers = {_norm(t.metadata["subject"]) for t in held}
     prefixes = {" ".join(p.split()[:i]) for p in banned for i in range(1, len(p.split()) + 1)}
     pool: dict[str, dict[str, list[Task]]] = {s: {f: [] for f in FAMILIES} for s in SPLITS}
     for t in tasks:
