@@ -1,6 +1,7 @@
 """Advantage estimators compared on the search env: GRPO vs GiGPO vs RLOO, several seeds.
 
     python benchmarks/estimators.py --from runs/demo --out runs/estimators --updates 20 --seeds 0 1 2
+    python benchmarks/estimators.py --estimators grpo --seeds 0 --updates 30 --override '{"lr": 5e-4}'
 
 Every run starts from the same SFT checkpoint (the `--from` run's version after SFT) and
 its config; only the estimator and the RL seed (task sampling and rollouts) change, so the
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--estimators", nargs="+", default=["grpo", "gigpo", "rloo"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--override", default="{}", help='JSON of other config keys for every run, e.g. \'{"lr": 5e-4}\'')
     args = ap.parse_args()
     src, out = Path(args.src), Path(args.out)
     base = load_config(PipelineConfig, path=src / "config.yaml")
@@ -55,8 +57,9 @@ def main() -> None:
         for seed in args.seeds:
             run = out / f"{est}-s{seed}"
             seed_run(src, run, sft_version)
-            cfg = load_config(PipelineConfig, data={**json.loads(json.dumps(base.__dict__)), "estimator": est,
-                                                    "seed": seed, "updates": args.updates, "grpo_max_seconds": 0})
+            cfg = load_config(PipelineConfig, data={**json.loads(json.dumps(base.__dict__)), **json.loads(args.override),
+                                                    "estimator": est, "seed": seed, "updates": args.updates,
+                                                    "grpo_max_seconds": 0})
             t0 = time.perf_counter()
             summary = run_pipeline(cfg, str(run), progress=False)
             rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

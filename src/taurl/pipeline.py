@@ -103,7 +103,7 @@ class PipelineConfig:
     eps_low: float = 0.2  # PPO clip range below 1
     eps_high: float = 0.28  # PPO clip range above 1 (clip-higher)
     aggregation: str = "token-mean"  # loss aggregation mode (taurl.train.objectives.AGGREGATIONS)
-    lr: float = 1e-3  # GRPO AdamW learning rate
+    lr: float = 5e-4  # GRPO AdamW learning rate
     weight_decay: float = 0.0  # GRPO AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm
     kl_coef: float = 0.0  # β of the k3 KL to the frozen SFT policy (0: no reference model)
