@@ -12,3 +12,15 @@ def taurl_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TAURL_CACHE", str(path))
         yield path
+
+
+@pytest.fixture(scope="session")
+def search_tokenizer(taurl_cache):
+    """A BPE tokenizer for search-v0 episodes (a slice of the corpus, 500 training
+    questions and the system prompt), trained once for every module that needs one."""
+    from taurl import envs
+    from taurl.envs.search import build_corpus, generate_tasks
+    from taurl.policy import build_tokenizer
+
+    texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
+    return build_tokenizer(texts + [envs.make("search-v0").system_prompt], vocab_size=4096)

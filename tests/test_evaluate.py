@@ -9,11 +9,10 @@ import json
 import pytest
 
 from taurl import envs
-from taurl.envs.search import build_corpus, generate_tasks
+from taurl.envs.search import generate_tasks
 from taurl.errors import Error
 from taurl.evaluate import HoldoutVerifier, pass_at_k, summarize, wilson_interval
 from taurl.policy.model import create_policy, save_policy
-from taurl.policy.tokenizer import build_tokenizer
 from taurl.rollout import run_episode
 from taurl.synth import ScriptedEngine
 
@@ -25,9 +24,8 @@ def make_env():
 
 
 @pytest.fixture(scope="module")
-def tok():
-    texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
-    return build_tokenizer(texts + [make_env().system_prompt], vocab_size=4096)
+def tok(search_tokenizer):
+    return search_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from taurl import envs
 from taurl.envs.search import generate_tasks
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import create_policy
-from taurl.policy.tokenizer import build_tokenizer
 from taurl.rollout import RolloutConfig, run_episode
 from taurl.synth import (
     ExpertQuality,
@@ -35,11 +34,8 @@ def make_env():
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from taurl.envs.search import build_corpus
-
-    texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
-    return build_tokenizer(texts + [make_env().system_prompt], vocab_size=4096)
+def tok(search_tokenizer):
+    return search_tokenizer
 
 
 @pytest.fixture(scope="module")

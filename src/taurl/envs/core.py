@@ -20,6 +20,8 @@ meaning of an observation or reward changes, and JSON-Schema ``tools``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,3 +60,26 @@ class Env(Protocol):
         the episode cannot survive, "error" (str) with truncated=True.
         """
         ...
+
+
+def task_request_problems(split: str, splits: Sequence[str], families: Iterable[str] | None,
+                          known_families: Iterable[str], n: int | None, *, n_may_be_none: bool = False
+                          ) -> tuple[list[str], list[str]]:
+    """A task source's argument check: (the requested family names, in order and without
+    repeats — all of them for None; the problems, each saying how to fix it)."""
+    known = list(known_families)
+    problems = []
+    if split not in splits:
+        problems.append(f"split {split!r} is unknown; use one of {tuple(splits)}")
+    names = known if families is None else list(dict.fromkeys(families))
+    for f in names:
+        if f not in known:
+            close = difflib.get_close_matches(f, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"family {f!r} is unknown{hint}; known: {', '.join(known)}")
+    if not names:
+        problems.append("families is empty; pass None for all of them")
+    bad_n = isinstance(n, bool) or not isinstance(n, int) or n < 0
+    if bad_n and not (n is None and n_may_be_none):
+        problems.append(f"n must be {'None or ' if n_may_be_none else ''}an integer >= 0, got {n!r}")
+    return names, problems

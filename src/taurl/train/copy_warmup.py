@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from taurl.train.objectives import sequence_logprobs
+
 SEPARATOR = " ->"
 
 
@@ -51,10 +53,9 @@ def copy_batch(names: Sequence[str], tokenizer) -> CopyBatch:
 
 def copy_loss(model: torch.nn.Module, batch: CopyBatch) -> torch.Tensor:
     """Token-mean NLL of the copy: -Σ m_t log π(x_t | x_<t) / Σ m_t."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    mask = batch.loss_mask[:, 1:]
-    return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logp = sequence_logprobs(logits, batch.input_ids)
+    return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1.0)
 
 
 @torch.no_grad()

@@ -18,7 +18,6 @@ else ``train``: an instance (family + parameters) is in exactly one split.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import random
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.envs.core import Task
+from taurl.envs.core import Task, task_request_problems
 from taurl.errors import ConfigError
 
 ENV_NAME = "code-v0"
@@ -260,19 +259,7 @@ def make_task(family: str, params: dict[str, Any]) -> Task:
 
 def generate_tasks(split: str, n: int = 100, seed: int = 0, families: list[str] | None = None) -> list[Task]:
     """`n` distinct tasks of `split`, families interleaved round robin. Same arguments, same list."""
-    problems = []
-    if split not in SPLITS:
-        problems.append(f"split {split!r} is unknown; use one of {SPLITS}")
-    names = list(FAMILIES) if families is None else list(dict.fromkeys(families))
-    for f in names:
-        if f not in FAMILIES:
-            close = difflib.get_close_matches(f, FAMILIES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"family {f!r} is unknown{hint}; known: {', '.join(FAMILIES)}")
-    if not names:
-        problems.append("families is empty; pass None for all of them")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        problems.append(f"n must be an integer >= 0, got {n!r}")
+    names, problems = task_request_problems(split, SPLITS, families, FAMILIES, n)
     if problems:
         raise ConfigError(problems)
     rng = random.Random(f"{SPLIT_SEED}:{split}:{seed}")

@@ -31,7 +31,6 @@ Splits, by entity, in one of two granularities (`SPLIT_BY`):
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import random
@@ -39,7 +38,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from taurl.envs.core import Task
+from taurl.envs.core import Task, task_request_problems
 from taurl.envs.search.corpus import Geo, city_text, fold, load_geo
 from taurl.envs.search.retriever import tokenize
 from taurl.errors import ConfigError
@@ -271,21 +270,9 @@ def generate_tasks(split: str, n: int | None = None, seed: int = 0,
     robin, so any prefix is balanced until a family runs out (the country families hold
     ~200 tasks each, the city families thousands). Same arguments, same list.
     """
-    problems = []
-    if split not in SPLITS:
-        problems.append(f"split {split!r} is unknown; use one of {SPLITS}")
-    names = list(FAMILIES) if families is None else list(dict.fromkeys(families))
-    for f in names:
-        if f not in FAMILIES:
-            close = difflib.get_close_matches(f, FAMILIES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"family {f!r} is unknown{hint}; known: {', '.join(FAMILIES)}")
-    if not names:
-        problems.append("families is empty; pass None for all of them")
+    names, problems = task_request_problems(split, SPLITS, families, FAMILIES, n, n_may_be_none=True)
     if split_by not in SPLIT_BY:
         problems.append(f"split_by {split_by!r} is unknown; use one of {SPLIT_BY}")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        problems.append(f"n must be None or an integer >= 0, got {n!r}")
     if problems:
         raise ConfigError(problems)
     pool = _task_pool(split_by)[split]
