@@ -107,3 +107,11 @@ def test_evaluate_checkpoint_runs_k_trials_of_holdout_tasks(tok, tmp_path):
     r = evaluate_checkpoint(tmp_path / "v0", cfg, progress=False)
     assert r.episodes == 6 and r.tasks == 3 and r.trials == 2 and r.policy_version == 0
     assert all(t.split == "holdout" for t in holdout_tasks(cfg))
+
+
+def test_a_city_split_of_country_questions_says_how_to_fix_it():
+    from taurl.errors import Error
+    from taurl.pipeline import PipelineConfig, holdout_tasks
+
+    with pytest.raises(Error, match="use a city family or split_by: country"):
+        holdout_tasks(PipelineConfig(families=["country_capital"], split_by="city"))
