@@ -1,70 +1,165 @@
-"""Environment registry: ``taurl.envs.make("search-v0", **cfg)`` and its task source."""
+"""Environment registry: ``taurl.envs.make("search-v0", **cfg)``, its task source, expert,
+verifier and policy hooks (`taurl.envs.spec.EnvSpec`).
+
+Environments come from three places, all through `register`:
+* taurl's own (`taurl.envs`);
+* a user's module, imported by name: ``taurl train --import my_pkg.envs`` calls
+  `import_env_modules(["my_pkg.envs"])`, and the module calls `taurl.envs.register` at import;
+* installed packages that declare an entry point in the ``taurl.envs`` group
+  (``[project.entry-points."taurl.envs"] my-env = "my_pkg.envs:register_all"``): the entry
+  point is loaded (and called, when it is a function) by `load_entry_points`.
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 from typing import Any
 
 from taurl.envs.core import Env, Task
-from taurl.errors import ConfigError, UnknownEnvError
+from taurl.envs.spec import EnvSpec, Expert, TaskSource, Verifier
+from taurl.errors import ConfigError, Error, UnknownEnvError
 
-_REGISTRY: dict[str, Callable[..., Env]] = {}
-_TASKS: dict[str, Callable[..., list[Task]]] = {}
+log = logging.getLogger("taurl.envs")
+ENTRY_POINT_GROUP = "taurl.envs"
+_SPECS: dict[str, EnvSpec] = {}
+_SOURCE = ["taurl"]  # who is registering right now (a module or entry point being loaded)
+_LOADED_ENTRY_POINTS = [False]
 
 
-def register(name: str, factory: Callable[..., Env], tasks: Callable[..., list[Task]] | None = None) -> None:
-    """Register `factory` under `name` (``family-vN``).
+def register(name: str, factory: Callable[..., Env], tasks: TaskSource | None = None, *,
+             expert: Expert | None = None, verifier: Callable[[], Verifier] | None = None,
+             policy_hooks: Any = None) -> None:
+    """Register `factory` under `name` (``family-vN``) with its optional plug points.
 
-    tasks: ``tasks(split, n, seed, **options) -> list[Task]``, the env's task source
-    (optional); its keyword options (e.g. search-v0's ``families``, ``split_by``) are
-    whatever it declares.
+    tasks: ``tasks(split, n, seed, **options) -> list[Task]``, the env's task source; its
+    keyword options (e.g. search-v0's ``families``, ``split_by``) are whatever it declares.
+    expert: ``expert(task, rng, **options) -> [action text, ...]`` (SFT demonstrations).
+    verifier: a zero-argument callable returning the evaluator's verifier instance.
+    policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec).
     """
-    if name in _REGISTRY:
-        raise ValueError(f"environment {name!r} is already registered")
-    _REGISTRY[name] = factory
-    if tasks is not None:
-        _TASKS[name] = tasks
+    if name in _SPECS:
+        raise ValueError(f"environment {name!r} is already registered (by {_SPECS[name].source})")
+    _SPECS[name] = EnvSpec(name=name, factory=factory, tasks=tasks, expert=expert, verifier=verifier,
+                           policy_hooks=policy_hooks, source=_SOURCE[-1])
 
 
 def registered() -> list[str]:
-    return sorted(_REGISTRY)
+    load_entry_points()
+    return sorted(_SPECS)
 
 
 def _check(name: str) -> None:
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+    if name not in _SPECS:
+        load_entry_points()
+    if name not in _SPECS:
+        close = difflib.get_close_matches(name, _SPECS, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise UnknownEnvError(f"no environment named {name!r}.{hint} Registered: {', '.join(registered())}")
+        raise UnknownEnvError(f"no environment named {name!r}.{hint} Registered: {', '.join(sorted(_SPECS))}. "
+                              "An env of your own: `--import your.module` (a module that calls "
+                              "taurl.envs.register) or a `taurl.envs` entry point of an installed package")
+
+
+def spec(name: str) -> EnvSpec:
+    """The registered spec of `name` (unknown names get a "did you mean" hint)."""
+    _check(name)
+    return _SPECS[name]
 
 
 def make(name: str, **config: Any) -> Env:
     """Build a registered environment; unknown names get a "did you mean" hint."""
-    _check(name)
-    return _REGISTRY[name](**config)
+    return spec(name).factory(**config)
+
+
+def env_option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    """Keyword options the env's factory does not accept (checked by signature, before any
+    work; a factory that takes ``**kwargs`` accepts everything)."""
+    return _signature_problems(spec(name).factory, options, f"{name}", "env option", set())
 
 
 def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     """What is wrong with `options` for env `name`'s task source (empty when all is well)."""
-    _check(name)
-    if name not in _TASKS:
-        return [f"environment {name!r} has no registered task source; pass tasks yourself"]
-    params = inspect.signature(_TASKS[name]).parameters
+    s = spec(name)
+    if s.tasks is None:
+        return [f"environment {name!r} has no registered task source; give `tasks: FILE.jsonl` instead"]
     fixed = {"split", "n", "seed"}
-    accepted = set(params) - fixed
     problems = [f"task option {o!r} is not an option: it is make_tasks' own argument" for o in sorted(set(options) & fixed)]
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        problems += [f"{name}'s task source has no option {o!r}; its options: {', '.join(sorted(accepted)) or 'none'}"
-                     for o in sorted(set(options) - accepted - fixed)]
-    return problems
+    return problems + _signature_problems(s.tasks, options, f"{name}'s task source", "option", fixed)
+
+
+def expert_option_problems(name: str, options: dict[str, Any]) -> list[str]:
+    s = spec(name)
+    if s.expert is None:
+        return [f"environment {name!r} has no expert; use sft: none, sft: rejection or sft_data: FILE"] if options else []
+    return _signature_problems(s.expert, options, f"{name}'s expert", "option", {"task", "rng"})
+
+
+def _signature_problems(fn: Callable[..., Any], options: dict[str, Any], owner: str, what: str,
+                        fixed: set[str]) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    accepted = sorted(set(params) - fixed - {"self"})
+    out = []
+    for o in sorted(set(options) - set(params) - fixed):
+        close = difflib.get_close_matches(o, accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        out.append(f"{owner} has no {what} {o!r}{hint}; its options: {', '.join(accepted) or 'none'}")
+    return out
 
 
 def make_tasks(name: str, split: str, n: int, seed: int = 0, **options: Any) -> list[Task]:
     """`n` tasks of `split` from the env's registered task source, with its `options`."""
-    _check(name)
-    if name not in _TASKS:
+    s = spec(name)
+    if s.tasks is None:
         raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks yourself")
     if problems := task_option_problems(name, options):
         raise ConfigError(problems)
-    return _TASKS[name](split, n=n, seed=seed, **options)
+    return s.tasks(split, n=n, seed=seed, **options)
+
+
+def import_env_modules(modules: Iterable[str]) -> list[str]:
+    """Import each module (``my_pkg.envs``) so that its `register` calls run; returns the
+    names it registered. A module that cannot be imported is a clear error."""
+    new: list[str] = []
+    for mod in modules:
+        before = set(_SPECS)
+        _SOURCE.append(mod)
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise Error(f"--import {mod}: {e}. The module must be importable from the current directory or "
+                        "the venv (run from its parent directory, or `pip install -e` its package)") from e
+        finally:
+            _SOURCE.pop()
+        new += sorted(set(_SPECS) - before)
+    return new
+
+
+def load_entry_points() -> list[str]:
+    """Load the ``taurl.envs`` entry points of installed packages once; returns new names.
+    An entry point that fails to load is logged and skipped (one broken plugin must not
+    hide every env)."""
+    if _LOADED_ENTRY_POINTS[0]:
+        return []
+    _LOADED_ENTRY_POINTS[0] = True
+    before = set(_SPECS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        _SOURCE.append(f"entry point {ep.name} ({ep.value})")
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type):
+                obj()
+        except Exception as e:  # noqa: BLE001 — a broken plugin is reported, the rest still load
+            log.warning("taurl.envs entry point %s (%s) failed to load: %s: %s", ep.name, ep.value,
+                        type(e).__name__, e)
+        finally:
+            _SOURCE.pop()
+    return sorted(set(_SPECS) - before)
