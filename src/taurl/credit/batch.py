@@ -194,6 +194,9 @@ class TurnBatch:
             ``state_text`` always holds the last observation (similarity anchors compare it).
         subgoal_key: a turn ends a sub-goal segment when ``turn.action.get(subgoal_key)`` is
             truthy, or when its index is listed in ``traj.metadata[subgoal_key]``.
+
+        Every trajectory given becomes a row, invalid ones included; a learner leaves those
+        out first with `drop_invalid`.
         """
         if state not in ("observation", "history"):
             raise ContractError("batch_state", f"state must be 'observation' or 'history', got {state!r}")
@@ -219,6 +222,19 @@ class TurnBatch:
             group_names=tuple(str(x) for x in labels),
             episode_ids=tuple(tr.episode_id for tr in trajs),
         )
+
+
+def drop_invalid(trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
+    """The valid trajectories of `trajs` (order kept) and how many invalid ones were left out.
+
+    ``Trajectory.valid`` is False when an error, not the agent, ended the episode (a tool or
+    retriever failure, an engine crash). Its reward measures the failure, not the policy, so
+    it must never reach the loss. Call this *before* `TurnBatch.from_trajectories`: group
+    estimators then compare the valid members of each group only, and a tool failure is not
+    counted as a 0-reward rollout that pushes its siblings' advantages up.
+    """
+    kept = [t for t in trajs if t.valid]
+    return kept, len(trajs) - len(kept)
 
 
 def prompt_text(traj: Trajectory) -> str:

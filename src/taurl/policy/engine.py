@@ -110,8 +110,11 @@ class LocalEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
                  max_batch_size: int = 64, seed: int = 0, max_context: int | None = None,
                  prefix_cache_tokens: int = 65536):
-        self.model = model.eval()
+        self.model = model.eval()  # no dropout: the behaviour logprobs are those of the plain forward
         self.tokenizer = tokenizer
+        # inputs follow the model (cpu, cuda, ...); sampling draws its uniforms on the CPU so a
+        # seeded request samples the same ids on any device
+        self.device = next(model.parameters()).device
         self._version = version
         self.max_batch_size = max_batch_size
         cfg = model.config
@@ -250,6 +253,7 @@ class LocalEngine:
             mask[i, width - n:] = 1
             positions[i, width - n:] = torch.arange(s, len(r.prompt))
             r.admitted = time.perf_counter()
+        ids, mask, positions = (x.to(self.device) for x in (ids, mask, positions))
         if past is None:
             kv = BatchKV.empty(mask, [len(r.prompt) for r in reqs])
         else:
@@ -263,8 +267,8 @@ class LocalEngine:
         return kv, out.logits[:, -1, :].float()
 
     def _decode(self, batch: list[_Request], kv: BatchKV) -> torch.Tensor:
-        ids = torch.tensor([[r.out_ids[-1]] for r in batch], dtype=torch.long)
-        positions = torch.tensor([[n] for n in kv.lengths], dtype=torch.long)
+        ids = torch.tensor([[r.out_ids[-1]] for r in batch], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[n] for n in kv.lengths], dtype=torch.long, device=self.device)
         mask = kv.extend_mask()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          use_cache=True, **{self._cache_kw: kv.cache})
@@ -275,18 +279,17 @@ class LocalEngine:
 
     def _sample_and_finish(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
         """Sample one token per row, append it, return the rows that are finished."""
-        temps = torch.tensor([r.sampling.temperature for r in reqs]).unsqueeze(-1)
+        temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device).unsqueeze(-1)
         greedy = temps.squeeze(-1) == 0
         logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
         tokens = sample_tokens(logprobs_all, [r.sampling.top_p for r in reqs],
                                [r.generator or self._generator for r in reqs])
         tokens = torch.where(greedy, logits.argmax(-1), tokens)
-        chosen = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        chosen = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
         done = []
-        for i, r in enumerate(reqs):
-            tok = int(tokens[i])
+        for i, (r, tok) in enumerate(zip(reqs, tokens.tolist(), strict=True)):  # one device sync
             r.out_ids.append(tok)
-            r.out_logprobs.append(float(chosen[i]))
+            r.out_logprobs.append(chosen[i])
             reason, matched = self._finish_reason(r, tok)
             if reason is not None:
                 self._resolve(r, reason=reason, matched=matched)
@@ -354,13 +357,14 @@ def sample_tokens(logprobs: torch.Tensor, top_p: Sequence[float],
     (inverse-CDF sampling: the first id whose cumulative mass exceeds u).
     """
     probs = logprobs.exp()
-    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1)
+    # CPU generators (device-independent draws), moved to where the probabilities are
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1).to(probs.device, probs.dtype)
     if all(p >= 1.0 for p in top_p):  # no nucleus: skip the sort (the common case)
         cum = probs.cumsum(-1)
         return torch.searchsorted(cum, u * cum[:, -1:]).clamp(max=probs.shape[-1] - 1).squeeze(-1)
     sorted_p, order = probs.sort(dim=-1, descending=True)
     cum = sorted_p.cumsum(-1)
-    p = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(-1)
+    p = torch.tensor(top_p, dtype=probs.dtype, device=probs.device).unsqueeze(-1)
     # keep the smallest prefix whose mass reaches top_p (always at least one id)
     sorted_p = torch.where(cum - sorted_p < p, sorted_p, torch.zeros_like(sorted_p))
     cum = sorted_p.cumsum(-1)

@@ -7,7 +7,11 @@ copy of the cache per step, unlike the concatenating default cache — and the c
 doubles when it runs out. Rows join by `merge` (the narrower side is left-padded) and
 leave by `select`, which also drops columns that became padding for every row.
 Rotary position is baked into the keys when they are written, so left padding never
-shifts a row's positions (positions are passed explicitly).
+shifts a row's positions (positions are passed explicitly); learned absolute positions
+(GPT-2) read the same explicit position ids. Any model whose attention layers write
+through ``Cache.update(key, value, layer_idx)`` (every HF decoder in transformers 5:
+Qwen2, Llama, GPT-2, GPT-NeoX, ...) uses this cache unchanged. Tensors live on the
+device of the keys the model writes.
 """
 
 from __future__ import annotations
@@ -126,14 +130,14 @@ class BatchKV:
                 ks.append(_left_pad(k, width, dim=2))
                 vs.append(_left_pad(v, width, dim=2))
             layers.append(GrowLayer.from_tensors(torch.cat(ks), torch.cat(vs)))
-        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        mask = torch.zeros((len(prefixes), width), dtype=torch.long, device=template[0][0].device)
         for i, w in enumerate(widths):
             mask[i, width - w:] = 1
         return cls(Cache(layers=layers), mask, widths)
 
     def select(self, rows: list[int]) -> BatchKV:
         """Keep `rows`, dropping leading columns that are padding for all of them."""
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         lengths = [self.lengths[i] for i in rows]
         # rows may have holes (a reused prefix, padding, then the new tokens): trim by the mask
         start = int(self.mask[idx].any(0).nonzero()[0])

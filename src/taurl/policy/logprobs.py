@@ -14,9 +14,10 @@ def sequence_logprobs(model: torch.nn.Module, token_ids: Sequence[int], temperat
 
     π = softmax(logits / temperature), the quantity the engine records as the behaviour
     logprob (temperature 0, greedy, is scored at 1, as the engine does). The math is
-    `taurl.train.objectives.sequence_logprobs`; this only runs the model.
+    `taurl.train.objectives.sequence_logprobs`; this only runs the model (its own forward,
+    on its own device; the caller puts it in eval mode, as the engine does).
     """
-    ids = torch.tensor([list(token_ids)], dtype=torch.long)
+    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=next(model.parameters()).device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     return logprobs_from_logits(logits, ids, temperature=temperature if temperature > 0 else 1.0)[0]

@@ -1,12 +1,13 @@
-"""The policy model: small Qwen2 decoders created from scratch, saved and loaded as plain HF dirs.
+"""The policy model: any local HF causal LM, or a small Qwen2 decoder created from scratch.
 
 A policy directory is an ordinary Hugging Face model directory (config.json,
 model.safetensors, generation_config.json, tokenizer files) plus ``taurl.json``, a small
 file of taurl metadata such as the policy version. Anything that reads HF directories
 (``AutoModelForCausalLM``, vLLM, SGLang) loads it with no taurl import, and `load_policy`
-loads any local HF causal-LM directory.
+loads any local HF causal-LM directory (Qwen2, Llama, GPT-2, GPT-NeoX, …) whose tokenizer
+carries a chat template; `policy_problems` says, from the files alone, why one would not.
 
-Input and output embeddings are never tied: vLLM's in-place weight reload skips
+In the policies taurl creates, input and output embeddings are never tied: vLLM's in-place weight reload skips
 ``lm_head`` when embeddings are tied, so a tied policy would serve stale output weights
 after an update.
 """
@@ -34,6 +35,7 @@ from transformers import (
 import taurl
 from taurl.errors import ConfigError
 from taurl.policy.tokenizer import (
+    CHAT_TEMPLATE,
     DEFAULT_MODEL_MAX_LENGTH,
     SPECIAL_TOKENS,
     build_tokenizer,
@@ -195,22 +197,106 @@ def _swap_in(new: Path, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_policy(
-    path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load (model, tokenizer) from any local HF causal-LM directory; model in eval mode."""
+# Files that hold a tokenizer's vocabulary (fast tokenizer, SentencePiece, GPT-2 BPE, WordPiece).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+CHAT_TEMPLATE_FIX = (
+    "set one and save it: `tok = AutoTokenizer.from_pretrained(DIR); tok.chat_template = "
+    "open('template.jinja').read(); tok.save_pretrained(DIR)` (or write DIR/chat_template.jinja); "
+    "for taurl's ChatML template pass chat_template='chatml' to load_policy"
+)
+
+
+def policy_problems(path: str | Path, *, chat_template: str | None = None) -> list[str]:
+    """Why `path` cannot serve as a policy, from its files alone (no weights are read).
+
+    Checks: config.json is present and names a causal-LM model type (one that
+    ``AutoModelForCausalLM`` builds, no remote code); weights are present; tokenizer files
+    are present; the tokenizer carries a chat template (or `chat_template` is given); it has
+    a pad token, or an end token to fall back on. Empty when the directory looks loadable.
+    """
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ConfigError(
-            f"{str(path)!r} is not a model directory (no config.json); create one with "
-            "taurl.policy.build_default_policy or point to a local HF model directory"
-        )
+    where = str(path)
+    if not path.is_dir():
+        return [f"model directory {where!r} does not exist; point `model` to a local HF "
+                "causal-LM directory (config.json, weights, tokenizer files), or create one "
+                "with taurl.policy.build_default_policy"]
+    out: list[str] = []
+    config = _read_json(path / "config.json")
+    if config is None:
+        out.append(f"{where!r} has no readable config.json; it is not an HF model directory "
+                   "(save one with model.save_pretrained(DIR))")
+    else:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        kind = config.get("model_type")
+        if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            why = " (it needs remote code, which taurl never runs)" if config.get("auto_map") else ""
+            out.append(f"{where!r}: model_type {kind!r} is not a causal LM that AutoModelForCausalLM "
+                       f"builds{why}; use a decoder-only model (e.g. qwen2, llama, gpt2, gpt_neox)")
+    if not _any_file(path, _WEIGHT_FILES):
+        out.append(f"{where!r} holds no weights ({' / '.join(_WEIGHT_FILES[::2])}); "
+                   "save them with model.save_pretrained(DIR)")
+    tok_cfg = _read_json(path / "tokenizer_config.json") or {}
+    if not _any_file(path, _TOKENIZER_FILES):
+        out.append(f"{where!r} holds no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
+                   "save the model's tokenizer beside it with tokenizer.save_pretrained(DIR)")
+    elif chat_template is None and not _has_chat_template(path, tok_cfg):
+        out.append(f"the tokenizer in {where!r} has no chat template, and every prompt is "
+                   f"rendered with it; {CHAT_TEMPLATE_FIX}")
+    special = {**(_read_json(path / "special_tokens_map.json") or {}), **tok_cfg}
+    has_eos = special.get("eos_token") or (config or {}).get("eos_token_id") is not None
+    if not special.get("pad_token") and not has_eos:
+        out.append(f"the tokenizer in {where!r} has neither a pad token nor an end token to pad "
+                   "with; set tokenizer.pad_token (or eos_token) and save it")
+    return out
+
+
+def _read_json(f: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _any_file(path: Path, names: Iterable[str]) -> bool:
+    return any((path / n).is_file() for n in names)
+
+
+def _has_chat_template(path: Path, tok_cfg: dict[str, Any]) -> bool:
+    # transformers 5 writes chat_template.jinja; older versions a key or chat_template.json
+    return bool(tok_cfg.get("chat_template")) or _any_file(path, ("chat_template.jinja", "chat_template.json"))
+
+
+def load_policy(
+    path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
+    chat_template: str | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) from any local HF causal-LM directory; model in eval mode.
+
+    Any architecture ``AutoModelForCausalLM`` builds (Qwen2, Llama, GPT-2, GPT-NeoX, …), not
+    only taurl's own. `chat_template`: a Jinja template, or ``"chatml"`` for taurl's
+    `CHAT_TEMPLATE`, used when the tokenizer has none (or to replace its own). A tokenizer
+    without a pad token pads with its end token (padding is always masked, so any id works).
+    """
+    path = Path(path)
+    if problems := policy_problems(path, chat_template=chat_template):
+        raise ConfigError(problems)
     tokenizer = load_tokenizer(path)
+    if chat_template is not None:
+        tokenizer.chat_template = CHAT_TEMPLATE if chat_template == "chatml" else chat_template
+    if not tokenizer.chat_template:  # the files said otherwise; trust what loaded
+        raise ConfigError(f"the tokenizer in {str(path)!r} has no chat template; {CHAT_TEMPLATE_FIX}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    if len(tokenizer) > model.config.vocab_size:
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
         raise ConfigError(
             f"tokenizer in {str(path)!r} has {len(tokenizer)} tokens but the model's "
-            f"vocabulary is {model.config.vocab_size}; save the matching tokenizer with the model"
+            f"vocabulary is {vocab}; save the matching tokenizer with the model"
         )
     return model.to(device).eval(), tokenizer
 

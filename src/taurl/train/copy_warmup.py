@@ -53,9 +53,14 @@ def copy_batch(names: Sequence[str], tokenizer) -> CopyBatch:
 
 def copy_loss(model: torch.nn.Module, batch: CopyBatch) -> torch.Tensor:
     """Token-mean NLL of the copy: -Σ m_t log π(x_t | x_<t) / Σ m_t."""
+    batch = _to(batch, next(model.parameters()).device)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     logp = sequence_logprobs(logits, batch.input_ids)
     return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1.0)
+
+
+def _to(batch: CopyBatch, device: torch.device) -> CopyBatch:
+    return CopyBatch(batch.input_ids.to(device), batch.attention_mask.to(device), batch.loss_mask.to(device))
 
 
 @torch.no_grad()
@@ -65,7 +70,7 @@ def copy_accuracy(model: torch.nn.Module, names: Sequence[str], tokenizer, batch
     model.eval()
     exact = 0
     for i in range(0, len(names), batch_size):
-        b = copy_batch(names[i:i + batch_size], tokenizer)
+        b = _to(copy_batch(names[i:i + batch_size], tokenizer), next(model.parameters()).device)
         pred = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].argmax(-1)
         ok = (pred == b.input_ids[:, 1:]) | (b.loss_mask[:, 1:] == 0)
         exact += int(ok.all(-1).sum())

@@ -17,10 +17,25 @@ staleness bound η = 0 and one epoch it is the current policy, so the ratio star
 The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour and recomputes
 the proximal policy.
 
-Only action positions go through the output layer: the decoder runs on every token (the
-context), but ``lm_head`` and the softmax run on the mask-1 positions alone, which is
-most of the saving on a small model with a 4k vocabulary. Logprobs are scattered back to
-(B, L) so the objectives keep their plain, aligned shapes.
+Logits come from the model's own forward (``model(...).logits``), never from its decoder
+and output layer called apart, so any HF causal LM works as it was built: GPT-2's
+``transformer``/``lm_head`` naming, GPT-NeoX's ``embed_out``, final-logit scaling or
+soft-capping (Gemma 2, Cohere, Granite) applied inside the forward. The forward is asked
+for the logits of the positions that predict an action token only (``logits_to_keep``
+with those columns, where the model accepts it), which is most of the saving on a small
+model; logprobs are scattered back to (B, L) so the objectives keep their aligned shapes.
+
+The RL update runs with the model in eval mode: dropout (GPT-2 ships with 0.1) would make
+π_θ in the ratio a different, noisy function from the one the engine sampled with, so the
+on-policy ratio would not start at 1 and clipping would fire on noise. Gradients flow in
+eval mode all the same. SFT keeps train mode: there dropout is the regulariser the model's
+config asks for, and no ratio is taken.
+
+Invalid samples (``Trajectory.valid`` False: an error, not the agent, ended the episode)
+never reach the loss. They are dropped before the estimator sees the batch, so a tool
+failure is not scored as a 0-reward rollout of its group: the group's statistics are those
+of its valid members (a group left with one member, or none, has zero variance and is
+filtered like any other). They are counted as ``learn/invalid_samples_dropped``.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ from taurl.credit import (
     padded_token_turn_index,
     zero_variance_filter,
 )
+from taurl.credit.batch import drop_invalid
 from taurl.errors import ConfigError
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.kl import KL_ESTIMATORS
@@ -118,8 +134,9 @@ class Rows:
     advantages: Tensor  # float, per-token advantages (0 off the mask)
 
 
-def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int) -> Rows:
-    """Pad `trajs` into `Rows`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT)."""
+def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int,
+              device: torch.device | str | None = None) -> Rows:
+    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT)."""
     width = max(t.num_tokens for t in trajs)
     n = len(trajs)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -135,30 +152,57 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
     adv = torch.zeros((n, width))
     if advantages is not None:
         adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
-    return Rows(ids, attn, mask, beh, adv)
+    rows = Rows(ids, attn, mask, beh, adv)
+    if device is None:
+        return rows
+    return Rows(*(x.to(device) for x in (ids, attn, mask, beh, adv)))
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (where its inputs must go)."""
+    return next(model.parameters()).device
 
 
 def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0,
                     with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """log π(x_t | x_<t) (B, L) at action positions (0 elsewhere), and the entropy there.
 
-    The decoder sees every token; the output layer only the positions whose *next* token
-    is an action token (logits at t−1 predict token t), as in
-    `taurl.train.objectives.sequence_logprobs` but without the (B, L, V) logits.
+    One call of the model's own forward. Positions are explicit, ``p_t = Σ_{s<=t} a_s − 1``
+    (a = attention), so the rows may be padded on either side. Only the columns whose *next*
+    token is an action token in some row are turned into logits (logits at t−1 predict
+    token t), as in `taurl.train.objectives.sequence_logprobs` without the (B, L, V) logits.
     """
-    hidden = model.model(input_ids=rows.input_ids, attention_mask=rows.attention).last_hidden_state
     sel = rows.mask[:, 1:].bool()  # (B, L-1): token t+1 is an action token
-    logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature  # (K, V)
+    cols = sel.any(0).nonzero().squeeze(-1)  # (C,) columns any row needs
+    lp = torch.zeros(rows.mask.shape, device=rows.mask.device)
+    ent = torch.zeros_like(lp) if with_entropy else None
+    if cols.numel() == 0:
+        return lp, ent
+    params = _forward_params(model)
+    kw: dict[str, Any] = {"attention_mask": rows.attention}
+    if "position_ids" in params:
+        kw["position_ids"] = (rows.attention.cumsum(-1) - 1).clamp(min=0)
+    if "logits_to_keep" in params:
+        kw["logits_to_keep"] = cols
+    logits = model(input_ids=rows.input_ids, **kw).logits  # (B, C, V), or (B, L, V) without logits_to_keep
+    if "logits_to_keep" not in params:
+        logits = logits[:, cols]
+    logits = logits[sel[:, cols]].float() / temperature  # (K, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, rows.input_ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)  # (K,)
-    lp = torch.zeros(rows.mask.shape, dtype=picked.dtype)
+    lp = lp.to(picked.dtype)
     lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
-    ent = None
-    if with_entropy:
+    if ent is not None:
         h = -(logp_all.exp() * logp_all).sum(-1)
-        ent = torch.zeros(rows.mask.shape, dtype=h.dtype)
+        ent = ent.to(h.dtype)
         ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
     return lp, ent
+
+
+def _forward_params(model: torch.nn.Module) -> Any:
+    # a wrapper (DDP, compile) forwards to the module it wraps
+    inner = getattr(model, "module", model)
+    return inspect.signature(inner.forward).parameters
 
 
 def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
@@ -202,10 +246,16 @@ class Learner:
         self.estimator = make_estimator(config.estimator, **config.estimator_options)
 
     def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
-        """Per-turn advantages of the trajectories kept after the zero-variance filter."""
+        """Per-turn advantages of the valid trajectories kept after the zero-variance filter.
+
+        Invalid ones are dropped first (module docstring), so group statistics never see them.
+        """
+        trajs, dropped = drop_invalid(trajs)
+        if not trajs:
+            return [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(dropped)}
         batch = TurnBatch.from_trajectories(trajs)
         credit = self.estimator(batch)
-        stats = dict(credit.stats)
+        stats = {**credit.stats, "learn/invalid_samples_dropped": float(dropped)}
         keep = np.arange(len(trajs))
         if self.config.drop_zero_variance:
             sel = zero_variance_filter(batch.scores, batch.group)
@@ -221,12 +271,13 @@ class Learner:
         cfg = self.config
         kept, adv, stats = self.advantages(trajs)
         stats["learn/rows"] = float(len(kept))
-        if not kept:  # every group had equal rewards: nothing to learn, no step taken
-            stats.update(self._idle_metrics(trajs))
+        if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
+            stats.update(self._idle_metrics(drop_invalid(trajs)[0]))
             stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
             return stats
         chunks = micro_batches(kept, cfg.micro_batch_tokens)
-        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id) for c in chunks]
+        device = model_device(self.model)
+        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
         denom = n_tok if cfg.aggregation == "token-mean" else float(len(kept))
         prox = None
@@ -237,7 +288,7 @@ class Learner:
         if self.reference is not None:
             with torch.no_grad():
                 ref = [action_logprobs(self.reference, r, cfg.temperature)[0] for r in rows]
-        self.model.train()
+        self.model.eval()  # no dropout noise in the ratio (module docstring); gradients still flow
         sums: dict[str, float] = {}
         for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -277,9 +328,10 @@ class Learner:
     def _idle_metrics(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """The per-update metrics of an update that took no step (entropy is still measured)."""
         ent_sum = tok = 0.0
+        device = model_device(self.model)
         with torch.no_grad():
             for c in micro_batches(trajs, self.config.micro_batch_tokens):
-                r = make_rows([trajs[i] for i in c], None, self.pad_id)
+                r = make_rows([trajs[i] for i in c], None, self.pad_id, device)
                 _, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True)
                 ent_sum += float((ent * r.mask).sum()) if ent is not None else 0.0
                 tok += float(r.mask.sum())
@@ -297,13 +349,20 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
     """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
 
     Exactly the action mask of RL; the batch is cut into length-bucketed micro-batches
-    whose gradients are accumulated with the global token count as denominator.
+    whose gradients are accumulated with the global token count as denominator. Invalid
+    samples are left out (counted as ``sft/invalid_samples_dropped``); a batch of nothing
+    but invalid samples takes no step.
     """
     sft = make_objective("sft")
+    trajs, dropped = drop_invalid(trajs)
+    if not trajs:
+        return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
+                "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
     chunks = micro_batches(trajs, micro_batch_tokens)
-    rows = [make_rows([trajs[i] for i in c], None, pad_id) for c in chunks]
+    device = model_device(model)
+    rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
     n_tok = sum(float(r.mask.sum()) for r in rows)
-    model.train()
+    model.train()  # SFT keeps the model's dropout (module docstring)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for r in rows:
@@ -314,5 +373,6 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     model.eval()
-    return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok}
+    return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok,
+            "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 0.0}
 
