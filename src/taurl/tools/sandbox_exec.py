@@ -1,8 +1,9 @@
 """Run one prepared command: capped output capture, wall-clock timeout, whole-tree kill.
 
-`execute` is the engine under `Sandbox.run`. It knows nothing of bwrap options; it gets an
-argv and, for an isolated run, a pipe that bwrap's ``--info-fd`` writes the host pid of
-the pid namespace's init to. Killing that init makes the kernel kill every process in
+`execute` is the engine under `Sandbox.run`, and `SandboxLimits` the limits it enforces
+(defined here, re-exported by `taurl.tools.sandbox`, so this module needs nothing from
+that one). It knows nothing of bwrap options; it gets an argv and, for an isolated run,
+a pipe that bwrap's ``--info-fd`` writes the host pid of the pid namespace's init to. Killing that init makes the kernel kill every process in
 the namespace (pid_namespaces(7)); bwrap reaps it and exits only after that, so when
 `execute` returns the tree is gone.
 
@@ -24,15 +25,34 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from taurl.errors import SandboxError
-
-if TYPE_CHECKING:
-    from taurl.tools.sandbox import SandboxLimits
+from taurl.errors import ConfigError, SandboxError
 
 _KILL_GRACE_S = 5.0  # wait for bwrap to reap a killed namespace before killing bwrap too
 _DRAIN_GRACE_S = 1.0  # wait for the pipes to reach EOF once the command has exited
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-command limits. Sizes are bytes; times are seconds."""
+
+    timeout_s: float = 10.0  # wall clock; the whole process tree is killed
+    cpu_s: int = 10  # RLIMIT_CPU soft limit (SIGXCPU); the hard limit is one second later
+    memory_bytes: int = 1 << 30  # RLIMIT_AS (address space, per process)
+    nproc: int = 64  # RLIMIT_NPROC: processes + threads in this sandbox
+    fsize_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file a process may write
+    nofile: int = 256  # RLIMIT_NOFILE: open file descriptors per process
+    tmp_bytes: int = 64 << 20  # size of the /tmp tmpfs (memory)
+    shm_bytes: int = 16 << 20  # size of the /dev/shm tmpfs (memory)
+    max_output_bytes: int = 64 << 10  # kept per stream; the rest is counted, not stored
+    max_drain_bytes: int = 16 << 20  # read per stream before the run is killed
+
+    def __post_init__(self) -> None:
+        bad = [f"{k} must be > 0 (got {v!r})" for k, v in vars(self).items() if not v > 0]
+        if self.max_drain_bytes < self.max_output_bytes:
+            bad.append("max_drain_bytes must be >= max_output_bytes")
+        if bad:
+            raise ConfigError(bad)
 
 
 @dataclass(frozen=True)
