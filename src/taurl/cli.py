@@ -20,7 +20,9 @@ examples:
   taurl export runs/first --format parquet                  # runs/first/exports/trajectories.parquet
   taurl envs                                                # registered environments
   taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
-  taurl demo --config configs/large.yaml --run-dir runs/large
+  taurl train --config configs/frozenlake.yaml --run-dir runs/fl
+  taurl train --import my_pkg.envs --env my-env-v0 --tasks tasks.jsonl --run-dir runs/mine
+  taurl train --config configs/demo.yaml --model path/to/hf_model --run-dir runs/hf
   taurl eval runs/demo --trials 5                           # holdout evaluation of the newest checkpoint
 """
 
@@ -39,12 +41,16 @@ def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_ = f"{docs.get(f.name, '')} (default: {default!r})"
         if hint in (int, float, str):
             p.add_argument(flag, type=hint, default=None, help=help_)
         elif f.name == "max_tool_calls":
             p.add_argument(flag, type=int, default=None, help=help_)
+        elif f.name == "system_prompt":
+            p.add_argument(flag, type=str, default=None, help=help_)
+        elif f.name == "imports":
+            continue  # --import MODULE (repeatable), added by the command
         else:
             p.add_argument(flag, type=json.loads, default=None, help=help_ + " — JSON")
 
@@ -86,31 +92,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--no-color", action="store_true")
 
-    sub.add_parser("envs", help="list registered environments")
+    p = sub.add_parser("envs", help="list registered environments (taurl's, --import'ed and entry points)")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                   help="import MODULE first (it registers envs with taurl.envs.register); repeatable")
     from taurl.tools.sandbox_cli import add_sandbox_parser
 
     add_sandbox_parser(sub)
-    from taurl.pipeline import PipelineConfig
+    from taurl.config import TrainConfig
 
     for name, help_, desc in (
-        ("demo", "the main job: demonstrations, SFT, holdout eval, GRPO, holdout eval, report",
-         "Build corpus, tokenizer and a tiny policy, synthesize demonstrations, run SFT, evaluate on the "
-         "holdout split, train with GRPO, evaluate again and write RUN/report.html and RUN/summary.json. "
-         "Options come from --config (default configs/demo.yaml when present), then flags. Re-running the "
-         "same command resumes an interrupted run."),
-        ("train", "the same pipeline as demo, with your own config (no default config file)",
-         "Run or resume the end-to-end pipeline (see `taurl demo --help`) with --config and flags.")):
+        ("demo", "the main job: demonstrations, SFT, evaluation, GRPO, evaluation, report (search-v0)",
+         "The recipe with configs/demo.yaml: build a tokenizer and a tiny policy, synthesize expert "
+         "demonstrations through the real loop, run SFT, evaluate on validation and holdout, train with GRPO, "
+         "evaluate again and write RUN/report.html and RUN/summary.json. Options come from --config (default "
+         "configs/demo.yaml when present), then flags. Re-running the same command resumes an interrupted run."),
+        ("train", "the recipe for any registered environment and any local HF model",
+         "Run or resume the recipe (tasks -> SFT -> evaluate -> RL updates -> evaluate -> report) for any "
+         "registered env (--env; your own with --import MODULE or a taurl.envs entry point) and any local HF "
+         "causal LM (--model DIR; default: the env's tiny policy built from scratch). Tasks come from the env's "
+         "task source or a JSONL file (--tasks). Options come from --config, then flags.")):
         p = sub.add_parser(name, help=help_, description=desc)
         p.add_argument("--run-dir", default=f"runs/{name}", help="run directory to create or resume")
         p.add_argument("--config", help="YAML file with any of the options below")
         p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-        _add_config_flags(p, PipelineConfig)
+        p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                       help="import MODULE first (it registers envs with taurl.envs.register); repeatable")
+        _add_config_flags(p, TrainConfig)
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint (or a checkpoint) on the holdout split",
-                       description="Holdout evaluation with its own verifier: k trials per task, success with a "
-                       "95% Wilson interval, pass@k, tool calls, tokens, invalid and truncation rates. TARGET is a "
-                       "run directory (its newest checkpoint and its config.yaml) or a checkpoint directory.")
+                       description="Evaluation with the env's own verifier: k trials per task, success with a "
+                       "task-clustered 95% interval, pass@k, tool calls, tokens, invalid and truncation rates. TARGET "
+                       "is a run directory (its newest checkpoint and its config.yaml) or a checkpoint directory "
+                       "(evaluated with the env, prompt and budgets recorded in it).")
     p.add_argument("target", metavar="RUN|CHECKPOINT")
-    p.add_argument("--config", help="YAML pipeline config (eval_* options, families, env_config)")
+    p.add_argument("--config", help="YAML train config (eval_* options, task_options, env_config)")
+    p.add_argument("--split", default="holdout", choices=["holdout", "validation"], help="which split")
     p.add_argument("--tasks", type=int, help="holdout tasks")
     p.add_argument("--trials", type=int, help="k trials per task")
     p.add_argument("--temperature", type=float, help="sampling temperature")
@@ -156,21 +171,25 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "inspect":
         print(commands.inspect_text(args.run_dir, args.episode, args.index, color=not args.no_color))
     elif args.command == "envs":
-        from taurl.envs import make, registered
+        from taurl.envs import import_env_modules, make, registered, spec
 
+        import_env_modules(args.imports)
         for name in registered():
-            env = make(name)
+            env, s = make(name), spec(name)
+            parts = [p for p, on in (("tasks", s.tasks), ("expert", s.expert), ("verifier", s.verifier)) if on]
             print(f"{name}  version {env.version}  style {env.observation_style}  "
-                  f"tools {[t['function']['name'] for t in env.tools]}")
+                  f"tools {[t['function']['name'] for t in env.tools]}  has {'+'.join(parts) or '-'}  from {s.source}")
     elif args.command in ("demo", "train"):
-        from taurl.pipeline import PipelineConfig
+        from taurl.config import TrainConfig
 
-        overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(PipelineConfig)}
+        overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)
+                     if f.name != "imports"}
         summary = commands.train(args.config, overrides, args.run_dir, progress=not args.no_progress,
-                                 default_config="configs/demo.yaml" if args.command == "demo" else None)
+                                 default_config="configs/demo.yaml" if args.command == "demo" else None,
+                                 imports=args.imports)
         print(commands.summary_text(summary, args.run_dir))
     elif args.command == "eval":
-        result = commands.evaluate(args.target, args.config, tasks=args.tasks, trials=args.trials,
+        result = commands.evaluate(args.target, args.config, split=args.split, tasks=args.tasks, trials=args.trials,
                                    temperature=args.temperature, progress=not args.no_progress)
         print(json.dumps(result.to_dict(), indent=2))
     return 0

@@ -20,30 +20,23 @@ from taurl.runs import RunDir
 log = logging.getLogger("taurl")
 
 
-def default_policy_texts(env_name: str = "search-v0", split_by: str = "country") -> list[str]:
-    """Texts the default tokenizer is trained on: the env's corpus, training questions
-    (of the `split_by` split) and prompts."""
-    from taurl.envs.search import build_corpus, generate_tasks
-
-    env = envs.make(env_name)
-    texts = [d.text for d in build_corpus()]
-    texts += [t.prompt for t in generate_tasks("train", split_by=split_by)]  # holdout questions stay unseen
-    texts += [env.system_prompt] * 50
-    return texts
-
-
-def ensure_policy(run: RunDir, model: str, size: str, seed: int, env_name: str):
-    """Load `model`, or the run's latest checkpoint, or build the default policy as v0."""
+def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
+    """Load cfg.model, or the run's latest checkpoint, or build the env's default policy as v0."""
     from taurl.policy.model import build_default_policy, load_policy
+    from taurl.train.default_policy import default_policy_texts
 
-    if model:
-        return load_policy(model)
+    if cfg.model:
+        return load_policy(cfg.model)
     latest = run.latest_checkpoint()
     if latest is not None:
         return load_policy(latest)
-    log.info("building the default %s policy (tokenizer trained on the %s corpus) in %s",
-             size, env_name, run.checkpoint(0))
-    build_default_policy(default_policy_texts(env_name), run.checkpoint(0), size=size, seed=seed)
+    spec = envs.spec(cfg.env)
+    train_tasks = envs.make_tasks(cfg.env, "train", n=20000, seed=cfg.seed, **cfg.task_options) if spec.tasks else []
+    texts = default_policy_texts(spec, lambda: envs.make(cfg.env, **cfg.env_config), train_tasks,
+                                 task_options=cfg.task_options, expert_options={}, seed=cfg.seed)
+    log.info("building the default %s policy (tokenizer on %d %s training texts) in %s",
+             cfg.model_size, len(texts), cfg.env, run.checkpoint(0))
+    build_default_policy(texts, run.checkpoint(0), size=cfg.model_size, seed=cfg.seed)
     return load_policy(run.checkpoint(0))
 
 
@@ -73,7 +66,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
 
     run = RunDir.create(run_dir)
     run.config.write_text(dump_config(cfg))
-    model, tokenizer = ensure_policy(run, cfg.model, cfg.model_size, cfg.seed, cfg.env)
+    model, tokenizer = ensure_policy(run, cfg)
     version = policy_version(cfg.model or run.latest_checkpoint())
     engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
     n_tasks = -(-cfg.episodes // cfg.group_size)
@@ -179,15 +172,34 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
     return "\n".join(lines)
 
 
+def import_modules(config_path: str | None, cli_imports: list[str] | None) -> list[str]:
+    """Import the config's `imports` and the --import modules (before the config is
+    validated: their envs must be registered by then); returns them, in order."""
+    import yaml
+
+    from_file: list[str] = []
+    if config_path and Path(config_path).is_file():
+        try:
+            data = yaml.safe_load(Path(config_path).read_text()) or {}
+        except yaml.YAMLError:
+            data = {}  # load_config reports the YAML error with its location
+        if isinstance(data, dict) and isinstance(data.get("imports"), list):
+            from_file = [str(m) for m in data["imports"]]
+    modules = list(dict.fromkeys(from_file + list(cli_imports or [])))
+    envs.import_env_modules(modules)
+    return modules
+
+
 def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Path, progress: bool = True,
-          default_config: str | None = None) -> dict[str, Any]:
-    """`taurl demo` / `taurl train`: run (or resume) the end-to-end pipeline; returns summary.json."""
-    from taurl.config import load_config
-    from taurl.pipeline import PipelineConfig, run_pipeline
+          default_config: str | None = None, imports: list[str] | None = None) -> dict[str, Any]:
+    """`taurl demo` / `taurl train`: run (or resume) the recipe; returns summary.json."""
+    from taurl.config import TrainConfig, load_config
+    from taurl.recipe import train as run_recipe
 
     path = config_path or (default_config if default_config and Path(default_config).exists() else None)
-    cfg = load_config(PipelineConfig, path=path, overrides=overrides)
-    return run_pipeline(cfg, str(run_dir), progress=progress)
+    modules = import_modules(path, imports)
+    cfg = load_config(TrainConfig, path=path, overrides={**overrides, "imports": modules or None})
+    return run_recipe(cfg, str(run_dir), progress=progress)
 
 
 def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
@@ -205,11 +217,15 @@ def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def evaluate(target: str | Path, config_path: str | None = None, *, tasks: int | None = None,
-             trials: int | None = None, temperature: float | None = None, progress: bool = True):
-    """`taurl eval RUN|CHECKPOINT`: holdout evaluation of a run's newest checkpoint or of a checkpoint."""
-    from taurl.config import load_config
-    from taurl.pipeline import PipelineConfig, evaluate_checkpoint
+def evaluate(target: str | Path, config_path: str | None = None, *, split: str = "holdout",
+             tasks: int | None = None, trials: int | None = None, temperature: float | None = None,
+             progress: bool = True):
+    """`taurl eval RUN|CHECKPOINT`: evaluate a run's newest checkpoint (or a checkpoint) on the
+    holdout (or validation) split, with the env, prompt and budgets it was trained with."""
+    from taurl.config import TrainConfig, load_config
+    from taurl.eval_run import evaluate_policy
+    from taurl.policy.model import load_policy_meta
+    from taurl.tasks import plan_tasks
 
     target = Path(target)
     ckpt = target
@@ -220,6 +236,32 @@ def evaluate(target: str | Path, config_path: str | None = None, *, tasks: int |
             raise Error(f"{target} is neither a checkpoint (config.json) nor a run directory with checkpoints/v<N>")
         if config_path is None and run.config.exists():
             config_path = str(run.config)
-    overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature}
-    cfg = load_config(PipelineConfig, path=config_path, overrides=overrides)
-    return evaluate_checkpoint(ckpt, cfg, progress=progress, tag="cli")
+    if split not in ("holdout", "validation"):
+        raise Error(f"--split must be holdout or validation (got {split!r})")
+    recipe = load_policy_meta(ckpt).get("recipe", {})
+    envs.import_env_modules(recipe.get("imports", []))
+    modules = import_modules(config_path, None)
+    saved = {k: recipe[k] for k in ("env", "system_prompt", "tasks", "task_options") if k in recipe}
+    if "env_config" in recipe:
+        saved["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
+    for k in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
+              "max_tool_calls"):
+        if k in recipe.get("rollout", {}):
+            saved[k] = recipe["rollout"][k]
+    overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature,
+                 "imports": modules or None, "sft": "none", "expert_options": {}, "demos": 0, "warmup_options": {}}
+    if config_path is None:
+        overrides.update(saved)  # a bare checkpoint: evaluate it as it was trained
+    cfg = load_config(TrainConfig, path=config_path, overrides=overrides)
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
+                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed)
+
+    def make_env():
+        env = envs.make(cfg.env, **cfg.env_kwargs())
+        if cfg.system_prompt is not None:
+            env.system_prompt = cfg.system_prompt
+        return env
+
+    return evaluate_policy(ckpt, getattr(plan, split), cfg.eval_config(), make_env=make_env,
+                           rollout=cfg.rollout_config(cfg.eval_temperature), verifier=envs.spec(cfg.env).make_verifier(),
+                           tag=f"cli-{split}", progress=progress)

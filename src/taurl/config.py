@@ -73,6 +73,149 @@ class RolloutRunConfig:
         return out
 
 
+@dataclass(frozen=True)
+class TrainConfig:
+    """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe`)."""
+
+    seed: int = 0  # seeds the policy, task sampling, demonstrations and rollouts
+    env: str = "search-v0"  # registered environment name (`taurl envs`; your own: --import MODULE)
+    imports: list[str] = field(default_factory=list)  # modules imported first, so that their envs register (--import)
+    env_config: dict[str, Any] = field(default_factory=dict)  # the env's keyword arguments
+    system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null keeps the env's)
+    tasks: str = ""  # a JSONL task file (README: task files); "" uses the env's registered task source
+    task_options: dict[str, Any] = field(default_factory=dict)  # the env task source's options (search-v0: families, split_by)
+    model: str = ""  # a local Hugging Face causal-LM directory; "" builds the env's default tiny policy
+    model_size: str = "tiny"  # default policy preset: tiny (0.79M params + embeddings) | small (5.9M + embeddings)
+    tokenizer_texts: int = 0  # train the default tokenizer on every n-th text to use about this many (0: all)
+    vocab_size: int = 1024  # BPE vocabulary of the default policy's tokenizer
+    warmup_options: dict[str, Any] = field(default_factory=dict)  # options of the env's pre-SFT warm-up hook (search-v0: steps, batch_size)
+    max_turns: int = 3  # actions per episode
+    max_action_tokens: int = 48  # sampled tokens per action
+    max_episode_tokens: int = 128  # sampled tokens per episode
+    max_observation_tokens: int = 256  # observation cut, in tokens
+    max_context: int = 1024  # prompt + actions + observations
+    max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
+    temperature: float = 1.0  # rollout sampling temperature (training)
+    concurrency: int = 64  # episodes in flight at once (the engine batches them)
+    torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
+    sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
+    sft_data: str = ""  # a trajectory file in the export format (JSONL) when sft: file
+    demos: int = 12000  # expert demonstrations (one per training task)
+    expert_options: dict[str, Any] = field(default_factory=dict)  # the expert's quality knobs (search-v0: p_skip_search, p_guess_right)
+    sft_epochs: int = 2  # passes over the demonstrations
+    sft_batch_size: int = 32  # demonstrations per SFT step
+    sft_lr: float = 3e-3  # SFT AdamW peak learning rate (linear warm-up, then linear decay to a tenth)
+    sft_warmup_steps: int = 50  # SFT steps of linear learning-rate warm-up
+    sft_max_seconds: float = 0.0  # stop SFT after this many seconds (0: no limit)
+    updates: int = 30  # RL updates (each one is a new policy version)
+    tasks_per_update: int = 8  # tasks per RL batch
+    group_size: int = 8  # G: rollouts per task (group-relative advantages)
+    rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
+    estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
+    objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
+    objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
+    eps_low: float = 0.2  # PPO clip range below 1
+    eps_high: float = 0.28  # PPO clip range above 1 (clip-higher)
+    aggregation: str = "token-mean"  # loss aggregation mode (taurl.train.objectives.AGGREGATIONS)
+    lr: float = 5e-4  # RL AdamW learning rate
+    weight_decay: float = 0.0  # RL AdamW weight decay
+    grad_clip: float = 1.0  # max gradient norm
+    kl_coef: float = 0.0  # beta of the KL to the frozen SFT policy (0: no reference model)
+    kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
+    entropy_coef: float = 0.0  # entropy bonus (entropy is always measured)
+    drop_zero_variance: bool = True  # drop groups with identical rewards before the loss
+    micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
+    epochs: int = 1  # optimizer steps per RL batch
+    eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
+    eval_trials: int = 3  # k trials per task (pass@k)
+    eval_temperature: float = 1.0  # sampling temperature of the evaluations
+    eval_seed: int = 1234  # seeds evaluation task choice and sampling
+
+    def learner_config(self):
+        from taurl.train.learner import LearnerConfig
+
+        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature"}
+        return LearnerConfig(temperature=self.temperature or 1.0, **{k: getattr(self, k) for k in keys})
+
+    def eval_config(self):
+        from taurl.evaluate import EvalConfig
+
+        return EvalConfig(tasks=self.eval_tasks, trials=self.eval_trials, temperature=self.eval_temperature,
+                          seed=self.eval_seed, concurrency=self.concurrency)
+
+    def rollout_config(self, temperature: float | None = None):
+        from taurl.rollout import RolloutConfig
+
+        return RolloutConfig(max_turns=self.max_turns, max_action_tokens=self.max_action_tokens,
+                             max_episode_tokens=self.max_episode_tokens,
+                             max_observation_tokens=self.max_observation_tokens, max_context=self.max_context,
+                             max_tool_calls=self.max_tool_calls,
+                             temperature=self.temperature if temperature is None else temperature)
+
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"max_turns": self.max_turns, **self.env_config}
+
+    def problems(self) -> list[str]:
+        """Every problem with this config, the env's options included, before any work."""
+        from taurl.envs import registry
+
+        out = self.learner_config().problems() + self.eval_config().problems()
+        for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
+                     "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
+                     "tasks_per_update"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
+            if getattr(self, name) < 0:
+                out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if self.group_size < 2:
+            out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
+        if self.model_size not in ("tiny", "small"):
+            out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
+        if self.sft not in ("expert", "file", "none"):
+            out.append(f"sft must be expert, file or none (got {self.sft!r})")
+        if self.sft == "file" and not Path(self.sft_data).is_file():
+            out.append(f"sft: file needs sft_data, a trajectory JSONL file (got {self.sft_data!r})")
+        if self.sft != "file" and self.sft_data:
+            out.append("sft_data is set but sft is not 'file': set sft: file, or drop sft_data")
+        if self.tasks and not Path(self.tasks).is_file():
+            out.append(f"tasks: {self.tasks!r} is not a file; give a JSONL task file or '' for the env's tasks")
+        if self.tasks and self.task_options:
+            out.append("task_options apply to the env's task source; with a task file (tasks:) drop them")
+        if self.model:
+            from taurl.policy.model import policy_problems
+
+            out += [f"model: {p}" for p in policy_problems(self.model)]
+        try:
+            spec = registry.spec(self.env)
+        except UnknownEnvError as e:
+            return out + [str(e)]
+        out += [p.replace("option", "env_config option", 1) for p in
+                registry.env_option_problems(self.env, self.env_kwargs())]
+        if not self.tasks:
+            out += registry.task_option_problems(self.env, self.task_options)
+        if self.sft == "expert":
+            if spec.expert is None:
+                out.append(f"{self.env} has no expert: use sft: none, or sft: file with sft_data")
+            else:
+                out += registry.expert_option_problems(self.env, self.expert_options)
+            if self.demos < 1:
+                out.append("sft: expert needs demos >= 1")
+        elif self.expert_options:
+            out.append("expert_options are set but sft is not 'expert'")
+        hooks = spec.policy_hooks
+        if self.warmup_options and (self.model or not hasattr(hooks, "warmup")):
+            out.append(f"warmup_options: {self.env} has no warm-up hook for "
+                       f"{'a given model' if self.model else 'its default policy'}; drop them")
+        elif self.warmup_options:
+            from taurl.envs.registry import _signature_problems
+
+            out += _signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
+                                       {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
+        return out
+
+
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,
                 overrides: dict[str, Any] | None = None):
     """Build `cls` from a YAML file, a dict and overrides (later wins); validate everything.

@@ -12,6 +12,7 @@ Environments come from three places, all through `register`:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -31,7 +32,7 @@ _SOURCE = ["taurl"]  # who is registering right now (a module or entry point bei
 _LOADED_ENTRY_POINTS = [False]
 
 
-def register(name: str, factory: Callable[..., Env], tasks: TaskSource | None = None, *,
+def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | None = None, *,
              expert: Expert | None = None, verifier: Callable[[], Verifier] | None = None,
              policy_hooks: Any = None) -> None:
     """Register `factory` under `name` (``family-vN``) with its optional plug points.
@@ -40,7 +41,10 @@ def register(name: str, factory: Callable[..., Env], tasks: TaskSource | None = 
     keyword options (e.g. search-v0's ``families``, ``split_by``) are whatever it declares.
     expert: ``expert(task, rng, **options) -> [action text, ...]`` (SFT demonstrations).
     verifier: a zero-argument callable returning the evaluator's verifier instance.
-    policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec).
+    policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec), or a
+    zero-argument callable that makes it (imported lazily).
+    factory may be a ``"module:attr"`` string, imported on first use (keeps ``import taurl``
+    light: an env's heavy dependencies load only when it is used).
     """
     if name in _SPECS:
         raise ValueError(f"environment {name!r} is already registered (by {_SPECS[name].source})")
@@ -65,9 +69,19 @@ def _check(name: str) -> None:
 
 
 def spec(name: str) -> EnvSpec:
-    """The registered spec of `name` (unknown names get a "did you mean" hint)."""
+    """The registered spec of `name` (unknown names get a "did you mean" hint); lazy parts
+    (a ``"module:attr"`` factory, a policy-hooks maker) are resolved on first use."""
     _check(name)
-    return _SPECS[name]
+    s = _SPECS[name]
+    factory, hooks = s.factory, s.policy_hooks
+    if isinstance(factory, str):
+        mod, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(mod), attr)
+    if callable(hooks) and not any(hasattr(hooks, m) for m in ("tokenizer_texts", "warmup")):
+        hooks = hooks()
+    if factory is not s.factory or hooks is not s.policy_hooks:
+        s = _SPECS[name] = dataclasses.replace(s, factory=factory, policy_hooks=hooks)
+    return s
 
 
 def make(name: str, **config: Any) -> Env:

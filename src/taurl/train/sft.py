@@ -59,3 +59,30 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
             if max_steps is not None and len(losses) >= max_steps:
                 return losses
     return losses
+
+
+def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int, batch_size: int, lr: float,
+             warmup_steps: int, grad_clip: float, pad_id: int, micro_batch_tokens: int, seed: int,
+             max_seconds: float = 0.0, on_step: Callable[[int, int, dict[str, float]], None] | None = None) -> int:
+    """The recipe's SFT phase: length-bucketed masked NLL with the `sft_lr_factor` schedule,
+    stopped early by `max_seconds` (0: none). Returns the optimizer steps taken;
+    on_step(step, total, metrics) after each."""
+    import time
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    rng = random.Random(seed)
+    batches = [b for _ in range(epochs) for b in length_buckets(trajs, batch_size, rng)]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: sft_lr_factor(s, warmup=warmup_steps, total=len(batches)))
+    t0, steps = time.perf_counter(), 0
+    model.train()
+    for steps, batch in enumerate(batches, 1):  # noqa: B007 — `steps` is returned
+        m = sft_step(model, opt, batch, pad_id=pad_id, grad_clip=grad_clip, micro_batch_tokens=micro_batch_tokens)
+        sched.step()
+        if on_step is not None:
+            on_step(steps, len(batches), {**m, "sft/lr": sched.get_last_lr()[0],
+                                          "sft/elapsed_s": time.perf_counter() - t0})
+        if max_seconds and time.perf_counter() - t0 > max_seconds:
+            break
+    model.eval()
+    return steps

@@ -15,14 +15,17 @@ Splits, by entity, in one of two granularities (`SPLIT_BY`):
 - ``"country"`` (the default; nothing about a holdout task was seen in training):
   countries are grouped (a country whose name contains another's as whole words joins it:
   Guinea / Equatorial Guinea / Papua New Guinea, Sudan / South Sudan) and each group goes
-  to "holdout" when ``sha256(SPLIT_SEED:code) mod 100 < HOLDOUT_PERCENT`` (its smallest
-  ISO code), else "train". Every city follows its country, so a task's subject, bridge and
+  is held out when ``sha256(SPLIT_SEED:code) mod 100 < HOLDOUT_PERCENT`` (its smallest
+  ISO code), else "train"; a held-out group is "validation" or "holdout" by a second hash
+  (``sha256(SPLIT_SEED:validation:code) mod 100 < VALIDATION_PERCENT``), so the two never
+  share an entity and tuning on validation never touches a holdout entity. Every city follows its country, so a task's subject, bridge and
   answer entities all share one split. A training question whose text still names a
   holdout entity (the subject or an entity answer of a holdout task, as whole words, e.g.
   the town "Nueva Guinea" when Guinea is held out) is dropped. Holdout answers are then
   names the policy never wrote in training.
 - ``"city"`` (new subjects, shared answer classes): a city-subject task is held out when
-  ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT``; every
+  ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT`` (validation or
+  holdout by the same second hash); every
   country-subject task is a training task. A holdout city is never named by a training
   question nor is it a training answer (a training "capital of France? Paris" would leak
   the holdout "country of Paris?"). Countries and capitals are answer *classes* shared by
@@ -45,10 +48,11 @@ from taurl.errors import ConfigError
 from taurl.reward.exact_match import normalize_answer
 
 ENV_NAME = "search-v0"
-SPLITS = ("train", "holdout")
+SPLITS = ("train", "validation", "holdout")
 SPLIT_BY = ("country", "city")
 SPLIT_SEED = "taurl-search-v0"
-HOLDOUT_PERCENT = 20
+HOLDOUT_PERCENT = 20  # share of entities held out of training (validation + holdout)
+VALIDATION_PERCENT = 50  # share of the held-out entities that form the validation split
 ENTITY_ANSWER_KINDS = frozenset({"country", "city"})  # answers that name an entity; the rest are generic
 
 
@@ -87,6 +91,13 @@ def _hash_percent(code: str) -> int:
     return int(hashlib.sha256(f"{SPLIT_SEED}:{code}".encode()).hexdigest()[:8], 16) % 100
 
 
+def _held_split(code: str) -> str:
+    """"train", or for a held-out entity "validation" | "holdout" by a second, independent hash."""
+    if _hash_percent(code) >= HOLDOUT_PERCENT:
+        return "train"
+    return "validation" if _hash_percent(f"validation:{code}") < VALIDATION_PERCENT else "holdout"
+
+
 def _within(phrase: str, text: str) -> bool:
     """`phrase` occurs in `text` as whole words (both already normalized)."""
     return bool(phrase) and f" {phrase} " in f" {text} "
@@ -98,7 +109,7 @@ def _country_names(geo: Geo, code: str) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def country_splits() -> dict[str, str]:
-    """ISO code -> "train" | "holdout" (see the module docstring)."""
+    """ISO code -> "train" | "validation" | "holdout" (see the module docstring)."""
     geo = load_geo()
     codes = sorted(geo.countries)
     parent = {c: c for c in codes}
@@ -114,7 +125,7 @@ def country_splits() -> dict[str, str]:
             if a != b and any(_within(ka, kb) for ka in keys[a] for kb in keys[b]):
                 ra, rb = root(a), root(b)
                 parent[max(ra, rb)] = min(ra, rb)  # the group is named by its smallest code
-    return {c: "holdout" if _hash_percent(root(c)) < HOLDOUT_PERCENT else "train" for c in codes}
+    return {c: _held_split(root(c)) for c in codes}
 
 
 def _template_phrases() -> set[str]:
@@ -210,7 +221,7 @@ def _all_tasks(split_by: str) -> list[Task]:
 
 
 def _city_split(gid: int) -> str:
-    return "holdout" if _hash_percent(f"city:{gid}") < HOLDOUT_PERCENT else "train"
+    return _held_split(f"city:{gid}")
 
 
 def _entity_phrases(task: Task) -> set[str]:
@@ -229,8 +240,8 @@ def _task_pool(split_by: str = "country") -> dict[str, dict[str, list[Task]]]:
     # a holdout entity named like template words would ban every training question: such
     # holdout tasks go instead (none today: usable cities already exclude those names)
     fixed = _template_phrases()
-    tasks = [t for t in tasks if t.split != "holdout" or not _entity_phrases(t) & fixed]
-    held = [t for t in tasks if t.split == "holdout"]
+    tasks = [t for t in tasks if t.split == "train" or not _entity_phrases(t) & fixed]
+    held = [t for t in tasks if t.split != "train"]  # validation and holdout: neither may leak into training
     if split_by == "country":
         banned = set().union(*(_entity_phrases(t) for t in held))
         banned_answers: set[str] = set()

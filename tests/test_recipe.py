@@ -1,7 +1,7 @@
-"""A miniature of the demo pipeline, end to end, plus the learner's fast paths and the queue.
+"""A miniature of the demo recipe, end to end, plus the learner's fast paths.
 
-The miniature runs the very code of `taurl demo` (demonstrations → SFT → holdout eval →
-GRPO → holdout eval → report) with tiny budgets, and checks that training lowers the SFT
+The miniature runs the very code of `taurl demo` (demonstrations → SFT → validation and
+holdout eval → GRPO → validation and holdout eval → report) with tiny budgets, and checks that training lowers the SFT
 loss and that the GRPO update moves the policy the way the rewards point: the sampled
 episodes with positive advantage become more likely, those with negative advantage less.
 """
@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from taurl.credit import TurnBatch, compute_advantages
 from taurl.ledger import Ledger
-from taurl.pipeline import PipelineConfig, TrajectoryQueue, run_pipeline
+from taurl.recipe import train
+from taurl.config import TrainConfig
 from taurl.policy.model import load_policy
 from taurl.runs import RunDir
 from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows, micro_batches
@@ -27,9 +28,9 @@ from taurl.train.objectives import sequence_logprobs
 # country_continent with an expert that answers from memory: a few SFT steps teach the answer
 # format, and sampled continents are sometimes right, so GRPO groups have reward variance.
 # No system prompt: the episodes are ~30 tokens, so the miniature's SFT takes seconds.
-MINI = dict(demos=48, p_skip_search=1.0, p_guess_right=1.0, families=["country_continent"], split_by="country",
-            system_prompt="",
-            copy_warmup_steps=10, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=2,
+MINI = dict(demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
+            task_options={"families": ["country_continent"], "split_by": "country"}, system_prompt="",
+            warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=2,
             tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1, max_action_tokens=16,
             max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3, temperature=0.5, eval_temperature=0.5)
 
@@ -37,7 +38,7 @@ MINI = dict(demos=48, p_skip_search=1.0, p_guess_right=1.0, families=["country_c
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory) -> tuple[Path, dict]:
     run_dir = tmp_path_factory.mktemp("mini") / "run"
-    summary = run_pipeline(PipelineConfig(**MINI), str(run_dir), progress=False)
+    summary = train(TrainConfig(**MINI), str(run_dir), progress=False)
     return run_dir, summary
 
 
@@ -45,10 +46,11 @@ def test_summary_has_the_promised_figures(mini):
     run_dir, summary = mini
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["holdout"]["sft"]["success"] == summary["holdout"]["sft"]["success"]
-    for tag in ("sft", "final"):
-        h = on_disk["holdout"][tag]
-        assert h["episodes"] == 6 and len(h["ci95"]) == 2 and 0 <= h["ci95"][0] <= h["success"] <= h["ci95"][1]
-        assert 0 <= h["search_rate"] <= 1
+    for split in ("holdout", "validation"):
+        for tag in ("sft", "final"):
+            h = on_disk[split][tag]
+            assert h["episodes"] == 6 and len(h["ci95"]) == 2 and 0 <= h["ci95"][0] <= h["success"] <= h["ci95"][1]
+            assert 0 <= h["search_rate"] <= 1
     assert on_disk["train"]["updates"] == 2 and on_disk["wall_seconds"] > 0
 
 
@@ -94,33 +96,46 @@ def test_every_update_is_a_served_hf_checkpoint(mini):
 def test_metrics_and_report(mini):
     run_dir, _ = mini
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    grpo = [r for r in rows if r["phase"] == "grpo"]
+    grpo = [r for r in rows if r["phase"] == "rl"]
     assert [r["update"] for r in grpo] == [1, 2]
     for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/groups_same_reward", "rollout/success",
                 "rollout/search_rate", "rollout/invalid_rate", "rollout/truncation_rate", "rollout/turns_mean",
                 "rollout/tokens_mean", "learn/entropy", "learn/grad_norm", "time/rollout_s", "time/learn_s",
-                "pipeline/stale_dropped"):
+                "run/reused_episodes", "rollout/failed_episodes"):
         assert all(key in r for r in grpo), key
-    assert {r["phase"] for r in rows} >= {"demos", "copy_warmup", "sft", "eval_sft", "grpo", "eval_final"}
-    copy = [r for r in rows if r["phase"] == "copy_warmup"]
-    assert copy[-1]["step"] == MINI["copy_warmup_steps"] and 0 <= copy[-1]["copy/exact_unseen"] <= 1
+    assert {r["phase"] for r in rows} >= {"demos", "warmup", "sft", "eval_validation-sft", "eval_holdout-sft", "rl",
+                                          "eval_validation-final", "eval_holdout-final"}
+    copy = [r for r in rows if r["phase"] == "warmup"]
+    assert copy[-2]["step"] == MINI["warmup_options"]["steps"] and 0 <= copy[-1]["copy/exact_unseen"] <= 1
     page = (run_dir / "report.html").read_text()
     assert "Copy warm-up loss" in page and "SFT loss" in page
     assert page.count("data:image/png;base64,") >= 3 and "http://" not in page and "https://" not in page
 
 
-def test_queue_enforces_and_counts_the_staleness_bound(mini):
+def test_evaluations_never_see_a_training_task_and_splits_are_disjoint(mini):
+    """Validation (for choices) and holdout (to report) are separate task sets, and neither
+    shares a task with the demonstrations or the RL pool."""
     run_dir, _ = mini
     with Ledger(RunDir(run_dir).ledger) as ledger:
-        v1 = [ledger.get(f"r0001-000-{g:02d}") for g in range(4)]
-        v2 = [ledger.get(f"r0002-000-{g:02d}") for g in range(4)]
-    q = TrajectoryQueue()
-    q.put(v1 + v2)
-    fresh, dropped = q.take(version=2, staleness=0)
-    assert dropped == 4 and fresh == v2 and q.stale_dropped == 4 and len(q) == 0
-    q.put(v1)
-    fresh, dropped = q.take(version=2, staleness=1)
-    assert dropped == 0 and fresh == v1
+        trajs = [ledger.get(e) for e in ledger.episode_ids()]
+    by_kind: dict[str, set[str]] = {}
+    for t in trajs:
+        kind = ("validation" if "-validation-" in t.episode_id else "holdout" if "-holdout-" in t.episode_id
+                else "train")
+        by_kind.setdefault(kind, set()).add(t.task_id)
+        assert t.split == kind, (t.episode_id, t.split)
+    assert set(by_kind) == {"train", "validation", "holdout"}
+    assert not by_kind["train"] & by_kind["validation"] and not by_kind["train"] & by_kind["holdout"]
+    assert not by_kind["validation"] & by_kind["holdout"]
+
+
+def test_checkpoints_carry_what_evaluation_needs(mini):
+    """Each checkpoint records the env, its options, the system prompt and the budgets it was
+    trained with, so `taurl eval CHECKPOINT` evaluates it as it was trained."""
+    run_dir, _ = mini
+    meta = json.loads((RunDir(run_dir).checkpoint(3) / "taurl.json").read_text())["recipe"]
+    assert meta["env"] == "search-v0" and meta["system_prompt"] == ""
+    assert meta["task_options"] == MINI["task_options"] and meta["rollout"]["max_turns"] == MINI["max_turns"]
 
 
 def test_action_only_logprobs_match_a_full_forward(mini):

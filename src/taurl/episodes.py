@@ -1,0 +1,82 @@
+"""Episodes with deterministic ids, stored the moment they finish, reused after a crash.
+
+Every episode of a run has an id fixed by what it is (``r<u>-<task>-<g>`` for RL,
+``demo-<i>``, ``eval-<tag>-<task>-<trial>``) and a seed derived from it, so a restarted run
+re-samples exactly the episodes it had not stored yet: none is lost or stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from taurl.envs.core import Env, Task
+from taurl.ledger import Ledger
+from taurl.rollout import RolloutConfig, run_episode
+from taurl.trajectory import Trajectory
+
+log = logging.getLogger("taurl.episodes")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    episode_id: str
+    task: Task
+    seed: int
+    group_id: str
+
+
+def episode_seed(*parts: Any) -> int:
+    """A 31-bit seed fixed by `parts` (stable across processes, unlike hash())."""
+    return random.Random(":".join(map(str, parts))).getrandbits(31)
+
+
+async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
+                  config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
+                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None
+                  ) -> tuple[list[Trajectory], dict[str, float]]:
+    """The episodes of `specs`, in order: reused from the ledger, or run and appended at once.
+
+    An episode that raises or that the ledger rejects produces no record: it is logged and
+    counted (``rollout/failed_episodes``), and the rest go on. on_stored(event, traj) is
+    called with "episode_finished" before an episode is appended and "episode_stored"
+    after (hooks for tests and monitors; an exception there aborts the round).
+    """
+    out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}
+    sem = asyncio.Semaphore(concurrency)
+    failed: list[str] = []
+
+    async def one(s: EpisodeSpec) -> None:
+        async with sem:
+            try:
+                traj = await run_episode(engine, make_env(), tokenizer, s.task, seed=s.seed, config=config,
+                                         group_id=s.group_id, run_id=run_id, episode_id=s.episode_id)
+            except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
+                failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
+                return
+        if on_stored is not None:
+            on_stored("episode_finished", traj)
+        report = ledger.append_many([traj])
+        if report.rejected:
+            failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
+            return
+        out[s.episode_id] = traj
+        if bar is not None:
+            bar.update(1)
+        if on_stored is not None:
+            on_stored("episode_stored", traj)
+
+    reused = len(out)
+    if bar is not None:
+        bar.update(reused)
+    await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
+    for why in failed:
+        log.warning("episode produced no record: %s", why)
+    stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed))}
+    return [out[s.episode_id] for s in specs if s.episode_id in out], stats

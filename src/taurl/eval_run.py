@@ -1,0 +1,50 @@
+"""Evaluate a checkpoint on a list of tasks: k trials each, scored by the env's verifier.
+
+Used by the recipe (validation and holdout of the SFT and final policies) and by
+`taurl eval`. Episode ids are ``eval-<tag>-<task index>-<trial>`` with seeds fixed by the
+evaluation seed, task index and trial, so two checkpoints evaluated with the same config
+meet the same tasks and seeds (a paired comparison).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from taurl.envs.core import Env, Task
+from taurl.episodes import EpisodeSpec, collect, episode_seed
+from taurl.evaluate import EvalConfig, EvalResult, summarize
+from taurl.ledger import Ledger
+from taurl.policy.engine import LocalEngine
+from taurl.policy.model import load_policy, load_policy_meta
+from taurl.rollout import RolloutConfig
+
+
+def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *, make_env: Callable[[], Env],
+                    rollout: RolloutConfig, verifier: Any = None, ledger: Ledger | None = None,
+                    run_id: str = "eval", tag: str = "eval", progress: bool = True) -> EvalResult:
+    """Evaluate the policy at `path` on `tasks` (k = ecfg.trials each); an episode that
+    produced no record counts as a failure (`summarize`)."""
+    model, tok = load_policy(path)
+    version = int(load_policy_meta(path).get("policy_version", 0))
+    engine = LocalEngine(model, tok, version=version, max_batch_size=ecfg.concurrency, seed=ecfg.seed)
+    specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k), f"eval-{tag}:{t.task_id}")
+             for i, t in enumerate(tasks) for k in range(ecfg.trials)]
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(specs), desc=f"eval {tag}", unit="ep", disable=not progress, leave=False)
+    with tempfile.TemporaryDirectory() as tmp:  # a checkpoint outside a run keeps its episodes in a scratch ledger
+        own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
+        try:
+            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger or own,
+                                           run_id=run_id, concurrency=ecfg.concurrency, bar=bar))
+        finally:
+            bar.close()
+            if own is not None:
+                own.close()
+    return summarize(trajs, list(tasks), ecfg.trials, verifier=verifier, wall_s=time.perf_counter() - t0)

@@ -1,0 +1,344 @@
+"""The training recipe (`taurl train`, `taurl demo`): any registered env, any local HF causal LM.
+
+    tasks   = plan_tasks(env)                    # train (demos | RL pool) / validation / holdout
+    policy  = cfg.model | the env's default policy (tokenizer on training text, warm-up hook)
+    sft     = expert demonstrations through the real loop | a trajectory file | none
+    evaluate(validation, holdout) of the SFT policy
+    for update u = 1..U:                         # policy version v = v_sft + u − 1
+        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once
+        stats = learner.update(batch)                      # credit → loss → AdamW step
+        checkpoint(v + 1); engine.update_weights(v + 1)    # serve the new version
+    evaluate(validation, holdout) of the final policy → summary.json, report.html
+
+Nothing here names an environment: the env's task source, expert, verifier and policy
+hooks come from its registration (`taurl.envs.spec.EnvSpec`). Validation is for choices
+(settings are compared on it); holdout is only reported.
+
+Crash safety: every episode has a deterministic id and seed (`taurl.episodes`) and is
+appended to the ledger as it finishes; checkpoints are written whole or not at all. A
+restarted run resumes from the newest checkpoint, reuses the stored episodes of the
+interrupted round and samples the missing ones with the same version and seeds; finished
+phases (policy, demonstrations, SFT, evaluations) are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from taurl import envs
+from taurl.config import TrainConfig, dump_config
+from taurl.envs.core import Env, Task
+from taurl.envs.spec import EnvSpec
+from taurl.episodes import EpisodeSpec, collect, episode_seed
+from taurl.errors import ConfigError, Error
+from taurl.eval_run import evaluate_policy
+from taurl.ledger import Ledger
+from taurl.monitor.metrics import MetricsWriter, rollout_metrics
+from taurl.policy.engine import LocalEngine
+from taurl.policy.model import build_default_policy, load_policy
+from taurl.runs import RunDir
+from taurl.tasks import TaskPlan, plan_tasks
+from taurl.train.checkpoint import drop_optimizer_state, load_optimizer_state, save_checkpoint
+from taurl.train.default_policy import default_policy_texts
+from taurl.train.learner import Learner
+from taurl.train.sft import sft_loop
+
+log = logging.getLogger("taurl.recipe")
+Hook = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class Run:
+    """What every phase shares: the config, the env's spec, the tasks and the run directory."""
+
+    cfg: TrainConfig
+    spec: EnvSpec
+    plan: TaskPlan
+    run: RunDir
+    ledger: Ledger
+    metrics: MetricsWriter
+    progress: bool = True
+    hook: Hook = lambda name, info: None  # noqa: E731 — events for tests and monitors
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def make_env(self) -> Env:
+        env = envs.make(self.cfg.env, **self.cfg.env_kwargs())
+        if self.cfg.system_prompt is not None:
+            env.system_prompt = self.cfg.system_prompt
+        return env
+
+    def save_state(self, **changes: Any) -> None:
+        self.state.update(changes)
+        (self.run.root / "state.json").write_text(json.dumps(self.state, indent=2, sort_keys=True))
+
+    def phase_done(self, name: str, seconds: float) -> None:
+        timings = dict(self.state.get("timings", {}))
+        timings[name] = timings.get(name, 0.0) + seconds
+        self.save_state(timings=timings)
+
+    def bar(self, total: int, desc: str, unit: str = "ep") -> tqdm:
+        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl rollout`)."""
+        c = self.cfg
+        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(), "system_prompt": c.system_prompt,
+                           "tasks": c.tasks, "task_options": c.task_options, "imports": c.imports,
+                           "rollout": dataclasses.asdict(c.rollout_config())}}
+
+
+def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook | None = None) -> dict[str, Any]:
+    """Run (or resume) the recipe in `run_dir`; returns summary.json's content."""
+    if problems := cfg.problems():  # every problem at once, before any file is written
+        raise ConfigError(problems)
+    spec = envs.spec(cfg.env)
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
+                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
+    run = RunDir.create(run_dir)
+    state_path = run.root / "state.json"
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    t0 = time.perf_counter()
+    run.config.write_text(dump_config(cfg))
+    with Ledger(run.ledger) as ledger:
+        r = Run(cfg, spec, plan, run, ledger, MetricsWriter(run.metrics), progress, hook or (lambda n, i: None),
+                json.loads(state_path.read_text()) if state_path.exists() else {})
+        prepare_policy(r)
+        if "sft_version" not in r.state:
+            sft(r, sft_data(r))
+        evals = {"sft": evaluate_both(r, "sft", r.state["sft_version"])}
+        reinforce(r)
+        evals["final"] = evaluate_both(r, "final", run.versions()[-1])
+        r.phase_done("total", time.perf_counter() - t0)
+        summary = write_summary(r, evals)
+    from taurl.monitor.report import write_report
+
+    write_report(run, summary, r.metrics.read())
+    return summary
+
+
+# ---------------------------------------------------------------------------------------
+# Policy and SFT
+
+
+def prepare_policy(r: Run) -> None:
+    """checkpoints/v0: the given model, or the env's default policy (+ its warm-up hook)."""
+    if (r.run.checkpoint(0) / "config.json").exists():
+        return
+    t0, cfg = time.perf_counter(), r.cfg
+    if cfg.model:
+        model, tok = load_policy(cfg.model)
+    else:
+        texts = default_policy_texts(r.spec, r.make_env, r.plan.demos + r.plan.rl, task_options=cfg.task_options,
+                                     expert_options=cfg.expert_options, seed=cfg.seed)
+        if cfg.tokenizer_texts:
+            texts = texts[::max(1, len(texts) // cfg.tokenizer_texts)]
+        log.info("building the default %s policy (tokenizer on %d training texts)", cfg.model_size, len(texts))
+        with tempfile.TemporaryDirectory() as tmp:  # v0 is written once, whole, below
+            model, tok = build_default_policy(texts, tmp, size=cfg.model_size, vocab_size=cfg.vocab_size,
+                                              seed=cfg.seed)
+        if hasattr(r.spec.policy_hooks, "warmup"):
+            m = r.spec.policy_hooks.warmup(
+                model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr, grad_clip=cfg.grad_clip,
+                log=lambda step, row: r.metrics.write(step, {"phase": "warmup", **row}),
+                probe_tasks=r.plan.rl, **cfg.warmup_options)
+            r.metrics.write(0, {"phase": "warmup", **m})
+            log.info("warm-up: %s", ", ".join(f"{k} {v:.3f}" for k, v in m.items()))
+    save_checkpoint(r.run, 0, model, tok, None, phase="initial", source=cfg.model or "default",
+                    **r.checkpoint_meta())
+    r.phase_done("setup", time.perf_counter() - t0)
+
+
+def sft_data(r: Run) -> list:
+    """The SFT trajectories: expert demonstrations (stored as ``demo-<i>``), a file, or none."""
+    cfg, t0 = r.cfg, time.perf_counter()
+    if cfg.sft == "none":
+        return []
+    if cfg.sft == "file":
+        from taurl.export import read_jsonl
+
+        return read_jsonl(cfg.sft_data)
+    from taurl.policy.tokenizer import load_tokenizer
+    from taurl.synth import demonstrations
+
+    ids = [f"demo-{i}" for i in range(len(r.plan.demos))]
+    if all(i in r.ledger for i in ids):
+        return [r.ledger.get(i) for i in ids]
+    trajs = asyncio.run(demonstrations(r.plan.demos, load_tokenizer(r.run.checkpoint(0)), r.make_env,
+                                       expert=r.spec.expert, expert_options=cfg.expert_options, seed=cfg.seed,
+                                       run_id=r.run.root.name, config=cfg.rollout_config()))
+    r.ledger.append_many([t for t in trajs if t.episode_id not in r.ledger])
+    m = rollout_metrics(trajs, time.perf_counter() - t0)
+    r.metrics.write(0, {"phase": "demos", **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
+    r.phase_done("demos", time.perf_counter() - t0)
+    return trajs
+
+
+def sft(r: Run, trajs: list) -> None:
+    """checkpoints/v1: v0 fine-tuned on `trajs` (v0 itself when there is no SFT data)."""
+    cfg, t0 = r.cfg, time.perf_counter()
+    model, tok = load_policy(r.run.checkpoint(0))
+    steps = 0
+    if trajs:
+        bar = r.bar(1, "sft", "step")
+
+        def on_step(step: int, total: int, m: dict[str, float]) -> None:
+            bar.total = total
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
+            r.metrics.write(step, {"phase": "sft", **m})
+
+        steps = sft_loop(model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                         warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
+                         micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_seconds=cfg.sft_max_seconds,
+                         on_step=on_step)
+        bar.close()
+    save_checkpoint(r.run, 1, model, tok, None, phase="sft", sft_steps=steps, **r.checkpoint_meta())
+    r.phase_done("sft", time.perf_counter() - t0)
+    r.save_state(sft_version=1, sft_steps=steps, sft_examples=len(trajs))
+
+
+# ---------------------------------------------------------------------------------------
+# Reinforcement learning
+
+
+def reinforce(r: Run) -> None:
+    """RL updates from the newest checkpoint on (module docstring: the loop)."""
+    cfg, v_sft = r.cfg, r.state["sft_version"]
+    version = r.run.versions()[-1]
+    first = version - v_sft + 1
+    if first > cfg.updates or r.state.get("rl_stopped_early"):
+        return
+    model, tok = load_policy(r.run.checkpoint(version))
+    reference = load_policy(r.run.checkpoint(v_sft))[0] if cfg.kl_coef > 0 else None
+    learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference)
+    if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
+        log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
+    # the engine serves its own copy of the weights, as a separate inference server would
+    engine = LocalEngine(copy.deepcopy(model), tok, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
+    bar = r.bar(cfg.updates, "rl", "update")
+    bar.update(first - 1)
+    t_start = time.perf_counter()
+    for update in range(first, cfg.updates + 1):
+        t0 = time.perf_counter()
+        tasks = r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update]
+        specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(cfg.seed, "rl", update, i, g),
+                             f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
+        batch, cstats = asyncio.run(collect(engine, tok, r.make_env, specs, config=cfg.rollout_config(),
+                                            ledger=r.ledger, run_id=r.run.root.name, concurrency=cfg.concurrency,
+                                            on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id})))
+        if stale := [t.episode_id for t in batch if set(t.policy_versions) - {version}]:
+            raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version {version} "
+                        f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
+        t_roll = time.perf_counter() - t0
+        r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
+        lstats = learner.update(batch)
+        t1 = time.perf_counter()
+        version += 1
+        save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
+                        **r.checkpoint_meta())
+        drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
+        asyncio.run(engine.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version))
+        row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
+               **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
+               "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
+               "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0}
+        r.metrics.write(update, row)
+        bar.update(1)
+        tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
+        r.hook("update_done", {"update": update, "version": version})
+        r.phase_done("rl", time.perf_counter() - t0)
+        if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
+            log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
+            r.save_state(rl_stopped_early=update)
+            break
+    bar.close()
+
+
+def same_reward_share(trajs: list) -> float:
+    """Share of groups whose rollouts all got the same reward (they carry no GRPO signal)."""
+    groups: dict[str, set[float]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, set()).add(t.reward)
+    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
+
+
+def console_line(row: dict[str, Any], total: int) -> str:
+    """The live line printed after each update."""
+    g = row.get
+    return (f"update {g('update')}/{total} v{g('policy/version')}  reward {g('rollout/reward_mean', 0):.2f}"
+            f"±{g('rollout/reward_std', 0):.2f}  success {g('rollout/success', 0):.2f}  tools "
+            f"{g('rollout/search_rate', 0):.2f}  same-groups {g('rollout/groups_same_reward', 0):.2f}  "
+            f"invalid {g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
+            f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
+            f"{g('learn/entropy', 0):.2f}  |g| {g('learn/grad_norm', 0):.2f}  "
+            f"roll {g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation and summary
+
+
+def evaluate_both(r: Run, tag: str, version: int) -> dict[str, Any]:
+    """Validation (for choices) and holdout (to report) of checkpoint `version`."""
+    out = {}
+    for split, tasks in (("validation", r.plan.validation), ("holdout", r.plan.holdout)):
+        out[split] = evaluate_split(r, f"{split}-{tag}", tasks, version)
+    return out
+
+
+def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[str, Any]:
+    path = r.run.root / "evals" / f"{tag}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    t0 = time.perf_counter()
+    result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
+                             rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
+                             ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result.to_dict(), indent=2))
+    r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
+    r.phase_done(f"eval_{tag}", time.perf_counter() - t0)
+    lo, hi = result.ci95
+    print(f"{tag} (v{version}): success {result.success:.3f} [{lo:.3f}, {hi:.3f}] over {result.episodes} "
+          f"episodes of {result.tasks} tasks, pass@{result.trials} {result.pass_at_k:.3f}", flush=True)
+    return result.to_dict()
+
+
+def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    versions, v_sft = r.run.versions(), r.state["sft_version"]
+
+    def compare(split: str) -> dict[str, Any]:
+        sft_, final = evals["sft"][split], evals["final"][split]
+        (a, b), (c, d) = sft_["ci95"], final["ci95"]
+        return {"sft": sft_, "final": final, "gain": final["success"] - sft_["success"],
+                "intervals_overlap": not (c > b or a > d)}
+
+    c = r.cfg
+    summary = {
+        "run": r.run.root.resolve().name, "env": c.env,
+        "holdout": compare("holdout"), "validation": compare("validation"),
+        "train": {"updates": versions[-1] - v_sft, "policy_version": versions[-1], "sft_version": v_sft,
+                  "sft_steps": r.state.get("sft_steps", 0), "sft_examples": r.state.get("sft_examples", 0),
+                  "demos": len(r.plan.demos), "estimator": c.estimator, "objective": c.objective,
+                  "group_size": c.group_size, "tasks_per_update": c.tasks_per_update,
+                  "stopped_early": r.state.get("rl_stopped_early"), "skipped_task_rows": r.plan.skipped_rows},
+        "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
+        "timings": r.state.get("timings", {}),
+        "config": dataclasses.asdict(c),
+    }
+    r.run.summary.write_text(json.dumps(summary, indent=2))
+    return summary
