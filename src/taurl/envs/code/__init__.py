@@ -4,9 +4,12 @@ Not registered here: `taurl.envs` registers ``code-v0`` with `CodeEnv` as factor
 """
 
 from taurl.envs.code.env import CodeEnv, format_exec, snapshot
+from taurl.envs.code.expert import expert, planted_bug, tool_call
+from taurl.envs.code.holdout import ReplayVerifier, make_holdout_verifier
 from taurl.envs.code.tasks import (
     FAMILIES,
     PASS_MARKER,
+    SPLITS,
     generate_tasks,
     hidden_cases,
     make_task,
@@ -17,7 +20,8 @@ from taurl.envs.code.verifier import VERIFIER_VERSION, HiddenTestVerifier, Submi
 
 
 def make_verifier(**kwargs) -> HiddenTestVerifier:
-    """A fresh, independent verifier (what the holdout evaluator should use)."""
+    """A fresh hidden-test verifier of a `Submission` (the env's training reward uses one;
+    the holdout evaluator uses `make_holdout_verifier`, which judges whole records)."""
     return HiddenTestVerifier(**kwargs)
 
 
@@ -27,13 +31,19 @@ __all__ = [
     "VERIFIER_VERSION",
     "CodeEnv",
     "HiddenTestVerifier",
+    "ReplayVerifier",
+    "SPLITS",
     "Submission",
+    "expert",
     "format_exec",
     "generate_tasks",
     "hidden_cases",
+    "make_holdout_verifier",
     "make_task",
     "make_verifier",
+    "planted_bug",
     "reference_source",
     "snapshot",
+    "tool_call",
     "visible_cases",
 ]

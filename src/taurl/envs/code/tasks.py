@@ -12,8 +12,13 @@ visible input). Both are drawn from ``random.Random(f"{task_id}:visible|hidden")
 the hidden cases are a pure function of the task: the verifier regenerates them and
 checks their hash against ``metadata["hidden_sha256"]`` recorded at generation.
 
-Splits: ``holdout`` when ``sha256(SPLIT_SEED:family:params) mod 100 < HOLDOUT_PERCENT``,
-else ``train``: an instance (family + parameters) is in exactly one split.
+Splits: an *instance* is a family with its parameters (one instance = one task: its id,
+prompt and test cases are functions of the two). With ``h = sha256(SPLIT_SEED:family:params)
+mod 100``, the instance is ``holdout`` when ``h < HOLDOUT_PERCENT``, ``validation`` when
+``h < HOLDOUT_PERCENT + VALIDATION_PERCENT``, else ``train``: each instance is in exactly
+one split, so a parameter set seen in training (or tuning) is never scored on the holdout.
+Families with few instances (``window_sums`` has 3, ``rotate`` 9) may have none in a small
+split; `generate_tasks` then fills the split from the other families.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from taurl.envs.core import Task, task_request_problems
 from taurl.errors import ConfigError
 
 ENV_NAME = "code-v0"
-SPLITS = ("train", "holdout")
+SPLITS = ("train", "validation", "holdout")
 SPLIT_SEED = "taurl-code-v0"
 HOLDOUT_PERCENT = 20
+VALIDATION_PERCENT = 10  # taken from what was train: the holdout is the same set as before
 VISIBLE_CASES = 3
 HIDDEN_CASES = 12
 SOLUTION_FILE = "solution.py"
@@ -151,7 +157,10 @@ def _canon(value: Any) -> str:
 
 def _split_of(family: str, params: dict[str, Any]) -> str:
     h = int(hashlib.sha256(f"{SPLIT_SEED}:{family}:{_canon(params)}".encode()).hexdigest()[:8], 16)
-    return "holdout" if h % 100 < HOLDOUT_PERCENT else "train"
+    h %= 100
+    if h < HOLDOUT_PERCENT:
+        return "holdout"
+    return "validation" if h < HOLDOUT_PERCENT + VALIDATION_PERCENT else "train"
 
 
 def reference_source(task: Task) -> str:
@@ -160,7 +169,7 @@ def reference_source(task: Task) -> str:
     return fam.source.format(**task.metadata["params"])
 
 
-def _reference(family: Family, params: dict[str, Any]) -> Callable[..., Any]:
+def reference_function(family: Family, params: dict[str, Any]) -> Callable[..., Any]:
     namespace: dict[str, Any] = {}
     exec(family.source.format(**params), namespace)  # our own template: trusted host code
     return namespace[family.func]
@@ -168,7 +177,7 @@ def _reference(family: Family, params: dict[str, Any]) -> Callable[..., Any]:
 
 def _cases(family: Family, params: dict[str, Any], task_id: str) -> tuple[list, list]:
     """(visible, hidden) lists of [args, expected], JSON-normalized (tuples become lists)."""
-    ref = _reference(family, params)
+    ref = reference_function(family, params)
     rng_v, rng_h = random.Random(f"{task_id}:visible"), random.Random(f"{task_id}:hidden")
     visible: list[list] = []
     seen: set[str] = set()
