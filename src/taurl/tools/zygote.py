@@ -188,6 +188,11 @@ class WarmPython:
     async def _spawn(self) -> _Zygote:
         cfg = self.sandbox.config
         lim = dataclasses.replace(cfg.limits, cpu_s=_ZYGOTE_CPU_S, nproc=cfg.limits.nproc + 1)
+        if not os.access(_PYTHON, os.X_OK):  # the sandbox sees the host's /usr, not the venv
+            raise SandboxError(
+                f"the warm Python sandbox runs the system's {_PYTHON} (the venv is not mounted "
+                "in the sandbox), and this host has none: apt-get install python3"
+            )
         info_r, info_w = os.pipe()
         cmd = [_PYTHON, "-I", "-B", "-u", "-c", _server_source()]
         argv = self.sandbox._iso.argv(
