@@ -247,7 +247,7 @@ def policy_problems(path: str | Path, *, chat_template: str | None = None) -> li
                    f"rendered with it; {CHAT_TEMPLATE_FIX}")
     special = {**(_read_json(path / "special_tokens_map.json") or {}), **tok_cfg}
     has_eos = special.get("eos_token") or (config or {}).get("eos_token_id") is not None
-    if not special.get("pad_token") and not has_eos:
+    if _any_file(path, _TOKENIZER_FILES) and not special.get("pad_token") and not has_eos:
         out.append(f"the tokenizer in {where!r} has neither a pad token nor an end token to pad "
                    "with; set tokenizer.pad_token (or eos_token) and save it")
     return out
