@@ -178,3 +178,34 @@ def test_splits_are_disjoint_by_instance():
     more = make_tasks("code-v0", "train", n=200, seed=7)
     assert {instance(t) for t in more} - keys["train"] and not {instance(t) for t in more} & keys["holdout"]
     assert make_tasks("code-v0", "holdout", n=2, seed=0, families=["caesar"])[0].metadata["family"] == "caesar"
+
+
+# -- the env's tool subset and the tokenizer hook ----------------------------------------------
+
+
+def test_tool_subset_is_declared_recorded_and_replayed(tok, one_per_family):
+    env = CodeEnv(tools=["write_file", "run_tests", "submit"])
+    assert [t["function"]["name"] for t in env.tools] == ["write_file", "run_tests", "submit"]
+    with pytest.raises(ConfigError) as e:
+        CodeEnv(tools=["write_fle", "run_tests"])
+    assert "did you mean 'write_file'" in str(e.value) and "must include 'submit'" in str(e.value)
+    task = one_per_family[4]
+    code = f"open('solution.py', 'w').write({reference_source(task)!r})"
+    actions = [tool_call("run_python", code=code), tool_call("submit")]
+    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), env, tok,
+                                                       task, seed=0, config=CFG)))
+    assert traj.provenance["tools"] == ["write_file", "run_tests", "submit"]
+    assert traj.turns[0].invalid and traj.reward_components["outcome"] == 0.0  # run_python is not offered
+    assert ReplayVerifier()(traj, task) == 0.0  # ...nor in the replay, which rebuilds the same world
+    widened = dataclasses.replace(traj, provenance={"tools": "all of them"})
+    assert ReplayVerifier()(widened, task) == 0.0
+
+
+def test_tokenizer_texts_come_from_the_training_split_only():
+    hooks = spec("code-v0").policy_hooks
+    train = generate_tasks("train", 12, seed=0)
+    texts = hooks.tokenizer_texts(CodeEnv(), train)
+    assert any(PASS_MARKER in t for t in texts) and any("FAIL" in t for t in texts)
+    held = generate_tasks("holdout", 40, seed=0) + generate_tasks("validation", 40, seed=0)
+    joined = "\n".join(texts)
+    assert not [t.task_id for t in held if t.prompt in joined]

@@ -19,6 +19,11 @@ passes in a fresh sandbox (0 otherwise); each detected cheat is a constraint vio
 (−1 by default) that also voids the outcome; shaping −0.02 per invalid action, +0.02
 for running the visible tests, clipped to ±0.05.
 
+``tools`` (an env option) offers a subset of them, e.g. ``[write_file, run_tests, submit]``:
+the declarations the chat template renders into every prompt shrink by half (≈250 of
+≈600 tokens with a small tokenizer), which is what a tiny policy trained on CPU pays for.
+``submit`` must stay; the others are declared and callable only when listed.
+
 The workspace has no disk quota of its own (it is a host directory), so after each run
 the env measures it and resets it to the task's initial files when it passes
 `MAX_WORKSPACE_BYTES`, telling the model.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import hashlib
 import os
@@ -75,19 +81,20 @@ class CodeEnv(ToolEnv):
     def __init__(self, *, max_turns: int = 12, sandbox_config: SandboxConfig | None = None,
                  gate: GateConfig | None = None, stack: RewardStack | None = None,
                  verifier_factory: Callable[[], Verifier] | None = None, root: str | None = None,
-                 max_output_chars: int = 4000) -> None:
+                 max_output_chars: int = 4000, tools: list[str] | tuple[str, ...] | None = None) -> None:
         self.sandbox_config = sandbox_config or SandboxConfig(limits=EPISODE_LIMITS)
         if self.sandbox_config.unsafe_no_isolation:
             raise ConfigError("code-v0 runs model-written code: it refuses unsafe_no_isolation")
         self.root = root
         self._sb: Sandbox | None = None
-        tools = [
+        all_tools = [
             tool(self.write_file, scopes=("write",), max_string_chars=MAX_FILE_CHARS),
             tool(self.read_file, scopes=("read",), max_string_chars=1000),
             tool(self.run_python, scopes=("execute",), max_string_chars=MAX_FILE_CHARS, timeout_s=30.0),
             tool(self.run_tests, scopes=("execute",), timeout_s=30.0),
             tool(self.submit, scopes=("read",)),
         ]
+        tools = _chosen(tools, all_tools)
         super().__init__(tools, verifier_factory=verifier_factory or functools.partial(HiddenTestVerifier, root=root),
                          gate=gate or CODE_GATE, stack=stack or CODE_STACK, max_turns=max_turns,
                          submit_tool="submit", max_output_chars=max_output_chars)
@@ -155,7 +162,9 @@ class CodeEnv(ToolEnv):
                                   "taurl.envs.code.generate_tasks")
         self._sb = Sandbox.create(self.sandbox_config, root=self.root)
         self._fill(self._sb, task)
-        return {"workspace_files": [SOLUTION_FILE, VISIBLE_TEST_FILE]}
+        # provenance: the world this record ran in (the replay verifier rebuilds the same one)
+        return {"workspace_files": [SOLUTION_FILE, VISIBLE_TEST_FILE],
+                "provenance": {"tools": [t["function"]["name"] for t in self.tools]}}
 
     @staticmethod
     def _fill(sb: Sandbox, task: Task) -> None:
@@ -186,6 +195,27 @@ class CodeEnv(ToolEnv):
     def __del__(self) -> None:  # an episode cut off by the rollout never reaches _end
         with contextlib.suppress(Exception):  # e.g. at interpreter shutdown
             self._end()
+
+
+def _chosen(names: list[str] | tuple[str, ...] | None, specs: list) -> list:
+    """The specs named in `names` (all when None), in the env's order; bad names say how to fix."""
+    if names is None:
+        return specs
+    known = [s.name for s in specs]
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"tools must be a list of tool names, e.g. {known}")
+    problems = [f"tool {n!r} is unknown{_hint(n, known)}; code-v0's tools: {', '.join(known)}"
+                for n in names if n not in known]
+    if "submit" not in names:
+        problems.append("tools must include 'submit' (it ends the episode)")
+    if problems:
+        raise ConfigError(problems)
+    return [s for s in specs if s.name in set(names)]
+
+
+def _hint(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -7,7 +7,8 @@ observations. It re-derives the outcome from what the agent *did*:
 1. the record must be of `task` and end by the agent's submit (stop reason ``answered``,
    the last turn a submit call); anything else is 0;
 2. each turn's action text — the model's own text, not the receipt's shortened
-   arguments — is played, in order, through a fresh `CodeEnv` (a new sandbox per record),
+   arguments — is played, in order, through a fresh `CodeEnv` (a new sandbox per record)
+   offering the tools the record's provenance names (the env option ``tools``),
    so the workspace at submit is the one the agent built, including whatever its
    ``run_python`` and ``run_tests`` calls did to it;
 3. the replayed episode must end on the record's last turn, by that submit; the
@@ -28,6 +29,7 @@ from typing import Any
 from taurl.envs.code.env import CodeEnv
 from taurl.envs.code.verifier import VERIFIER_VERSION, HiddenTestVerifier
 from taurl.envs.core import Task
+from taurl.errors import ConfigError
 from taurl.tools.sandbox import SandboxConfig
 
 VERSION = f"code-replay-v1+{VERIFIER_VERSION}"  # bump the first part when the replay rules change
@@ -56,8 +58,12 @@ class ReplayVerifier:
             return 0.0, f"the episode did not end by a submit (stop reason {traj.stop_reason!s})"
         # the verifier's own instance, never the env's or the training run's
         own = HiddenTestVerifier(root=self.root)
-        env = CodeEnv(max_turns=len(turns) + 1, root=self.root, sandbox_config=self.sandbox_config,
-                      verifier_factory=lambda: own)
+        tools = (getattr(traj, "provenance", None) or {}).get("tools")  # the tool set the episode had
+        try:
+            env = CodeEnv(max_turns=len(turns) + 1, root=self.root, sandbox_config=self.sandbox_config,
+                          tools=tools, verifier_factory=lambda: own)
+        except ConfigError as e:
+            return 0.0, f"the record's provenance names no valid tool set: {e}"
         try:
             env.reset(task, traj.seed)
             for i, turn in enumerate(turns):
