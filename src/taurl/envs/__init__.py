@@ -35,6 +35,12 @@ def _code_expert(task, rng, p_bug=0.0, p_skip_tests=0.0):
     return expert(task, rng, p_bug=p_bug, p_skip_tests=p_skip_tests)
 
 
+def _code_hooks():
+    from taurl.envs.code.hooks import CodePolicyHooks
+
+    return CodePolicyHooks()
+
+
 def _code_verifier():
     from taurl.envs.code import make_holdout_verifier
 
@@ -80,7 +86,8 @@ def _taxi_verifier():
 # factories as "module:attr" strings are imported on first use (Gymnasium's entry points)
 register("search-v0", "taurl.envs.search:SearchEnv", tasks=_search_tasks, expert=_search_expert,
          policy_hooks=_search_hooks)
-register("code-v0", "taurl.envs.code:CodeEnv", tasks=_code_tasks, expert=_code_expert, verifier=_code_verifier)
+register("code-v0", "taurl.envs.code:CodeEnv", tasks=_code_tasks, expert=_code_expert, verifier=_code_verifier,
+         policy_hooks=_code_hooks)
 register("frozenlake-v0", "taurl.envs.gym.frozenlake:frozenlake_env", tasks=_frozenlake_tasks,
          expert=_frozenlake_expert, verifier=_frozenlake_verifier)
 register("taxi-v0", "taurl.envs.gym.taxi:taxi_env", tasks=_taxi_tasks, expert=_taxi_expert, verifier=_taxi_verifier)
