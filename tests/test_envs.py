@@ -22,7 +22,7 @@ def test_task_sources_take_their_own_options_and_name_the_rest():
     assert len(tasks) == 4 and {t.metadata["family"] for t in tasks} == {"city_country"}
     with pytest.raises(ConfigError, match="search-v0's task source has no option 'level'; its options: families, split_by"):
         make_tasks("search-v0", "train", n=1, level="hard")
-    with pytest.raises(ConfigError, match="code-v0's task source has no option 'split_by'; its options: none"):
+    with pytest.raises(ConfigError, match="code-v0's task source has no option 'split_by'; its options: "):
         make_tasks("code-v0", "train", n=1, split_by="city")
 
 

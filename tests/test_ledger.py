@@ -213,10 +213,12 @@ CASES: dict[str, list[Any]] = {
         _with(valid_dict(), reward=True),
         _with(valid_dict(), rewrd=1.0),  # unknown field: a typo is not silently dropped
         _with(valid_dict(), reward_components={"outcome": "0.9"}),  # no coercion
-        _with(valid_dict(), stop_reason="finished"),
+        _with(valid_dict(), stop_reason=3),
+        _with(valid_dict(), provenance=["corpus", "3f2a"]),  # a JSON object, or absent
+        dataclasses.replace(make_traj(), provenance=["map", 3]),
+        _with(valid_dict(), source=None),
         _seg(valid_dict(), 1, policy_version="3"),
         _seg(valid_dict(), 1, mask=1),
-        dataclasses.replace(make_traj(), stop_reason="answered"),  # a str, not the enum
     ],
     "not_json": [
         _with(valid_dict(), timings={"generate_s": math.nan}),
@@ -240,14 +242,22 @@ CASES: dict[str, list[Any]] = {
     "logprob_range": [_seg(valid_dict(), 1, logprobs=[0.5, *SEARCH_LP[1:]]),
                       _seg(valid_dict(), 1, logprobs=[-math.inf, *SEARCH_LP[1:]])],
     "action_without_version": [_seg(valid_dict(), 3, policy_version=None)],
+    # a demonstration that carries a made-up logprob or version is refused
+    "behaviour_without_policy": [_seg(_with(valid_dict(), source="expert"), 1, policy_version=None),
+                                 _seg(_with(valid_dict(), source="expert"), 1, logprobs=None)],
+    "source_name": [_with(valid_dict(), source="Expert demo"), _with(valid_dict(), source="")],
     "version_range": [_seg(valid_dict(), 3, policy_version=-1)],
     "non_action_logprobs": [_seg(valid_dict(), 2, logprobs=[0.0] * len(INFO)),
                             _seg(valid_dict(), 0, policy_version=3)],
     "turn_segment": [json.loads(json.dumps(dataclasses.replace(
         make_traj(), turns=(dataclasses.replace(make_traj().turns[0], action_segment=2),)).to_dict()))],
     "missing_stop_reason": [_with(valid_dict(), stop_reason=None)],
+    "stop_reason_name": [_with(valid_dict(), stop_reason="Finished!"), _with(valid_dict(), stop_reason=""),
+                         dataclasses.replace(make_traj(), stop_reason="reached goal")],
     "termination_flags": [_with(valid_dict(), truncated=True),
-                          _with(valid_dict(), terminated=False, truncated=True)],
+                          _with(valid_dict(), terminated=False, truncated=True),  # "answered" truncated
+                          _with(valid_dict(), stop_reason="max_turns"),  # a loop truncation, terminated
+                          _with(valid_dict(), stop_reason="goal", terminated=True, truncated=True)],
     "reward_finite": [_with(valid_dict(), reward=math.inf, reward_components={})],
     "reward_components_sum": [_with(valid_dict(), reward=1.0)],
     "missing_verifier_version": [_with(valid_dict(), verifier_version="")],
@@ -576,7 +586,7 @@ _WRONG_TYPES: dict[str, list[Any]] = {
     "episode_id": [5, None, [], True], "task_id": [None, 3], "seed": ["1234", 1.5, None, True],
     "reward": ["0.9", None, True, []], "terminated": [1, "true", None], "truncated": [0, None],
     "segments": [{}, "x", None], "turns": [{}, 3], "messages": ["hi", {}, [1]],
-    "stop_reason": [3, "finished", []], "reward_components": [[], "x", {"outcome": "1"}],
+    "stop_reason": [3, "Finished!", [], ""], "reward_components": [[], "x", {"outcome": "1"}],
     "timings": [[1], {"t": "fast"}], "metadata": [[], "x"], "run_id": [None, 3],
     "verifier_version": [None, 1],
 }

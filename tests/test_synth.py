@@ -9,6 +9,8 @@ import pytest
 
 from taurl import envs
 from taurl.envs.search import generate_tasks
+from taurl.envs.search.expert import search_expert
+from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import create_policy
 from taurl.rollout import RolloutConfig, run_episode
@@ -49,22 +51,49 @@ def scripted(tok, task, actions, seed=0):
 
 
 def test_perfect_expert_searches_and_answers_right(tok, tasks):
-    demos = asyncio.run(demonstrations(tasks[:20], tok, make_env, quality=ExpertQuality()))
+    demos = asyncio.run(demonstrations(tasks[:20], tok, make_env, expert=search_expert))
     assert [d.episode_id for d in demos] == [f"demo-{i}" for i in range(20)]
-    assert all(d.metadata["source"] == "expert" and d.metadata["demo"] == "search" for d in demos)
+    assert all(d.source == "expert" and d.metadata["expert"] == "search_expert" for d in demos)
     assert all(d.num_tool_calls == 1 and d.reward == 1.0 for d in demos)
     assert all(is_complete(d) for d in demos)
 
 
 def test_quality_knob_sets_the_share_of_demos_that_skip_search(tok, tasks):
-    demos = asyncio.run(demonstrations(tasks, tok, make_env, quality=ExpertQuality(p_skip_search=0.5,
-                                                                                     p_guess_right=0.0)))
-    skipped = [d for d in demos if d.metadata["demo"] == "skip"]
+    options = {"p_skip_search": 0.5, "p_guess_right": 0.0}
+    demos = asyncio.run(demonstrations(tasks, tok, make_env, expert=search_expert, expert_options=options))
+    skipped = [d for d in demos if d.num_tool_calls == 0]
     assert 0.3 < len(skipped) / len(demos) < 0.7  # 60 draws of p = 0.5
-    assert all(d.num_tool_calls == 0 for d in skipped)
+    assert all(d.metadata["expert_options"] == options for d in demos)
     # a guess that is never right: every skipping demo fails, every searching one succeeds
     assert all(d.reward == 0.0 for d in skipped)
-    assert all(d.reward == 1.0 for d in demos if d.metadata["demo"] == "search")
+    assert all(d.reward == 1.0 for d in demos if d.num_tool_calls > 0)
+
+
+def test_demonstrations_are_deterministic_and_the_earlier_quality_form_agrees(tok, tasks):
+    options = {"p_skip_search": 0.5, "p_guess_right": 0.5}
+    a = asyncio.run(demonstrations(tasks[:12], tok, make_env, expert=search_expert, expert_options=options, seed=4))
+    b = asyncio.run(demonstrations(tasks[:12], tok, make_env, quality=ExpertQuality(0.5, 0.5), seed=4))
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.episode_id for t in a] == [t.episode_id for t in b] == [f"demo-{i}" for i in range(12)]
+
+
+def test_any_expert_plays_through_the_real_loop(tok, tasks):
+    calls = []
+
+    def answer_only(task, rng, *, guess="Atlantis"):  # another Expert: answers without searching
+        calls.append(task.task_id)
+        return [f"<think>{rng.random():.3f}</think><answer>{guess}</answer>"]
+
+    demos = asyncio.run(demonstrations(tasks[:3], tok, make_env, expert=answer_only,
+                                       expert_options={"guess": "Paris"}, episode_prefix="d"))
+    assert calls == [t.task_id for t in tasks[:3]] and [d.episode_id for d in demos] == ["d-0", "d-1", "d-2"]
+    assert all(d.turns[0].action == {"kind": "answer", "answer": "Paris"} and d.terminated for d in demos)
+    with pytest.raises(ConfigError, match="needs expert="):
+        asyncio.run(demonstrations(tasks[:1], tok, make_env))
+    with pytest.raises(ConfigError, match="returned str"):
+        asyncio.run(demonstrations(tasks[:1], tok, make_env, expert=lambda t, rng: "<answer>x</answer>"))
+    with pytest.raises(ConfigError, match="p_skip_search must be a probability"):
+        search_expert(tasks[0], random.Random(0), p_skip_search=1.5)
 
 
 def test_jaccard_hand_computed():

@@ -13,6 +13,14 @@ whole ``Trajectory.to_dict()`` is one JSON string column, ``record``.
 
 When a dict given to `Ledger.append` carries any of the flat arrays or counts, they must
 agree with its segments (`check_export_fields`): a disagreement is refused, never repaired.
+
+The writers read from any `TrajectorySource` (a `taurl.ledger.Ledger` is one), so this
+module does not import the ledger, and the ledger imports it for its rules.
+
+Version 2 (from 1): `source` and `provenance` are new; `logprobs` is null for a record
+no policy sampled (``source != "policy"``, e.g. an expert demonstration) — it used to be
+0.0 with policy version 0, as if a policy had sampled it; `stop_reason` is any snake_case
+name (the env's own reasons included), its kind given by `terminated`/`truncated`.
 """
 
 from __future__ import annotations
@@ -22,15 +30,18 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from taurl.errors import ContractError
 from taurl.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from taurl.ledger import Ledger
+EXPORT_VERSION = 2  # bump when a field changes meaning; stored in the Parquet metadata
 
-EXPORT_VERSION = 1  # bump when a field changes meaning; stored in the Parquet metadata
+
+class TrajectorySource(Protocol):
+    """Where the writers read trajectories from: `taurl.ledger.Ledger.iter_query`."""
+
+    def iter_query(self, **filters: Any) -> Iterator[Trajectory]: ...
 
 # name -> "dtype: meaning". dtype is the Parquet type; JSONL uses the JSON equivalent.
 EXPORT_FIELDS: dict[str, str] = {
@@ -49,13 +60,15 @@ EXPORT_FIELDS: dict[str, str] = {
     "verifier_version": "string: version of the verifier that scored the episode ('' if unscored)",
     "terminated": "bool: the task reached a terminal state (exactly one of terminated/truncated)",
     "truncated": "bool: the episode was cut off from outside (a budget, an error)",
-    "stop_reason": "string: why it stopped; one of taurl.trajectory.StopReason",
+    "stop_reason": "string: why it stopped, a snake_case name: the loop's own (taurl.trajectory.StopReason) or the env's (its kind is terminated/truncated)",
     "valid": "bool: valid-sample flag; false when an error, not the agent, ended the episode",
+    "source": "string: who produced the actions: 'policy' (sampled; logprobs and versions given) or e.g. 'expert' (none)",
+    "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset about its world (corpus fingerprint, map seed, snapshot id)",
     # flat arrays, each of length num_tokens
     "token_ids": "list<int32>: the whole token stream, segments concatenated",
     "action_mask": "list<int8>: 1 on ids the policy sampled (trained on), 0 on prompt/observation/template ids",
-    "logprobs": "list<float32>: behaviour logprob of each sampled id, 0.0 where action_mask is 0",
-    "token_versions": "list<int32>: policy version that sampled each id, -1 where action_mask is 0",
+    "logprobs": "list<float32>, null when source is not 'policy': behaviour logprob of each sampled id, 0.0 where action_mask is 0",
+    "token_versions": "list<int32>: policy version that sampled each id, -1 where no policy did (action_mask 0, or source not 'policy')",
     "policy_versions": "list<int32>: sorted distinct policy versions of the action segments",
     # counts
     "num_tokens": "int32: length of token_ids",
@@ -65,7 +78,7 @@ EXPORT_FIELDS: dict[str, str] = {
     "num_invalid_actions": "int32: turns whose action could not be parsed or was not allowed",
     "num_errors": "int32: turns with an environment or tool failure",
     # the nested record
-    "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream by segment",
+    "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream by segment (logprobs/policy_version null off actions and when source is not 'policy')",
     "turns": "JSONL only, list of Turn objects: action/observation text, parsed action, tool receipt, timings",
     "messages": "JSONL only, list of chat messages: the chat the token stream renders",
     "timings": "JSONL only, object name -> seconds",
@@ -95,8 +108,10 @@ def export_row(traj: Trajectory) -> dict[str, Any]:
     row: dict[str, Any] = {k: d[k] for k in (
         "episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version", "seed",
         "reward", "reward_components", "verifier_version", "terminated", "truncated", "stop_reason")}
-    row["valid"] = traj.valid
-    row.update(token_ids=traj.token_ids, action_mask=traj.action_mask, logprobs=traj.logprobs,
+    row.update(valid=traj.valid, source=d["source"], provenance=d["provenance"])
+    # no behaviour policy, no behaviour logprobs: null, never a placeholder that reads as one
+    logprobs = traj.logprobs if traj.has_behaviour_policy else None
+    row.update(token_ids=traj.token_ids, action_mask=traj.action_mask, logprobs=logprobs,
                token_versions=traj.token_versions, policy_versions=traj.policy_versions)
     row.update({k: getattr(traj, k) for k in COUNTS if k != "num_turns"}, num_turns=len(traj.turns))
     row.update({k: d[k] for k in _JSONL_ONLY})
@@ -139,6 +154,12 @@ def check_export_fields(d: dict[str, Any], traj: Trajectory) -> list[ContractErr
     Rules: flat_length_mismatch, mask_mismatch, flat_values_mismatch, derived_mismatch.
     """
     flat = {k: d[k] for k in FLAT_ARRAYS if k in d}
+    if "logprobs" in flat and (flat["logprobs"] is None) != (not traj.has_behaviour_policy):
+        want = "null (no policy sampled its actions)" if not traj.has_behaviour_policy else "a list"
+        return [ContractError("flat_values_mismatch", f"logprobs is {type(flat['logprobs']).__name__} but the "
+                              f"record's source is {traj.source!r}, so it must be {want}")]
+    if flat.get("logprobs", ()) is None:
+        del flat["logprobs"]
     for k, v in flat.items():
         if not isinstance(v, list):
             return [ContractError("schema", f"flat field {k!r} must be a list, got {type(v).__name__}")]
@@ -179,7 +200,7 @@ def _atomic_path(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     return dest, dest.with_name(dest.name + ".tmp")
 
 
-def export_jsonl(ledger: Ledger, path: str | os.PathLike[str], **query: Any) -> int:
+def export_jsonl(ledger: TrajectorySource, path: str | os.PathLike[str], **query: Any) -> int:
     """Write the trajectories `ledger.query(**query)` selects to `path` as JSONL.
 
     Rows are in insertion order; the file is replaced atomically. Returns the row count.
@@ -217,7 +238,7 @@ def parquet_schema() -> Any:
     fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version")]
     fields += [("seed", pa.int64()), ("reward", pa.float64()), ("reward_components", s),
                ("verifier_version", s), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
-               ("stop_reason", s), ("valid", pa.bool_()),
+               ("stop_reason", s), ("valid", pa.bool_()), ("source", s), ("provenance", s),
                ("token_ids", pa.list_(i32)), ("action_mask", pa.list_(pa.int8())),
                ("logprobs", pa.list_(pa.float32())), ("token_versions", pa.list_(i32)),
                ("policy_versions", pa.list_(i32))]
@@ -231,11 +252,12 @@ def _parquet_rows(trajs: Iterator[Trajectory]) -> Iterator[dict[str, Any]]:
         for k in _JSONL_ONLY:  # they live in `record`
             del row[k]
         row["reward_components"] = json.dumps(row["reward_components"], allow_nan=False)
+        row["provenance"] = json.dumps(row["provenance"], ensure_ascii=False, allow_nan=False)
         row["record"] = json.dumps(_jsonable(traj.to_dict()), ensure_ascii=False, allow_nan=False)
         yield row
 
 
-def export_parquet(ledger: Ledger, path: str | os.PathLike[str], batch_size: int = 512,
+def export_parquet(ledger: TrajectorySource, path: str | os.PathLike[str], batch_size: int = 512,
                    **query: Any) -> int:
     """Write the trajectories `ledger.query(**query)` selects to `path` as Parquet.
 

@@ -9,7 +9,8 @@ Every record is checked where it enters (DESIGN.md §2): the rules of
 `taurl.trajectory.check_trajectory`, the structure of the dict form (``schema``), strict
 JSON (``not_json``), and the ledger's own rules — ``duplicate_episode``, and for a dict
 carrying the flat export arrays ``flat_length_mismatch``, ``mask_mismatch``,
-``flat_values_mismatch``, ``derived_mismatch`` (see `taurl.export`). A refused record is
+``flat_values_mismatch``, ``derived_mismatch`` (see `taurl.export`, which does not import
+this module: the writers take any `TrajectorySource`). A refused record is
 never repaired: it is written to the ``rejections`` table with its rule, so failures are
 counted and explained.
 
@@ -89,14 +90,17 @@ RULES: dict[str, str] = {
     "segment_kind": "a segment kind outside prompt/action/observation/template",
     "empty_segment": "a non-action segment without tokens",
     "token_range": "a token id that is not an integer in [0, 2**31)",
-    "logprobs_length": "an action segment whose logprobs are missing or not one per token id",
+    "logprobs_length": "an action segment of a policy-sampled record whose logprobs are missing or not one per token id",
     "logprob_range": "a behaviour logprob that is not finite or is > 0",
-    "action_without_version": "an action segment without the policy version that sampled it",
+    "action_without_version": "an action segment of a policy-sampled record without the policy version that sampled it",
+    "behaviour_without_policy": "an action segment of a record no policy sampled (source not 'policy', e.g. 'expert') carrying logprobs or a policy version",
+    "source_name": "source is not 'policy' or another snake_case name",
     "version_range": "a policy version that is not an integer in [0, 2**31)",
     "non_action_logprobs": "logprobs or a policy version on a prompt/observation/template segment",
     "turn_segment": "a turn whose action/observation segment index points at the wrong kind",
     "missing_stop_reason": "no stop_reason",
-    "termination_flags": "terminated/truncated not exactly one true, or not matching the stop_reason",
+    "stop_reason_name": "stop_reason is not a snake_case name",
+    "termination_flags": "terminated/truncated not exactly one true, or the opposite of the kind of one of the loop's own stop reasons",
     "reward_finite": "the reward is NaN or infinite",
     "reward_components_sum": "the reward components do not sum to the reward",
     "missing_verifier_version": "reward components without the verifier version",
@@ -396,7 +400,7 @@ class Ledger:
     def _where(run_id: str | None = None, split: str | None = None, task_id: str | None = None,
                group_id: str | None = None, min_version: int | None = None,
                max_version: int | None = None, env_name: str | None = None,
-               valid: bool | None = None) -> tuple[list[str], list[Any]]:
+               valid: bool | None = None, source: str | None = None) -> tuple[list[str], list[Any]]:
         """The SQL conditions and parameters of the `query` filters."""
         conds: list[str] = []
         params: list[Any] = []
@@ -414,6 +418,9 @@ class Ledger:
         if valid is not None:
             conds.append("valid = ?")
             params.append(int(bool(valid)))
+        if source is not None:  # read from the record: records older than the field are "policy"
+            conds.append("COALESCE(json_extract(record, '$.source'), 'policy') = ?")
+            params.append(source)
         return conds, params
 
     def iter_query(self, *, limit: int | None = None, **filters: Any) -> Iterator[Trajectory]:
@@ -442,18 +449,20 @@ class Ledger:
     def query(self, *, run_id: str | None = None, split: str | None = None,
               task_id: str | None = None, group_id: str | None = None,
               min_version: int | None = None, max_version: int | None = None,
-              env_name: str | None = None, valid: bool | None = None,
+              env_name: str | None = None, valid: bool | None = None, source: str | None = None,
               limit: int | None = None) -> list[Trajectory]:
         """The matching trajectories in insertion order; the filters combine with AND.
 
         min_version=v keeps trajectories whose every action was sampled by version >= v
         (the staleness filter: ``min_version=current - eta``); max_version=v those whose
         every action version is <= v. A trajectory without action segments has no
-        version and is left out by both.
+        version and is left out by both — so are records no policy sampled (expert
+        demonstrations). source="policy" keeps only policy-sampled records (RL's input);
+        source="expert" only demonstrations.
         """
         return list(self.iter_query(run_id=run_id, split=split, task_id=task_id, group_id=group_id,
                                     min_version=min_version, max_version=max_version,
-                                    env_name=env_name, valid=valid, limit=limit))
+                                    env_name=env_name, valid=valid, source=source, limit=limit))
 
     def count(self, **filters: Any) -> int:
         """How many stored trajectories match (filters as in `query`, without limit)."""

@@ -15,11 +15,24 @@ History is never re-encoded: the text view (`messages`) is built from the decode
 segments, so ``decode(ids) == chat_template(messages)`` holds by construction, and the
 tests check it. Every failure inside an episode (engine, env, tool) ends that episode
 with a stop reason and an error text; it never ends the run.
+
+How an episode ends (`taurl.trajectory.StopReason`, an open set): the loop's own budgets
+give its own reasons; when the env ends the episode, its ``info["stop_reason"]`` is kept
+as given (``"goal"``, ``"fell"``, …) with the env's terminated/truncated flag as its kind
+(default ``"answered"`` / ``"max_turns"``, or ``"error"`` with ``info["error"]``). An env
+that breaks this contract — a name that is not snake_case, or one of the loop's reasons
+with the other kind — gets a record too: truncated, ``"error"``, the violation in words.
+
+Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.synth.ScriptedEngine`:
+``"scripted"``, ``"expert"``) did not sample from a policy, so its actions are recorded
+without logprobs or version and the trajectory says ``source``. ``info["provenance"]``
+of `reset` is kept in the record as `Trajectory.provenance`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import time
 import uuid
@@ -27,10 +40,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.envs.core import Env, Task
+from taurl.envs.core import Env, StepInfo, Task
 from taurl.errors import ContractError, Error
 from taurl.policy.engine import Engine, SamplingParams
-from taurl.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
+from taurl.trajectory import (
+    NAME_PATTERN,
+    POLICY_SOURCE,
+    Segment,
+    StopReason,
+    ToolReceipt,
+    Trajectory,
+    Turn,
+)
 
 
 @dataclass(frozen=True)
@@ -127,9 +148,17 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     turns: list[Turn] = []
     reward, info = 0.0, {}
     stop: StopReason | None = None
+    stop_terminated = False  # the kind of `stop`: termination (True) or truncation
+    contract_error: str | None = None  # how the env broke the stop-reason contract
     sampled = tool_calls = 0
     gen_s = env_s = 0.0
-    env.reset(task, seed)
+    # an engine that is not a policy (a script, an expert) says so: its "logprobs" are not
+    # a behaviour policy's and must not be recorded as if they were
+    source = getattr(engine, "source", POLICY_SOURCE)
+    policy = source == POLICY_SOURCE
+    _, reset_info = env.reset(task, seed)
+    provenance = reset_info.get("provenance", {}) if isinstance(reset_info, dict) else {}
+    provenance = copy.deepcopy(provenance)  # the env may reuse its dict; the record is immutable
     for t in range(config.max_turns):
         budget = min(config.max_action_tokens, config.max_episode_tokens - sampled, max_context - len(ep.ids) - 8)
         if config.max_episode_tokens - sampled <= 0:
@@ -148,7 +177,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
             break
         gen_s += time.perf_counter() - t0
         sampled += len(gen.token_ids)
-        a_idx, action_text = ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version)
+        a_idx, action_text = ep.append("action", gen.token_ids, gen.logprobs if policy else None,
+                                       gen.policy_version if policy else None)
         # a sampled end-of-turn token belongs to the stream, not to the message content
         env_text = action_text
         if gen.finish_reason == "eos" and eos_text and action_text.endswith(eos_text):
@@ -162,8 +192,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
             obs, r, terminated, truncated, info = await astep(env_text) if astep else env.step(env_text)
         except Exception as e:  # a broken env ends this episode, never the run
             obs, r, terminated, truncated = "", 0.0, False, True
-            info = {"error": f"env.step raised {type(e).__name__}: {e}", "stop_reason": "error",
-                    "action": {"kind": "error"}, "invalid": False}
+            info = StepInfo(error=f"env.step raised {type(e).__name__}: {e}", stop_reason="error",
+                            action={"kind": "error"}, invalid=False)
         dt_env = time.perf_counter() - t0
         env_s += dt_env
         reward += float(r)
@@ -184,7 +214,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                 message = {"role": info.get("role", "tool"), "content": codec.decode(content_ids)}
                 obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
             if len(ep.ids) + len(obs_ids) + 8 >= max_context:
-                stop = StopReason.CONTEXT_FULL
+                stop, stop_terminated = StopReason.CONTEXT_FULL, False
                 ended = True
             else:
                 o_idx, obs_text = ep.append("observation", obs_ids)
@@ -192,20 +222,21 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                     ep.add_to_assistant(obs_text)
                 else:
                     ep.messages.append(message)
+        if terminated or truncated:
+            stop, stop_terminated, contract_error = _env_stop(info, terminated)
+        elif stop is None and gave_up:
+            stop, stop_terminated = StopReason.NO_ANSWER, True
+        elif stop is None and config.max_tool_calls is not None and tool_calls >= config.max_tool_calls:
+            stop = StopReason.TOOL_BUDGET
+        error = info.get("error")
+        if contract_error:
+            error = f"{error}; {contract_error}" if error else contract_error
         turns.append(Turn(index=t, action_text=action_text, action=dict(info.get("action") or {"kind": "unknown"}),
                           observation_text=obs_text,
                           action_segment=a_idx, observation_segment=o_idx, finish_reason=gen.finish_reason,
-                          invalid=bool(info.get("invalid", False)), error=info.get("error"),
+                          invalid=bool(info.get("invalid", False)), error=error,
                           receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
                           generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
-        if terminated:
-            stop = StopReason(info.get("stop_reason", "answered"))
-        elif truncated:
-            stop = StopReason(info.get("stop_reason", "error" if info.get("error") else "max_turns"))
-        elif gave_up:
-            stop = StopReason.NO_ANSWER
-        elif config.max_tool_calls is not None and tool_calls >= config.max_tool_calls:
-            stop = StopReason.TOOL_BUDGET
         if stop is not None:
             break
     if stop is None:
@@ -218,6 +249,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         ep.append("template", codec.encode(closing))
 
     components = dict(info.get("reward_components") or {"outcome": reward})
+    error = contract_error or info.get("error")
     unexplained = reward - sum(components.values())
     if abs(unexplained) > 1e-9:  # step rewards the final components do not cover
         components["env_steps"] = unexplained
@@ -225,13 +257,34 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
         group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
         seed=seed, segments=tuple(ep.segments), turns=tuple(turns), messages=tuple(ep.messages),
-        terminated=stop.is_termination, truncated=not stop.is_termination, stop_reason=stop,
+        terminated=stop_terminated, truncated=not stop_terminated, stop_reason=stop,
         reward=sum(components.values()), reward_components=components,
         verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
         timings={"wall_s": time.perf_counter() - t_start, "generate_s": gen_s, "env_s": env_s},
-        metadata={"answers": list(task.answers), "error": info.get("error") if stop is StopReason.ERROR else None,
+        metadata={"answers": list(task.answers), "error": error if stop == StopReason.ERROR else None,
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
+        source=source, provenance=provenance,
     )
+
+
+def _env_stop(info: StepInfo, terminated: bool) -> tuple[StopReason, bool, str | None]:
+    """(reason, terminated, contract violation) of a step where the env ended the episode.
+
+    The env's own reason keeps the env's flag as its kind; one of the loop's reasons must
+    have the loop's kind. A violation ends the episode as a truncation by "error".
+    """
+    default = "answered" if terminated else "error" if info.get("error") else "max_turns"
+    name = info.get("stop_reason") or default
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is not a snake_case name '
+                                         "(lowercase letters, digits, '_'); fix the env")
+    reason = StopReason(name)
+    if reason.kind is not None and reason.is_termination != terminated:
+        flag = "terminated" if terminated else "truncated"
+        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is one of the loop\'s '
+                                         f"{reason.kind}s but the env set {flag}=True; give the env's "
+                                         "reason its own name, or set the matching flag")
+    return reason, terminated, None
 
 
 def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], int]:

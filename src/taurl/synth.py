@@ -1,17 +1,14 @@
-"""Demonstrations: a scripted expert for the search env, run through the real agent loop.
+"""SFT data: expert demonstrations through the real agent loop, and rejection sampling.
 
-The expert knows which query finds the answer (the task's subject, then for two-hop
-questions its bridge entity). It acts through `ScriptedEngine`, an Engine whose
-"sampling" encodes the expert's text, so demonstrations are built by the very same
-token-exact loop as rollouts: same prompt rendering, same observation encoding, same
-masks. Expert actions carry logprob 0 (the expert is deterministic) and policy version 0;
-their trajectories say ``metadata["source"] = "expert"``.
-
-`quality` knobs degrade the expert on purpose (documented in the README): with
-probability `p_skip_search` it answers without searching (from its own knowledge, which
-is right with probability `p_guess_right`). This is the demo's lever: SFT on such demos
-teaches the *format* (think, search, read, answer) but also a bad *strategy* (answer
-from memory half the time), which reinforcement learning then has to unlearn.
+Demonstrations (`demonstrations`): any env's `taurl.envs.spec.Expert` (``expert(task, rng,
+**options) -> action strings``) acts through `ScriptedEngine`, an Engine whose "sampling"
+encodes the expert's text, so demonstrations are built by the very same token-exact loop
+as rollouts: same prompt rendering, same observation encoding, same masks. They are
+recorded honestly: no policy sampled them, so the trajectory says ``source = "expert"``
+and its action segments carry no behaviour logprobs and no policy version (None) — they
+train SFT (token ids and mask) and can never enter a PPO ratio
+(`Trajectory.behaviour_logprobs` refuses them). search-v0's expert and its quality knobs
+live in `taurl.envs.search.expert`.
 
 Synthesis (`rejection_sample`): sample k episodes per task from a policy, keep those the
 verifier accepts and pass the quality filters (`SynthFilters`):
@@ -24,6 +21,8 @@ verifier accepts and pass the quality filters (`SynthFilters`):
 * difficulty buckets — each task is bucketed by its success rate over the k samples
   (easy >= 2/3 > medium >= 1/3 > hard > 0 = unsolved); ``max_easy_fraction`` caps the
   share of kept episodes from easy tasks.
+
+These are policy samples (``source = "policy"``, with their behaviour logprobs).
 """
 
 from __future__ import annotations
@@ -33,53 +32,38 @@ import dataclasses
 import random
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from taurl.envs.core import Env, Task
+from taurl.envs.spec import Expert
 from taurl.errors import ConfigError
 from taurl.policy.engine import Engine, Generation, SamplingParams
 from taurl.reward.exact_match import normalize_answer
 from taurl.rollout import RolloutConfig, run_episode
-from taurl.trajectory import Trajectory
+from taurl.trajectory import NAME_PATTERN, Trajectory
 
-
-@dataclass(frozen=True)
-class ExpertQuality:
-    """How good the scripted expert is; the defaults are a perfect expert."""
-
-    p_skip_search: float = 0.0  # share of demos that answer without searching
-    p_guess_right: float = 0.5  # when skipping, chance that the guess is right
-
-
-def expert_actions(task: Task, quality: ExpertQuality = ExpertQuality(), rng: random.Random | None = None) -> list[str]:
-    """The expert's actions for `task`, one string per turn (Search-R1 format)."""
-    rng = rng or random.Random(0)
-    subject = task.metadata.get("subject", task.prompt)
-    answer = task.answers[0]
-    if rng.random() < quality.p_skip_search:
-        guess = answer if rng.random() < quality.p_guess_right else subject
-        return [f"<think>I know this.</think>\n<answer> {guess}</answer>"]
-    actions = [f"<think>I need to find {subject}.</think>\n<search> {subject}</search>"]
-    bridge = task.metadata.get("bridge")
-    if bridge:
-        kind = task.metadata.get("answer_kind", "")
-        query = f"{bridge} {'capital' if kind == 'city' else kind}".strip()
-        actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of {bridge}.</think>\n<search> {query}</search>")
-    actions.append(f"<think>I found it.</think>\n<answer> {answer}</answer>")
-    return actions
+EXPERT_SOURCE = "expert"
 
 
 class ScriptedEngine:
     """An Engine that plays a fixed list of action strings, one per call.
 
     Each action is encoded once with the policy's tokenizer; when the list runs out the
-    engine ends the turn with EOS. It serves one episode.
+    engine ends the turn with EOS. It serves one episode. It is not a policy: `source`
+    ("scripted" unless told, "expert" for demonstrations) tells the loop so, and the loop
+    records its actions without logprobs or version. (Its `Generation` still fills the
+    fields the Engine protocol requires — logprob 0.0, version 0 — which the loop drops.)
     """
 
-    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048):
+    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048, source: str = "scripted"):
+        if source == "policy" or not NAME_PATTERN.match(source):
+            raise ConfigError(f"source {source!r} must be a snake_case name other than 'policy' "
+                              "(a script is not a policy), e.g. 'scripted' or 'expert'")
         self.tokenizer = tokenizer
         self.actions = list(actions)
+        self.source = source
         self._max_context = max_context
         self._calls = 0
 
@@ -105,23 +89,55 @@ class ScriptedEngine:
 
 
 async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[], Env], *,
-                         quality: ExpertQuality = ExpertQuality(), seed: int = 0, run_id: str = "",
-                         config: RolloutConfig | None = None, episode_prefix: str = "demo") -> list[Trajectory]:
-    """One expert episode per task, through the real agent loop (`run_episode`).
+                         expert: Expert | None = None, expert_options: Mapping[str, Any] | None = None,
+                         seed: int = 0, run_id: str = "", config: RolloutConfig | None = None,
+                         episode_prefix: str = "demo", quality: Any = None) -> list[Trajectory]:
+    """One `expert` episode per task, through the real agent loop (`run_episode`).
 
-    Episode ids are ``{episode_prefix}-{i}`` (deterministic, so a restarted run finds the
-    ones it stored). ``metadata["source"] = "expert"`` and ``metadata["demo"]`` says
-    whether the expert searched ("search") or answered from memory ("skip").
+    The expert is called as ``expert(task, random.Random(f"{seed}:{i}"), **expert_options)``
+    for the i-th task, so the demonstrations are deterministic in `seed`. Episode ids are
+    ``{episode_prefix}-{i}`` (deterministic, so a restarted run finds the ones it stored).
+    Each record has ``source = "expert"``, no logprobs and no policy version on its actions,
+    and ``metadata["expert"]`` / ``metadata["expert_options"]`` naming what produced it.
+
+    `quality` (a `taurl.envs.search.expert.ExpertQuality`) is the earlier search-only
+    form: without `expert` it means ``expert=search_expert, expert_options=quality.options()``.
     """
+    if expert is None and quality is not None:  # the earlier, search-only call
+        from taurl.envs.search.expert import search_expert
+
+        expert, expert_options = search_expert, {**quality.options(), **(expert_options or {})}
+    if expert is None or not callable(expert):
+        raise ConfigError("demonstrations needs expert=: a callable expert(task, rng, **options) -> action "
+                          "strings (taurl.envs.spec.Expert), e.g. the one the env registered")
+    options = dict(expert_options or {})
+    name = getattr(expert, "__name__", type(expert).__name__)
     out = []
     for i, task in enumerate(tasks):
-        actions = expert_actions(task, quality, random.Random(f"{seed}:{i}"))
-        traj = await run_episode(ScriptedEngine(tokenizer, actions), make_env(), tokenizer, task, seed=seed + i,
-                                 config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}", run_id=run_id,
-                                 episode_id=f"{episode_prefix}-{i}")
-        kind = "search" if "<search>" in actions[0] else "skip"
-        out.append(dataclasses.replace(traj, metadata={**traj.metadata, "source": "expert", "demo": kind}))
+        actions = expert(task, random.Random(f"{seed}:{i}"), **options)
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise ConfigError(f"expert {name} returned {type(actions).__name__} for task {task.task_id!r}; "
+                              "an Expert returns a list of action strings, one per turn")
+        engine = ScriptedEngine(tokenizer, actions, source=EXPERT_SOURCE)
+        traj = await run_episode(engine, make_env(), tokenizer, task, seed=seed + i,
+                                 config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}",
+                                 run_id=run_id, episode_id=f"{episode_prefix}-{i}")
+        out.append(_with_metadata(traj, expert=name, expert_options=options))
     return out
+
+
+def _with_metadata(traj: Trajectory, **extra: Any) -> Trajectory:
+    return dataclasses.replace(traj, metadata={**traj.metadata, **extra})
+
+
+def __getattr__(name: str) -> Any:
+    # the search expert moved to taurl.envs.search.expert; imported lazily so that this
+    # generic module does not load the search env (its corpus and index) for other envs
+    if name in ("expert_actions", "ExpertQuality", "search_expert"):
+        from taurl.envs.search import expert as search
+
+        return getattr(search, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,10 +16,23 @@ Only `action` ids are trained on (mask 1). Behaviour logprobs are
 ``log_softmax(logits / temperature)`` of the policy that sampled the token, before any
 top-p truncation — the same quantity the learner recomputes.
 
+`source` says who produced the actions. ``"policy"`` (the default): an engine sampled
+them, and every action segment carries its behaviour logprobs and policy version. Any
+other snake_case name (``"expert"``, ``"scripted"``, ``"human"``): no policy sampled
+them, so action segments carry *no* logprobs and *no* version (``None``) — a made-up
+logprob would enter an importance ratio as if a policy had produced it. Such records
+are for supervised learning (token ids and masks) only; `behaviour_logprobs` refuses them.
+
 `terminated` and `truncated` follow Gymnasium: *terminated* means the episode reached
-a terminal state of the task (the agent answered, or ended its turn without answering);
+a terminal state of the task (the agent answered, reached a goal, ended its turn);
 *truncated* means it was cut off from outside (turn, token, context or tool budgets, an
-error). Exactly one of them is true for a finished episode, and `stop_reason` says why.
+error, a fall). Exactly one of them is true for a finished episode, and `stop_reason`
+says why. Stop reasons are an open set (`StopReason`): the loop's own seven have a fixed
+kind; an environment may report any other snake_case reason, whose kind is the flag the
+env set — the record keeps both the reason and the flags.
+
+`provenance` is what the env reported at reset about the world it ran (a corpus
+fingerprint, a map seed, a snapshot id): a JSON object, kept as given.
 
 Records are immutable. `to_dict` / `from_dict` give the JSON form stored in the ledger
 and written by the JSONL export.
@@ -29,9 +42,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from taurl.errors import ContractError
 
@@ -39,20 +52,87 @@ SEGMENT_KINDS = ("prompt", "action", "observation", "template")
 INT32_MAX = 2**31 - 1  # token ids and policy versions are exported as int32
 
 
-class StopReason(str, Enum):
-    """Why an episode ended. The first two are terminations, the rest truncations."""
+POLICY_SOURCE = "policy"  # `Trajectory.source` of records an engine sampled
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # stop reasons and sources: snake_case
 
-    ANSWERED = "answered"  # the agent gave a final answer
-    NO_ANSWER = "no_answer"  # the agent ended its turn (EOS) without a final answer
-    MAX_TURNS = "max_turns"  # the per-episode turn budget ran out
-    MAX_TOKENS = "max_tokens"  # the per-episode budget of sampled tokens ran out
-    CONTEXT_FULL = "context_full"  # the next turn would not fit in the model's context
-    TOOL_BUDGET = "tool_budget"  # the tool-call budget ran out
-    ERROR = "error"  # the environment or a tool failed in a way the episode cannot survive
+
+class _Reasons(type):
+    """Iterating `StopReason` gives the loop's own reasons, as iterating an Enum would."""
+
+    def __iter__(cls):
+        return iter(cls.LOOP)
+
+    def __len__(cls) -> int:
+        return len(cls.LOOP)
+
+
+class StopReason(str, metaclass=_Reasons):
+    """Why an episode ended: a snake_case name (an open set).
+
+    The loop's own reasons are the class constants; their kind is fixed (`ANSWERED` and
+    `NO_ANSWER` are terminations, the rest truncations) and `StopReason(name)` returns the
+    constant itself, so ``reason is StopReason.ERROR`` works. Any other name is an env's
+    own (``"goal"``, ``"fell"``, ``"timeout"``): its `kind` is None here, and the record's
+    terminated/truncated flags say which kind it was. ``reason.value`` is the name.
+
+    >>> StopReason("goal").value, StopReason("goal").kind, StopReason.ANSWERED.kind
+    ('goal', None, 'termination')
+    """
+
+    __slots__ = ()
+    ANSWERED: ClassVar[StopReason]  # the agent gave a final answer
+    NO_ANSWER: ClassVar[StopReason]  # the agent ended its turn (EOS) without a final answer
+    MAX_TURNS: ClassVar[StopReason]  # the per-episode turn budget ran out
+    MAX_TOKENS: ClassVar[StopReason]  # the per-episode budget of sampled tokens ran out
+    CONTEXT_FULL: ClassVar[StopReason]  # the next turn would not fit in the model's context
+    TOOL_BUDGET: ClassVar[StopReason]  # the tool-call budget ran out
+    ERROR: ClassVar[StopReason]  # the env or a tool failed in a way the episode cannot survive
+    LOOP: ClassVar[tuple[StopReason, ...]]  # the seven above, in this order
+    _KIND: ClassVar[dict[str, str]] = {}
+
+    def __new__(cls, name: str) -> StopReason:
+        if isinstance(name, StopReason):
+            return name
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise ContractError("stop_reason_name", f"stop_reason {name!r} is not a snake_case name "
+                                "(lowercase letters, digits and '_', starting with a letter, at most 64)")
+        loop = cls.__dict__.get("_interned", {})
+        return loop[name] if name in loop else super().__new__(cls, name)
 
     @property
-    def is_termination(self) -> bool:
-        return self in (StopReason.ANSWERED, StopReason.NO_ANSWER)
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def kind(self) -> str | None:
+        """"termination" | "truncation" for the loop's own reasons; None for an env's own."""
+        return self._KIND.get(self.value)
+
+    @property
+    def is_termination(self) -> bool | None:
+        """True/False for the loop's own reasons; None for an env's (see the record's flags)."""
+        kind = self.kind
+        return None if kind is None else kind == "termination"
+
+    def __repr__(self) -> str:
+        return f"StopReason({self.value!r})"
+
+
+def _define_loop_reasons() -> None:
+    reasons = (("ANSWERED", "answered", "termination"), ("NO_ANSWER", "no_answer", "termination"),
+               ("MAX_TURNS", "max_turns", "truncation"), ("MAX_TOKENS", "max_tokens", "truncation"),
+               ("CONTEXT_FULL", "context_full", "truncation"), ("TOOL_BUDGET", "tool_budget", "truncation"),
+               ("ERROR", "error", "truncation"))
+    interned = {}
+    for attr, name, kind in reasons:
+        interned[name] = StopReason(name)
+        setattr(StopReason, attr, interned[name])
+        StopReason._KIND[name] = kind
+    StopReason._interned = interned  # type: ignore[attr-defined]
+    StopReason.LOOP = tuple(interned.values())
+
+
+_define_loop_reasons()
 
 
 @dataclass(frozen=True)
@@ -61,6 +141,7 @@ class Segment:
 
     token_ids: (n,) vocabulary ids. logprobs: (n,) behaviour logprobs, action only.
     policy_version: the policy version that sampled the ids, action only.
+    Both are None on every segment of a record no policy sampled (`Trajectory.source`).
     """
 
     kind: str
@@ -113,7 +194,12 @@ class Turn:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One finished episode: identity, the token stream, the turns and how it ended."""
+    """One finished episode: identity, the token stream, the turns and how it ended.
+
+    source: who produced the actions — "policy" (sampled, with behaviour logprobs and
+    versions) or another snake_case name ("expert", "scripted": no logprobs, no versions).
+    provenance: what the env reported at reset about its world (JSON object).
+    """
 
     episode_id: str
     run_id: str
@@ -134,6 +220,14 @@ class Trajectory:
     verifier_version: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = POLICY_SOURCE
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a plain string names the same reason; an unreadable one is left for check_trajectory
+        r = self.stop_reason
+        if isinstance(r, str) and not isinstance(r, StopReason) and NAME_PATTERN.match(r):
+            object.__setattr__(self, "stop_reason", StopReason(r))
 
     # -- the flat views the learner and the export use -------------------------------
     @property
@@ -145,16 +239,35 @@ class Trajectory:
         return [s.mask for s in self.segments for _ in s.token_ids]
 
     @property
+    def has_behaviour_policy(self) -> bool:
+        """True when a policy sampled the actions (source "policy"): behaviour logprobs exist."""
+        return self.source == POLICY_SOURCE
+
+    @property
     def logprobs(self) -> list[float]:
-        """Behaviour logprobs aligned with `token_ids`; 0.0 where the mask is 0."""
+        """The padded tensor view: behaviour logprobs aligned with `token_ids`, 0.0 where the
+        mask is 0 — and 0.0 everywhere for a record no policy sampled, whose actions have no
+        behaviour logprob. Anything that forms an importance ratio reads `behaviour_logprobs`."""
         out: list[float] = []
         for s in self.segments:
             out.extend(s.logprobs if s.kind == "action" and s.logprobs else [0.0] * len(s.token_ids))
         return out
 
     @property
+    def behaviour_logprobs(self) -> list[float]:
+        """`logprobs`, for a record a policy sampled; raises ContractError(rule=
+        "behaviour_without_policy") for one no policy sampled (an expert demonstration):
+        its actions have no behaviour logprob, so it must never enter a PPO/IS ratio."""
+        if not self.has_behaviour_policy:
+            raise ContractError("behaviour_without_policy", f"episode {self.episode_id!r} has source "
+                                f"{self.source!r}: no policy sampled its actions, so it has no behaviour "
+                                "logprobs; train on it with SFT, or leave it out of the RL batch")
+        return self.logprobs
+
+    @property
     def token_versions(self) -> list[int]:
-        """Policy version of each token; -1 where the mask is 0."""
+        """Policy version of each token; -1 where no policy sampled it (mask 0, or a record
+        whose source is not "policy")."""
         out: list[int] = []
         for s in self.segments:
             v = s.policy_version if s.kind == "action" and s.policy_version is not None else -1
@@ -189,12 +302,12 @@ class Trajectory:
     @property
     def valid(self) -> bool:
         """The valid-sample flag: false when an error (not the agent) ended the episode."""
-        return self.stop_reason is not StopReason.ERROR
+        return self.stop_reason != StopReason.ERROR
 
     # -- JSON form -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["stop_reason"] = self.stop_reason.value if self.stop_reason else None
+        d["stop_reason"] = str.__str__(self.stop_reason) if isinstance(self.stop_reason, str) else self.stop_reason
         return d
 
     @classmethod
@@ -219,6 +332,10 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
             bad("missing_identity", f"{name} is empty; every trajectory names its episode, task, group, split and env")
     if not _is(traj.seed, int) or not -(2**63) <= traj.seed < 2**63:
         bad("seed_range", f"seed {traj.seed!r} must be an integer that fits in int64")
+    policy = traj.source == POLICY_SOURCE
+    if not isinstance(traj.source, str) or not NAME_PATTERN.match(traj.source):
+        bad("source_name", f"source {traj.source!r} must be {POLICY_SOURCE!r} or another snake_case name "
+            "('expert', 'scripted', ...) saying who produced the actions")
     if not traj.segments:
         bad("empty_trajectory", "a trajectory has no segments")
     elif traj.segments[0].kind != "prompt":
@@ -232,10 +349,15 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
             bad("empty_segment", f"{where} has no tokens")
         if any(not _is(t, int) or not 0 <= t <= INT32_MAX for t in s.token_ids):
             bad("token_range", f"{where}: token ids must be integers in [0, 2**31)")
-        if s.kind == "action":
+        if s.kind == "action" and not policy:
+            if s.logprobs is not None or s.policy_version is not None:
+                bad("behaviour_without_policy", f"{where}: source is {traj.source!r}, so no policy sampled these "
+                    "ids; a logprob or policy version here would be made up — leave both None")
+        elif s.kind == "action":
             if s.logprobs is None or len(s.logprobs) != len(s.token_ids):
                 n = None if s.logprobs is None else len(s.logprobs)
-                bad("logprobs_length", f"{where}: {len(s.token_ids)} ids but {n} logprobs")
+                bad("logprobs_length", f"{where}: {len(s.token_ids)} ids but {n} logprobs (a record no policy "
+                    "sampled says so with source='expert' or another name, and carries none)")
             elif any((not math.isfinite(x)) or x > 1e-6 for x in s.logprobs):
                 bad("logprob_range", f"{where}: logprobs must be finite and <= 0")
             if s.policy_version is None:
@@ -251,13 +373,16 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
         o = t.observation_segment
         if o is not None and (not 0 <= o < len(traj.segments) or traj.segments[o].kind != "observation"):
             bad("turn_segment", f"turn {t.index}: observation_segment {o} is not an observation segment")
-    if traj.stop_reason is None:
+    reason = traj.stop_reason
+    if reason is None:
         bad("missing_stop_reason", "a finished episode records why it stopped")
+    elif not isinstance(reason, StopReason):  # __post_init__ converts every well-formed name
+        bad("stop_reason_name", f"stop_reason {reason!r} is not a snake_case name (e.g. 'answered', 'goal')")
     elif traj.terminated == traj.truncated:
         bad("termination_flags", f"exactly one of terminated/truncated must be true (got {traj.terminated}/{traj.truncated})")
-    elif traj.terminated != traj.stop_reason.is_termination:
-        kind = "termination" if traj.stop_reason.is_termination else "truncation"
-        bad("termination_flags", f"stop_reason {traj.stop_reason.value!r} is a {kind} but terminated={traj.terminated}")
+    elif reason.kind is not None and traj.terminated != reason.is_termination:
+        bad("termination_flags", f"stop_reason {reason.value!r} is one of the loop's {reason.kind}s "
+            f"but terminated={traj.terminated}; an env's own reason needs its own name")
     if not math.isfinite(traj.reward):
         bad("reward_finite", f"reward {traj.reward} is not finite")
     if traj.reward_components:
@@ -391,11 +516,8 @@ def _from_dict_checked(d: Any) -> Trajectory:
         if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
             raise ContractError("schema", f"message {i} must be a JSON object with string keys")
     kw["messages"] = tuple(kw["messages"])
-    reason = kw.get("stop_reason")
-    try:
-        kw["stop_reason"] = StopReason(reason) if reason is not None else None
-    except ValueError:
-        raise ContractError("schema", f"unknown stop_reason {reason!r}; one of {[r.value for r in StopReason]}") from None
+    # stop_reason: a well-formed name becomes a StopReason in __post_init__; check_trajectory names the rest
+    kw["stop_reason"] = kw.get("stop_reason")
     kw["reward"] = float(kw["reward"])
     kw["reward_components"] = _num_map(d, "reward_components", where)
     kw["timings"] = _num_map(d, "timings", where)

@@ -5,18 +5,25 @@ Checks, in order, each failure an `EnvCheckError` that says what to fix:
 1. declared attributes: ``name`` is ``family-vN``, ``version`` non-empty,
    ``observation_style`` is "inline" or "messages" (inline envs declare `stop` strings),
    ``system_prompt`` is a string, every tool is an OpenAI-format JSON-Schema function;
+   an ``astep``, if offered, is a coroutine function;
 2. `step` before `reset` raises `ResetNeeded` (pass a fresh env);
-3. `reset` returns ``(str, dict)``;
+3. `reset` returns ``(str, dict)``; ``info["provenance"]``, if present, is a JSON object;
 4. every `step` returns ``(str, real, bool, bool, dict)``, never terminated and
    truncated at once, with ``info["action"]["kind"]`` and ``info["invalid"]`` (bool),
-   and a `ToolReceipt` when ``info["receipt"]`` is present;
+   a `ToolReceipt` when ``info["receipt"]`` is present, and the other `StepInfo` keys
+   of the right types; the step that ends the episode names why in
+   ``info["stop_reason"]`` — exactly the contract the loop holds (`taurl.rollout`): a
+   snake_case name, and one of the loop's own reasons only with its own kind;
 5. the episode ends (repeating the last action) within `max_steps`, and then `step`
    raises `ResetNeeded`;
-6. the same seed and actions give the same observations, rewards and flags.
+6. the same seed and actions give the same observations, rewards, flags, stop reasons
+   and provenance.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -24,7 +31,8 @@ from typing import Any
 
 from taurl.envs.core import Env, Task
 from taurl.errors import EnvCheckError, ResetNeeded
-from taurl.trajectory import ToolReceipt
+from taurl.trajectory import NAME_PATTERN as REASON_PATTERN
+from taurl.trajectory import StopReason, ToolReceipt
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*-v\d+$")
 DEFAULT_ACTIONS = ("", "hello", "<answer>unknown</answer>")
@@ -73,9 +81,40 @@ def _check_attributes(env: Env) -> None:
         raise EnvCheckError(f"{name}: tools must be a list of JSON-Schema function declarations")
     for i, tool in enumerate(tools):
         check_tool(tool, f"{name}: tool {i}")
+    astep = getattr(env, "astep", None)
+    if astep is not None and not inspect.iscoroutinefunction(astep):
+        raise EnvCheckError(f"{name}: astep must be an async def (the loop awaits it); remove it to use step only")
 
 
-def _check_step(name: str, out: Any, i: int) -> tuple[str, float, bool, bool]:
+def check_stop_reason(reason: Any, terminated: bool, where: str) -> None:
+    """Raise EnvCheckError unless `reason` is what the loop accepts for an episode that
+    ended with `terminated` (else truncated) — the shared stop-reason contract."""
+    if not isinstance(reason, str) or not REASON_PATTERN.match(reason):
+        raise EnvCheckError(f'{where}: info["stop_reason"] {reason!r} must be a snake_case name '
+                            "(lowercase letters, digits, '_'), e.g. 'answered', 'goal', 'fell'")
+    kind = StopReason(reason).kind
+    if kind is not None and (kind == "termination") != terminated:
+        flag = "terminated" if terminated else "truncated"
+        raise EnvCheckError(f'{where}: info["stop_reason"] {reason!r} is one of the loop\'s {kind}s but the '
+                            f"env set {flag}=True; name the env's own reason differently or set the matching flag")
+
+
+def check_provenance(info: dict[str, Any], where: str) -> None:
+    """Raise EnvCheckError unless ``info["provenance"]`` (if present) is a JSON object."""
+    if "provenance" not in info:
+        return
+    prov = info["provenance"]
+    if not isinstance(prov, dict) or not all(isinstance(k, str) for k in prov):
+        raise EnvCheckError(f'{where}: info["provenance"] must be a dict with string keys, e.g. '
+                            '{"corpus_fingerprint": "3f2a…"}')
+    try:
+        json.dumps(prov, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise EnvCheckError(f'{where}: info["provenance"] must hold only JSON values (str, int, float, bool, '
+                            f"None, list, dict) so the ledger can store it: {e}") from None
+
+
+def _check_step(name: str, out: Any, i: int) -> tuple[str, float, bool, bool, Any]:
     where = f"{name}: step {i}"
     if not isinstance(out, tuple) or len(out) != 5:
         raise EnvCheckError(f"{where} must return (observation, reward, terminated, truncated, info)")
@@ -97,16 +136,22 @@ def _check_step(name: str, out: Any, i: int) -> tuple[str, float, bool, bool]:
         raise EnvCheckError(f'{where}: info["invalid"] must be a bool')
     if "receipt" in info and not isinstance(info["receipt"], ToolReceipt):
         raise EnvCheckError(f'{where}: info["receipt"] must be a taurl.trajectory.ToolReceipt')
+    for key, typ in (("error", str), ("role", str), ("verifier_version", str), ("reward_components", dict)):
+        if key in info and info[key] is not None and not isinstance(info[key], typ):
+            raise EnvCheckError(f'{where}: info["{key}"] must be a {typ.__name__}, got {type(info[key]).__name__}')
     if (terminated or truncated) and not info.get("stop_reason"):
         raise EnvCheckError(f'{where}: a finished episode must say why in info["stop_reason"]')
-    return obs, float(reward), terminated, truncated
+    if terminated or truncated:
+        check_stop_reason(info["stop_reason"], terminated, where)
+    return obs, float(reward), terminated, truncated, info.get("stop_reason")
 
 
-def _episode(env: Env, task: Task, seed: int, actions: Sequence[str], max_steps: int) -> list[tuple[str, float, bool, bool]]:
+def _episode(env: Env, task: Task, seed: int, actions: Sequence[str], max_steps: int) -> list[tuple]:
     out = env.reset(task, seed)
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], dict)):
         raise EnvCheckError(f"{env.name}: reset must return (observation: str, info: dict), got {out!r:.200}")
-    record = [(out[0], 0.0, False, False)]
+    check_provenance(out[1], f"{env.name}: reset")
+    record: list[tuple] = [(out[0], 0.0, False, False, out[1].get("provenance"))]
     for i in range(max_steps):
         step = _check_step(env.name, env.step(actions[min(i, len(actions) - 1)]), i)
         record.append(step)

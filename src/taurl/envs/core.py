@@ -3,8 +3,22 @@
     observation, info = env.reset(task, seed)
     observation, reward, terminated, truncated, info = env.step(action_text)
 
-`terminated`: the episode reached a terminal state of the task (the agent answered).
-`truncated`: the episode was cut short from outside (a budget ran out). Never both.
+`terminated`: the episode reached a terminal state of the task (the agent answered, a
+goal was reached). `truncated`: the episode was cut short from outside (a budget ran out,
+a failure, the agent fell off the map). Never both. When either is true, ``info
+["stop_reason"]`` names why: any snake_case name (an open set, `taurl.trajectory.
+StopReason`); the env's flag is its kind, and the record keeps both. The loop's own
+reasons keep their fixed kind (``answered``/``no_answer`` terminate; ``max_turns``,
+``max_tokens``, ``context_full``, ``tool_budget``, ``error`` truncate), so an env that
+reuses one must set the matching flag. ``error`` marks an invalid sample (not the
+agent's doing) and is left out of the loss.
+
+`reset` may report ``info["provenance"]``: a JSON object saying which world the episode
+runs in (a corpus fingerprint, a map seed, a snapshot id); the loop keeps it in the
+trajectory. `step` info is a `StepInfo`: the keys the loop reads, plus any of the env's own.
+
+An env whose tools do I/O may also offer ``async def astep(action) -> (same as step)``
+(`AsyncEnv`); the loop awaits it instead of calling `step`, so other episodes run meanwhile.
 
 Observations are text. How they enter the token stream is declared by the env:
 
@@ -23,7 +37,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+from taurl.trajectory import ToolReceipt
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,26 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+class StepInfo(TypedDict, total=False):
+    """The keys of `step`'s info that the loop reads (each optional; others are the env's own
+    and are ignored). `check_env` checks their types."""
+
+    action: dict[str, Any]  # the parsed action, JSON-able, with a "kind" string (always given)
+    invalid: bool  # the action could not be parsed / was not allowed (always given)
+    receipt: ToolReceipt  # on a tool call: the gate's decision and the execution
+    error: str  # an env or tool failure, in words
+    stop_reason: str  # why the episode ended (snake_case), when terminated or truncated
+    role: str  # messages style: the observation's chat role (default "tool")
+    reward_components: dict[str, float]  # the final step's reward, layer by layer
+    verifier_version: str  # the version of the verifier that gave the final reward
+
+
+class ResetInfo(TypedDict, total=False):
+    """The key of `reset`'s info that the loop reads (others are the env's own)."""
+
+    provenance: dict[str, Any]  # which world the episode runs in, JSON-able; kept in the record
+
+
 @runtime_checkable
 class Env(Protocol):
     name: str
@@ -49,16 +85,27 @@ class Env(Protocol):
     system_prompt: str
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode. Returns the first observation (usually "") and info."""
+        """Start an episode. Returns the first observation (usually "") and info
+        (a `ResetInfo`: optionally "provenance")."""
         ...
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply one action; returns observation, reward, terminated, truncated, info.
 
-        info carries at least "action" (the parsed action, a dict with "kind") and
-        "invalid" (bool); on a tool call also "receipt" (a ToolReceipt); on a failure that
-        the episode cannot survive, "error" (str) with truncated=True.
+        info (a `StepInfo`) carries at least "action" (the parsed action, a dict with
+        "kind") and "invalid" (bool); on a tool call also "receipt" (a ToolReceipt); on a
+        failure that the episode cannot survive, "error" (str) with truncated=True; when
+        the episode ends, "stop_reason" (module docstring).
         """
+        ...
+
+
+@runtime_checkable
+class AsyncEnv(Env, Protocol):
+    """An `Env` that also offers `astep`, the same step as a coroutine (tools that do I/O)."""
+
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """`step`, awaited by the loop so that other episodes run while a tool runs."""
         ...
 
 
