@@ -31,7 +31,7 @@ from taurl.envs.core import Task
 from taurl.envs.search.corpus import Document
 from taurl.envs.search.retriever import Hit
 from taurl.errors import ConfigError
-from taurl.policy.engine import LocalEngine
+from taurl.policy.engine import LocalEngine, SamplingParams
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import load_policy, policy_problems, save_policy
 from taurl.policy.tokenizer import build_tokenizer, save_tokenizer
@@ -131,6 +131,16 @@ def test_architecture_rolls_out_updates_and_round_trips(arch, tok, tmp_path):
         plain = sequence_logprobs(model, t.token_ids)[mask]
         worst = max(worst, float((plain - torch.tensor(t.logprobs)[mask]).abs().max()))
     assert worst <= TOL, f"{arch}: engine vs plain forward max |Δ logprob| = {worst:.2e}"
+    # ... also for prompts of very different lengths in one left-padded batch
+    prompts = [trajs[0].token_ids[:n] for n in (3, 40, 150)]
+
+    async def together():
+        return await asyncio.gather(*[engine.generate(p, SamplingParams(max_tokens=6, seed=i))
+                                      for i, p in enumerate(prompts)])
+
+    for p, g in zip(prompts, asyncio.run(together()), strict=True):
+        plain = sequence_logprobs(model, p + g.token_ids)[len(p):]
+        assert float((plain - torch.tensor(g.logprobs)).abs().max()) <= TOL
     # ... and those of the learner's batched, padded, logits_to_keep forward
     rows = make_rows(trajs, None, ltok.pad_token_id)
     with torch.no_grad():

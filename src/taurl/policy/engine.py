@@ -121,12 +121,17 @@ class LocalEngine:
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._max_context = max_context or int(getattr(cfg, "max_position_embeddings", 2048))
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(cfg, "eos_token_id", None)
-        self.eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        self.eos_ids = _ids(eos)
+        # a chat model may end its turn with a token other than the tokenizer's EOS (Llama 3's
+        # <|eot_id|>): its generation config lists every end id, and HF generate stops at each
+        self.eos_ids |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0) if tokenizer is not None else 0
         self._generator = torch.Generator().manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; use whichever forward takes
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # prefill needs the last position's logits only; a forward without the option gives all
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._pending: deque[_Request] = deque()
         self._lock = threading.Lock()  # guards _pending and the worker flag
         self._wake = threading.Event()
@@ -259,7 +264,7 @@ class LocalEngine:
         else:
             kv = BatchKV(past.cache, torch.cat([past.mask, mask], dim=1), [len(r.prompt) for r in reqs])
         out = self.model(input_ids=ids, attention_mask=kv.mask, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: kv.cache})
+                         use_cache=True, **self._last_only, **{self._cache_kw: kv.cache})
         kv.zero_padding()
         self.stats["prefills"] += 1
         self.stats["prefix_tokens_reused"] += sum(starts)
@@ -336,6 +341,13 @@ class LocalEngine:
                          len(r.prompt), queue_s=(r.admitted or now) - r.submitted,
                          generate_s=now - (r.admitted or now))
         r.loop.call_soon_threadsafe(_set_result, r.future, gen)
+
+
+def _ids(x: Any) -> set[int]:
+    """An id, a list of ids or None, as a set."""
+    if x is None:
+        return set()
+    return {int(x)} if isinstance(x, int) else {int(i) for i in x}
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:

@@ -6,7 +6,10 @@
 
 A version is written into ``checkpoints/.v<N>.partial`` and renamed into place only when
 complete, so after a crash `RunDir.versions()` lists only whole checkpoints and a restart
-resumes from the newest one (weights and optimizer moments both).
+resumes from the newest one (weights and optimizer moments both). Any HF causal LM is
+saved this way (`save_pretrained` handles its tied or untied embeddings); the optimizer
+state is read onto the CPU and moved by the optimizer to wherever its parameters live, so
+a run saved on one device resumes on another.
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
     return final
 
 
-def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = None):
-    """(model, tokenizer, meta) of a checkpoint; loads the optimizer state into `optimizer` if saved."""
+def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = None, *,
+                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer, meta) of a checkpoint, the model on `device`; loads the optimizer
+    state into `optimizer` if saved (`load_state_dict` moves it to the parameters' device)."""
     path = Path(path)
-    model, tokenizer = load_policy(path)
+    model, tokenizer = load_policy(path, device, dtype=dtype)
     if optimizer is not None and (path / OPTIMIZER_FILE).exists():
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
     return model, tokenizer, load_policy_meta(path)
 
 
@@ -57,5 +62,5 @@ def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> 
     f = Path(path) / OPTIMIZER_FILE
     if not f.exists():
         return False
-    optimizer.load_state_dict(torch.load(f, weights_only=True))
+    optimizer.load_state_dict(torch.load(f, weights_only=True, map_location="cpu"))
     return True
