@@ -1,6 +1,6 @@
-"""Resume: a run killed during GRPO continues from its last version, no episode lost or duplicated.
+"""Resume: a run killed during RL continues from its last version, no episode lost or duplicated.
 
-The crash is real: the pipeline raises from inside the rollout phase, after some episodes of
+The crash is real: the recipe raises from inside the rollout phase, after some episodes of
 update 2 are in the ledger and before the others exist (the same state a kill -9 leaves,
 since every episode is committed to SQLite as it finishes). The restart must reuse the
 stored ones, sample exactly the missing ones with the same version, and go on.
@@ -13,12 +13,14 @@ import json
 import pytest
 
 from taurl.ledger import Ledger
-from taurl.pipeline import PipelineConfig, run_pipeline
+from taurl.config import TrainConfig
+from taurl.recipe import train
 from taurl.runs import RunDir
 
-CFG = PipelineConfig(demos=16, copy_warmup_steps=0, sft_batch_size=16, sft_epochs=1, updates=3, tasks_per_update=2, group_size=3, eval_tasks=2,
-                     eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
-                     families=["country_continent"], split_by="country", system_prompt="", tokenizer_texts=2000, concurrency=8)
+CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=3, tasks_per_update=2, group_size=3, eval_tasks=2,
+                  eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
+                  task_options={"families": ["country_continent"], "split_by": "country"}, warmup_options={"steps": 0},
+                  system_prompt="", tokenizer_texts=2000, concurrency=8)
 PER_ROUND = 2 * 3
 
 
@@ -26,7 +28,7 @@ class Crash(Exception):
     pass
 
 
-def test_killed_during_grpo_resumes_without_losing_or_duplicating_episodes(tmp_path):
+def test_killed_during_rl_resumes_without_losing_or_duplicating_episodes(tmp_path):
     run_dir = tmp_path / "run"
     seen: list[tuple[str, dict]] = []
 
@@ -37,7 +39,7 @@ def test_killed_during_grpo_resumes_without_losing_or_duplicating_episodes(tmp_p
             raise Crash("killed")
 
     with pytest.raises(Crash):
-        run_pipeline(CFG, str(run_dir), progress=False, hook=hook)
+        train(CFG, str(run_dir), progress=False, hook=hook)
     run = RunDir(run_dir)
     assert run.versions() == [0, 1, 2]  # the SFT policy and update 1; update 2 never finished
     with Ledger(run.ledger) as ledger:
@@ -46,7 +48,7 @@ def test_killed_during_grpo_resumes_without_losing_or_duplicating_episodes(tmp_p
     partial = len(before) - PER_ROUND
     assert partial == 4
 
-    summary = run_pipeline(CFG, str(run_dir), progress=False)
+    summary = train(CFG, str(run_dir), progress=False)
     assert summary["train"]["updates"] == 3 and run.versions() == [0, 1, 2, 3, 4]
     with Ledger(run.ledger) as ledger:
         ids = [e for e in ledger.episode_ids() if e.startswith("r")]
@@ -59,8 +61,8 @@ def test_killed_during_grpo_resumes_without_losing_or_duplicating_episodes(tmp_p
         assert ledger.count() == len(ledger.episode_ids())
         assert not ledger.rejections()
     rows = [json.loads(x) for x in run.metrics.read_text().splitlines()]
-    grpo = [r for r in rows if r["phase"] == "grpo"]
+    grpo = [r for r in rows if r["phase"] == "rl"]
     assert [r["update"] for r in grpo] == [1, 2, 3]
-    assert grpo[1]["pipeline/reused_episodes"] == partial  # update 2 reused what it had stored
+    assert grpo[1]["run/reused_episodes"] == partial  # update 2 reused what it had stored
     assert [r["step"] for r in rows if r["phase"] == "sft"] == [1]  # SFT's one step was not run again
     assert json.loads((run.checkpoint(4) / "taurl.json").read_text())["update"] == 3

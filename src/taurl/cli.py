@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if getattr(args, "no_progress", False):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the per-load "Loading weights" bars of transformers
     try:
         return _dispatch(args)
     except Error as e:

@@ -47,4 +47,5 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
             bar.close()
             if own is not None:
                 own.close()
-    return summarize(trajs, list(tasks), ecfg.trials, verifier=verifier, wall_s=time.perf_counter() - t0)
+    split = tasks[0].split if tasks else "holdout"
+    return summarize(trajs, list(tasks), ecfg.trials, verifier=verifier, wall_s=time.perf_counter() - t0, split=split)

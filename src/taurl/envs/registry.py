@@ -17,6 +17,8 @@ import difflib
 import importlib
 import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
@@ -143,6 +145,8 @@ def import_env_modules(modules: Iterable[str]) -> list[str]:
     """Import each module (``my_pkg.envs``) so that its `register` calls run; returns the
     names it registered. A module that cannot be imported is a clear error."""
     new: list[str] = []
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: a module beside you is importable
     for mod in modules:
         before = set(_SPECS)
         _SOURCE.append(mod)
