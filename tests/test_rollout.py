@@ -16,11 +16,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taurl import envs
 from taurl.envs.search import generate_tasks
+from taurl.envs.search.expert import search_expert
 from taurl.ledger import Ledger
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import build_default_policy, load_policy, save_policy
 from taurl.rollout import RolloutConfig, run_episode, run_episodes
-from taurl.synth import ScriptedEngine, expert_actions
+from taurl.synth import ScriptedEngine
 from taurl.train.sft import train_sft
 from taurl.trajectory import StopReason, validate_trajectory
 
@@ -52,17 +53,21 @@ class RecordingEngine:
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     """Default tiny policy, SFT'd for a few steps on expert demos, saved as HF (v1)."""
-    from taurl.commands import default_policy_texts
+    from taurl.envs.search import build_corpus
 
     path = tmp_path_factory.mktemp("policy")
-    model, tok = build_default_policy(default_policy_texts()[::4], path / "v0", size="tiny", seed=0)
+    texts = ([d.text for d in build_corpus()[::4]] + [t.prompt for t in generate_tasks("train", n=2000, seed=0)]
+             + [envs.make("search-v0").system_prompt] * 10)
+    model, tok = build_default_policy(texts, path / "v0", size="tiny", seed=0)
     tasks = generate_tasks("train", n=128, seed=1)
 
     async def demos():
-        return [await run_episode(ScriptedEngine(tok, expert_actions(t)), envs.make("search-v0", **ENV), tok, t,
-                                  seed=i) for i, t in enumerate(tasks)]
+        return [await run_episode(ScriptedEngine(tok, search_expert(t, random.Random(i))), envs.make("search-v0", **ENV),
+                                  tok, t, seed=i) for i, t in enumerate(tasks)]
 
     trajs = asyncio.run(demos())
+    # scripted actions are no policy's: no behaviour logprobs, no version (SFT needs neither)
+    assert all(t.source == "scripted" and t.policy_versions == [] for t in trajs)
     torch.manual_seed(0)
     train_sft(model, trajs, epochs=3, batch_size=16, lr=5e-3, pad_id=tok.pad_token_id)
     save_policy(model, tok, path / "v1", {"policy_version": 1})
@@ -90,9 +95,12 @@ def test_rollouts_cover_every_kind_of_turn(sampled):
 
 def test_every_trajectory_keeps_the_contracts(sampled):
     trajs, _, _ = sampled
+    fingerprint = envs.make("search-v0").retriever.fingerprint
     for tr in trajs:
         validate_trajectory(tr)
         assert tr.terminated != tr.truncated
+        assert tr.source == "policy" and tr.policy_versions == [1]  # the engine served version 1
+        assert tr.provenance == {"corpus_fingerprint": fingerprint}
 
 
 def test_decoded_ids_equal_the_chat_rendering_of_the_messages(sampled):
