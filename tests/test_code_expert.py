@@ -209,3 +209,14 @@ def test_tokenizer_texts_come_from_the_training_split_only():
     held = generate_tasks("holdout", 40, seed=0) + generate_tasks("validation", 40, seed=0)
     joined = "\n".join(texts)
     assert not [t.task_id for t in held if t.prompt in joined]
+
+
+def test_copy_warmup_strings_hold_the_constants():
+    from taurl.envs.code.hooks import copy_strings
+
+    task = generate_tasks("train", 1, families=["affine_filter"])[0]
+    p = task.metadata["params"]
+    strings = copy_strings(task)
+    assert f"{p['a']} * x + {p['b']}" in strings[0] and strings[-1] == json.dumps([p["a"], p["b"], p["m"], p["r"]])
+    assert spec("code-v0").policy_hooks.warmup(None, None, [task], seed=0, lr=1e-3, grad_clip=1.0,
+                                               log=lambda *a: None, steps=0) == {}

@@ -7,16 +7,23 @@ the host, no sandbox), and the observations of `OBSERVED_TASKS` expert episodes 
 through the env (write receipts, passing and failing test reports, verdicts). Stepping
 is what costs (≈0.3 s of sandbox runs per episode), so only a sample is stepped: the
 generic routine would step up to 2,000 episodes (≈10 minutes).
+
+`warmup`: the copy warm-up of search-v0 (`taurl.train.copy_warmup`) on code-v0's strings:
+a policy built from scratch has no induction heads, and every solution copies the
+prompt's constants (``a=3, b=-4`` → ``3 * x + -4``). The strings copied are the lines of
+the training tasks' reference solutions that hold a constant, and their parameter values;
+accuracy is measured on lines of RL tasks the warm-up never saw.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from taurl.envs.code.expert import expert
+from taurl.envs.code.tasks import reference_source
 from taurl.envs.core import Env, Task
 
 OBSERVED_TASKS = 48  # expert episodes stepped for observation text (every report line recurs)
@@ -41,3 +48,33 @@ class CodePolicyHooks:
                     break
         env.close()
         return [t for t in texts if t]
+
+    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int, lr: float,
+               grad_clip: float, log: Callable[[int, dict[str, float]], None], steps: int = 0,
+               batch_size: int = 64, probe_tasks: Sequence[Task] = ()) -> dict[str, float]:
+        """`steps` of copying (module docstring; 0 skips it); returns the exact-copy rate of
+        strings of `probe_tasks` the warm-up never saw."""
+        from taurl.train.copy_warmup import copy_accuracy, copy_warmup
+
+        if steps == 0:
+            return {}
+        names = list(dict.fromkeys(n for t in train_tasks for n in copy_strings(t)))
+        seen = set(names)
+        unseen = [n for n in dict.fromkeys(n for t in probe_tasks for n in copy_strings(t)) if n not in seen][:256]
+
+        def on_step(step: int, loss: float) -> None:
+            if step % 25 == 0 or step == steps:
+                log(step, {"copy/loss": loss})
+
+        copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr, grad_clip=grad_clip,
+                    seed=seed, on_step=on_step)
+        return {"copy/exact_unseen": copy_accuracy(model, unseen, tokenizer) if unseen else 0.0,
+                "copy/names": float(len(names))}
+
+
+def copy_strings(task: Task) -> list[str]:
+    """What a solution of `task` copies: its reference lines holding a constant, and the
+    parameter values (JSON text)."""
+    lines = [ln.strip() for ln in reference_source(task).splitlines()]
+    out = [ln for ln in lines if 4 <= len(ln) <= 80 and any(c.isdigit() or c in "'\"" for c in ln)]
+    return out + [json.dumps(list(task.metadata["params"].values()))]
