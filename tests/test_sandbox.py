@@ -193,7 +193,9 @@ def _wheel_layout(site: Path, bwrap: bytes, with_libs: bool = True) -> Path:
     return binary
 
 
-_NO_USERNS = b"#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n"
+_NO_USERNS = (
+    b"#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n"
+)
 
 
 def test_staged_bwrap_is_verified_and_a_tampered_copy_never_runs(open_dir, monkeypatch, caplog):
@@ -214,7 +216,10 @@ def test_staged_bwrap_is_verified_and_a_tampered_copy_never_runs(open_dir, monke
     with caplog.at_level(logging.WARNING, logger="taurl.tools.sandbox_bwrap"):
         again = Path(bw.stage(wheel))
     assert "staged bwrap fails its check" in caplog.text  # ours: staged again, in place
-    assert again == staged and lib.read_bytes() == (Path(wheel).parents[2] / lib.parent.name / lib.name).read_bytes()
+    assert (
+        again == staged
+        and lib.read_bytes() == (Path(wheel).parents[2] / lib.parent.name / lib.name).read_bytes()
+    )
     # Squatted by another uid (a dir we do not own): never run, a private copy instead.
     monkeypatch.setattr(bw, "_STAGED", {})
     monkeypatch.setattr(bw, "_ours", lambda path: False)

