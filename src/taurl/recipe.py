@@ -44,6 +44,7 @@ from taurl.envs.spec import EnvSpec
 from taurl.episodes import EpisodeSpec, collect, episode_seed
 from taurl.errors import ConfigError, Error
 from taurl.eval_run import evaluate_policy
+from taurl.evaluate import paired_difference
 from taurl.ledger import Ledger
 from taurl.monitor.metrics import MetricsWriter, rollout_metrics
 from taurl.policy.engine import LocalEngine
@@ -324,8 +325,10 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def compare(split: str) -> dict[str, Any]:
         sft_, final = evals["sft"][split], evals["final"][split]
         (a, b), (c, d) = sft_["ci95"], final["ci95"]
+        # the same tasks and seeds for both policies: a paired, task-clustered difference
+        paired = paired_difference(sft_["task_successes"], final["task_successes"], sft_["trials"])
         return {"sft": sft_, "final": final, "gain": final["success"] - sft_["success"],
-                "intervals_overlap": not (c > b or a > d)}
+                "intervals_overlap": not (c > b or a > d), "paired_gain": paired.to_dict()}
 
     c = r.cfg
     summary = {

@@ -17,6 +17,12 @@ def _search_expert(task, rng, p_skip_search=0.0, p_guess_right=0.5):
     return search_expert(task, rng, p_skip_search=p_skip_search, p_guess_right=p_guess_right)
 
 
+def _search_verifier():
+    from taurl.envs.search.verifier import SearchVerifier
+
+    return SearchVerifier()
+
+
 def _search_hooks():
     from taurl.envs.search.hooks import SearchPolicyHooks
 
@@ -85,7 +91,7 @@ def _taxi_verifier():
 
 # factories as "module:attr" strings are imported on first use (Gymnasium's entry points)
 register("search-v0", "taurl.envs.search:SearchEnv", tasks=_search_tasks, expert=_search_expert,
-         policy_hooks=_search_hooks)
+         verifier=_search_verifier, policy_hooks=_search_hooks)
 register("code-v0", "taurl.envs.code:CodeEnv", tasks=_code_tasks, expert=_code_expert, verifier=_code_verifier,
          policy_hooks=_code_hooks)
 register("frozenlake-v0", "taurl.envs.gym.frozenlake:frozenlake_env", tasks=_frozenlake_tasks,

@@ -1,7 +1,7 @@
 """report.html: one self-contained file (plots as base64 PNGs) of a training run.
 
-Plots come from ``metrics.jsonl`` (one row per SFT step / GRPO update / evaluation) and
-the holdout results from ``summary.json``; nothing is fetched from the network.
+Plots come from ``metrics.jsonl`` (one row per SFT step / RL update / evaluation) and
+the validation and holdout results from ``summary.json``; nothing is fetched from the network.
 """
 
 from __future__ import annotations
@@ -30,18 +30,24 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "learn/padding_frac": "padding tokens / all tokens of the micro-batches",
     "learn/skipped": "1 when every group had identical rewards, so no step was taken",
     "learn/rows": "trajectories left after the zero-variance group filter",
-    "pipeline/stale_dropped": "trajectories dropped because a version < v − η sampled them",
-    "pipeline/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
+    "learn/invalid_samples_dropped": "episodes ended by an error the agent did not cause (valid = false), left out of the loss",
+    "run/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
+    "rollout/failed_episodes": "episodes that produced no record (an exception or a ledger rejection), logged",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
     "copy/loss": "copy warm-up: token-mean NLL of the copied name (taurl.train.copy_warmup)",
     "copy/exact_unseen": "copy warm-up: share of names it never trained on copied exactly (greedy)",
     "sft/loss": "token-mean NLL of the demonstrations' action tokens",
-    "eval/success": "holdout successes / episodes under the evaluator's own verifier (Wilson 95% CI in eval/ci95_*)",
+    "eval/success": "successes / expected episodes under the env's verifier (task-clustered 95% CI in eval/ci95_*); a missing episode is a failure",
+    "eval/ci95_iid_low, eval/ci95_iid_high": "the Wilson interval that treats episodes as independent (for comparison only)",
+    "eval/design_effect": "deff: cluster-robust variance over tasks / binomial variance (1 = trials independent)",
+    "eval/effective_n": "n* = N/deff·(1.96/t_{G−1})², the sample size the clustered interval is Wilson's at",
+    "eval/episodes_missing": "expected episodes (tasks × trials) that produced no record; counted as failures",
+    "eval/invalid_episodes": "episodes ended by an error the agent did not cause",
     "eval/pass_at_k": "unbiased pass@k over the k trials per task (Chen et al. 2021)",
 }
 
 CURVES: list[tuple[str, list[str]]] = [
-    ("GRPO rollouts: reward and success", ["rollout/reward_mean", "rollout/success"]),
+    ("RL rollouts: reward and success", ["rollout/reward_mean", "rollout/success"]),
     ("Strategy: search rate and tool calls", ["rollout/search_rate", "rollout/tool_calls_mean"]),
     ("Groups with identical rewards, invalid and truncation rates",
      ["rollout/groups_same_reward", "rollout/invalid_rate", "rollout/truncation_rate"]),
@@ -67,7 +73,7 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     out = []
-    for phase, key, title, ylabel in (("copy_warmup", "copy/loss", "Copy warm-up loss", "NLL of the copy"),
+    for phase, key, title, ylabel in (("warmup", "copy/loss", "Copy warm-up loss", "NLL of the copy"),
                                       ("sft", "sft/loss", "SFT loss", "NLL of action tokens")):
         # a run resumed after a crash in SFT redoes the warm-up and SFT: plot the last try
         last = {r["step"]: r for r in rows if r.get("phase") == phase and key in r}
@@ -81,7 +87,7 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
         ax.grid(alpha=0.3)
         out.append((title, _png(fig)))
         plt.close(fig)
-    grpo = [r for r in rows if r.get("phase") == "grpo"]
+    grpo = [r for r in rows if r.get("phase") == "rl"]
     for title, keys in CURVES:
         present = [k for k in keys if any(k in r for r in grpo)]
         if not present:
@@ -90,7 +96,7 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
         for k in present:
             pts = [(r["update"], r[k]) for r in grpo if k in r]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=k)
-        ax.set_xlabel("GRPO update")
+        ax.set_xlabel("RL update")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         out.append((title, _png(fig)))
@@ -126,16 +132,16 @@ def holdout_figure(summary: dict[str, Any]) -> str | None:
 
 
 def _table(summary: dict[str, Any]) -> str:
-    h = summary.get("holdout", {})
     keys = ["success", "ci95", "episodes", "pass_at_k", "search_rate", "tool_calls_mean", "tokens_mean",
             "invalid_rate", "truncation_rate", "verifier_disagreements", "policy_version"]
-    tags = [t for t in ("sft", "final") if t in h]
-    head = "".join(f"<th>{t}</th>" for t in tags)
+    cols = [(split, t) for split in ("validation", "holdout") for t in ("sft", "final")
+            if t in summary.get(split, {})]
+    head = "".join(f"<th>{split} {t}</th>" for split, t in cols)
     body = ""
     for k in keys:
         cells = ""
-        for t in tags:
-            v = h[t].get(k)
+        for split, t in cols:
+            v = summary[split][t].get(k)
             text = (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else f"{v:.3f}" if isinstance(v, float)
                     else str(v))
             cells += f"<td>{html.escape(text)}</td>"
