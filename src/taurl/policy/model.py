@@ -7,9 +7,15 @@ file of taurl metadata such as the policy version. Anything that reads HF direct
 loads any local HF causal-LM directory (Qwen2, Llama, GPT-2, GPT-NeoX, …) whose tokenizer
 carries a chat template; `policy_problems` says, from the files alone, why one would not.
 
-In the policies taurl creates, input and output embeddings are never tied: vLLM's in-place weight reload skips
-``lm_head`` when embeddings are tied, so a tied policy would serve stale output weights
-after an update.
+In the policies taurl creates, input and output embeddings are never tied: vLLM's
+in-place weight reload skips ``lm_head`` when embeddings are tied, so a tied policy would
+serve stale output weights after an update. A user's model keeps its own choice (GPT-2
+ties them); the local engine, the learner and checkpoints handle both.
+
+What "any" covers: decoder-only models whose attention writes through transformers'
+``Cache`` (the engine's KV cache, `taurl.policy.kv_cache`). Recurrent or hybrid layers
+(Mamba, RWKV, linear attention) keep a state that cache does not hold; they are not
+supported by the local engine.
 """
 
 from __future__ import annotations
