@@ -108,3 +108,17 @@ def test_sft_step_leaves_invalid_samples_out():
     m = copy.deepcopy(model)
     skipped = sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [c], pad_id=0)
     assert skipped["sft/skipped"] == 1.0 and _same(m, model)
+
+
+def test_a_demonstration_in_the_rl_batch_is_refused_not_read_as_logprob_zero():
+    import pytest
+
+    from taurl.errors import ContractError
+
+    model = _model()
+    a, b, _ = _batch(model)
+    demo = dataclasses.replace(a, source="expert")
+    with pytest.raises(ContractError, match="behaviour_without_policy"):
+        Learner(copy.deepcopy(model), LearnerConfig()).update([demo, b])
+    m = copy.deepcopy(model)  # SFT on it is fine: no ratio is formed
+    assert sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [demo], pad_id=0)["sft/skipped"] == 0.0

@@ -148,7 +148,10 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
         ids[i, :k] = torch.tensor(t.token_ids)
         attn[i, :k] = 1
         mask[i, :k] = torch.tensor(t.action_mask, dtype=torch.float32)
-        beh[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
+        # an RL row forms a ratio: a record no policy sampled (a demonstration) has no
+        # behaviour logprobs and is refused here (ContractError) instead of reading zeros
+        beh[i, :k] = torch.tensor(t.behaviour_logprobs if advantages is not None else t.logprobs,
+                                  dtype=torch.float32)
     adv = torch.zeros((n, width))
     if advantages is not None:
         adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
