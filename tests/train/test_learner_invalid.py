@@ -9,9 +9,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from taurl.errors import ContractError
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.train.learner import Learner, LearnerConfig, sft_step
 from taurl.trajectory import Segment, StopReason, Trajectory, Turn
@@ -111,10 +113,6 @@ def test_sft_step_leaves_invalid_samples_out():
 
 
 def test_a_demonstration_in_the_rl_batch_is_refused_not_read_as_logprob_zero():
-    import pytest
-
-    from taurl.errors import ContractError
-
     model = _model()
     a, b, _ = _batch(model)
     demo = dataclasses.replace(a, source="expert")
