@@ -6,7 +6,7 @@ Every `--every` SFT steps it measures, teacher-forced on expert episodes of *hol
 cities (split_by="city"), the share whose whole query (``<search> name</search>``) and
 whose whole answer (``<answer> country</answer>``) are the greedy prediction.
 
-    .venv/bin/python benchmarks/copy_warmup.py                      # PipelineConfig defaults
+    .venv/bin/python benchmarks/copy_warmup.py                      # TrainConfig defaults
     .venv/bin/python benchmarks/copy_warmup.py --config configs/demo.yaml
 
 The arms run one after another on one torch thread (pass --arm to run one). SFT runs the
@@ -23,13 +23,14 @@ import time
 
 import torch
 
-from taurl.commands import default_policy_texts
-from taurl.config import load_config
+from taurl import envs
+from taurl.config import TrainConfig, load_config
 from taurl.envs.search import generate_tasks
-from taurl.pipeline import PipelineConfig, make_env
+from taurl.envs.search.expert import search_expert
+from taurl.envs.search.hooks import SearchPolicyHooks
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.synth import ExpertQuality, demonstrations
+from taurl.synth import demonstrations
 from taurl.train.copy_warmup import copy_warmup
 from taurl.train.learner import sft_step
 from taurl.train.sft import length_buckets, sft_lr_factor
@@ -64,13 +65,13 @@ def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
     return hits[0] / len(trajs), hits[1] / len(trajs)
 
 
-def run_arm(arm: str, args, cfg: PipelineConfig, tok, demos, probe, names) -> list[dict]:
+def run_arm(arm: str, args, cfg: TrainConfig, tok, demos, probe, names) -> list[dict]:
     model = create_policy(tok, cfg.model_size, seed=0)
     rows = []
     t0 = time.perf_counter()
     if arm == "warmup":
-        copy_warmup(model, tok, names, steps=cfg.copy_warmup_steps, batch_size=cfg.copy_warmup_batch_size,
-                    lr=cfg.sft_lr, seed=0)
+        copy_warmup(model, tok, names, steps=cfg.warmup_options.get("steps", 300),
+                    batch_size=cfg.warmup_options.get("batch_size", 64), lr=cfg.sft_lr, seed=0)
     warm_s = time.perf_counter() - t0
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr)
     rng = random.Random(0)
@@ -92,22 +93,30 @@ def run_arm(arm: str, args, cfg: PipelineConfig, tok, demos, probe, names) -> li
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="a pipeline YAML (default: PipelineConfig's defaults)")
+    ap.add_argument("--config", help="a train YAML (default: TrainConfig's defaults)")
     ap.add_argument("--steps", type=int, default=1500, help="at most this many SFT steps per arm")
     ap.add_argument("--every", type=int, default=300, help="measure every this many SFT steps")
     ap.add_argument("--probe", type=int, default=300, help="holdout expert episodes to measure on")
     ap.add_argument("--arm", choices=["sft", "warmup"], nargs="+", default=["sft", "warmup"])
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(PipelineConfig, path=args.config) if args.config else PipelineConfig()
-    tok = build_tokenizer(default_policy_texts(cfg.env, split_by=cfg.split_by), cfg.vocab_size)
-    tasks = generate_tasks("train", n=cfg.demos, seed=0, families=cfg.families, split_by=cfg.split_by)
-    held = generate_tasks("holdout", n=args.probe, seed=1, families=cfg.families, split_by=cfg.split_by)
-    make = lambda: make_env(cfg)  # noqa: E731
+    cfg = load_config(TrainConfig, path=args.config) if args.config else TrainConfig()
+    opts = cfg.task_options
+
+    def make():
+        env = envs.make(cfg.env, **cfg.env_kwargs())
+        if cfg.system_prompt is not None:
+            env.system_prompt = cfg.system_prompt
+        return env
+
+    tok = build_tokenizer(SearchPolicyHooks().tokenizer_texts(make(), [], **opts), cfg.vocab_size)
+    tasks = generate_tasks("train", n=cfg.demos, seed=0, **opts)
+    held = generate_tasks("holdout", n=args.probe, seed=1, **opts)
     rc = cfg.rollout_config()
-    demos = asyncio.run(demonstrations(tasks, tok, make, quality=ExpertQuality(cfg.p_skip_search, cfg.p_guess_right),
+    demos = asyncio.run(demonstrations(tasks, tok, make, expert=search_expert, expert_options=cfg.expert_options,
                                        config=rc))
-    probe = asyncio.run(demonstrations(held, tok, make, quality=ExpertQuality(0.0, 0.0), config=rc, episode_prefix="probe"))
+    probe = asyncio.run(demonstrations(held, tok, make, expert=search_expert,
+                                       expert_options={"p_skip_search": 0.0}, config=rc, episode_prefix="probe"))
     names = list(dict.fromkeys([t.metadata["subject"] for t in tasks] + [t.answers[0] for t in tasks]))
     rows = [r for arm in args.arm for r in run_arm(arm, args, cfg, tok, demos, probe, names)]
     print("\n| arm | SFT step | SFT loss | query exact | answer exact | warm-up s | SFT s |")

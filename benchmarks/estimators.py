@@ -1,11 +1,14 @@
-"""Advantage estimators compared on the search env: GRPO vs GiGPO vs RLOO, several seeds.
+"""RL settings compared from one SFT policy: estimators (GRPO vs GiGPO vs RLOO) and config
+variants (e.g. learning rates), several seeds, chosen on the validation split.
 
     python benchmarks/estimators.py --from runs/demo --out runs/estimators --updates 20 --seeds 0 1 2
-    python benchmarks/estimators.py --estimators grpo --seeds 0 --updates 30 --override '{"lr": 5e-4}'
+    python benchmarks/estimators.py --estimators grpo --seeds 0 --updates 30 \
+        --override '{"lr": 5e-4}' --override '{"lr": 1e-3}'      # two variants
 
 Every run starts from the same SFT checkpoint (the `--from` run's version after SFT) and
-its config; only the estimator and the RL seed (task sampling and rollouts) change, so the
-curves differ by the credit assignment alone. Each run is an ordinary taurl run directory
+its config; only the estimator, the override and the RL seed (rollout sampling) change, so
+the curves differ by those alone. Choose by the validation column; the holdout column is
+reported, never used to choose. Each run is an ordinary taurl run directory
 (resumed after SFT). Writes OUT/report.html (learning curves, mean ± std over seeds) and
 prints a Markdown table of the final figures for BENCHMARKS.md.
 """
@@ -21,8 +24,8 @@ import statistics
 import time
 from pathlib import Path
 
-from taurl.config import load_config
-from taurl.pipeline import PipelineConfig, run_pipeline
+from taurl.config import TrainConfig, load_config
+from taurl.recipe import train
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
 
@@ -34,9 +37,10 @@ def seed_run(src: Path, dst: Path, sft_version: int) -> None:
     for v in range(sft_version + 1):
         shutil.copytree(src / "checkpoints" / f"v{v}", dst / "checkpoints" / f"v{v}")
     (dst / "evals").mkdir()
-    shutil.copy(src / "evals" / "sft.json", dst / "evals" / "sft.json")
+    for split in ("validation", "holdout"):
+        shutil.copy(src / "evals" / f"{split}-sft.json", dst / "evals" / f"{split}-sft.json")
     state = json.loads((src / "state.json").read_text())
-    keep = {k: state[k] for k in ("sft_version", "sft_steps", "sft_planned_steps") if k in state}
+    keep = {k: state[k] for k in ("sft_version", "sft_steps", "sft_examples") if k in state}
     (dst / "state.json").write_text(json.dumps(keep))
 
 
@@ -47,26 +51,31 @@ def main() -> None:
     ap.add_argument("--estimators", nargs="+", default=["grpo", "gigpo", "rloo"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=20)
-    ap.add_argument("--override", default="{}", help='JSON of other config keys for every run, e.g. \'{"lr": 5e-4}\'')
+    ap.add_argument("--override", action="append", default=[],
+                    help='JSON of other config keys, e.g. \'{"lr": 5e-4}\'; repeat for several variants')
     args = ap.parse_args()
     src, out = Path(args.src), Path(args.out)
-    base = load_config(PipelineConfig, path=src / "config.yaml")
+    base = load_config(TrainConfig, path=src / "config.yaml")
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]
     results: dict[str, list[dict]] = {}
     for est in args.estimators:
-        for seed in args.seeds:
-            run = out / f"{est}-s{seed}"
-            seed_run(src, run, sft_version)
-            cfg = load_config(PipelineConfig, data={**json.loads(json.dumps(base.__dict__)), **json.loads(args.override),
-                                                    "estimator": est, "seed": seed, "updates": args.updates,
-                                                    "grpo_max_seconds": 0})
-            t0 = time.perf_counter()
-            summary = run_pipeline(cfg, str(run), progress=False)
-            rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-            results.setdefault(est, []).append({"summary": summary, "rows": [r for r in rows if r["phase"] == "grpo"],
-                                                "wall": time.perf_counter() - t0})
-            f = summary["holdout"]["final"]
-            print(f"{est} seed {seed}: holdout success {f['success']:.3f} search {f['search_rate']:.3f}", flush=True)
+        for override in args.override or ["{}"]:
+            name = est if override == "{}" else f"{est} {override}"
+            for seed in args.seeds:
+                run = out / "".join(c if c.isalnum() or c in "-." else "_" for c in f"{name}-s{seed}")
+                seed_run(src, run, sft_version)
+                # the task plan's seed stays the SFT run's, so RL never trains on its demonstration tasks;
+                # the variant's seed changes the rollout sampling only
+                data = {**json.loads(json.dumps(base.__dict__)), **json.loads(override), "estimator": est,
+                        "updates": args.updates, "rl_max_seconds": 0, "rl_seed": seed}
+                cfg = load_config(TrainConfig, data=data)
+                t0 = time.perf_counter()
+                summary = train(cfg, str(run), progress=False)
+                rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+                results.setdefault(name, []).append({"summary": summary, "wall": time.perf_counter() - t0,
+                                                     "rows": [r for r in rows if r["phase"] == "rl"]})
+                v, h = summary["validation"]["final"], summary["holdout"]["final"]
+                print(f"{name} seed {seed}: validation {v['success']:.3f}  holdout {h['success']:.3f}", flush=True)
     (out / "results.json").write_text(json.dumps({e: [{"summary": r["summary"], "wall": r["wall"]} for r in rs]
                                                   for e, rs in results.items()}, indent=1))
     write_report(out / "report.html", results)
@@ -78,14 +87,16 @@ def _stat(xs: list[float]) -> str:
 
 
 def markdown_table(results: dict[str, list[dict]]) -> str:
-    lines = ["| estimator | seeds | holdout success | holdout search rate | last-5 train reward | last-5 train search rate |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| variant | seeds | validation success (choose) | holdout success (report) | holdout search rate | "
+             "last-5 train reward | last-5 train search rate |", "|---|---|---|---|---|---|---|"]
     for est, rs in results.items():
+        val = [r["summary"]["validation"]["final"]["success"] for r in rs]
         succ = [r["summary"]["holdout"]["final"]["success"] for r in rs]
         search = [r["summary"]["holdout"]["final"]["search_rate"] for r in rs]
         rew = [statistics.mean(x["rollout/reward_mean"] for x in r["rows"][-5:]) for r in rs]
         srch = [statistics.mean(x["rollout/search_rate"] for x in r["rows"][-5:]) for r in rs]
-        lines.append(f"| {est} | {len(rs)} | {_stat(succ)} | {_stat(search)} | {_stat(rew)} | {_stat(srch)} |")
+        lines.append(f"| {est} | {len(rs)} | {_stat(val)} | {_stat(succ)} | {_stat(search)} | {_stat(rew)} | "
+                     f"{_stat(srch)} |")
     return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from taurl import envs
-    from taurl.commands import default_policy_texts
+    from taurl.envs.search.hooks import SearchPolicyHooks
     from taurl.envs.search import generate_tasks
     from taurl.policy.engine import LocalEngine
     from taurl.policy.model import build_default_policy, count_parameters, load_policy
@@ -48,7 +48,8 @@ def main() -> None:
         model, tok = load_policy(args.model)
     else:
         path = tempfile.mkdtemp(prefix="taurl-bench-")
-        build_default_policy(default_policy_texts(), path, size=args.size, seed=args.seed)
+        texts = SearchPolicyHooks().tokenizer_texts(envs.make("search-v0"), [])
+        build_default_policy(texts, path, size=args.size, seed=args.seed)
         model, tok = load_policy(path)
     print(f"model: {count_parameters(model):,} parameters, torch threads {torch.get_num_threads()}")
     cfg = RolloutConfig(max_turns=args.max_turns, max_action_tokens=args.max_action_tokens,

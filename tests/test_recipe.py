@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from taurl.config import TrainConfig
 from taurl.credit import TurnBatch, compute_advantages
 from taurl.ledger import Ledger
-from taurl.recipe import train
-from taurl.config import TrainConfig
 from taurl.policy.model import load_policy
+from taurl.recipe import train
 from taurl.runs import RunDir
 from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows, micro_batches
 from taurl.train.objectives import sequence_logprobs

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from taurl.ledger import Ledger
 from taurl.config import TrainConfig
+from taurl.ledger import Ledger
 from taurl.recipe import train
 from taurl.runs import RunDir
 

@@ -26,7 +26,8 @@ class RolloutRunConfig:
     env_config: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the env
     model: str = ""  # a local Hugging Face model directory; "" builds the default tiny policy
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
-    split: str = "train"  # task split to sample: train | holdout
+    system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
+    split: str = "train"  # task split to sample: train | validation | holdout
     task_options: dict[str, Any] = field(default_factory=dict)  # the env's task-source options (search-v0: families, split_by)
     episodes: int = 64  # number of episodes (tasks x group_size)
     group_size: int = 1  # episodes per task (G, for group-relative credit)
@@ -68,9 +69,38 @@ class RolloutRunConfig:
                 out.append(str(e))
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
-        if self.model and not (Path(self.model) / "config.json").exists():
-            out.append(f"model {self.model!r} is not a local Hugging Face model directory (no config.json)")
+        if self.model:
+            from taurl.policy.model import policy_problems
+
+            out += [f"model: {p}" for p in policy_problems(self.model)]
+        if self.split not in ("train", "validation", "holdout"):
+            out.append(f"split must be train, validation or holdout (got {self.split!r})")
+        try:
+            from taurl.envs import registry
+
+            out += [p.replace("option", "env_config option", 1)
+                    for p in registry.env_option_problems(self.env, self.env_config)]
+        except UnknownEnvError as e:
+            out.append(str(e))
         return out
+
+    def as_trained(self) -> RolloutRunConfig:
+        """This config, with what `model`'s checkpoint recorded about its training (env
+        options, task options, system prompt) filled in where this config leaves them unset,
+        so a checkpoint is rolled out as it was trained."""
+        from taurl.policy.model import load_policy_meta
+
+        recipe = load_policy_meta(self.model).get("recipe", {}) if self.model else {}
+        if not recipe or recipe.get("env") != self.env:
+            return self
+        changes: dict[str, Any] = {}
+        if self.system_prompt is None and recipe.get("system_prompt") is not None:
+            changes["system_prompt"] = recipe["system_prompt"]
+        if not self.task_options and recipe.get("task_options"):
+            changes["task_options"] = recipe["task_options"]
+        if not self.env_config and recipe.get("env_config"):
+            changes["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -78,6 +108,7 @@ class TrainConfig:
     """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe`)."""
 
     seed: int = 0  # seeds the policy, task sampling, demonstrations and rollouts
+    rl_seed: int | None = None  # seeds the RL rollouts only (null: seed): repeat RL from one SFT policy and task plan
     env: str = "search-v0"  # registered environment name (`taurl envs`; your own: --import MODULE)
     imports: list[str] = field(default_factory=list)  # modules imported first, so that their envs register (--import)
     env_config: dict[str, Any] = field(default_factory=dict)  # the env's keyword arguments

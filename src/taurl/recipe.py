@@ -169,9 +169,7 @@ def sft_data(r: Run) -> list:
     if cfg.sft == "none":
         return []
     if cfg.sft == "file":
-        from taurl.export import read_jsonl
-
-        return read_jsonl(cfg.sft_data)
+        return read_sft_file(cfg.sft_data, cfg.env)
     from taurl.policy.tokenizer import load_tokenizer
     from taurl.synth import demonstrations
 
@@ -186,6 +184,31 @@ def sft_data(r: Run) -> list:
     r.metrics.write(0, {"phase": "demos", **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
     r.phase_done("demos", time.perf_counter() - t0)
     return trajs
+
+
+def read_sft_file(path: str, env: str) -> list:
+    """Trajectories of an export-format JSONL file for SFT; rows that are not valid records
+    of `env` are logged and left out (and counted), the rest kept."""
+    from taurl.export import read_jsonl
+    from taurl.trajectory import Trajectory, check_trajectory
+
+    keep, bad = [], []
+    for i, row in enumerate(read_jsonl(path), 1):
+        try:
+            traj = Trajectory.from_dict({k: v for k, v in row.items() if k in Trajectory.__dataclass_fields__})
+        except Exception as e:  # noqa: BLE001 — a broken row is reported, the others are kept
+            bad.append(f"row {i}: {type(e).__name__}: {e}")
+            continue
+        problems = [str(p) for p in check_trajectory(traj)]
+        if traj.env_name != env:
+            problems.append(f"env {traj.env_name!r} is not the run's {env!r}")
+        (bad.append(f"row {i} ({traj.episode_id}): {'; '.join(problems)}") if problems else keep.append(traj))
+    for why in bad:
+        log.warning("sft_data %s: %s", path, why)
+    if not keep:
+        raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; see the log)")
+    log.info("SFT on %d trajectories of %s (%d rows left out)", len(keep), path, len(bad))
+    return keep
 
 
 def sft(r: Run, trajs: list) -> None:
@@ -229,14 +252,15 @@ def reinforce(r: Run) -> None:
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     # the engine serves its own copy of the weights, as a separate inference server would
-    engine = LocalEngine(copy.deepcopy(model), tok, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
+    seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
+    engine = LocalEngine(copy.deepcopy(model), tok, version=version, max_batch_size=cfg.concurrency, seed=seed)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         tasks = r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update]
-        specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(cfg.seed, "rl", update, i, g),
+        specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
         batch, cstats = asyncio.run(collect(engine, tok, r.make_env, specs, config=cfg.rollout_config(),
                                             ledger=r.ledger, run_id=r.run.root.name, concurrency=cfg.concurrency,

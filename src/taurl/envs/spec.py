@@ -7,7 +7,7 @@ Each piece is a small protocol; an env that leaves one out simply lacks that fea
 (no expert: SFT data must come from a trajectory file or rejection sampling; no verifier:
 the evaluator scores a record by its terminal outcome reward; no policy hooks: the default
 policy's tokenizer is trained on texts the generic routine collects, see
-`taurl.recipe_parts.default_policy_texts`).
+`taurl.train.default_policy.default_policy_texts`).
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ class PolicyHooks(Protocol):
     """Env-specific preparation of the default (from-scratch) policy. Both are optional
     methods; the recipe calls those an object has.
 
-    tokenizer_texts(env, train_tasks) -> list[str]: texts the default BPE tokenizer is
-        trained on (training split only: holdout text must stay unseen).
-    warmup(model, tokenizer, train_tasks, *, seed, lr, grad_clip, log) -> dict[str, float]:
-        a pre-SFT warm-up (search-v0's copy warm-up); returns metrics.
+    tokenizer_texts(env, train_tasks, **task_options) -> list[str]: texts the default BPE
+        tokenizer is trained on (training split only: held-out text must stay unseen).
+    warmup(model, tokenizer, train_tasks, *, seed, lr, grad_clip, log, probe_tasks, **options)
+        -> dict[str, float]: a pre-SFT warm-up (search-v0's copy warm-up) on the
+        demonstration tasks, with the config's ``warmup_options``; returns metrics.
     """
 
 
