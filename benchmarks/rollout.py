@@ -38,8 +38,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from taurl import envs
-    from taurl.envs.search.hooks import SearchPolicyHooks
     from taurl.envs.search import generate_tasks
+    from taurl.envs.search.hooks import SearchPolicyHooks
     from taurl.policy.engine import LocalEngine
     from taurl.policy.model import build_default_policy, count_parameters, load_policy
     from taurl.rollout import RolloutConfig, run_episodes

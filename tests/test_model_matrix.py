@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -219,3 +220,25 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_end_token(tok, tmp_path):
     assert policy_problems(path) == []
     _, ltok = load_policy(path)
     assert ltok.pad_token_id == ltok.eos_token_id is not None
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2", "gpt_neox"])
+def test_taurl_train_model_trains_each_architecture(arch, tok, tmp_path, capsys):
+    """`taurl train --model DIR` (the CLI's own entry point, in-process): SFT, one RL update
+    and both evaluations on a plain HF directory of each architecture; every version it
+    writes is again a plain HF directory of the same architecture."""
+    from taurl.cli import main
+
+    src, run = tmp_path / "model", tmp_path / "run"
+    _save_plain_hf(arch, tok, src)
+    code = main(["train", "--model", str(src), "--run-dir", str(run), "--no-progress", "--demos", "8",
+                 "--sft-epochs", "1", "--sft-batch-size", "8", "--updates", "1", "--tasks-per-update", "2",
+                 "--group-size", "2", "--eval-tasks", "2", "--eval-trials", "1", "--max-turns", "1",
+                 "--max-action-tokens", "8", "--max-episode-tokens", "8", "--system-prompt", "",
+                 "--task-options", '{"families": ["country_continent"]}'])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["train"]["updates"] == 1 and summary["holdout"]["final"]["episodes"] == 2
+    for v in (0, 1, 2):
+        cfg = json.loads((run / "checkpoints" / f"v{v}" / "config.json").read_text())
+        assert cfg["model_type"] == arch

@@ -27,22 +27,38 @@ examples:
 """
 
 
-def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
-    """One --flag per config field; the field's comment in config.py is its help."""
+def field_docs(cls: type) -> dict[str, str]:
+    """Each config field's trailing comment in config.py: its documentation."""
     import inspect
 
-    src = inspect.getsource(cls)
     docs = {}
-    for line in src.splitlines():
+    for line in inspect.getsource(cls).splitlines():
         name, sep, rest = line.strip().partition(":")
         if sep and "#" in rest:
             docs[name.strip()] = rest.split("#", 1)[1].strip()
+    return docs
+
+
+def field_default(f: dataclasses.Field) -> typing.Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def options_table(cls: type) -> str:
+    """The README's option table of a config class (a test keeps the README equal to it)."""
+    docs = field_docs(cls)
+    rows = [f"| `{f.name}` | `{json.dumps(field_default(f))}` | {docs.get(f.name, '').replace('|', '/')} |"
+            for f in dataclasses.fields(cls)]
+    return "\n".join(["| option | default | meaning |", "|---|---|---|", *rows])
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
+    """One --flag per config field; the field's comment in config.py is its help."""
+    docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_ = f"{docs.get(f.name, '')} (default: {default!r})"
+        help_ = f"{docs.get(f.name, '')} (default: {field_default(f)!r})"
         if hint in (int, float, str):
             p.add_argument(flag, type=hint, default=None, help=help_)
         elif f.name == "max_tool_calls":

@@ -64,16 +64,24 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
     from taurl.policy.engine import LocalEngine
     from taurl.rollout import run_episodes
 
+    cfg = cfg.as_trained()
+    n_tasks = -(-cfg.episodes // cfg.group_size)
+    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)  # before any file is written
     run = RunDir.create(run_dir)
-    run.config.write_text(dump_config(cfg))
+    if not run.config.exists():  # a later rollout into the same run leaves the first config as it was
+        run.config.write_text(dump_config(cfg))
     model, tokenizer = ensure_policy(run, cfg)
     version = policy_version(cfg.model or run.latest_checkpoint())
     engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
-    n_tasks = -(-cfg.episodes // cfg.group_size)
-    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)
     env_config = dict(cfg.env_config)
     env_config.setdefault("max_turns", cfg.max_turns)
-    envs.make(cfg.env, **env_config)  # fail fast on a bad env config, before any episode
+
+    def make_env():
+        env = envs.make(cfg.env, **env_config)
+        if cfg.system_prompt is not None:
+            env.system_prompt = cfg.system_prompt
+        return env
+
     bar = tqdm(total=len(tasks) * cfg.group_size, desc="rollout", unit="ep", disable=not progress)
     ledger = Ledger(run.ledger)
     rejected: list[str] = []
@@ -85,7 +93,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
         bar.set_postfix(reward=f"{traj.reward:.2f}", stop=traj.stop_reason.value)
 
     t0 = time.perf_counter()
-    result = asyncio.run(run_episodes(engine, lambda: envs.make(cfg.env, **env_config), tokenizer, tasks,
+    result = asyncio.run(run_episodes(engine, make_env, tokenizer, tasks,
                                       group_size=cfg.group_size, config=cfg.rollout_config(),
                                       concurrency=cfg.concurrency, seed=cfg.seed, run_id=run.root.name,
                                       on_episode=store))
@@ -158,7 +166,9 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
         text = (tokenizer.decode(list(seg.token_ids), skip_special_tokens=False) if tokenizer is not None
                 else " ".join(map(str, seg.token_ids)))
         tag = f"[{i}:{seg.kind} mask={seg.mask} n={len(seg.token_ids)}"
-        if seg.kind == "action":
+        if seg.kind == "action" and seg.logprobs is None:  # a demonstration: no behaviour policy
+            tag += f" source={traj.source}"
+        elif seg.kind == "action":
             mean_lp = sum(seg.logprobs or ()) / max(len(seg.token_ids), 1)
             tag += f" v{seg.policy_version} mean_logprob={mean_lp:.2f}"
             body = f"{green}⟦{text}⟧{reset}" if not color else f"{green}{text}{reset}"

@@ -61,8 +61,8 @@ def rollout_metrics(trajs: list[Trajectory], wall_s: float, failed: int = 0) -> 
         "rollout/episodes_per_s": n / wall_s if wall_s > 0 else 0.0,
         "rollout/gen_tokens_per_s": gen_tokens / wall_s if wall_s > 0 else 0.0,
     })
-    for reason in StopReason:
-        out[f"rollout/stop/{reason.value}"] = stops.get(reason.value, 0) / n
+    for reason in sorted(set(stops) | {r.value for r in StopReason}):  # an env's own reasons too
+        out[f"rollout/stop/{reason}"] = stops.get(reason, 0) / n
     return out
 
 

@@ -31,6 +31,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "learn/skipped": "1 when every group had identical rewards, so no step was taken",
     "learn/rows": "trajectories left after the zero-variance group filter",
     "learn/invalid_samples_dropped": "episodes ended by an error the agent did not cause (valid = false), left out of the loss",
+    "sft/invalid_samples_dropped": "the same for SFT: demonstrations ended by an error are not imitated",
+    "sft/skipped": "1 when an SFT batch held no valid sample, so no step was taken",
     "run/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
     "rollout/failed_episodes": "episodes that produced no record (an exception or a ledger rejection), logged",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",

@@ -8,6 +8,7 @@ from taurl.policy.model import (
     create_policy,
     load_policy,
     load_policy_meta,
+    policy_problems,
     save_policy,
     tiny_config,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "load_policy",
     "load_policy_meta",
     "load_tokenizer",
+    "policy_problems",
     "save_policy",
     "save_tokenizer",
     "tiny_config",
