@@ -36,6 +36,9 @@ def test_readme_example_trains_verbatim(tmp_path):
     for name in ("my_envs.py", "reverse.yaml"):
         (tmp_path / name).write_text(blocks[name])
     assert len(blocks["my_envs.py"].splitlines()) <= 50  # "an env of ~40 lines"
+    check = run([sys.executable, "-c", "import my_envs; from taurl import envs; "
+                 "envs.check_env(envs.make('reverse-v0'), my_envs.reverse_tasks('train', 1)[0])"], tmp_path)
+    assert check.returncode == 0, check.stderr[-2000:]  # the example keeps the Env protocol
     proc = run(blocks["command"].strip(), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "runs/reverse/summary.json").read_text())
@@ -101,3 +104,14 @@ def test_task_file_keeps_good_rows_and_counts_bad_ones(tmp_path):
     assert any(":3:" in p and "'test'" in p for p in tf.problems)
     assert any(":4:" in p and "duplicate" in p for p in tf.problems)
     assert any(":6:" in p and "not JSON" in p for p in tf.problems)
+
+
+def test_readme_option_tables_are_the_configs():
+    """The README's option tables are generated from the config classes' field comments
+    (`taurl.cli.options_table`), so a default or meaning cannot drift."""
+    from taurl.cli import options_table
+    from taurl.config import RolloutRunConfig, TrainConfig
+
+    text = (ROOT / "README.md").read_text()
+    for cls in (TrainConfig, RolloutRunConfig):
+        assert options_table(cls) in text, f"regenerate the {cls.__name__} table with taurl.cli.options_table"
