@@ -220,3 +220,49 @@ def test_copy_warmup_strings_hold_the_constants():
     assert f"{p['a']} * x + {p['b']}" in strings[0] and strings[-1] == json.dumps([p["a"], p["b"], p["m"], p["r"]])
     assert spec("code-v0").policy_hooks.warmup(None, None, [task], seed=0, lr=1e-3, grad_clip=1.0,
                                                log=lambda *a: None, steps=0) == {}
+
+
+def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_family):
+    from taurl.rollout import ChatCodec
+
+    names = ["write_file", "run_tests", "submit"]
+    full, compact = CodeEnv(tools=names), CodeEnv(tools=names, compact_tools=True)
+    assert [t["function"]["name"] for t in compact.tools] == names
+    assert compact.tools[0]["function"]["parameters"] == {
+        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"]}
+    msgs = [{"role": "user", "content": one_per_family[0].prompt}]
+    n = {k: len(tok(ChatCodec(tok, e.tools).render(msgs, True))["input_ids"]) for k, e in
+         (("full", full), ("compact", compact))}
+    assert n["compact"] < 0.8 * n["full"], n
+    task = one_per_family[1]
+    # the gate still checks calls against the full schema: an undeclared argument is refused
+    actions = [tool_call("write_file", path="solution.py", content=reference_source(task), mode="w"),
+               tool_call("write_file", path="solution.py", content=reference_source(task)), tool_call("submit")]
+    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), compact,
+                                                       tok, task, seed=0, config=CFG)))
+    assert traj.turns[0].invalid and not traj.turns[1].invalid and traj.reward_components["outcome"] == 1.0
+    assert traj.provenance == {"tools": names, "compact_tools": True}
+    assert ReplayVerifier()(traj, task) == 1.0
+    with pytest.raises(ConfigError, match="compact_tools must be true or false"):
+        CodeEnv(compact_tools="yes")
+
+
+def test_concurrent_demonstrations_equal_sequential_ones(tok):
+    """Episodes in the sandbox overlap (astep), yet the records are the sequential ones."""
+    from taurl.synth import demonstrations
+
+    tasks = generate_tasks("train", 10, seed=7)
+    options = {"p_bug": 0.5, "p_skip_tests": 0.5}
+
+    def run(concurrency):
+        return asyncio.run(demonstrations(tasks, tok, lambda: CodeEnv(compact_tools=True), expert=expert,
+                                          expert_options=options, seed=3, config=CFG, concurrency=concurrency))
+
+    seq, par = run(1), run(8)
+    assert [d.episode_id for d in par] == [f"demo-{i}" for i in range(10)]
+    for a, b in zip(seq, par):
+        assert (a.task_id, a.seed, a.token_ids, a.action_mask, a.reward, a.stop_reason) == \
+               (b.task_id, b.seed, b.token_ids, b.action_mask, b.reward, b.stop_reason)
+        assert [t.observation_text for t in a.turns] == [t.observation_text for t in b.turns]
+    assert 0 < sum(d.reward_components["outcome"] for d in par) < 10  # the knobs made some fail

@@ -156,3 +156,16 @@ def test_easy_cap_limits_the_share_of_easy_tasks(tok, tasks):
     assert res.stats["synth/tasks_easy"] == 3 and res.stats["synth/tasks_medium"] == 1
     # 1 medium episode kept → at most 1 easy one for a share of 1/2
     assert res.stats["synth/kept"] == 2 and res.stats["synth/rejected_easy_cap"] == 5
+
+
+def test_concurrent_demonstrations_equal_sequential_ones(tok, tasks):
+    options = {"p_skip_search": 0.5, "p_guess_right": 0.5}
+    seq = asyncio.run(demonstrations(tasks[:16], tok, make_env, expert=search_expert, expert_options=options,
+                                     seed=2, concurrency=1))
+    par = asyncio.run(demonstrations(tasks[:16], tok, make_env, expert=search_expert, expert_options=options,
+                                     seed=2, concurrency=6))
+    assert [d.episode_id for d in par] == [f"demo-{i}" for i in range(16)]
+    assert [(d.task_id, d.token_ids, d.action_mask, d.reward) for d in seq] == \
+           [(d.task_id, d.token_ids, d.action_mask, d.reward) for d in par]
+    with pytest.raises(ConfigError, match="concurrency must be an int >= 1"):
+        asyncio.run(demonstrations(tasks[:1], tok, make_env, expert=search_expert, concurrency=0))

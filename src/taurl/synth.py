@@ -91,8 +91,13 @@ class ScriptedEngine:
 async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[], Env], *,
                          expert: Expert | None = None, expert_options: Mapping[str, Any] | None = None,
                          seed: int = 0, run_id: str = "", config: RolloutConfig | None = None,
-                         episode_prefix: str = "demo", quality: Any = None) -> list[Trajectory]:
+                         episode_prefix: str = "demo", quality: Any = None,
+                         concurrency: int = 16) -> list[Trajectory]:
     """One `expert` episode per task, through the real agent loop (`run_episode`).
+
+    Up to `concurrency` episodes run at once (their envs' `astep` awaits tools and sandbox
+    runs, so one episode's test run does not hold up the others); the result is in task
+    order and equals the sequential one (``concurrency=1``) record for record, timings aside.
 
     The expert is called as ``expert(task, random.Random(f"{seed}:{i}"), **expert_options)``
     for the i-th task, so the demonstrations are deterministic in `seed`. Episode ids are
@@ -110,20 +115,29 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
     if expert is None or not callable(expert):
         raise ConfigError("demonstrations needs expert=: a callable expert(task, rng, **options) -> action "
                           "strings (taurl.envs.spec.Expert), e.g. the one the env registered")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
     options = dict(expert_options or {})
     name = getattr(expert, "__name__", type(expert).__name__)
-    out = []
+    scripts = []  # the expert runs on the host first, in task order: its draws do not depend on timing
     for i, task in enumerate(tasks):
         actions = expert(task, random.Random(f"{seed}:{i}"), **options)
         if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
             raise ConfigError(f"expert {name} returned {type(actions).__name__} for task {task.task_id!r}; "
                               "an Expert returns a list of action strings, one per turn")
-        engine = ScriptedEngine(tokenizer, actions, source=EXPERT_SOURCE)
-        traj = await run_episode(engine, make_env(), tokenizer, task, seed=seed + i,
-                                 config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}",
-                                 run_id=run_id, episode_id=f"{episode_prefix}-{i}")
-        out.append(_with_metadata(traj, expert=name, expert_options=options))
-    return out
+        scripts.append(actions)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, task: Task, actions: list[str]) -> Trajectory:
+        async with sem:  # each episode has its own env (and sandbox) and its own scripted engine
+            engine = ScriptedEngine(tokenizer, actions, source=EXPERT_SOURCE)
+            traj = await run_episode(engine, make_env(), tokenizer, task, seed=seed + i,
+                                     config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}",
+                                     run_id=run_id, episode_id=f"{episode_prefix}-{i}")
+        return _with_metadata(traj, expert=name, expert_options=options)
+
+    # gather keeps task order whatever order the episodes finish in
+    return list(await asyncio.gather(*(one(i, t, a) for i, (t, a) in enumerate(zip(tasks, scripts)))))
 
 
 def _with_metadata(traj: Trajectory, **extra: Any) -> Trajectory:
