@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -60,3 +61,27 @@ def test_bad_config_reports_every_problem(tmp_path, capsys):
 def test_inspect_of_a_missing_run_says_how_to_fix(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "nope")]) == 1
     assert "taurl rollout --run-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env-config", '{"top_kk": 1}'], "did you mean 'top_k'"),
+    (["--env", "serch-v0"], "Did you mean 'search-v0'"),
+    (["--task-options", '{"split_bye": "city"}'], "did you mean 'split_by'"),
+    (["--split", "test"], "split must be train, validation or holdout"),
+    (["--model", "no/such/dir"], "model:"),
+])
+def test_rollout_bad_input_writes_nothing(tmp_path, capsys, args, message):
+    """Refused before any work: exit 1, the message, no traceback, no run directory."""
+    assert main(["rollout", "--run-dir", str(tmp_path / "r"), "--episodes", "2", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_failed_rollout_leaves_an_existing_run_unchanged(run_dir, capsys):
+    """A rollout into an existing run that fails changes nothing there."""
+    before = {p: p.read_bytes() for p in Path(run_dir).rglob("*") if p.is_file() and "ledger" not in p.name}
+    assert main(["rollout", "--run-dir", str(run_dir), "--env-config", '{"top_kk": 1}']) == 1
+    assert "top_kk" in capsys.readouterr().err
+    after = {p: p.read_bytes() for p in Path(run_dir).rglob("*") if p.is_file() and "ledger" not in p.name}
+    assert after == before
