@@ -261,7 +261,7 @@ def test_concurrent_demonstrations_equal_sequential_ones(tok):
 
     seq, par = run(1), run(8)
     assert [d.episode_id for d in par] == [f"demo-{i}" for i in range(10)]
-    for a, b in zip(seq, par):
+    for a, b in zip(seq, par, strict=True):
         assert (a.task_id, a.seed, a.token_ids, a.action_mask, a.reward, a.stop_reason) == \
                (b.task_id, b.seed, b.token_ids, b.action_mask, b.reward, b.stop_reason)
         assert [t.observation_text for t in a.turns] == [t.observation_text for t in b.turns]
