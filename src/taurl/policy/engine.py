@@ -13,7 +13,15 @@ that served the request. Nothing is decoded and re-encoded.
 
 Finish reasons: ``"stop"`` (a stop string or stop token id appeared; the ids that
 completed it are kept, so the stream stays token-exact), ``"eos"`` (the model's end
-token), ``"length"`` (max_tokens or the model's context ran out).
+token), ``"length"`` (max_tokens or the model's context ran out), ``"abort"`` (ended by
+``pause("abort")``; the partial ids and logprobs are returned, nothing is lost).
+
+The engine contract (`Engine`): ``generate``, ``load_weights(checkpoint_dir, version)``,
+``pause(mode)`` / ``resume()`` around an update, ``health()``, ``version``,
+``max_context``. `make_engine` builds one from a config key (``local`` or ``vllm``).
+No completion ever mixes two policy versions: a weight load waits until nothing is in
+flight (or refuses while paused requests are kept), so ``Generation.policy_version`` is
+the version that produced every one of its tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -65,7 +74,7 @@ class Generation:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "eos" | "length"
+    finish_reason: str  # "stop" | "eos" | "length" | "abort"
     policy_version: int
     stop_matched: str | int | None = None  # the stop string or id that ended it
     prompt_tokens: int = 0
@@ -73,9 +82,23 @@ class Generation:
     generate_s: float = 0.0  # time from admission to the last token
 
 
+PAUSE_MODES = ("wait", "abort", "keep")
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """What `Engine.health` reports. ok: the engine can serve now; detail: why not."""
+
+    ok: bool
+    version: int
+    paused: bool = False
+    in_flight: int = 0
+    detail: str = ""
+
+
 @runtime_checkable
-class Engine(Protocol):
-    """What the agent loop needs from any engine (local, or an HTTP server)."""
+class Generator(Protocol):
+    """What the agent loop needs: sample a completion (scripted engines offer only this)."""
 
     @property
     def version(self) -> int: ...
@@ -84,6 +107,66 @@ class Engine(Protocol):
     def max_context(self) -> int: ...
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation: ...
+
+
+@runtime_checkable
+class Engine(Generator, Protocol):
+    """The full engine contract the recipe needs (local, or an HTTP server).
+
+    generate: prompt ids -> sampled ids, behaviour logprobs, finish reason, and the policy
+      version that produced every token (`Generation.policy_version`).
+    load_weights: serve the checkpoint at `checkpoint_dir` as policy `version`; returns
+      when the new weights serve (verified, for a server). Requests that arrive meanwhile
+      wait; none is served by two versions.
+    pause(mode): stop serving. "wait": in-flight requests finish first; "abort": they end
+      now with finish_reason "abort" and their partial tokens; "keep": they freeze and
+      continue at `resume` (a weight load while any is kept is refused: it would mix two
+      versions in one completion). New requests wait until `resume`.
+    health: whether the engine can serve now, and its version.
+    close: release what the engine holds (a server it started, connections).
+    """
+
+    async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None: ...
+
+    async def pause(self, mode: str = "wait") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def health(self) -> EngineHealth: ...
+
+    def close(self) -> None: ...
+
+
+def check_pause_mode(mode: str) -> str:
+    if mode not in PAUSE_MODES:
+        raise EngineError(f"unknown pause mode {mode!r}; choose one of {list(PAUSE_MODES)}")
+    return mode
+
+
+def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, version: int,
+                **options: Any) -> Engine:
+    """The engine named `kind` serving the checkpoint at `checkpoint_dir` as `version`.
+
+    kind "local": `LocalEngine` in this process over its own copy of the weights; options
+      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens).
+    kind "vllm": `VLLMEngine` over a vLLM OpenAI-compatible server; options are
+      `VLLMEngine.from_options`'s (url, or python to start a local server; ...). The
+      server is made to serve `checkpoint_dir` as `version` before this returns.
+    """
+    if kind == "local":
+        from taurl.policy.model import load_policy
+
+        model, _ = load_policy(checkpoint_dir)
+        allowed = {"max_batch_size", "seed", "max_context", "prefix_cache_tokens"}
+        if unknown := sorted(set(options) - allowed):
+            raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "
+                              f"it takes {sorted(allowed)}")
+        return LocalEngine(model, tokenizer, version=version, **options)
+    if kind == "vllm":
+        from taurl.policy.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_options(checkpoint_dir, tokenizer, version=version, **options)
+    raise EngineError(f"unknown engine {kind!r}; choose 'local' or 'vllm'")
 
 
 @dataclass
@@ -137,8 +220,13 @@ class LocalEngine:
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
         self._paused = False
-        self._idle = threading.Event()
+        self._mode = "wait"  # the pause mode in force while paused
+        self._abort = False  # set by pause("abort"): the worker ends its running rows
+        self._kept = 0  # rows frozen by pause("keep")
+        self._running = 0
+        self._idle = threading.Event()  # no row is running (the batch is empty)
         self._idle.set()
+        self._frozen = threading.Event()  # the worker holds its rows for pause("keep")
         self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0,
                       "prefill_tokens": 0, "prefix_tokens_reused": 0}
         self._prefixes = PrefixCache(prefix_cache_tokens)
@@ -179,16 +267,58 @@ class LocalEngine:
 
         New requests wait during the swap, so no completion ever mixes two versions.
         """
-        self._paused = True
+        was_paused = self._paused
+        if not was_paused:
+            await self.pause("wait")
         try:
-            await asyncio.to_thread(self._idle.wait)
+            if self._kept:
+                raise EngineError(f"{self._kept} request(s) are paused with mode 'keep'; loading "
+                                  "weights now would mix two policy versions in one completion. "
+                                  "Pause with 'wait' or 'abort' before a weight update.")
             with torch.no_grad():
                 self.model.load_state_dict(state_dict)
             self._prefixes.clear()  # keys/values of the old weights must not serve the new ones
             self._version = version
         finally:
+            if not was_paused:
+                await self.resume()
+
+    async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
+        """Serve the weights saved at `checkpoint_dir` (an HF model directory) as `version`."""
+        state = await asyncio.to_thread(_read_state_dict, Path(checkpoint_dir), self.model)
+        await self.update_weights(state, version)
+
+    async def pause(self, mode: str = "wait") -> None:
+        """Stop serving (`Engine.pause`); returns once no forward pass is running."""
+        check_pause_mode(mode)
+        with self._lock:
+            self._paused = True
+            self._mode = mode
+            self._frozen.clear()
+            if mode == "abort":
+                self._abort = True
+        self._wake.set()
+        if mode == "keep":
+            await asyncio.to_thread(_wait_any, self._idle, self._frozen)
+        else:
+            await asyncio.to_thread(self._idle.wait)
+
+    async def resume(self) -> None:
+        with self._lock:
             self._paused = False
-            self._wake.set()
+            self._mode = "wait"
+            self._abort = False
+            self._kept = 0
+        self._wake.set()
+
+    async def health(self) -> EngineHealth:
+        alive = self._worker is None or self._worker.is_alive()
+        return EngineHealth(ok=alive, version=self._version, paused=self._paused,
+                            in_flight=len(self._pending) + self._running,
+                            detail="" if alive else "the engine worker thread died")
+
+    def close(self) -> None:  # nothing held beyond this process's memory
+        return None
 
     # -- the worker ----------------------------------------------------------------------
     def _serve(self) -> None:
@@ -210,13 +340,27 @@ class LocalEngine:
         while True:
             admitted: list[_Request] = []
             with self._lock:
+                abort, self._abort = self._abort, False
+                frozen = self._paused and self._mode == "keep"
                 if not self._paused:
                     while self._pending and len(batch) + len(admitted) < self.max_batch_size:
                         admitted.append(self._pending.popleft())
+                if abort:  # end the running rows now, with what they have sampled so far
+                    for r in batch:
+                        self._resolve(r, reason="abort")
+                    batch, kv = [], None
+                self._running = len(batch) + len(admitted)
                 if not batch and not admitted and not self._pending:
                     self._idle.set()
                     self._worker = None
                     return
+                if frozen and batch:
+                    self._kept = len(batch)
+            if frozen and batch:  # paused with mode "keep": hold the rows and their KV
+                self._frozen.set()
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
             if not batch and not admitted:  # paused with work waiting
                 self._idle.set()
                 self._wake.wait(0.05)
@@ -341,6 +485,38 @@ class LocalEngine:
                          len(r.prompt), queue_s=(r.admitted or now) - r.submitted,
                          generate_s=now - (r.admitted or now))
         r.loop.call_soon_threadsafe(_set_result, r.future, gen)
+
+
+def _wait_any(*events: threading.Event) -> None:
+    while not any(e.wait(0.01) for e in events):
+        pass
+
+
+def _read_state_dict(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights saved at `path` (``*.safetensors``), checked against `model`'s keys.
+
+    A tied output layer is not saved (it is the embedding), so its key may be missing.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise EngineError(f"no *.safetensors weights in {str(path)!r}; pass a checkpoint directory "
+                          "written by save_pretrained (e.g. RUN/checkpoints/vN)")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    own = model.state_dict()
+    for k in set(own) - set(state):  # a tied weight: take its saved twin (same storage here)
+        twin = next((j for j in state if j in own and own[j].data_ptr() == own[k].data_ptr()), None)
+        if twin is not None:
+            state[k] = state[twin]
+    missing, unexpected = set(own) - set(state), set(state) - set(own)
+    if missing or unexpected:
+        raise EngineError(f"the checkpoint at {str(path)!r} does not fit the served model: "
+                          f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; "
+                          "was it saved from the same architecture?")
+    return state
 
 
 def _ids(x: Any) -> set[int]:
