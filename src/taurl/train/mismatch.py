@@ -1,0 +1,72 @@
+"""Learner-vs-behaviour logprob mismatch over action tokens (pure; one call per update).
+
+With the same weights, the learner's recomputed logprobs should equal the behaviour
+logprobs the engine recorded (fp32, CPU: |diff| <= 1e-4). Drift between the trainer and
+the inference engine (another kernel, dtype or a stale reload) biases every importance
+ratio silently; these numbers make it visible, at the first epoch of each update where
+the learner's weights are still the behaviour policy's.
+
+Definitions, over the action tokens t (mask = 1), with d_t = learner_t - behaviour_t:
+- abs_mean = mean_t |d_t|, abs_max = max_t |d_t|;
+- kl = mean_t (exp(-d_t) - 1 + d_t): the k3 estimator of KL(behaviour || learner) from
+  samples of the behaviour policy (Schulman 2020, "Approximating KL Divergence",
+  http://joschu.net/blog/kl-approx.html); >= 0 per token, unbiased;
+- clip_share = share of t with ratio r_t = exp(d_t) outside [1 - eps_low, 1 + eps_high]
+  (the PPO clip range, Schulman et al. 2017).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from taurl.errors import Error
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    abs_mean: float
+    abs_max: float
+    kl: float
+    clip_share: float
+    tokens: int
+
+    def as_stats(self, prefix: str = "mismatch/") -> dict[str, float]:
+        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
+
+    def alarms(self, abs_mean_max: float = 1e-3, abs_max_max: float = 1e-2) -> list[str]:
+        """What passes its threshold, said as a sentence each (empty: all well)."""
+        out = []
+        if self.abs_mean > abs_mean_max:
+            out.append(f"learner-vs-behaviour logprob |diff| mean {self.abs_mean:.2e} > {abs_mean_max:g}")
+        if self.abs_max > abs_max_max:
+            out.append(f"learner-vs-behaviour logprob |diff| max {self.abs_max:.2e} > {abs_max_max:g}")
+        return out
+
+
+def logprob_mismatch(learner: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, *,
+                     clip_low: float = 0.2, clip_high: float = 0.2) -> Mismatch:
+    """`Mismatch` of `learner` vs `behaviour` logprobs over `mask` (module docstring).
+
+    learner, behaviour, mask: same shape (any); mask is 1 on action tokens. No action
+    token gives zeros with tokens = 0.
+    """
+    if learner.shape != behaviour.shape or learner.shape != mask.shape:
+        raise Error(f"shapes differ: learner {tuple(learner.shape)}, behaviour {tuple(behaviour.shape)}, "
+                    f"mask {tuple(mask.shape)}")
+    m = mask.bool()
+    d = (learner.detach().double() - behaviour.detach().double())[m]
+    if d.numel() == 0:
+        return Mismatch(0.0, 0.0, 0.0, 0.0, 0)
+    if not torch.isfinite(d).all():
+        raise Error("non-finite logprobs on action tokens; a behaviour logprob of -inf means the "
+                    "engine sampled a token the policy gives probability 0 (top-p/top-k renormalized?)")
+    ratio = d.exp()
+    outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+    kl = (torch.exp(-d) - 1 + d).mean()
+    return Mismatch(abs_mean=float(d.abs().mean()), abs_max=float(d.abs().max()), kl=float(kl),
+                    clip_share=float(outside.double().mean()), tokens=int(d.numel()))
+
+
+__all__ = ["Mismatch", "logprob_mismatch"]
