@@ -24,3 +24,9 @@ def search_tokenizer(taurl_cache):
 
     texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
     return build_tokenizer(texts + [envs.make("search-v0").system_prompt], vocab_size=4096)
+
+
+def pytest_configure(config):
+    """Markers registered here (pyproject's list is --strict-markers' other source)."""
+    config.addinivalue_line("markers", "vllm: needs a real vLLM server (TAURL_VLLM_PYTHON set); "
+                            "run with pytest -m vllm")

@@ -1,0 +1,419 @@
+"""VLLMEngine: unit tests against a fake vLLM server, and integration tests on the real one.
+
+The fake speaks vLLM 0.32's routes and samples with a `LocalEngine` over the checkpoint it
+was last told to load (so its logprobs are a real policy's); `stale=True` makes its reload
+a no-op, as a server that silently keeps old weights. The `vllm` tests need the vLLM venv:
+TAURL_VLLM_PYTHON=.venv-vllm/bin/python pytest -m vllm tests/test_vllm_engine.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from taurl.errors import EngineError
+from taurl.policy import load_policy
+from taurl.policy.engine import Engine, LocalEngine, SamplingParams, make_engine
+from taurl.policy.logprobs import sequence_logprobs
+from taurl.policy.model import create_policy, save_policy
+from taurl.policy.tokenizer import build_tokenizer
+from taurl.policy.vllm_engine import TOP_P_REFUSED, VLLMEngine, _finish
+from taurl.policy.vllm_server import PYTHON_ENV, VLLMServer
+
+TEXTS = [f"Town{i} lies in Country{i % 17} and has {i * 37} people." for i in range(300)]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Two untied tiny policies with the same shape: v0 and v1 (another seed)."""
+    root = tmp_path_factory.mktemp("vllm-ckpts")
+    tok = build_tokenizer(TEXTS, vocab_size=400)
+    paths = []
+    for seed in (0, 1):
+        path = root / f"v{seed}"
+        save_policy(create_policy(tok, "tiny", seed=seed), tok, path, {"policy_version": seed})
+        paths.append(path)
+    return tok, paths
+
+
+class FakeVLLM:
+    """A stand-in for vLLM's OpenAI server on 127.0.0.1 (the routes VLLMEngine uses)."""
+
+    def __init__(self, model_dir: Path, *, stale: bool = False, root: Path | None = None):
+        self.model_dir = model_dir
+        self.stale = stale
+        self.root = root or model_dir
+        self.calls: list[tuple[str, dict]] = []
+        self.drop_next = 0  # completions to drop after reading them (connection lost)
+        self.hang_next = 0  # completions to hold until the client gives up
+        self.weight_version = None
+        self.paused = False
+        self._engine = self._local(model_dir)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                fake.route(self, "GET")
+
+            def do_POST(self):
+                fake.route(self, "POST")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def _local(self, path: Path) -> LocalEngine:
+        model, tok = load_policy(path)
+        return LocalEngine(model, tok)
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def completions(self) -> list[dict]:
+        return [b for p, b in self.calls if p == "/v1/completions"]
+
+    def route(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        n = int(h.headers.get("Content-Length") or 0)
+        body = json.loads(h.rfile.read(n)) if n else {}
+        path = h.path.split("?")[0]
+        self.calls.append((h.path, body))
+        if path == "/v1/completions":
+            if self.drop_next:
+                self.drop_next -= 1
+                h.close_connection = True
+                h.connection.shutdown(2)
+                return
+            if self.hang_next:
+                self.hang_next -= 1
+                time.sleep(1.0)
+                return
+            out = self.complete(body)
+        elif path == "/v1/models":
+            out = {"data": [{"id": "policy", "root": str(self.root), "max_model_len": 512}]}
+        elif path == "/collective_rpc":
+            assert body["method"] == "reload_weights"
+            if not self.stale:
+                self._engine = self._local(Path(body["kwargs"]["weights_path"]))
+            out = {"results": [None]}
+        elif path == "/update_weight_version":
+            self.weight_version = body["new_version"]
+            out = {"success": True, "new_version": body["new_version"]}
+        elif path == "/weight_info":
+            out = {"weight_version": self.weight_version}
+        elif path in ("/pause", "/resume"):
+            self.paused = path == "/pause"
+            out = {"status": path[1:] + "d"}
+        else:  # /health, /abort_requests, /reset_prefix_cache
+            out = {}
+        data = json.dumps(out).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def complete(self, b: dict) -> dict:
+        sp = SamplingParams(temperature=b["temperature"], max_tokens=b["max_tokens"], seed=b["seed"],
+                            stop=tuple(b["stop"]), stop_token_ids=tuple(b["stop_token_ids"]))
+        g = asyncio.run(self._engine.generate(b["prompt"], sp))
+        finish = {"eos": ("stop", None), "stop": ("stop", g.stop_matched), "length": ("length", None)}
+        reason, stop_reason = finish[g.finish_reason]
+        return {"choices": [{"token_ids": g.token_ids, "logprobs": {"token_logprobs": g.logprobs},
+                             "finish_reason": reason, "stop_reason": stop_reason}]}
+
+
+@pytest.fixture
+def fake(ckpts):
+    servers = []
+
+    def make(**kw):
+        servers.append(FakeVLLM(ckpts[1][0], **kw))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _engine(server: FakeVLLM, ckpts, **kw) -> VLLMEngine:
+    engine = VLLMEngine(server.url, ckpts[0], version=0, retry_wait_s=0.01, **kw)
+    engine.connect(ckpts[1][0])
+    return engine
+
+
+def test_request_shape_and_result(fake, ckpts):
+    server = fake()
+    engine = _engine(server, ckpts)
+    assert isinstance(engine, Engine)
+    assert engine.max_context == 512 and engine.version == 0 and server.weight_version == "0"
+    prompt = [5, 6, 7, 8, 9]
+    g = asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.7, max_tokens=6, seed=3,
+                                                           stop=("</x>",), stop_token_ids=(2,))))
+    body = server.completions()[-1]
+    assert body["prompt"] == prompt and body["model"] == "policy" and body["seed"] == 3
+    assert body["return_token_ids"] is True and body["logprobs"] == 0
+    assert body["stop"] == ["</x>"] and body["stop_token_ids"] == [2]
+    assert body["include_stop_str_in_output"] is True and body["skip_special_tokens"] is False
+    assert body["temperature"] == 0.7 and body["top_p"] == 1.0 and body["max_tokens"] == 6
+    assert g.policy_version == 0 and g.prompt_tokens == 5 and len(g.token_ids) == len(g.logprobs)
+    # the behaviour logprobs are the policy's log_softmax(logits / T), as the learner computes
+    model, _ = load_policy(ckpts[1][0])
+    lp = sequence_logprobs(model, prompt + g.token_ids, 0.7)[len(prompt):]
+    assert torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)
+    # an unseeded request still carries a seed, so a re-send would be the same draw
+    asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=2)))
+    assert isinstance(server.completions()[-1]["seed"], int)
+
+
+def test_lost_connection_is_aborted_then_resent_as_the_same_draw(fake, ckpts):
+    server = fake()
+    engine = _engine(server, ckpts)
+    server.drop_next = 1
+    g = asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_tokens=4)))
+    sent = server.completions()[-2:]
+    assert sent[0]["seed"] == sent[1]["seed"] and sent[0]["request_id"] != sent[1]["request_id"]
+    aborts = [b for p, b in server.calls if p == "/abort_requests"]
+    assert aborts == [{"request_ids": [f"cmpl-{sent[0]['request_id']}-0"]}]  # before the re-send
+    assert [p for p, _ in server.calls].index("/abort_requests") < len(server.calls) - 1
+    assert engine.stats["retries"] == 1 and len(g.token_ids) == 4
+
+
+def test_timeout_aborts_and_retries_then_gives_up(fake, ckpts):
+    server = fake()
+    engine = _engine(server, ckpts, timeout_s=0.3, retries=1)
+    server.hang_next = 1
+    asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_tokens=3, seed=1)))
+    assert engine.stats["aborted_on_retry"] == 1
+    server.hang_next = 2
+    with pytest.raises(EngineError, match="after 2 attempt"):
+        asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_tokens=3, seed=1)))
+
+
+def test_reload_records_the_version_and_serves_the_new_weights(fake, ckpts):
+    server = fake()
+    engine = _engine(server, ckpts)
+    prompt, sp = [5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8)
+    before = asyncio.run(engine.generate(prompt, sp))
+
+    async def load_while_generating():  # the in-flight request keeps its version
+        first = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=30, seed=2)))
+        await asyncio.sleep(0.05)
+        await engine.load_weights(ckpts[1][1], 1)
+        return await first
+
+    inflight = asyncio.run(load_while_generating())
+    after = asyncio.run(engine.generate(prompt, sp))
+    assert inflight.policy_version == 0 and after.policy_version == 1 and engine.version == 1
+    assert server.weight_version == "1"
+    model1, _ = load_policy(ckpts[1][1])
+    lp = sequence_logprobs(model1, prompt + after.token_ids, 1.0)[len(prompt):]
+    assert torch.allclose(lp, torch.tensor(after.logprobs), atol=1e-4)
+    assert after.logprobs != before.logprobs
+    order = [p.split("?")[0] for p, _ in server.calls]
+    i = len(order) - 1 - order[::-1].index("/collective_rpc")
+    assert order[i - 1] == "/pause" and "/update_weight_version" in order[i:]
+
+
+@pytest.mark.parametrize("verify", ["exact", "change"])
+def test_a_reload_that_keeps_the_old_weights_is_caught(fake, ckpts, verify):
+    server = fake(stale=True)
+    engine = _engine(server, ckpts, verify=verify)
+    with pytest.raises(EngineError, match="did not take effect"):
+        asyncio.run(engine.load_weights(ckpts[1][1], 1))
+    assert engine.version == 0  # the failed version is never recorded as served
+
+
+def test_dead_or_missing_server_and_wrong_model(fake, ckpts, tmp_path):
+    server = fake()
+    engine = _engine(server, ckpts, retries=1)
+    server.stop()
+    with pytest.raises(EngineError, match="No vLLM server answers"):
+        asyncio.run(engine.generate([5, 6], SamplingParams(max_tokens=2)))
+    assert not asyncio.run(engine.health()).ok
+    with pytest.raises(EngineError, match="No vLLM server answers"):
+        VLLMEngine(server.url, ckpts[0]).connect(ckpts[1][0])
+    other = tmp_path / "other"  # a server on another model: refused before any reload
+    tok = build_tokenizer(TEXTS, vocab_size=300)
+    save_policy(create_policy(tok, "tiny", seed=0), tok, other, {})
+    with pytest.raises(EngineError, match="serves another model"):
+        VLLMEngine(fake(root=other).url, ckpts[0]).connect(ckpts[1][0])
+
+
+def test_top_p_is_refused_for_training(fake, ckpts):
+    engine = _engine(fake(), ckpts)
+    with pytest.raises(EngineError, match="biased") as e:
+        asyncio.run(engine.generate([5, 6], SamplingParams(top_p=0.9)))
+    assert str(e.value) == TOP_P_REFUSED
+    engine.allow_top_p = True  # evaluation: no ratio is formed
+    assert asyncio.run(engine.generate([5, 6], SamplingParams(top_p=0.9, max_tokens=2))).token_ids
+
+
+def test_finish_reasons_map_to_taurl_s():
+    sp = SamplingParams(stop_token_ids=(7,))
+    assert _finish({"finish_reason": "stop", "stop_reason": None, "token_ids": [4, 0]}, sp) == ("eos", 0)
+    assert _finish({"finish_reason": "stop", "stop_reason": 7}, sp) == ("stop", 7)
+    assert _finish({"finish_reason": "stop", "stop_reason": "</a>"}, sp) == ("stop", "</a>")
+    assert _finish({"finish_reason": "length"}, sp) == ("length", None)
+    assert _finish({"finish_reason": "abort"}, sp) == ("abort", None)
+
+
+# -- LocalEngine: the same contract -------------------------------------------------------
+
+def test_local_engine_contract_load_pause_abort_keep(ckpts):
+    tok, (p0, p1) = ckpts
+    engine = make_engine("local", p0, tok, version=0, max_batch_size=4)
+    assert isinstance(engine, Engine)
+    prompt = [5, 6, 7, 8]
+    asyncio.run(engine.load_weights(p1, 1))
+    g = asyncio.run(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=6)))
+    model1, _ = load_policy(p1)
+    lp = sequence_logprobs(model1, prompt + g.token_ids, 1.0)[len(prompt):]
+    assert g.policy_version == 1 and torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)
+
+    async def abort_midway():
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
+        await asyncio.sleep(0.3)
+        await engine.pause("abort")
+        out = await task
+        assert not (await engine.health()).in_flight
+        late = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=2)))
+        await asyncio.sleep(0.1)
+        assert not late.done()  # new requests wait while paused
+        await engine.resume()
+        return out, await late
+
+    out, late = asyncio.run(abort_midway())
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    assert len(out.logprobs) == len(out.token_ids) and len(late.token_ids) == 2
+
+    async def keep_then_load():
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
+        await asyncio.sleep(0.3)
+        await engine.pause("keep")
+        with pytest.raises(EngineError, match="mix two policy versions"):
+            await engine.load_weights(p0, 2)
+        await engine.resume()
+        return await task
+
+    kept = asyncio.run(keep_then_load())
+    assert kept.finish_reason in ("length", "eos") and kept.policy_version == 1 and engine.version == 1
+    with pytest.raises(EngineError, match="unknown engine"):
+        make_engine("sglang", p0, tok, version=0)
+    with pytest.raises(EngineError, match="unknown engine_options"):
+        make_engine("local", p0, tok, version=0, url="http://x")
+
+
+# -- integration: the real vLLM server --------------------------------------------------
+
+needs_vllm = pytest.mark.skipif(not os.environ.get(PYTHON_ENV),
+                                reason=f"set {PYTHON_ENV} to the vLLM venv's python to run these")
+
+
+@pytest.fixture(scope="module")
+def real(ckpts, tmp_path_factory):
+    tok, (p0, _) = ckpts
+    server = VLLMServer(p0, cache_dir=tmp_path_factory.mktemp("vllm-cache"), max_model_len=512)
+    server.start()
+    engine = VLLMEngine(server.url, tok, version=0, server=server, timeout_s=120)
+    engine.connect(p0)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_greedy_ids_equal_local_engine(real, ckpts):
+    tok, (p0, _) = ckpts
+    local = make_engine("local", p0, tok, version=0)
+    asyncio.run(real.load_weights(p0, 0))
+    prompts = [[5 + i, 9, 13 + 2 * i, 40] for i in range(6)]
+    sp = SamplingParams(temperature=0, max_tokens=24)
+
+    async def both():
+        return (await asyncio.gather(*[real.generate(p, sp) for p in prompts]),
+                await asyncio.gather(*[local.generate(p, sp) for p in prompts]))
+
+    got, want = asyncio.run(both())
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_processed_logprobs_equal_fp32_forward(real, ckpts):
+    tok, (p0, _) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    model, _ = load_policy(p0)
+    worst = 0.0
+    for i in range(8):
+        prompt = [7 + i, 11, 30 + i]
+        g = asyncio.run(real.generate(prompt, SamplingParams(temperature=0.7, max_tokens=32, seed=i)))
+        lp = sequence_logprobs(model, prompt + g.token_ids, 0.7)[len(prompt):]
+        worst = max(worst, float((lp - torch.tensor(g.logprobs)).abs().max()))
+    print(f"max |vLLM processed logprob - fp32 forward| at T=0.7: {worst:.2e}")
+    assert worst <= 1e-4
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_reload_serves_the_new_checkpoint_and_version(real, ckpts):
+    tok, (p0, p1) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    prompt, sp = [5, 9, 13, 40], SamplingParams(temperature=0, max_tokens=16)
+    before = asyncio.run(real.generate(prompt, sp))
+    t0 = time.perf_counter()
+    asyncio.run(real.load_weights(p1, 1))
+    print(f"reload + verify: {time.perf_counter() - t0:.3f} s")
+    after = asyncio.run(real.generate(prompt, sp))
+    local1 = asyncio.run(make_engine("local", p1, tok, version=1).generate(prompt, sp))
+    assert after.token_ids == local1.token_ids and after.policy_version == 1 == real.version
+    assert before.policy_version == 0 and before.token_ids != after.token_ids
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_abort_returns_partial_tokens(real):
+    async def go():
+        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=400)))
+        await asyncio.sleep(0.5)
+        await real.pause("abort")
+        out = await task
+        await real.resume()
+        return out
+
+    out = asyncio.run(go())
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_killed_server_fails_in_flight_requests(real):
+    # last in the module: it kills the shared server
+    async def go():
+        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
+        await asyncio.sleep(0.5)
+        real.server.stop()
+        return await task
+
+    with pytest.raises(EngineError, match="exited with code|No vLLM server answers"):
+        asyncio.run(go())
