@@ -174,3 +174,15 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(mini):
         assert stats["learn/micro_batches"] == (1 if tokens > 10**5 else len(micro_batches(trajs, 200)))
     assert len(micro_batches(trajs, 200)) > 1
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_taurl_eval_of_a_bare_checkpoint_reproduces_the_recipes_evaluation(mini):
+    """A checkpoint carries its env, prompt, task options and budgets: `taurl eval CKPT`
+    (no run config) meets the same tasks and seeds and gets the recipe's figure exactly."""
+    from taurl import commands
+
+    run_dir, summary = mini
+    result = commands.evaluate(RunDir(run_dir).checkpoint(3), split="validation", trials=MINI["eval_trials"],
+                               tasks=MINI["eval_tasks"], temperature=MINI["eval_temperature"], progress=False)
+    assert result.to_dict()["task_successes"] == summary["validation"]["final"]["task_successes"]
+    assert result.success == summary["validation"]["final"]["success"]
