@@ -213,16 +213,21 @@ def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Pat
 
 
 def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
-    """The demo's closing lines: holdout figures before and after RL, where the report is."""
-    h = summary["holdout"]
+    """The run's closing lines: validation and holdout before and after RL, where the report is."""
     lines = []
-    for tag in ("sft", "final"):
-        r = h[tag]
-        lines.append(f"holdout {tag:<5} success {r['success']:.3f} (95% CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}, "
-                     f"{r['episodes']} episodes)  pass@{r['trials']} {r['pass_at_k']:.3f}  "
-                     f"search rate {r['search_rate']:.3f}  tool calls {r['tool_calls_mean']:.2f}")
-    lines.append(f"gain {h['gain']:+.3f}; intervals {'overlap' if h['intervals_overlap'] else 'do not overlap'}; "
-                 f"{summary['train']['updates']} GRPO updates; wall {summary['wall_seconds']:.0f} s")
+    for split in ("validation", "holdout"):
+        h = summary[split]
+        for tag in ("sft", "final"):
+            r = h[tag]
+            lines.append(f"{split:<10} {tag:<5} success {r['success']:.3f} (95% CI {r['ci95'][0]:.3f}-"
+                         f"{r['ci95'][1]:.3f}, {r['episodes']} episodes of {r['tasks']} tasks)  pass@{r['trials']} "
+                         f"{r['pass_at_k']:.3f}  tool-use rate {r['search_rate']:.3f}")
+        p = h.get("paired_gain", {})
+        paired = f" (paired {p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}])" if p else ""
+        lines.append(f"{split:<10} gain {h['gain']:+.3f}{paired}; intervals "
+                     f"{'overlap' if h['intervals_overlap'] else 'do not overlap'}")
+    t = summary["train"]
+    lines.append(f"{t['updates']} RL updates ({t['estimator']}, {t['objective']}); wall {summary['wall_seconds']:.0f} s")
     lines.append(f"report: {Path(run_dir) / 'report.html'}  summary: {Path(run_dir) / 'summary.json'}")
     return "\n".join(lines)
 
