@@ -30,8 +30,6 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,65 +37,24 @@ from tqdm.auto import tqdm
 
 from taurl import envs
 from taurl.config import TrainConfig, dump_config
-from taurl.envs.core import Env, Task
-from taurl.envs.spec import EnvSpec
+from taurl.envs.core import Task
 from taurl.episodes import EpisodeSpec, collect, episode_seed
 from taurl.errors import ConfigError, Error
 from taurl.eval_run import evaluate_policy
 from taurl.evaluate import paired_difference
 from taurl.ledger import Ledger
-from taurl.monitor.metrics import MetricsWriter, rollout_metrics
+from taurl.monitor.metrics import MetricsWriter, console_line, rollout_metrics, same_reward_share
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import build_default_policy, load_policy
+from taurl.run_state import Hook, Run
 from taurl.runs import RunDir
-from taurl.tasks import TaskPlan, plan_tasks
+from taurl.tasks import plan_tasks
 from taurl.train.checkpoint import drop_optimizer_state, load_optimizer_state, save_checkpoint
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
-from taurl.train.sft import sft_loop
+from taurl.train.sft import read_sft_file, sft_loop
 
 log = logging.getLogger("taurl.recipe")
-Hook = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass
-class Run:
-    """What every phase shares: the config, the env's spec, the tasks and the run directory."""
-
-    cfg: TrainConfig
-    spec: EnvSpec
-    plan: TaskPlan
-    run: RunDir
-    ledger: Ledger
-    metrics: MetricsWriter
-    progress: bool = True
-    hook: Hook = lambda name, info: None  # noqa: E731 — events for tests and monitors
-    state: dict[str, Any] = field(default_factory=dict)
-
-    def make_env(self) -> Env:
-        env = envs.make(self.cfg.env, **self.cfg.env_kwargs())
-        if self.cfg.system_prompt is not None:
-            env.system_prompt = self.cfg.system_prompt
-        return env
-
-    def save_state(self, **changes: Any) -> None:
-        self.state.update(changes)
-        (self.run.root / "state.json").write_text(json.dumps(self.state, indent=2, sort_keys=True))
-
-    def phase_done(self, name: str, seconds: float) -> None:
-        timings = dict(self.state.get("timings", {}))
-        timings[name] = timings.get(name, 0.0) + seconds
-        self.save_state(timings=timings)
-
-    def bar(self, total: int, desc: str, unit: str = "ep") -> tqdm:
-        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
-
-    def checkpoint_meta(self) -> dict[str, Any]:
-        """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl rollout`)."""
-        c = self.cfg
-        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(), "system_prompt": c.system_prompt,
-                           "tasks": c.tasks, "task_options": c.task_options, "imports": c.imports,
-                           "rollout": dataclasses.asdict(c.rollout_config())}}
 
 
 def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook | None = None) -> dict[str, Any]:
@@ -186,31 +143,6 @@ def sft_data(r: Run) -> list:
     return trajs
 
 
-def read_sft_file(path: str, env: str) -> list:
-    """Trajectories of an export-format JSONL file for SFT; rows that are not valid records
-    of `env` are logged and left out (and counted), the rest kept."""
-    from taurl.export import read_jsonl
-    from taurl.trajectory import Trajectory, check_trajectory
-
-    keep, bad = [], []
-    for i, row in enumerate(read_jsonl(path), 1):
-        try:
-            traj = Trajectory.from_dict({k: v for k, v in row.items() if k in Trajectory.__dataclass_fields__})
-        except Exception as e:  # noqa: BLE001 — a broken row is reported, the others are kept
-            bad.append(f"row {i}: {type(e).__name__}: {e}")
-            continue
-        problems = [str(p) for p in check_trajectory(traj)]
-        if traj.env_name != env:
-            problems.append(f"env {traj.env_name!r} is not the run's {env!r}")
-        (bad.append(f"row {i} ({traj.episode_id}): {'; '.join(problems)}") if problems else keep.append(traj))
-    for why in bad:
-        log.warning("sft_data %s: %s", path, why)
-    if not keep:
-        raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; see the log)")
-    log.info("SFT on %d trajectories of %s (%d rows left out)", len(keep), path, len(bad))
-    return keep
-
-
 def sft(r: Run, trajs: list) -> None:
     """checkpoints/v1: v0 fine-tuned on `trajs` (v0 itself when there is no SFT data)."""
     cfg, t0 = r.cfg, time.perf_counter()
@@ -291,26 +223,6 @@ def reinforce(r: Run) -> None:
             r.save_state(rl_stopped_early=update)
             break
     bar.close()
-
-
-def same_reward_share(trajs: list) -> float:
-    """Share of groups whose rollouts all got the same reward (they carry no GRPO signal)."""
-    groups: dict[str, set[float]] = {}
-    for t in trajs:
-        groups.setdefault(t.group_id, set()).add(t.reward)
-    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
-
-
-def console_line(row: dict[str, Any], total: int) -> str:
-    """The live line printed after each update."""
-    g = row.get
-    return (f"update {g('update')}/{total} v{g('policy/version')}  reward {g('rollout/reward_mean', 0):.2f}"
-            f"±{g('rollout/reward_std', 0):.2f}  success {g('rollout/success', 0):.2f}  tools "
-            f"{g('rollout/search_rate', 0):.2f}  same-groups {g('rollout/groups_same_reward', 0):.2f}  "
-            f"invalid {g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
-            f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
-            f"{g('learn/entropy', 0):.2f}  |g| {g('learn/grad_norm', 0):.2f}  "
-            f"roll {g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")
 
 
 # ---------------------------------------------------------------------------------------

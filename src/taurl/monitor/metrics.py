@@ -82,3 +82,23 @@ class MetricsWriter:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def same_reward_share(trajs: list) -> float:
+    """Share of groups whose rollouts all got the same reward (they carry no GRPO signal)."""
+    groups: dict[str, set[float]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, set()).add(t.reward)
+    return sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
+
+
+def console_line(row: dict[str, Any], total: int) -> str:
+    """The live line printed after each update."""
+    g = row.get
+    return (f"update {g('update')}/{total} v{g('policy/version')}  reward {g('rollout/reward_mean', 0):.2f}"
+            f"±{g('rollout/reward_std', 0):.2f}  success {g('rollout/success', 0):.2f}  tools "
+            f"{g('rollout/search_rate', 0):.2f}  same-groups {g('rollout/groups_same_reward', 0):.2f}  "
+            f"invalid {g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
+            f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
+            f"{g('learn/entropy', 0):.2f}  |g| {g('learn/grad_norm', 0):.2f}  "
+            f"roll {g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")

@@ -11,6 +11,7 @@ Batches are length-bucketed (sorted by length, then cut) so padding stays small.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 
@@ -18,6 +19,8 @@ import torch
 
 from taurl.train.learner import sft_step
 from taurl.trajectory import Trajectory
+
+log = logging.getLogger("taurl.sft")
 
 
 def length_buckets(trajs: Sequence[Trajectory], batch_size: int, rng: random.Random) -> list[list[Trajectory]]:
@@ -86,3 +89,29 @@ def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int
             break
     model.eval()
     return steps
+
+
+def read_sft_file(path: str, env: str) -> list:
+    """Trajectories of an export-format JSONL file for SFT; rows that are not valid records
+    of `env` are logged and left out (and counted), the rest kept."""
+    from taurl.errors import Error
+    from taurl.export import read_jsonl
+    from taurl.trajectory import Trajectory, check_trajectory
+
+    keep, bad = [], []
+    for i, row in enumerate(read_jsonl(path), 1):
+        try:
+            traj = Trajectory.from_dict({k: v for k, v in row.items() if k in Trajectory.__dataclass_fields__})
+        except Exception as e:  # noqa: BLE001 — a broken row is reported, the others are kept
+            bad.append(f"row {i}: {type(e).__name__}: {e}")
+            continue
+        problems = [str(p) for p in check_trajectory(traj)]
+        if traj.env_name != env:
+            problems.append(f"env {traj.env_name!r} is not the run's {env!r}")
+        (bad.append(f"row {i} ({traj.episode_id}): {'; '.join(problems)}") if problems else keep.append(traj))
+    for why in bad:
+        log.warning("sft_data %s: %s", path, why)
+    if not keep:
+        raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; see the log)")
+    log.info("SFT on %d trajectories of %s (%d rows left out)", len(keep), path, len(bad))
+    return keep
