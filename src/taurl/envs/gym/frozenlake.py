@@ -8,7 +8,7 @@ call (each map is one cluster of the evaluation's interval); training maps may r
 
 The prompt shows the map (one row a line, cells separated by spaces so that each cell is
 its own token) and the start; after each move the env answers inline with the position and
-the four neighbouring cells, e.g. ``<information>row 1 col 2. left F, down H, right F, up
+the four neighbouring cells, e.g. ``<information>row 1 col 2. left F down H right F up
 F</information>`` ("wall" past the edge). Moves: ``<action>left|down|right|up</action>``.
 Reward: 1.0 for reaching G, 0.0 otherwise (a hole, or the turn budget running out).
 
@@ -55,13 +55,14 @@ def prompt_of(rows: list[str]) -> str:
 
 
 def describe_cell(rows: list[str], r: int, c: int) -> str:
-    """``row r col c. left X, down X, right X, up X`` (X a cell letter or "wall")."""
+    """``row r col c. left X down X right X up X`` (X a cell letter or "wall"; no commas:
+    each costs a token in every observation)."""
     n_r, n_c = len(rows), len(rows[0])
 
     def at(rr: int, cc: int) -> str:
         return rows[rr][cc] if 0 <= rr < n_r and 0 <= cc < n_c else "wall"
 
-    return f"row {r} col {c}. left {at(r, c - 1)}, down {at(r + 1, c)}, right {at(r, c + 1)}, up {at(r - 1, c)}"
+    return f"row {r} col {c}. left {at(r, c - 1)} down {at(r + 1, c)} right {at(r, c + 1)} up {at(r - 1, c)}"
 
 
 def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery: bool = False,
