@@ -8,8 +8,9 @@ observations. It re-derives the outcome from what the agent *did*:
    the last turn a submit call); anything else is 0;
 2. each turn's action text — the model's own text, not the receipt's shortened
    arguments — is played, in order, through a fresh `CodeEnv` (a new sandbox per record)
-   offering the tools the record's provenance names (the env option ``tools``),
-   so the workspace at submit is the one the agent built, including whatever its
+   offering the tools the record's provenance names (the env option ``tools``;
+   ``compact_tools`` changes only what the prompt shows, not what a call does, so the
+   replay does not need it), so the workspace at submit is the one the agent built, including whatever its
    ``run_python`` and ``run_tests`` calls did to it;
 3. the replayed episode must end on the record's last turn, by that submit; the
    hidden tests then run in a fresh sandbox through the verifier's own
