@@ -20,7 +20,8 @@ Exactness rules this engine keeps:
   ones before a reload, so ``Generation.policy_version`` is the version of every token;
 - a reload is verified: a probe (a fixed prompt, T = 1, fixed seed) must give logprobs
   within ``probe_atol`` of a plain fp32 forward of the new checkpoint (``verify="exact"``),
-  and must not be closer to the previous policy's probe than to the new one; with
+  and, when it is off by more than float noise, must not be closer to the previous
+  policy's probe than to the new one; with
   ``verify="change"`` (no local forward, for big models) it must differ from the
   previous probe unless the weight files are byte-identical. vLLM reload calls are known
   to keep stale weights silently (CPU 0.32.0 keeps the old ``lm_head`` of tied models);
@@ -70,7 +71,10 @@ class VLLMEngine:
 
     model_name: the served name (None: the server's only model). timeout_s: one request's
     limit. retries: re-sends after a transport failure. max_concurrency: requests in
-    flight at once from this client. server: a `VLLMServer` this engine owns (closed by
+    flight at once from this client. verify: "exact" | "change" | "none" (module
+    docstring); probe_atol: the largest probe |logprob diff| from the new checkpoint's fp32
+    forward; probe_noise: a smaller diff is float noise (fp32 servers: ~5e-7), never
+    staleness (reloading the same checkpoint is fine). A bf16 server: verify="change". server: a `VLLMServer` this engine owns (closed by
     `close`; its exit is reported when requests fail).
     """
 
@@ -78,7 +82,8 @@ class VLLMEngine:
                  model_name: str | None = None, timeout_s: float = 600.0,
                  connect_timeout_s: float = 5.0, retries: int = 2, retry_wait_s: float = 0.5,
                  max_concurrency: int = 256, allow_top_p: bool = False, verify: str = "exact",
-                 probe_tokens: int = 8, probe_atol: float = 1e-3, seed: int = 0,
+                 probe_tokens: int = 8, probe_atol: float = 1e-3, probe_noise: float = 1e-5,
+                 seed: int = 0,
                  server: Any = None):
         if verify not in VERIFY_MODES:
             raise EngineError(f"unknown verify mode {verify!r}; choose one of {list(VERIFY_MODES)}")
@@ -95,6 +100,7 @@ class VLLMEngine:
         self.verify = verify
         self.probe_tokens = probe_tokens
         self.probe_atol = probe_atol
+        self.probe_noise = probe_noise
         self.server = server
         self._rng = random.Random(seed)
         self._max_context = 0
@@ -285,6 +291,8 @@ class VLLMEngine:
                 self.stats["retries"] += 1
                 await asyncio.sleep(self.retry_wait_s * (attempt + 1))
                 continue
+            if r.status >= 500:  # the engine behind the API server failed (or is shutting down)
+                raise EngineError(self._dead(f"/v1/completions answered {r.status}: {_short(r.body)}"))
             if r.status != 200:
                 raise EngineError(f"/v1/completions answered {r.status}: {_short(r.body)}")
             choices = r.body.get("choices") if isinstance(r.body, dict) else None
@@ -319,8 +327,10 @@ class VLLMEngine:
         return r.body
 
     def _dead(self, what: str) -> str:
-        if self.server is not None and (code := self.server.exit_code()) is not None:
-            return f"{what}; the vLLM server taurl started exited with code {code}:\n{self.server.log_tail()}"
+        if self.server is not None:
+            code = self.server.exit_code()
+            state = "is running" if code is None else f"exited with code {code}"
+            return f"{what}; the vLLM server taurl started {state}; its log ends:\n{self.server.log_tail()}"
         return (f"{what}. No vLLM server answers at {self.url}: start one with "
                 "`python -m taurl.policy.vllm_server --model DIR` (README: Engines) or fix the url")
 
@@ -385,7 +395,8 @@ class VLLMEngine:
             if err_new > self.probe_atol:
                 raise EngineError(_stale(version, checkpoint_dir, f"its probe logprobs differ from a plain fp32 "
                                          f"forward of the checkpoint by {err_new:.2e} (> {self.probe_atol:g})"))
-            if prev is not None and prev["ids"] == ids:
+            if prev is not None and prev["ids"] == ids and err_new > self.probe_noise:
+                # beyond float noise of the new policy, yet nearer the previous one: stale
                 err_old = max(abs(a - b) for a, b in zip(lps, prev["logprobs"], strict=True))
                 if err_old < err_new:
                     raise EngineError(_stale(version, checkpoint_dir, "its probe is closer to the previous "
