@@ -38,7 +38,7 @@ def retriever(taurl_cache) -> BM25Retriever:
 
 @pytest.fixture(scope="module")
 def tasks() -> dict[str, list[Task]]:
-    return {s: generate_tasks(s) for s in ("train", "holdout")}
+    return {s: generate_tasks(s) for s in ("train", "validation", "holdout")}
 
 
 def _within(phrase: str, text: str) -> bool:
@@ -192,8 +192,9 @@ def test_one_hop_city_subjects_are_retrievable_by_name(tasks, retriever) -> None
 def test_splits_are_by_country_and_entities_share_them(tasks) -> None:
     geo = load_geo()
     splits = country_splits()
-    held = sum(s == "holdout" for s in splits.values()) / len(splits)
+    held = sum(s != "train" for s in splits.values()) / len(splits)
     assert abs(held - HOLDOUT_PERCENT / 100) < 0.05
+    assert {"validation", "holdout"} <= set(splits.values())  # the held-out groups are split in two
 
     def country_of(entity: str) -> str:
         kind, key = entity.split(":")
@@ -227,8 +228,12 @@ def _phrase_finder(train: list[Task]):
 
 
 def test_holdout_never_leaks_into_training(tasks) -> None:
+    """Neither held-out split (validation, holdout) leaks into training, and the two share
+    no entity: tuning on validation never touches a holdout entity."""
     assert {f.answer_kind for f in FAMILIES.values()} <= ENTITY_ANSWER_KINDS | GENERIC_ANSWER_KINDS
-    train, holdout = tasks["train"], tasks["holdout"]
+    train, holdout = tasks["train"], tasks["validation"] + tasks["holdout"]
+    val_entities = {e for t in tasks["validation"] for e in t.metadata["entities"]}
+    assert not val_entities & {e for t in tasks["holdout"] for e in t.metadata["entities"]}
     train_entities = {e for t in train for e in t.metadata["entities"]}
     in_training_text = _phrase_finder(train)
 
@@ -246,7 +251,9 @@ def test_holdout_never_leaks_into_training(tasks) -> None:
 def test_city_split_holds_out_cities_that_training_never_names() -> None:
     """split_by="city": unseen cities, countries shared as answer classes (module docstring
     of taurl.envs.search.questions)."""
-    train, holdout = (generate_tasks(s, split_by="city") for s in ("train", "holdout"))
+    train, validation, test = (generate_tasks(s, split_by="city") for s in ("train", "validation", "holdout"))
+    holdout = validation + test  # both held out; tuning on one never sees a city of the other
+    assert not {t.metadata["subject_id"] for t in validation} & {t.metadata["subject_id"] for t in test}
     assert {t.metadata["subject_id"].split(":")[0] for t in holdout} == {"city"}  # country questions all train
     held_cities = {t.metadata["subject_id"] for t in holdout}
     assert abs(len(held_cities) / len(usable_cities()) - HOLDOUT_PERCENT / 100) < 0.03
