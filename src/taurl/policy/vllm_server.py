@@ -15,6 +15,8 @@ range of its own; see README: Engines), never imported by taurl. What this sets,
 - ``VLLM_CPU_KVCACHE_SPACE`` (GiB): the CPU KV cache (the default takes much more);
 - caches (``VLLM_CACHE_ROOT``, ``TORCHINDUCTOR_CACHE_DIR``, ``TMPDIR``) under `cache_dir`,
   so nothing lands in ~/.cache and the run directory holds what the server wrote;
+- ``--no-enable-chunked-prefill``: seeded requests (every `VLLMEngine` request has a seed)
+  crash vLLM-CPU 0.32 when a prompt is prefilled in chunks (see `command`);
 - ``--enforce-eager`` by default: no torch.compile (30 s more start-up on 2 cores, and
   no faster at the sizes taurl trains on a CPU).
 """
@@ -89,8 +91,14 @@ class VLLMServer:
                "--served-model-name", self.served_model_name, "--host", "127.0.0.1",
                "--port", str(self.port), "--dtype", self.dtype,
                "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
-        if self.max_model_len:
-            cmd += ["--max-model-len", str(self.max_model_len)]
+        # seeded requests + chunked prefill crash vLLM-CPU 0.32: a partially prefilled row's
+        # sampled token is discarded by rewinding its generator (gpu_model_runner.py
+        # `_bookkeeping_sync`: gen.set_offset), and a CPU generator has no offset
+        # ("RuntimeError: CPU Generator does not use offset" kills the engine core)
+        cmd.append("--no-enable-chunked-prefill")
+        if self.max_model_len:  # a whole prompt must fit one step's token budget
+            cmd += ["--max-model-len", str(self.max_model_len),
+                    "--max-num-batched-tokens", str(max(4096, self.max_model_len))]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         return cmd + list(self.extra_args)
