@@ -61,6 +61,8 @@ ACTION_TAGS = (
     "</tool_call>",
     "<tool_response>",
     "</tool_response>",
+    "<action>",  # taurl.envs.gym: one token each, so the stop at </action> is one sampled id
+    "</action>",
 )
 # Order fixes the ids: pad is 0, <|im_start|> 1, <|im_end|> 2, then the tags.
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN, *ACTION_TAGS)
