@@ -129,6 +129,8 @@ class TrainConfig:
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
+    engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; README: Engines)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # its options (vllm: url, or python to start one; verify; ...)
     sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
     sft_data: str = ""  # a trajectory file in the export format (JSONL) when sft: file
     demos: int = 12000  # expert demonstrations (one per training task)
@@ -204,6 +206,13 @@ class TrainConfig:
             out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
+        if self.engine not in ("local", "vllm"):
+            out.append(f"engine must be local or vllm (got {self.engine!r})")
+        elif self.engine == "local" and (bad := sorted(set(self.engine_options) - {"prefix_cache_tokens"})):
+            out.append(f"engine_options {bad} are not options of engine 'local' (it takes prefix_cache_tokens; "
+                       "max_batch_size and seed come from concurrency and seed)")
+        elif self.engine == "vllm" and self.temperature <= 0:
+            out.append("engine: vllm trains at temperature > 0 (greedy behaviour logprobs are not a policy's)")
         if self.sft not in ("expert", "file", "none"):
             out.append(f"sft must be expert, file or none (got {self.sft!r})")
         if self.sft == "file" and not Path(self.sft_data).is_file():

@@ -7,7 +7,7 @@
     for update u = 1..U:                         # policy version v = v_sft + u − 1
         batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once
         stats = learner.update(batch)                      # credit → loss → AdamW step
-        checkpoint(v + 1); engine.update_weights(v + 1)    # serve the new version
+        checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
     evaluate(validation, holdout) of the final policy → summary.json, report.html
 
 Nothing here names an environment: the env's task source, expert, verifier and policy
@@ -24,7 +24,6 @@ phases (policy, demonstrations, SFT, evaluations) are skipped.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import json
 import logging
@@ -44,7 +43,7 @@ from taurl.eval_run import evaluate_policy
 from taurl.evaluate import paired_difference
 from taurl.ledger import Ledger
 from taurl.monitor.metrics import MetricsWriter, console_line, rollout_metrics, same_reward_share
-from taurl.policy.engine import LocalEngine
+from taurl.policy.engine import make_engine
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.run_state import Hook, Run
 from taurl.runs import RunDir
@@ -183,9 +182,21 @@ def reinforce(r: Run) -> None:
     learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference)
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
-    # the engine serves its own copy of the weights, as a separate inference server would
+    # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
-    engine = LocalEngine(copy.deepcopy(model), tok, version=version, max_batch_size=cfg.concurrency, seed=seed)
+    opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
+    if cfg.engine == "vllm" and "url" not in opts:  # a server of our own: its caches and log in the run
+        opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
+    engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version, **opts)
+    try:
+        _rl_loop(r, model, tok, learner, engine, version, first, seed)
+    finally:
+        engine.close()
+
+
+def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, version: int, first: int,
+             seed: int) -> None:
+    cfg = r.cfg
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
@@ -208,7 +219,7 @@ def reinforce(r: Run) -> None:
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
                         **r.checkpoint_meta())
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
-        asyncio.run(engine.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version))
+        asyncio.run(engine.load_weights(r.run.checkpoint(version), version))  # served and verified
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),

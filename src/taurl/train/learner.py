@@ -59,6 +59,7 @@ from taurl.credit import (
 )
 from taurl.credit.batch import drop_invalid
 from taurl.errors import ConfigError
+from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.kl import KL_ESTIMATORS
 from taurl.trajectory import Trajectory
@@ -293,10 +294,14 @@ class Learner:
                 ref = [action_logprobs(self.reference, r, cfg.temperature)[0] for r in rows]
         self.model.eval()  # no dropout noise in the ratio (module docstring); gradients still flow
         sums: dict[str, float] = {}
-        for _ in range(cfg.epochs):
+        drift: list[Mismatch] = []  # learner vs behaviour logprobs before the first step
+        for epoch in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(rows):
                 lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
+                if epoch == 0:
+                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask, clip_low=cfg.eps_low,
+                                                  clip_high=cfg.eps_high))
                 old = prox[j] if prox is not None else r.behaviour
                 extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
                 loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
@@ -321,6 +326,7 @@ class Learner:
         padded = sum(r.attention.numel() for r in rows)
         real = sum(float(r.attention.sum()) for r in rows)
         stats.update(sums)
+        stats.update(combine_mismatch(drift).as_stats())
         stats.update({
             "learn/grad_norm": float(norm), "learn/action_tokens": n_tok, "learn/micro_batches": float(len(rows)),
             "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt, "learn/skipped": 0.0,
@@ -332,15 +338,22 @@ class Learner:
         """The per-update metrics of an update that took no step (entropy is still measured)."""
         ent_sum = tok = 0.0
         device = model_device(self.model)
+        cfg = self.config
+        drift: list[Mismatch] = []
+        self.model.eval()
         with torch.no_grad():
-            for c in micro_batches(trajs, self.config.micro_batch_tokens):
-                r = make_rows([trajs[i] for i in c], None, self.pad_id, device)
-                _, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True)
+            for c in micro_batches(trajs, cfg.micro_batch_tokens):
+                # zero advantages: the RL rows (behaviour logprobs), though no step is taken
+                part = [trajs[i] for i in c]
+                zeros = np.zeros((len(part), max(1, *(len(t.turns) for t in part))))  # (N, turns)
+                r = make_rows(part, zeros, self.pad_id, device)
+                lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
                 ent_sum += float((ent * r.mask).sum()) if ent is not None else 0.0
                 tok += float(r.mask.sum())
+                drift.append(logprob_mismatch(lp, r.behaviour, r.mask, clip_low=cfg.eps_low, clip_high=cfg.eps_high))
         return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
                 "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
-                "learn/tokens_per_s": 0.0}
+                "learn/tokens_per_s": 0.0, **combine_mismatch(drift).as_stats()}
 
 
 # ---------------------------------------------------------------------------------------

@@ -70,3 +70,20 @@ def logprob_mismatch(learner: torch.Tensor, behaviour: torch.Tensor, mask: torch
 
 
 __all__ = ["Mismatch", "logprob_mismatch"]
+
+
+def combine_mismatch(parts: list[Mismatch]) -> Mismatch:
+    """One `Mismatch` over several micro-batches: token-weighted means, the max of maxima.
+
+    >>> a, b = Mismatch(1e-6, 2e-6, 0.0, 0.0, 10), Mismatch(4e-6, 9e-6, 0.0, 0.5, 30)
+    >>> m = combine_mismatch([a, b]); round(m.abs_mean * 1e6, 2), m.abs_max, m.clip_share, m.tokens
+    (3.25, 9e-06, 0.375, 40)
+    """
+    n = sum(p.tokens for p in parts)
+    if n == 0:
+        return Mismatch(0.0, 0.0, 0.0, 0.0, 0)
+
+    def mean(key: str) -> float:
+        return sum(getattr(p, key) * p.tokens for p in parts) / n
+
+    return Mismatch(mean("abs_mean"), max(p.abs_max for p in parts), mean("kl"), mean("clip_share"), n)
