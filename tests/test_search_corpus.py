@@ -156,7 +156,7 @@ def test_families_and_task_shape(tasks, by_id) -> None:
             assert t.metadata["hops"] == fam.hops and t.metadata["subject"] in t.prompt
             assert t.prompt == fam.template.format(subject=t.metadata["subject"])
             assert all(e in by_id for e in t.metadata["entities"])
-    ex = next(t for t in tasks["train"] + tasks["holdout"] if t.task_id == "search-v0/country_capital/country:CO")
+    ex = next(t for ts in tasks.values() for t in ts if t.task_id == "search-v0/country_capital/country:CO")
     assert ex.prompt == "What is the capital of Colombia?" and ex.answers == ("Bogota", "Bogotá")
 
 
@@ -184,7 +184,8 @@ def test_two_hop_answers_need_the_bridge(tasks, by_id) -> None:
 
 
 def test_one_hop_city_subjects_are_retrievable_by_name(tasks, retriever) -> None:
-    sample = [t for t in tasks["holdout"] if t.metadata["family"] == "city_country"][::25]
+    held = tasks["validation"] + tasks["holdout"]
+    sample = [t for t in held if t.metadata["family"] == "city_country"][::25]
     found = [t.metadata["subject_id"] in [h.doc.doc_id for h in retriever.search(t.metadata["subject"], 3)] for t in sample]
     assert len(sample) > 100 and all(found)
 

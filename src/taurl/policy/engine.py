@@ -513,6 +513,13 @@ def _read_state_dict(path: Path, model: torch.nn.Module) -> dict[str, torch.Tens
             state[k] = state[twin]
     missing, unexpected = set(own) - set(state), set(state) - set(own)
     if missing or unexpected:
+        # some architectures save under other names than their modules use (GPT-NeoX's
+        # embed_out is lm_head in transformers 5): let transformers apply its own key mapping
+        from taurl.policy.model import load_policy
+
+        state = load_policy(path, device="cpu", dtype=next(model.parameters()).dtype)[0].state_dict()
+        missing, unexpected = set(own) - set(state), set(state) - set(own)
+    if missing or unexpected:
         raise EngineError(f"the checkpoint at {str(path)!r} does not fit the served model: "
                           f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; "
                           "was it saved from the same architecture?")
