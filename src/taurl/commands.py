@@ -13,7 +13,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from taurl import envs
-from taurl.config import RolloutRunConfig, dump_config
+from taurl.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config
 from taurl.errors import Error
 from taurl.runs import RunDir
 
@@ -259,8 +259,7 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
     saved = {k: recipe[k] for k in ("env", "system_prompt", "tasks", "task_options") if k in recipe}
     if "env_config" in recipe:
         saved["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
-    for k in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
-              "max_tool_calls"):
+    for k in ROLLOUT_BUDGETS:
         if k in recipe.get("rollout", {}):
             saved[k] = recipe["rollout"][k]
     overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature,

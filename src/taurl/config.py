@@ -43,12 +43,7 @@ class RolloutRunConfig:
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
 
     def rollout_config(self):
-        from taurl.rollout import RolloutConfig
-
-        return RolloutConfig(max_turns=self.max_turns, max_action_tokens=self.max_action_tokens,
-                             max_episode_tokens=self.max_episode_tokens,
-                             max_observation_tokens=self.max_observation_tokens, max_context=self.max_context,
-                             max_tool_calls=self.max_tool_calls, temperature=self.temperature, top_p=self.top_p)
+        return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
     def problems(self) -> list[str]:
         out = []
@@ -178,13 +173,7 @@ class TrainConfig:
                           seed=self.eval_seed, concurrency=self.concurrency)
 
     def rollout_config(self, temperature: float | None = None):
-        from taurl.rollout import RolloutConfig
-
-        return RolloutConfig(max_turns=self.max_turns, max_action_tokens=self.max_action_tokens,
-                             max_episode_tokens=self.max_episode_tokens,
-                             max_observation_tokens=self.max_observation_tokens, max_context=self.max_context,
-                             max_tool_calls=self.max_tool_calls,
-                             temperature=self.temperature if temperature is None else temperature)
+        return _rollout_config(self, temperature=self.temperature if temperature is None else temperature)
 
     def env_kwargs(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, **self.env_config}
@@ -249,11 +238,22 @@ class TrainConfig:
             out.append(f"warmup_options: {self.env} has no warm-up hook for "
                        f"{'a given model' if self.model else 'its default policy'}; drop them")
         elif self.warmup_options:
-            from taurl.envs.registry import _signature_problems
+            from taurl.envs.registry import signature_problems
 
-            out += _signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
+            out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
                                        {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
         return out
+
+
+ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
+                   "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
+
+
+def _rollout_config(cfg: Any, **sampling: Any):
+    """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
+    from taurl.rollout import RolloutConfig
+
+    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **sampling)
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,

@@ -34,8 +34,8 @@ _SOURCE = ["taurl"]  # who is registering right now (a module or entry point bei
 _LOADED_ENTRY_POINTS = [False]
 
 
-def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | None = None, *,
-             expert: Expert | None = None, verifier: Callable[[], Verifier] | None = None,
+def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | str | None = None, *,
+             expert: Expert | str | None = None, verifier: Callable[[], Verifier] | str | None = None,
              policy_hooks: Any = None) -> None:
     """Register `factory` under `name` (``family-vN``) with its optional plug points.
 
@@ -43,10 +43,10 @@ def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | N
     keyword options (e.g. search-v0's ``families``, ``split_by``) are whatever it declares.
     expert: ``expert(task, rng, **options) -> [action text, ...]`` (SFT demonstrations).
     verifier: a zero-argument callable returning the evaluator's verifier instance.
-    policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec), or a
-    zero-argument callable that makes it (imported lazily).
-    factory may be a ``"module:attr"`` string, imported on first use (keeps ``import taurl``
-    light: an env's heavy dependencies load only when it is used).
+    policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec), or its
+    class (instantiated on first use).
+    Each of them may be a ``"module:attr"`` string, imported on first use (Gymnasium's entry
+    points: ``import taurl`` stays light, an env's heavy dependencies load only when used).
     """
     if name in _SPECS:
         raise ValueError(f"environment {name!r} is already registered (by {_SPECS[name].source})")
@@ -70,19 +70,27 @@ def _check(name: str) -> None:
                               "taurl.envs.register) or a `taurl.envs` entry point of an installed package")
 
 
+_LAZY = ("factory", "tasks", "expert", "verifier", "policy_hooks")
+
+
+def _load(ref: Any) -> Any:
+    """A ``"module:attr"`` reference, imported; anything else as it is."""
+    if not isinstance(ref, str):
+        return ref
+    mod, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
 def spec(name: str) -> EnvSpec:
-    """The registered spec of `name` (unknown names get a "did you mean" hint); lazy parts
-    (a ``"module:attr"`` factory, a policy-hooks maker) are resolved on first use."""
+    """The registered spec of `name` (unknown names get a "did you mean" hint); its
+    ``"module:attr"`` parts are imported, and a policy-hooks class instantiated, once."""
     _check(name)
     s = _SPECS[name]
-    factory, hooks = s.factory, s.policy_hooks
-    if isinstance(factory, str):
-        mod, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(mod), attr)
-    if callable(hooks) and not any(hasattr(hooks, m) for m in ("tokenizer_texts", "warmup")):
-        hooks = hooks()
-    if factory is not s.factory or hooks is not s.policy_hooks:
-        s = _SPECS[name] = dataclasses.replace(s, factory=factory, policy_hooks=hooks)
+    parts = {k: _load(getattr(s, k)) for k in _LAZY}
+    if isinstance(parts["policy_hooks"], type):
+        parts["policy_hooks"] = parts["policy_hooks"]()
+    if any(parts[k] is not getattr(s, k) for k in _LAZY):
+        s = _SPECS[name] = dataclasses.replace(s, **parts)
     return s
 
 
@@ -94,7 +102,7 @@ def make(name: str, **config: Any) -> Env:
 def env_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     """Keyword options the env's factory does not accept (checked by signature, before any
     work; a factory that takes ``**kwargs`` accepts everything)."""
-    return _signature_problems(spec(name).factory, options, f"{name}", "env option", set())
+    return signature_problems(spec(name).factory, options, f"{name}", "env option", set())
 
 
 def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
@@ -104,18 +112,20 @@ def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
         return [f"environment {name!r} has no registered task source; give `tasks: FILE.jsonl` instead"]
     fixed = {"split", "n", "seed"}
     problems = [f"task option {o!r} is not an option: it is make_tasks' own argument" for o in sorted(set(options) & fixed)]
-    return problems + _signature_problems(s.tasks, options, f"{name}'s task source", "option", fixed)
+    return problems + signature_problems(s.tasks, options, f"{name}'s task source", "option", fixed)
 
 
 def expert_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     s = spec(name)
     if s.expert is None:
         return [f"environment {name!r} has no expert; use sft: none, sft: rejection or sft_data: FILE"] if options else []
-    return _signature_problems(s.expert, options, f"{name}'s expert", "option", {"task", "rng"})
+    return signature_problems(s.expert, options, f"{name}'s expert", "option", {"task", "rng"})
 
 
-def _signature_problems(fn: Callable[..., Any], options: dict[str, Any], owner: str, what: str,
-                        fixed: set[str]) -> list[str]:
+def signature_problems(fn: Callable[..., Any], options: dict[str, Any], owner: str, what: str,
+                       fixed: set[str]) -> list[str]:
+    """`options` that `fn` does not accept as keywords (besides the `fixed` ones the caller
+    passes itself), each with a "did you mean"; none when `fn` takes ``**kwargs``."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check against

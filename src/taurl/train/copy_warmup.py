@@ -102,3 +102,25 @@ def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, step
             on_step(step, losses[-1])
     model.eval()
     return losses
+
+
+def copy_warmup_phase(model: torch.nn.Module, tokenizer, names: Sequence[str], probe: Sequence[str], *,
+                      steps: int, batch_size: int, lr: float, grad_clip: float, seed: int,
+                      log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
+    """An env's pre-SFT warm-up hook body: `copy_warmup` on `names` (deduplicated), the loss
+    logged every 25 steps, then the exact-copy rate of up to 256 `probe` strings it never
+    trained on. Returns {} when `steps` is 0."""
+    if steps == 0:
+        return {}
+    names = list(dict.fromkeys(names))
+    seen = set(names)
+    unseen = [n for n in dict.fromkeys(probe) if n not in seen][:256]
+
+    def on_step(step: int, loss: float) -> None:
+        if step % 25 == 0 or step == steps:
+            log(step, {"copy/loss": loss})
+
+    copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr, grad_clip=grad_clip,
+                seed=seed, on_step=on_step)
+    return {"copy/exact_unseen": copy_accuracy(model, unseen, tokenizer) if unseen else 0.0,
+            "copy/names": float(len(names)), "copy/unseen_names": float(len(unseen))}

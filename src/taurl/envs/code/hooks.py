@@ -54,22 +54,12 @@ class CodePolicyHooks:
                batch_size: int = 64, probe_tasks: Sequence[Task] = ()) -> dict[str, float]:
         """`steps` of copying (module docstring; 0 skips it); returns the exact-copy rate of
         strings of `probe_tasks` the warm-up never saw."""
-        from taurl.train.copy_warmup import copy_accuracy, copy_warmup
+        from taurl.train.copy_warmup import copy_warmup_phase
 
-        if steps == 0:
-            return {}
-        names = list(dict.fromkeys(n for t in train_tasks for n in copy_strings(t)))
-        seen = set(names)
-        unseen = [n for n in dict.fromkeys(n for t in probe_tasks for n in copy_strings(t)) if n not in seen][:256]
-
-        def on_step(step: int, loss: float) -> None:
-            if step % 25 == 0 or step == steps:
-                log(step, {"copy/loss": loss})
-
-        copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr, grad_clip=grad_clip,
-                    seed=seed, on_step=on_step)
-        return {"copy/exact_unseen": copy_accuracy(model, unseen, tokenizer) if unseen else 0.0,
-                "copy/names": float(len(names))}
+        names = [n for t in train_tasks for n in copy_strings(t)]
+        probe = [n for t in probe_tasks for n in copy_strings(t)]
+        return copy_warmup_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
+                                 grad_clip=grad_clip, seed=seed, log=log)
 
 
 def copy_strings(task: Task) -> list[str]:

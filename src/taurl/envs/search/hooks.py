@@ -42,20 +42,8 @@ class SearchPolicyHooks:
                batch_size: int = 64, probe_tasks: Sequence[Task] = ()) -> dict[str, float]:
         """`steps` of the copy warm-up on the names of `train_tasks` (the demonstration tasks);
         returns the exact-copy rate of names in `probe_tasks` the warm-up never saw."""
-        from taurl.train.copy_warmup import copy_accuracy, copy_warmup
+        from taurl.train.copy_warmup import copy_warmup_phase
 
-        if steps == 0:
-            return {}
-        names = list(dict.fromkeys([t.metadata["subject"] for t in train_tasks]
-                                   + [t.answers[0] for t in train_tasks if t.answers]))
-        seen = set(names)
-        unseen = [n for n in dict.fromkeys(t.metadata["subject"] for t in probe_tasks) if n not in seen][:256]
-
-        def on_step(step: int, loss: float) -> None:
-            if step % 25 == 0 or step == steps:
-                log(step, {"copy/loss": loss})
-
-        copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr, grad_clip=grad_clip,
-                    seed=seed, on_step=on_step)
-        return {"copy/exact_unseen": copy_accuracy(model, unseen, tokenizer) if unseen else 0.0,
-                "copy/unseen_names": float(len(unseen))}
+        names = [t.metadata["subject"] for t in train_tasks] + [t.answers[0] for t in train_tasks if t.answers]
+        return copy_warmup_phase(model, tokenizer, names, [t.metadata["subject"] for t in probe_tasks], steps=steps,
+                                 batch_size=batch_size, lr=lr, grad_clip=grad_clip, seed=seed, log=log)
