@@ -85,3 +85,13 @@ def test_failed_rollout_leaves_an_existing_run_unchanged(run_dir, capsys):
     assert "top_kk" in capsys.readouterr().err
     after = {p: p.read_bytes() for p in Path(run_dir).rglob("*") if p.is_file() and "ledger" not in p.name}
     assert after == before
+
+
+@pytest.mark.parametrize("env", ["code-v0", "frozenlake-v0"])
+def test_rollout_builds_the_default_policy_for_any_env(tmp_path, env):
+    """The default policy's tokenizer texts come from the env's own training tasks, however
+    few it has (code-v0 has ~4,000 distinct training tasks)."""
+    run = tmp_path / "r"
+    assert main(["rollout", "--env", env, "--run-dir", str(run), "--episodes", "2", "--max-turns", "1",
+                 "--max-action-tokens", "4", "--no-progress"]) == 0
+    assert (run / "checkpoints" / "v0" / "config.json").exists()

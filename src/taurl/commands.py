@@ -23,7 +23,7 @@ log = logging.getLogger("taurl")
 def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
     """Load cfg.model, or the run's latest checkpoint, or build the env's default policy as v0."""
     from taurl.policy.model import build_default_policy, load_policy
-    from taurl.train.default_policy import default_policy_texts
+    from taurl.train.default_policy import GENERIC_EXPERT_TASKS, default_policy_texts
 
     if cfg.model:
         return load_policy(cfg.model)
@@ -31,7 +31,9 @@ def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
     if latest is not None:
         return load_policy(latest)
     spec = envs.spec(cfg.env)
-    train_tasks = envs.make_tasks(cfg.env, "train", n=20000, seed=cfg.seed, **cfg.task_options) if spec.tasks else []
+    # as many training tasks as the generic text collection steps (an env may have few)
+    train_tasks = (envs.make_tasks(cfg.env, "train", n=GENERIC_EXPERT_TASKS, seed=cfg.seed, **cfg.task_options)
+                   if spec.tasks else [])
     texts = default_policy_texts(spec, lambda: envs.make(cfg.env, **cfg.env_config), train_tasks,
                                  task_options=cfg.task_options, expert_options={}, seed=cfg.seed)
     log.info("building the default %s policy (tokenizer on %d %s training texts) in %s",
