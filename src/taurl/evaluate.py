@@ -392,10 +392,6 @@ def check_split(tasks: Sequence[Task], split: str = "holdout") -> None:
                     f"only, so that no training signal has touched the evaluation")
 
 
-def check_holdout(tasks: Sequence[Task]) -> None:
-    check_split(tasks, "holdout")
-
-
 def _score(verifier: Any, traj: Trajectory, task: Task) -> float:
     v = verifier(traj, task)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 <= v <= 1.0):

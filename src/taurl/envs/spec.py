@@ -13,7 +13,7 @@ policy's tokenizer is trained on texts the generic routine collects, see
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -76,9 +76,3 @@ class EnvSpec:
 
     def make_verifier(self) -> Verifier | None:
         return self.verifier() if self.verifier is not None else None
-
-
-def expert_texts(expert: Expert, tasks: Sequence[Task], seed: int = 0, **options: Any) -> list[str]:
-    """Every action string the expert writes for `tasks` (tokenizer training text)."""
-    rng = random.Random(seed)
-    return [a for t in tasks for a in expert(t, rng, **options)]
