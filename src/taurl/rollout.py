@@ -184,6 +184,16 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         if gen.finish_reason == "eos" and eos_text and action_text.endswith(eos_text):
             env_text = action_text[:-len(eos_text)]
         ep.add_to_assistant(env_text)
+        if gen.finish_reason == "abort":
+            # the engine cut this action short (pause "abort" around an update): its sampled
+            # ids stay in the record, but a cut action is not the model's move, so the env
+            # never sees it and the episode ends here, truncated
+            turns.append(Turn(index=t, action_text=action_text, action={"kind": "aborted"}, observation_text="",
+                              action_segment=a_idx, observation_segment=None, finish_reason="abort",
+                              invalid=False, error=None, receipt=None, env_reward=0.0,
+                              generate_s=gen.generate_s, env_s=0.0, observation_tokens_dropped=0))
+            stop = StopReason.ABORTED
+            break
 
         t0 = time.perf_counter()
         try:

@@ -27,7 +27,7 @@ are for supervised learning (token ids and masks) only; `behaviour_logprobs` ref
 a terminal state of the task (the agent answered, reached a goal, ended its turn);
 *truncated* means it was cut off from outside (turn, token, context or tool budgets, an
 error, a fall). Exactly one of them is true for a finished episode, and `stop_reason`
-says why. Stop reasons are an open set (`StopReason`): the loop's own seven have a fixed
+says why. Stop reasons are an open set (`StopReason`): the loop's own eight have a fixed
 kind; an environment may report any other snake_case reason, whose kind is the flag the
 env set — the record keeps both the reason and the flags.
 
@@ -87,7 +87,8 @@ class StopReason(str, metaclass=_Reasons):
     CONTEXT_FULL: ClassVar[StopReason]  # the next turn would not fit in the model's context
     TOOL_BUDGET: ClassVar[StopReason]  # the tool-call budget ran out
     ERROR: ClassVar[StopReason]  # the env or a tool failed in a way the episode cannot survive
-    LOOP: ClassVar[tuple[StopReason, ...]]  # the seven above, in this order
+    ABORTED: ClassVar[StopReason]  # the engine aborted the action (pause "abort"); its partial ids are kept
+    LOOP: ClassVar[tuple[StopReason, ...]]  # the eight above, in this order
     _KIND: ClassVar[dict[str, str]] = {}
 
     def __new__(cls, name: str) -> StopReason:
@@ -122,7 +123,7 @@ def _define_loop_reasons() -> None:
     reasons = (("ANSWERED", "answered", "termination"), ("NO_ANSWER", "no_answer", "termination"),
                ("MAX_TURNS", "max_turns", "truncation"), ("MAX_TOKENS", "max_tokens", "truncation"),
                ("CONTEXT_FULL", "context_full", "truncation"), ("TOOL_BUDGET", "tool_budget", "truncation"),
-               ("ERROR", "error", "truncation"))
+               ("ERROR", "error", "truncation"), ("ABORTED", "aborted", "truncation"))
     interned = {}
     for attr, name, kind in reasons:
         interned[name] = StopReason(name)
