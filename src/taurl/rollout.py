@@ -43,6 +43,7 @@ from typing import Any
 from taurl.envs.core import Env, StepInfo, Task
 from taurl.errors import ContractError, Error
 from taurl.policy.engine import Engine, SamplingParams
+from taurl.policy.router import routing_key
 from taurl.trajectory import (
     NAME_PATTERN,
     POLICY_SOURCE,
@@ -135,6 +136,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                       episode_id: str | None = None) -> Trajectory:
     """Run one episode of `env` on `task` with `engine`; always returns a finished record."""
     t_start = time.perf_counter()
+    # several engines behind a router: every turn of this episode goes to the same one
+    routing_key.set(episode_id or f"{group_id}/{seed}")
     inline = env.observation_style == "inline"
     codec = ChatCodec(tokenizer, None if inline else env.tools)
     messages = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else [])

@@ -152,7 +152,32 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
     kind "vllm": `VLLMEngine` over a vLLM OpenAI-compatible server; options are
       `VLLMEngine.from_options`'s (url, or python to start a local server; ...). The
       server is made to serve `checkpoint_dir` as `version` before this returns.
+    Several engines behind one (`taurl.policy.router.EngineRouter`: an episode sticks to
+    one, new episodes go to the least loaded): ``replicas: N`` (N engines of `kind`, e.g.
+    N local vLLM servers), or for vllm ``url: [URL, ...]`` (one client per server).
     """
+    replicas = options.pop("replicas", 1)
+    urls = options.get("url")
+    if isinstance(urls, (list, tuple)) or replicas != 1:
+        from taurl.policy.router import EngineRouter
+
+        if not isinstance(replicas, int) or replicas < 1:
+            raise EngineError(f"engine_options replicas must be an integer >= 1, got {replicas!r}")
+        if isinstance(urls, (list, tuple)):
+            if kind != "vllm" or replicas != 1:
+                raise EngineError("engine_options url as a list is for engine 'vllm', without replicas")
+            per = [{**options, "url": u} for u in urls]
+        else:
+            per = [dict(options) for _ in range(replicas)]
+        engines: list[Engine] = []
+        try:
+            for o in per:
+                engines.append(make_engine(kind, checkpoint_dir, tokenizer, version=version, **o))
+        except BaseException:
+            for e in engines:
+                e.close()
+            raise
+        return EngineRouter(engines)
     if kind == "local":
         from taurl.policy.model import load_policy
 
