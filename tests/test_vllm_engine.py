@@ -419,3 +419,29 @@ def test_real_killed_server_fails_in_flight_requests(real):
     with pytest.raises(EngineError, match="exited with code -9"):
         asyncio.run(go())
     assert not asyncio.run(real.health()).ok
+
+
+def test_a_list_of_urls_is_one_routed_engine_over_every_server(fake, ckpts):
+    from taurl.policy.router import EngineRouter, routing_key
+
+    servers = [fake(), fake()]
+    router = make_engine("vllm", ckpts[1][0], ckpts[0], version=0, url=[s.url for s in servers],
+                         retry_wait_s=0.01)
+    assert isinstance(router, EngineRouter) and [e.url for e in router.engines] == [s.url for s in servers]
+    assert [s.weight_version for s in servers] == ["0", "0"]  # each server was told the version
+
+    async def episode(key):
+        routing_key.set(key)
+        for _ in range(3):  # three turns of one episode
+            await router.generate([5, 6, 7], SamplingParams(max_tokens=2))
+
+    async def main():
+        await asyncio.gather(*(episode(f"ep{i}") for i in range(4)))
+
+    before = [len(s.completions()) for s in servers]  # the reload probes
+    asyncio.run(main())
+    served = [len(s.completions()) - b for s, b in zip(servers, before, strict=True)]
+    assert served == [6, 6]  # two episodes of three turns each
+    asyncio.run(router.load_weights(ckpts[1][1], 1))
+    assert [s.weight_version for s in servers] == ["1", "1"] and router.version == 1
+    router.close()
