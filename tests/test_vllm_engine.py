@@ -406,6 +406,43 @@ def test_real_abort_returns_partial_tokens(real):
     assert len(out.logprobs) == len(out.token_ids)
 
 
+def _search_env():
+    from taurl import envs
+
+    env = envs.make("search-v0")
+    env.stop = ()  # no stop string: an action ends by length, EOS or an abort
+    return env
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
+    from taurl.envs.search import generate_tasks
+    from taurl.rollout import RolloutConfig, run_episode
+    from taurl.trajectory import StopReason, validate_trajectory
+
+    tok, (p0, _) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    task = generate_tasks("train", n=1, seed=0)[0]
+    cfg = RolloutConfig(temperature=0.0, max_action_tokens=400, max_context=512, max_episode_tokens=400)
+
+    async def go():
+        ep = asyncio.create_task(run_episode(real, _search_env(), tok, task, seed=0, config=cfg))
+        while not real._in_flight:  # the first action is on the server
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        await real.pause("abort")
+        tr = await ep
+        await real.resume()
+        return tr
+
+    tr = asyncio.run(go())
+    assert tr.stop_reason is StopReason.ABORTED and tr.truncated and len(tr.turns) == 1
+    action = tr.segments[tr.turns[0].action_segment]
+    assert 0 < len(action.token_ids) < 400 and action.policy_version == 0
+    validate_trajectory(tr)
+
+
 @pytest.mark.vllm
 @needs_vllm
 def test_real_killed_server_fails_in_flight_requests(real):
@@ -419,6 +456,52 @@ def test_real_killed_server_fails_in_flight_requests(real):
     with pytest.raises(EngineError, match="exited with code -9"):
         asyncio.run(go())
     assert not asyncio.run(real.health()).ok
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_killed_server_ends_episodes_in_flight_as_error_and_a_restart_serves_again(ckpts):
+    from taurl.envs.search import generate_tasks
+    from taurl.rollout import RolloutConfig, run_episodes
+    from taurl.trajectory import StopReason, validate_trajectory
+
+    tok, (p0, _) = ckpts
+    tasks = generate_tasks("train", n=4, seed=0)
+    cfg = RolloutConfig(temperature=1.0, max_action_tokens=400, max_context=512, max_episode_tokens=400)
+
+    def start():
+        # its own short cache dir: vLLM's zmq socket paths must stay under 107 characters
+        server = VLLMServer(p0, max_model_len=512).start()
+        engine = VLLMEngine(server.url, tok, version=0, server=server, timeout_s=120, retries=1, retry_wait_s=0.1)
+        engine.connect(p0)
+        return engine
+
+    engine = start()
+
+    async def killed():
+        job = asyncio.create_task(run_episodes(engine, _search_env, tok, tasks, group_size=2, config=cfg,
+                                               concurrency=8, seed=0))
+        while engine._in_flight < 4:
+            await asyncio.sleep(0.01)
+        os.killpg(os.getpgid(engine.server.proc.pid), signal.SIGKILL)
+        return await job
+
+    result = asyncio.run(killed())
+    engine.close()
+    # every episode comes back as a record; those in flight end with `error`, none is lost
+    assert len(result.trajectories) + len(result.failures) == 8 and not result.failures
+    errors = [t for t in result.trajectories if t.stop_reason is StopReason.ERROR]
+    assert len(errors) >= 4 and all("engine" in (t.metadata.get("error") or "") for t in errors)
+    for t in result.trajectories:
+        validate_trajectory(t)
+    engine = start()  # the run goes on after a restart
+    try:
+        again = asyncio.run(run_episodes(engine, _search_env, tok, tasks[:2], group_size=1,
+                                         config=RolloutConfig(temperature=1.0, max_action_tokens=16,
+                                                              max_context=512), seed=1))
+        assert not again.failures and all(t.stop_reason is not StopReason.ERROR for t in again.trajectories)
+    finally:
+        engine.close()
 
 
 def test_a_list_of_urls_is_one_routed_engine_over_every_server(fake, ckpts):
