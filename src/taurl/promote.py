@@ -24,7 +24,8 @@ version `promoted_versions` lists):
     candidate  int        the version decided on (a rollback: the version made current)
     baseline   int|null   the version it was compared with (a rollback: the one left)
     decision   "promoted" | "refused" | "rollback"
-    current    int        the version current after this record (refused: the baseline)
+    current    int        the version current after this record (refused: the one current before,
+                          or the baseline when the refused candidate was the current one)
     reasons    [str]      why, one line per rule
     time       float      unix seconds
     figures, thresholds, checks, source   the numbers behind the reasons
@@ -160,11 +161,14 @@ def _check_pair(a: EvalResult, b: EvalResult, what: str) -> None:
 
 
 def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResult], cfg: PromotionConfig, *,
-           candidate_version: int, baseline_version: int, source: str = "", now: float | None = None
-           ) -> PromotionDecision:
+           candidate_version: int, baseline_version: int, current: int | None = None, source: str = "",
+           now: float | None = None) -> PromotionDecision:
     """The gate's decision (module docstring: the rules) from each policy's ``holdout`` and
     ``validation`` evaluations, paired by task. Raises Error when the two evaluations of a
-    split are not of the same tasks, trials, seed and temperature."""
+    split are not of the same tasks, trials, seed and temperature.
+
+    `current` is the version current before the decision: a refusal leaves it current,
+    unless it is the refused candidate itself (then the baseline is; also when None)."""
     for split in ("holdout", "validation"):
         if split not in candidate or split not in baseline:
             raise Error(f"a promotion needs both policies' {split} evaluations")
@@ -203,7 +207,8 @@ def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResul
                   for k in ("success", *SAFETY_KEYS, *COST_KEYS, "tool_error_rate", "wall_s_mean")}}
     return PromotionDecision(
         candidate=candidate_version, baseline=baseline_version, decision="promoted" if promoted else "refused",
-        current=candidate_version if promoted else baseline_version,
+        current=candidate_version if promoted else (baseline_version if current in (None, candidate_version)
+                                                    else current),
         reasons=[("pass " if c.passed else "FAIL ") + c.reason for c in checks],
         time=time.time() if now is None else now, figures=figures, thresholds=asdict(cfg),
         checks=[asdict(c) for c in checks], source=source)

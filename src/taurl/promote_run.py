@@ -41,7 +41,8 @@ def recipe_promotion(run: RunDir, promotion: dict[str, Any], evals: dict[str, di
             return rec
     as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
     decision = decide(as_results["final"], as_results["sft"], promotion_config(promotion),
-                      candidate_version=candidate, baseline_version=baseline, source="recipe")
+                      candidate_version=candidate, baseline_version=baseline,
+                      current=current_version(run.root), source="recipe")
     append_record(run.root, decision)
     print(decision.line(), flush=True)
     return decision.to_dict()
@@ -155,7 +156,7 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
                       n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed)
     evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS} for v in (cand, base)}
     decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand, baseline_version=base,
-                      source="cli")
+                      current=current_version(run.root), source="cli")
     append_record(run.root, decision)
     return decision
 
