@@ -5,6 +5,7 @@ restored policy; every bad CLI input refused with nothing changed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -285,3 +286,33 @@ def test_recipe_decides_a_worse_candidate_is_refused_and_rollback_restores(tmp_p
     ev = json.loads(cap.out)
     assert ev["policy_version"] == previous and ev["episodes"] == 16
     assert f"v{previous} holdout: success" in cap.err and "per success" in cap.err
+
+
+def test_an_evaluation_counts_cheats_denials_and_violations_recorded_at_their_source():
+    """A real ToolEnv (tests/test_reward_stack.AnswerEnv): its gate's denial, the verifier's
+    detected cheat (``action["cheats"]``, written by ToolEnv) reach the evaluation's figures."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from taurl.envs.core import Task
+    from taurl.evaluate import OutcomeRewardVerifier, summarize
+    from taurl.reward.stack import Verdict, Violation
+    from test_reward_stack import TASK, AnswerEnv, call, episode
+    from test_reward_stack import tok as tok_fixture
+
+    class CheatingVerifier:  # flags every submission as a cheat (as the code env's scan does)
+        version = "cheat-v1"
+
+        def verify(self, task, submission):
+            return Verdict(1.0, self.version, violations=(Violation("tests_modified", "wrote the tests"),))
+
+    tok = tok_fixture.__wrapped__()
+    honest = episode(tok, AnswerEnv(), [call("submit", answer="Paris")])
+    denied = episode(tok, AnswerEnv(), [call("delete_all")])
+    cheat = episode(tok, AnswerEnv(factory=CheatingVerifier), [call("submit", answer="Paris")])
+    assert cheat.turns[-1].action["cheats"] == ["tests_modified"] and "cheats" not in honest.turns[-1].action
+    tasks = [Task(f"h{i}", TASK.prompt, TASK.answers, "holdout", "answer-v0") for i in range(3)]
+    trajs = [dataclasses.replace(t, task_id=f"h{i}", split="holdout") for i, t in enumerate((honest, denied, cheat))]
+    r = summarize(trajs, tasks, 1, verifier=OutcomeRewardVerifier())
+    assert (r.violation_rate, r.cheat_rate, r.gate_denials_mean) == (pytest.approx(2 / 3), pytest.approx(1 / 3),
+                                                                    pytest.approx(1 / 3))
+    assert r.success == pytest.approx(1 / 3)  # the cheat's outcome is voided; only the honest episode succeeds
+    assert r.tokens_per_success == sum(t.num_tokens for t in trajs) and r.tool_calls_per_success == 3.0
