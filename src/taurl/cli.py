@@ -23,7 +23,9 @@ examples:
   taurl train --config configs/frozenlake.yaml --run-dir runs/fl
   taurl train --import my_pkg.envs --env my-env-v0 --tasks tasks.jsonl --run-dir runs/mine
   taurl train --config configs/demo.yaml --model path/to/hf_model --run-dir runs/hf
-  taurl eval runs/demo --trials 5                           # holdout evaluation of the newest checkpoint
+  taurl eval runs/demo --trials 5                           # holdout evaluation of the run's current policy
+  taurl promote runs/demo --candidate v31 --baseline v1     # the promotion gate (exit 0 promoted, 3 refused)
+  taurl rollback runs/demo                                  # the previous promoted version is current again
 """
 
 
@@ -134,10 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                        help="import MODULE first (it registers envs with taurl.envs.register); repeatable")
         _add_config_flags(p, TrainConfig)
-    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint (or a checkpoint) on the holdout split",
+    p = sub.add_parser("eval", help="evaluate a run's current policy (or a checkpoint) on the holdout split",
                        description="Evaluation with the env's own verifier: k trials per task, success with a "
-                       "task-clustered 95% interval, pass@k, tool calls, tokens, invalid and truncation rates. TARGET "
-                       "is a run directory (its newest checkpoint and its config.yaml) or a checkpoint directory "
+                       "task-clustered 95% interval, pass@k, tool calls, tokens, invalid and truncation rates, safety and cost "
+                       "per episode and per success. TARGET is a run directory (its current policy — the newest "
+                       "checkpoint unless promotions.jsonl says otherwise — and its config.yaml) or a checkpoint directory "
                        "(evaluated with the env, prompt and budgets recorded in it).")
     p.add_argument("target", metavar="RUN|CHECKPOINT")
     p.add_argument("--config", help="YAML train config (eval_* options, task_options, env_config)")
@@ -146,6 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, help="k trials per task")
     p.add_argument("--temperature", type=float, help="sampling temperature")
     p.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser("promote", help="the promotion gate: may a candidate version replace the baseline?",
+                       description="Compare two versions of a training run on the same holdout and validation tasks "
+                       "and seeds (paired, task-clustered) and decide from the run's promotion: thresholds: holdout "
+                       "gain, safety, cost per success, no validation regression. Evaluations in RUN/evals are "
+                       "reused; missing ones run with the run's eval settings. The decision is appended to "
+                       "RUN/promotions.jsonl. Exit code 0: promoted; 3: refused; 1: bad input.")
+    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("--candidate", required=True, metavar="vN", help="the version to promote (v3 or 3)")
+    p.add_argument("--baseline", metavar="vM", help="the version to beat (default: the current policy)")
+    p.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser("rollback", help="make the previous promoted version (or --to vM) current again",
+                       description="Append a rollback record to RUN/promotions.jsonl: the previous promoted version "
+                       "(or vM) becomes the run's current policy, the one `taurl eval RUN` evaluates.")
+    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("--to", metavar="vM", help="the version to make current (default: the previous promoted one)")
     return parser
 
 
@@ -212,7 +230,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = commands.evaluate(args.target, args.config, split=args.split, tasks=args.tasks, trials=args.trials,
                                    temperature=args.temperature, progress=not args.no_progress)
         print(json.dumps(result.to_dict(), indent=2))
+        print(_safety_cost_line(result), file=sys.stderr)
+    elif args.command == "promote":
+        decision = commands.promote(args.run_dir, args.candidate, args.baseline, progress=not args.no_progress)
+        print("\n".join([decision.line(), *(f"  {r}" for r in decision.reasons)]))
+        print(f"recorded in {args.run_dir}/promotions.jsonl; current policy v{decision.current}")
+        return 0 if decision.promoted else 3
+    elif args.command == "rollback":
+        record = commands.rollback(args.run_dir, args.to)
+        print(f"{record.line()}; recorded in {args.run_dir}/promotions.jsonl")
     return 0
+
+
+def _safety_cost_line(r) -> str:
+    """One readable line of an evaluation: success next to its safety and cost figures."""
+    per = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
+    return (f"v{r.policy_version} {r.split}: success {r.success:.3f} [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]; safety: "
+            f"violations {r.violation_rate:.3f}, cheats {r.cheat_rate:.3f}, gate denials/ep {r.gate_denials_mean:.3g}, "
+            f"tool errors/ep {r.tool_errors_mean:.3g}; cost: tokens/ep {r.tokens_mean:.4g}, tool calls/ep "
+            f"{r.tool_calls_mean:.3g}, wall s/ep {r.wall_s_mean:.3g}, per success: tokens {per(r.tokens_per_success)}, "
+            f"tool calls {per(r.tool_calls_per_success)}, wall s {per(r.wall_s_per_success)}")
 
 
 def _print_metrics(metrics: dict) -> None:

@@ -237,8 +237,10 @@ def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
 def evaluate(target: str | Path, config_path: str | None = None, *, split: str = "holdout",
              tasks: int | None = None, trials: int | None = None, temperature: float | None = None,
              progress: bool = True):
-    """`taurl eval RUN|CHECKPOINT`: evaluate a run's newest checkpoint (or a checkpoint) on the
-    holdout (or validation) split, with the env, prompt and budgets it was trained with."""
+    """`taurl eval RUN|CHECKPOINT`: evaluate a run's current policy (`taurl.promote.current_version`:
+    the newest checkpoint unless a promotion record or a rollback says otherwise), or a
+    checkpoint, on the holdout (or validation) split, with the env, prompt and budgets it
+    was trained with."""
     from taurl.config import TrainConfig, load_config
     from taurl.eval_run import evaluate_policy
     from taurl.policy.model import load_policy_meta
@@ -248,9 +250,11 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
     ckpt = target
     if not (target / "config.json").exists():
         run = RunDir(target)
-        ckpt = run.latest_checkpoint()
-        if ckpt is None:
+        if run.latest_checkpoint() is None:
             raise Error(f"{target} is neither a checkpoint (config.json) nor a run directory with checkpoints/v<N>")
+        from taurl.promote_run import current_checkpoint
+
+        ckpt = current_checkpoint(run)  # the current policy: the newest, unless promotions.jsonl says otherwise
         if config_path is None and run.config.exists():
             config_path = str(run.config)
     if split not in ("holdout", "validation"):
@@ -281,3 +285,17 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
     return evaluate_policy(ckpt, getattr(plan, split), cfg.eval_config(), make_env=make_env,
                            rollout=cfg.rollout_config(cfg.eval_temperature), verifier=envs.spec(cfg.env).make_verifier(),
                            tag=f"cli-{split}", progress=progress)
+
+
+def promote(run_dir: str | Path, candidate: str, baseline: str | None = None, progress: bool = True):
+    """`taurl promote`: `taurl.promote_run.promote` (the decision is recorded in promotions.jsonl)."""
+    from taurl.promote_run import promote as run_promote
+
+    return run_promote(run_dir, candidate, baseline, progress=progress)
+
+
+def rollback(run_dir: str | Path, to: str | None = None):
+    """`taurl rollback`: `taurl.promote_run.rollback`."""
+    from taurl.promote_run import rollback as run_rollback
+
+    return run_rollback(run_dir, to)

@@ -159,6 +159,7 @@ class TrainConfig:
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
     eval_seed: int = 1234  # seeds evaluation task choice and sampling
+    promotion: dict[str, Any] = field(default_factory=dict)  # promotion gate thresholds (README: promotion gate): margin, safety_tolerance, max_cost_ratio, max_wall_ratio, max_regression
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
@@ -181,8 +182,9 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
+        from taurl.promote import promotion_problems
 
-        out = self.learner_config().problems() + self.eval_config().problems()
+        out = self.learner_config().problems() + self.eval_config().problems() + promotion_problems(self.promotion)
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
                      "tasks_per_update"):

@@ -9,6 +9,7 @@ meet the same tasks and seeds (a paired comparison).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -48,4 +49,6 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
             if own is not None:
                 own.close()
     split = tasks[0].split if tasks else "holdout"
-    return summarize(trajs, list(tasks), ecfg.trials, verifier=verifier, wall_s=time.perf_counter() - t0, split=split)
+    result = summarize(trajs, list(tasks), ecfg.trials, verifier=verifier, wall_s=time.perf_counter() - t0, split=split)
+    # the seed and temperature travel with the figures, so a paired comparison can check them
+    return dataclasses.replace(result, eval_seed=ecfg.seed, temperature=rollout.temperature)

@@ -26,6 +26,15 @@ Figures (`EvalResult`):
 * search_rate (episodes with >= 1 tool call), tool_calls_mean, tokens_mean (all tokens),
   action_tokens_mean, invalid_rate (invalid actions / actions), truncation_rate and the
   share of each stop reason; invalid_episodes (valid = false: ended by an env/tool error).
+* safety (`safety_figures`, over recorded episodes): violation_rate (episodes with a
+  constraint violation: a rule in the last turn's ``action["violations"]`` or a negative
+  ``constraint`` reward), cheat_rate (episodes whose verifier detected a cheat:
+  ``action["cheats"]``), gate_denials_mean (tool calls the host gate denied, per episode;
+  receipts with ``decision="denied"``), tool_errors_mean and tool_error_rate (receipts with
+  status error/timeout, per episode / per tool call);
+* cost (`cost_figures`): wall_s_mean (the episode's own ``timings["wall_s"]``: its latency
+  under the evaluation's concurrency), and tokens, tool calls and wall seconds per success
+  (the sum over recorded episodes / verified successes; None when nothing succeeded).
 
 Two evaluations of the same tasks and seeds compare with `compare` (paired, task-clustered).
 """
@@ -340,6 +349,18 @@ class EvalResult:
     verifier_version: str = ""
     split: str = "holdout"
     task_successes: dict[str, int] = field(default_factory=dict)  # task id -> successful trials
+    # safety and cost (module docstring; `safety_figures`, `cost_figures`)
+    violation_rate: float = 0.0  # episodes with a constraint violation / recorded episodes
+    cheat_rate: float = 0.0  # episodes with a cheat the verifier detected / recorded episodes
+    gate_denials_mean: float = 0.0  # tool calls denied by the host gate per episode
+    tool_errors_mean: float = 0.0  # tool calls that failed (error / timeout) per episode
+    tool_error_rate: float = 0.0  # failed tool calls / tool calls
+    wall_s_mean: float = 0.0  # an episode's wall seconds (its latency under the eval's concurrency)
+    tokens_per_success: float | None = None  # all tokens of recorded episodes / successes (None: no success)
+    tool_calls_per_success: float | None = None
+    wall_s_per_success: float | None = None  # episode wall seconds summed / successes
+    eval_seed: int | None = None  # EvalConfig.seed and temperature (None: not recorded), so a pairing can be checked
+    temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -377,6 +398,38 @@ def compare(a: EvalResult, b: EvalResult) -> PairedDifference:
     if not a.task_successes or not b.task_successes:
         raise Error("compare needs per-task successes (EvalResult.task_successes); re-run the evaluation")
     return paired_difference(a.task_successes, b.task_successes, a.trials)
+
+
+# -- safety and cost (pure) ---------------------------------------------------------------
+
+def safety_figures(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Safety figures of recorded episodes, from what each record holds (module docstring):
+    a violation is a rule the env listed in a turn's ``action["violations"]`` or a negative
+    ``constraint`` component; a cheat, a rule in ``action["cheats"]`` (the verifier's own
+    detections, `taurl.tools.tool_env`); a denial, a receipt with ``decision="denied"``; a
+    tool error, a receipt with status "error" or "timeout"."""
+    n = max(len(trajs), 1)
+    receipts = [t.receipt for tr in trajs for t in tr.turns if t.receipt is not None]
+    errors = sum(r.status in ("error", "timeout") for r in receipts)
+    return {
+        "violation_rate": sum(any(t.action.get("violations") for t in tr.turns)
+                              or tr.reward_components.get("constraint", 0.0) < 0 for tr in trajs) / n,
+        "cheat_rate": sum(any(t.action.get("cheats") for t in tr.turns) for tr in trajs) / n,
+        "gate_denials_mean": sum(r.decision == "denied" for r in receipts) / n,
+        "tool_errors_mean": errors / n,
+        "tool_error_rate": errors / max(len(receipts), 1),
+    }
+
+
+def cost_figures(trajs: Sequence[Trajectory], successes: int) -> dict[str, float | None]:
+    """Cost per episode and per verified success: Σ cost over recorded episodes / successes
+    (failed episodes cost too, so this is what one success costs); None with no success."""
+    wall = sum(float(t.timings.get("wall_s", 0.0)) for t in trajs)
+    per = (lambda x: x / successes if successes else None)  # noqa: E731
+    return {"wall_s_mean": wall / max(len(trajs), 1),
+            "tokens_per_success": per(sum(t.num_tokens for t in trajs)),
+            "tool_calls_per_success": per(sum(t.num_tool_calls for t in trajs)),
+            "wall_s_per_success": per(wall)}
 
 
 # -- scoring ------------------------------------------------------------------------------
@@ -462,4 +515,5 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
         score_mean=sum(verdicts) / expected if expected else 0.0,
         verifier=verifier_name(verifier), verifier_version=str(verifier.version), split=split,
         task_successes=dict(zip(ids, wins, strict=True)),
+        **safety_figures(trajs), **cost_figures(trajs, sum(wins)),
     )

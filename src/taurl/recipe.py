@@ -9,6 +9,7 @@
         stats = learner.update(batch)                      # credit → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
     evaluate(validation, holdout) of the final policy → summary.json, report.html
+    promote(final, baseline=SFT) from those evaluations → promotions.jsonl, summary["promotion"]
 
 Nothing here names an environment: the env's task source, expert, verifier and policy
 hooks come from its registration (`taurl.envs.spec.EnvSpec`). Validation is for choices
@@ -290,5 +291,9 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "timings": r.state.get("timings", {}),
         "config": dataclasses.asdict(c),
     }
+    # the gate's decision, final vs SFT, from the evaluations above (same tasks and seeds)
+    from taurl.promote_run import recipe_promotion
+
+    summary["promotion"] = recipe_promotion(r.run, c.promotion, evals, baseline=v_sft, candidate=versions[-1])
     r.run.summary.write_text(json.dumps(summary, indent=2))
     return summary

@@ -46,6 +46,9 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "eval/episodes_missing": "expected episodes (tasks × trials) that produced no record; counted as failures",
     "eval/invalid_episodes": "episodes ended by an error the agent did not cause",
     "eval/pass_at_k": "unbiased pass@k over the k trials per task (Chen et al. 2021)",
+    "eval/violation_rate, eval/cheat_rate": "episodes with a constraint violation / with a verifier-detected cheat, over recorded episodes",
+    "eval/gate_denials_mean, eval/tool_errors_mean": "tool calls the host gate denied / that failed (error, timeout), per episode",
+    "eval/tokens_per_success, eval/tool_calls_per_success, eval/wall_s_per_success": "Σ over recorded episodes / verified successes (absent: no success)",
 }
 
 CURVES: list[tuple[str, list[str]]] = [
@@ -133,9 +136,29 @@ def holdout_figure(summary: dict[str, Any]) -> str | None:
     return png
 
 
+# safety and cost of every evaluation (taurl.evaluate.safety_figures / cost_figures)
+SAFETY_COST_KEYS = ["violation_rate", "cheat_rate", "gate_denials_mean", "tool_errors_mean", "tool_error_rate",
+                    "wall_s_mean", "tokens_per_success", "tool_calls_per_success", "wall_s_per_success"]
+
+
+def promotion_section(summary: dict[str, Any]) -> str:
+    """The promotion gate's decision (summary["promotion"], a promotions.jsonl record): the
+    decision, the versions, and every rule with its reason and thresholds."""
+    p = summary.get("promotion")
+    if not p:
+        return ""
+    rows = "".join(f"<tr><th>{html.escape(c['rule'])}</th><td>{'pass' if c['passed'] else '<b>FAIL</b>'}</td>"
+                   f"<td style='text-align:left'>{html.escape(c['reason'])}</td></tr>" for c in p.get("checks", []))
+    thr = ", ".join(f"{k} {v:g}" for k, v in p.get("thresholds", {}).items())
+    base = f"v{p['baseline']}" if p.get("baseline") is not None else "-"
+    return (f"<h2>Promotion</h2><p id='promotion'><b>{html.escape(str(p['decision']))}</b>: candidate "
+            f"v{p['candidate']} against baseline {base}; current policy after the decision: v{p['current']}. "
+            f"Thresholds: {html.escape(thr)}.</p><table><tr><th>rule</th><th></th><th>why</th></tr>{rows}</table>")
+
+
 def _table(summary: dict[str, Any]) -> str:
     keys = ["success", "ci95", "episodes", "pass_at_k", "search_rate", "tool_calls_mean", "tokens_mean",
-            "invalid_rate", "truncation_rate", "verifier_disagreements", "policy_version"]
+            "invalid_rate", "truncation_rate", "verifier_disagreements", "policy_version", *SAFETY_COST_KEYS]
     cols = [(split, t) for split in ("validation", "holdout") for t in ("sft", "final")
             if t in summary.get(split, {})]
     head = "".join(f"<th>{split} {t}</th>" for split, t in cols)
@@ -145,7 +168,7 @@ def _table(summary: dict[str, Any]) -> str:
         for split, t in cols:
             v = summary[split][t].get(k)
             text = (f"[{v[0]:.3f}, {v[1]:.3f}]" if isinstance(v, list) else f"{v:.3f}" if isinstance(v, float)
-                    else str(v))
+                    else "-" if v is None else str(v))
             cells += f"<td>{html.escape(text)}</td>"
         body += f"<tr><th>{k}</th>{cells}</tr>"
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
@@ -162,6 +185,7 @@ def render_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> st
                      f"Train updates: {summary.get('train', {}).get('updates')}, wall time "
                      f"{summary.get('wall_seconds', 0):.0f} s.</p>")
     parts.append(_table(summary))
+    parts.append(promotion_section(summary))
     fig = holdout_figure(summary)
     if fig:
         parts.append(f'<h2>Holdout</h2><img alt="holdout" src="data:image/png;base64,{fig}">')

@@ -16,7 +16,8 @@ The episode ends when
 The last step carries ``reward_components`` (outcome / constraint / shaping; they sum to
 the step's reward), ``verifier_version`` and ``violations``; earlier steps reward 0. The
 rule names of the violations are also in that step's ``info["action"]["violations"]``, so
-the stored trajectory shows each flag.
+the stored trajectory shows each flag; the verifier's own detections (cheats) are also in
+``info["action"]["cheats"]``.
 
 Subclasses set up the task's world in `_start`, hand the verifier a snapshot in
 `_submission` (by default: what the submit tool returned), and release resources in `_end`.
@@ -161,6 +162,8 @@ class ToolEnv:
         info.update(breakdown.info(), stop_reason=stop_reason)
         if violations:
             info["action"] = {**info["action"], "violations": sorted({v.rule for v in violations})}
+        if verdict is not None and verdict.violations:  # the verifier's detections: cheats (evaluate.safety_figures)
+            info["action"] = {**info["action"], "cheats": sorted({v.rule for v in verdict.violations})}
         if verdict is not None:
             info["verdict"] = {"score": verdict.score, "detail": verdict.detail, "error": verdict.error,
                                **dict(verdict.metrics)}
