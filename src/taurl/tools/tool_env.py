@@ -161,9 +161,12 @@ class ToolEnv:
         info.update(breakdown.info(), stop_reason=stop_reason)
         if violations:
             info["action"] = {**info["action"], "violations": sorted({v.rule for v in violations})}
+        if verdict is not None and verdict.score_before_void is not None:
+            # kept on the submit turn (the trajectory keeps actions, not info): what the tests gave
+            info["action"] = {**info["action"], "score_before_void": verdict.score_before_void}
         if verdict is not None:
             info["verdict"] = {"score": verdict.score, "detail": verdict.detail, "error": verdict.error,
-                               **dict(verdict.metrics)}
+                               "score_before_void": verdict.score_before_void, **dict(verdict.metrics)}
             if verdict.error:
                 info["error"] = f"verifier: {verdict.error}"
         self._done = True
