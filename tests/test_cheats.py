@@ -151,6 +151,7 @@ def score_before_void(traj) -> float:
     return traj.turns[-1].action.get("score_before_void", traj.reward_components["outcome"])
 
 
+@pytest.mark.attack  # tests/mutation_check.py: fails with detection off
 @pytest.mark.parametrize("name", CHEATS)
 def test_cheat_fails_on_its_merits_and_is_flagged(tok, task, name):
     actions, rule, merit = _cheats(task)[name]
