@@ -34,6 +34,8 @@ def pytest_configure(config):
                             "run with pytest -m vllm")
     config.addinivalue_line("markers", "attack: must fail when its protection is switched off "
                             "(tests/mutation_check.py)")
+    config.addinivalue_line("markers", "limits: must fail when the sandbox's resource limits are lifted "
+                            "(tests/mutation_check.py)")
     config.addinivalue_line("markers", "mutation_exempt(mutation, reason): skipped under that mutation")
 
 

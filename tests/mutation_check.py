@@ -12,10 +12,14 @@ or config can switch a protection off by accident):
   namespaces, no bind mounts, no uid change; rlimits, the timeout and the output caps
   stay (the unsafe mode's semantics), and the sandbox still *says* it is isolated, so a
   test can only fail on what its attack did, never on that flag.
+* ``no-limits``: the sandbox stays isolated but sets no rlimits (the host's own apply)
+  and its /tmp and /dev/shm have no size; the wall-clock timeout and the output caps,
+  enforced by the host, stay.
 * ``no-detection``: the code verifier's cheat detection returns "no violation" (its
   flags are dropped before the verdict; the hidden-test run itself is unchanged).
 
-Each mutation runs its suites' tests marked ``attack`` and requires every one to fail.
+Each mutation runs its suites' tests with its marker (``attack``: isolation and cheats;
+``limits``: resource limits) and requires every one to fail.
 A test marked ``mutation_exempt(mutation, reason)`` is skipped under that mutation: a
 protection the mutation keeps (rlimits, host-side checks), or an attack that would harm
 the shared host if it worked there (a fork bomb, ``kill(-1)``, mounting over /tmp). The
@@ -34,9 +38,10 @@ from pathlib import Path
 
 ENV = "TAURL_TEST_MUTATION"
 EXEMPT = "mutation-exempt: "
-MUTATIONS = {
-    "no-isolation": ("tests/test_sandbox_security.py", "tests/test_sandbox.py"),
-    "no-detection": ("tests/test_cheats.py",),
+MUTATIONS = {  # name: (marker, suites)
+    "no-isolation": ("attack", ("tests/test_sandbox_security.py", "tests/test_sandbox.py")),
+    "no-limits": ("limits", ("tests/test_sandbox_security.py",)),
+    "no-detection": ("attack", ("tests/test_cheats.py",)),
 }
 
 
@@ -47,6 +52,8 @@ def apply(name: str, mp) -> None:
     """Switch the named protection off for this test session (`mp`: a MonkeyPatch)."""
     if name == "no-isolation":
         _no_isolation(mp)
+    elif name == "no-limits":
+        _no_limits(mp)
     elif name == "no-detection":
         _no_detection(mp)
     else:
@@ -71,6 +78,20 @@ def _no_isolation(mp) -> None:
     mp.setattr(sbx, "execute", claims_isolated)
 
 
+def _no_limits(mp) -> None:
+    from taurl.tools import sandbox as sbx
+
+    init = sbx.Sandbox.__init__
+
+    def unlimited_init(self, workspace, config=None):
+        cfg = config or sbx.SandboxConfig()
+        huge = dataclasses.replace(cfg.limits, tmp_bytes=1 << 40, shm_bytes=1 << 40)
+        init(self, workspace, dataclasses.replace(cfg, limits=huge))
+
+    mp.setattr(sbx, "rlimit_args", lambda lim: [("core", (0, 0))])
+    mp.setattr(sbx.Sandbox, "__init__", unlimited_init)
+
+
 def _no_detection(mp) -> None:
     from taurl.envs.code.verifier import HiddenTestVerifier
 
@@ -89,8 +110,9 @@ def run(name: str, repo: Path) -> tuple[list[str], list[str]]:
     """Run mutation `name`'s suites; print a line per attack test; (killed, problems)."""
     with tempfile.TemporaryDirectory() as d:
         xml = Path(d, "junit.xml")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "attack",
-               f"--junitxml={xml}", "-o", "junit_family=xunit1", *MUTATIONS[name]]
+        marker, suites = MUTATIONS[name]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker,
+               f"--junitxml={xml}", "-o", "junit_family=xunit1", *suites]
         env = {**os.environ, ENV: name}
         p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
         if not xml.exists():
@@ -111,7 +133,7 @@ def run(name: str, repo: Path) -> tuple[list[str], list[str]]:
                 problems.append(f"{test}: skipped ({skipped.get('message')})")
             else:
                 problems.append(f"{test}: SURVIVED (passed with the protection off)")
-    print(f"[{name}] uid {os.geteuid()}: {len(killed)} attack tests failed as required, "
+    print(f"[{name}] uid {os.geteuid()}: {len(killed)} tests failed as required, "
           f"{len(exempt)} exempt, {len(problems)} problems")
     for line in exempt:
         print(f"  exempt   {line}")

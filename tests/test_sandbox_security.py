@@ -63,7 +63,13 @@ def exempt(reason: str):
     return pytest.mark.mutation_exempt(NOT_ISOLATION, reason)
 
 
-LIMIT = exempt("a resource limit (rlimit or host-side cap), kept when isolation is off")
+def limit(test):
+    """A resource limit (rlimit or tmpfs size): must fail when the limits are lifted, and is
+    not required to fail without isolation (which keeps the rlimits)."""
+    return exempt("a resource limit, kept when isolation is off")(pytest.mark.limits(test))
+
+
+HOST_CAP = exempt("the host's timeout or output cap, kept when isolation is off")
 HARMFUL = exempt("would harm the shared host if the attack worked there; a sibling test covers the property")
 
 
@@ -281,13 +287,14 @@ def test_nested_user_namespace(sb):
 # --- limits: disk, memory, cpu, processes, time, output -----------------------------
 
 
-@LIMIT
+@limit
 def test_fill_disk_one_big_file(sb):
     r = sb.run_sync("dd if=/dev/zero of=big bs=1M count=100")
     assert r.exit_code != 0
     assert (sb.workspace / "big").stat().st_size <= LIMITS.fsize_bytes
 
 
+@pytest.mark.limits
 @pytest.mark.parametrize("where", ["/tmp", "/dev/shm"], ids=["tmp", "dev_shm"])
 def test_fill_tmpfs_with_many_files(sb, where):
     # Each file stays under RLIMIT_FSIZE; only the tmpfs size can stop this. The files go
@@ -314,26 +321,29 @@ def test_fill_tmpfs_with_many_files(sb, where):
     assert int(r.stdout.split()[0]) * (256 << 10) <= size
 
 
-@LIMIT
+@limit
 def test_memory_bomb(sb):
     r = py(sb, "x = bytearray(2 << 30); print('allocated')")
     assert r.exit_code != 0 and "MemoryError" in r.stderr and "allocated" not in r.stdout
 
 
-@LIMIT
+@limit
 def test_cpu_spin(sb):
     r = py(sb, "while True: pass", timeout_s=10)
     assert r.exit_signal in (9, 24) and not r.timed_out  # SIGXCPU, then SIGKILL at the hard limit
     assert r.wall_s < 6
 
 
-@LIMIT
+@HOST_CAP
 def test_sleep_past_timeout(sb):
     r = sb.run_sync("sleep 60", timeout_s=0.5)
     assert r.timed_out and r.killed_reason == "timeout" and r.wall_s < 2.5
 
 
+@pytest.mark.limits
 @exempt("a fork bomb on the host: root has no RLIMIT_NPROC; test_orphans_do_not_survive covers the pid namespace")
+@pytest.mark.mutation_exempt("no-limits", "an unbounded fork bomb would exhaust the shared host; "
+                             "test_fork_count_bounded covers RLIMIT_NPROC")
 def test_fork_bomb(sb):
     marker = "forkbomb-" + uuid.uuid4().hex
     # The classic bomb, then (with builtins only: fork fails) wait and count the pids.
@@ -345,7 +355,7 @@ def test_fork_bomb(sb):
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
 
 
-@LIMIT
+@limit
 def test_fork_count_bounded(sb):
     r = py(
         sb,
@@ -366,7 +376,7 @@ def test_fork_count_bounded(sb):
     assert int(r.stdout) < LIMITS.nproc, r
 
 
-@LIMIT
+@limit
 def test_open_files_bounded(sb):
     r = py(
         sb,
@@ -382,7 +392,7 @@ def test_open_files_bounded(sb):
     assert int(r.stdout) < LIMITS.nofile
 
 
-@LIMIT
+@HOST_CAP
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_flood_output(sb, stream):
     r = sb.run_sync("yes" if stream == "stdout" else "yes >&2", timeout_s=5)
