@@ -16,7 +16,8 @@ The episode ends when
 The last step carries ``reward_components`` (outcome / constraint / shaping; they sum to
 the step's reward), ``verifier_version`` and ``violations``; earlier steps reward 0. The
 rule names of the violations are also in that step's ``info["action"]["violations"]``, so
-the stored trajectory shows each flag.
+the stored trajectory shows each flag; when the verifier voided its score, the score the
+tests alone gave is there too (``info["action"]["score_before_void"]``).
 
 Subclasses set up the task's world in `_start`, hand the verifier a snapshot in
 `_submission` (by default: what the submit tool returned), and release resources in `_end`.
