@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	$(BIN)/python tests/mutation_check.py
 
-# The security and cheat suites again with isolation, then cheat detection, switched off
+# The security and cheat suites again with isolation, resource limits, then cheat detection off
 # (test-only monkeypatches): every attack test must now fail. The last step of `make test`.
 .PHONY: mutation-check
 mutation-check: $(STAMP)
