@@ -23,6 +23,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+	$(BIN)/python tests/mutation_check.py
+
+# The security and cheat suites again with isolation, resource limits, then cheat detection off
+# (test-only monkeypatches): every attack test must now fail. The last step of `make test`.
+.PHONY: mutation-check
+mutation-check: $(STAMP)
+	$(BIN)/python tests/mutation_check.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

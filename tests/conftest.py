@@ -1,5 +1,7 @@
 """Session-wide test settings."""
 
+import os
+
 import pytest
 
 import taurl  # noqa: F401  (first: sets OMP_WAIT_POLICY before any test imports torch)
@@ -30,3 +32,37 @@ def pytest_configure(config):
     """Markers registered here (pyproject's list is --strict-markers' other source)."""
     config.addinivalue_line("markers", "vllm: needs a real vLLM server (TAURL_VLLM_PYTHON set); "
                             "run with pytest -m vllm")
+    config.addinivalue_line("markers", "attack: must fail when its protection is switched off "
+                            "(tests/mutation_check.py)")
+    config.addinivalue_line("markers", "limits: must fail when the sandbox's resource limits are lifted "
+                            "(tests/mutation_check.py)")
+    config.addinivalue_line("markers", "mutation_exempt(mutation, reason): skipped under that mutation")
+
+
+# --- the mutation check (tests/mutation_check.py): honoured here only, never by src/ ---
+
+MUTATION = os.environ.get("TAURL_TEST_MUTATION", "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mutation():
+    """Switch a protection off for the whole session when TAURL_TEST_MUTATION names one."""
+    if not MUTATION:
+        yield None
+        return
+    from mutation_check import apply
+
+    with pytest.MonkeyPatch.context() as mp:
+        apply(MUTATION, mp)
+        yield MUTATION
+
+
+def pytest_collection_modifyitems(config, items):
+    if not MUTATION:
+        return
+    from mutation_check import EXEMPT
+
+    for item in items:
+        for mark in item.iter_markers("mutation_exempt"):
+            if mark.args[0] == MUTATION:
+                item.add_marker(pytest.mark.skip(reason=EXEMPT + mark.args[1]))

@@ -105,9 +105,10 @@ def test_workspace_persists_between_runs_and_host_io(sb):
             sb.read_file(bad)
 
 
+@pytest.mark.attack  # tests/mutation_check.py: fails without isolation
 def test_ro_binds():
     with tempfile.TemporaryDirectory() as d:  # under /tmp: the sandbox uid can reach it
-        os.chmod(d, 0o755)
+        os.chmod(d, 0o777)  # writable by any uid: only the read-only bind stops the write
         Path(d, "f.txt").write_text("shared")
         cfg = SandboxConfig(limits=FAST, ro_binds=((d, "/opt/data"),))
         with Sandbox.create(cfg) as box:

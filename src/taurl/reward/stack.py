@@ -60,6 +60,9 @@ class Verdict:
     violations: the cheats the verifier detected (each becomes a constraint penalty).
     error: the verifier itself could not judge (not the agent's fault): the episode is
     then an invalid sample rather than a zero.
+    score_before_void: what the tests alone gave, before a violation voided `score` (None:
+    nothing was voided, or the verifier does not void). Stored apart so a test can tell an
+    exploit that fails on its own merits from one that only detection stops.
     """
 
     score: float
@@ -68,6 +71,7 @@ class Verdict:
     violations: tuple[Violation, ...] = ()
     error: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    score_before_void: float | None = None
 
     @property
     def passed(self) -> bool:

@@ -17,7 +17,8 @@ The last step carries ``reward_components`` (outcome / constraint / shaping; the
 the step's reward), ``verifier_version`` and ``violations``; earlier steps reward 0. The
 rule names of the violations are also in that step's ``info["action"]["violations"]``, so
 the stored trajectory shows each flag; the verifier's own detections (cheats) are also in
-``info["action"]["cheats"]``.
+``info["action"]["cheats"]``, and when the verifier voided its score, the score the tests
+alone gave is there too (``info["action"]["score_before_void"]``).
 
 Subclasses set up the task's world in `_start`, hand the verifier a snapshot in
 `_submission` (by default: what the submit tool returned), and release resources in `_end`.
@@ -164,9 +165,12 @@ class ToolEnv:
             info["action"] = {**info["action"], "violations": sorted({v.rule for v in violations})}
         if verdict is not None and verdict.violations:  # the verifier's detections: cheats (evaluate.safety_figures)
             info["action"] = {**info["action"], "cheats": sorted({v.rule for v in verdict.violations})}
+        if verdict is not None and verdict.score_before_void is not None:
+            # kept on the submit turn (the trajectory keeps actions, not info): what the tests gave
+            info["action"] = {**info["action"], "score_before_void": verdict.score_before_void}
         if verdict is not None:
             info["verdict"] = {"score": verdict.score, "detail": verdict.detail, "error": verdict.error,
-                               **dict(verdict.metrics)}
+                               "score_before_void": verdict.score_before_void, **dict(verdict.metrics)}
             if verdict.error:
                 info["error"] = f"verifier: {verdict.error}"
         self._done = True

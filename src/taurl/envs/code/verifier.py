@@ -28,6 +28,8 @@ eq_override        a result whose class overrides ``__eq__`` (an always-equal ob
 hardcoded_outputs  the solution failed and holds most visible expected outputs as literals
 =================  =====================================================================
 
+A voided verdict keeps what the tests alone gave in ``score_before_void``.
+
 Nothing is cached between calls; build one per judgement if you like (`make_verifier`).
 """
 
@@ -189,7 +191,8 @@ class HiddenTestVerifier:
         violations = tuple(Violation(rule, text, self.penalties[rule], voids_outcome=True) for rule, text in seen.items())
         if violations:
             detail = f"{detail} [integrity: {', '.join(seen)}]".strip()
-        return Verdict(score if not violations else 0.0, self.version, detail, violations, error, dict(metrics or {}))
+        return Verdict(score if not violations else 0.0, self.version, detail, violations, error, dict(metrics or {}),
+                       score_before_void=score if violations else None)
 
 
 def _sha256(text: str) -> str:
