@@ -53,6 +53,7 @@ import ipaddress
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -72,6 +73,10 @@ class MCPToolError(Error, RuntimeError):
     """An MCP tool call failed: the server reported an error, died, hung or is unavailable."""
 
 
+class MCPTimeout(MCPToolError, asyncio.TimeoutError):
+    """The server did not answer a call within its ``timeout_s`` (receipt status ``timeout``)."""
+
+
 @dataclass(frozen=True)
 class MCPServerConfig:
     """One MCP server an env attaches (what a config's ``mcp_servers:`` list holds).
@@ -79,6 +84,7 @@ class MCPServerConfig:
     name: the namespace of its tools (``{name}__{tool}``): letters, digits and ``-``.
     command / url: how to reach it — a stdio command line, or a loopback streamable-HTTP URL.
     env / cwd: the stdio child's extra environment variables and working directory.
+    stderr: where the stdio child's stderr goes: a file path (appended), or None to share taurl's.
     tools: expose only these (the server's own names); None: all it lists.
     scopes: per tool (server's name), the permission scopes it needs; replaces annotations.
     cost: per tool, what one call costs against the gate's cost budget.
@@ -91,6 +97,7 @@ class MCPServerConfig:
     url: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    stderr: str | None = None
     tools: tuple[str, ...] | None = None
     scopes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     cost: Mapping[str, float] = field(default_factory=dict)
@@ -114,7 +121,7 @@ class MCPServerConfig:
         tools = d.get("tools")
         try:
             cfg = cls(name=d.get("name", ""), command=command, url=d.get("url", ""), env=dict(d.get("env") or {}),
-                      cwd=d.get("cwd"), tools=tuple(tools) if tools is not None else None,
+                      cwd=d.get("cwd"), stderr=d.get("stderr"), tools=tuple(tools) if tools is not None else None,
                       scopes={k: tuple(v) for k, v in (d.get("scopes") or {}).items()},
                       cost=dict(d.get("cost") or {}), timeout_s=d.get("timeout_s", 30.0),
                       connect_timeout_s=d.get("connect_timeout_s", 30.0), max_restarts=d.get("max_restarts", 3))
@@ -148,7 +155,7 @@ class MCPServerConfig:
 
     def key(self) -> str:
         """Identity of the server for the shared-client cache."""
-        return json.dumps({k: getattr(self, k) for k in ("name", "command", "url", "env", "cwd", "timeout_s",
+        return json.dumps({k: getattr(self, k) for k in ("name", "command", "url", "env", "cwd", "stderr", "timeout_s",
                                                           "connect_timeout_s", "max_restarts")},
                           sort_keys=True, default=list)
 
@@ -244,10 +251,16 @@ class MCPClient:
     async def _acall(self, tool: str, arguments: dict[str, Any]) -> Any:
         client = await self._ensure()
         self.calls += 1
+        timeout = self.config.timeout_s
         try:
-            # the SDK's own timeout, so a request never outlives its caller on this loop
-            result = await client.call_tool(tool, arguments, read_timeout_seconds=self.config.timeout_s + 1.0)
-        except asyncio.CancelledError:  # the executor's timeout: the server is hung or too slow
+            # the SDK's own timeout too, so a request never outlives its caller on this loop
+            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout + 1.0),
+                                            timeout)
+        except asyncio.TimeoutError:  # the server is hung or too slow: its state is unknown
+            await self._failed(TimeoutError(tool))
+            raise MCPTimeout(f"MCP server {self.config.name!r} did not answer {tool!r} within {timeout:g} s; "
+                             f"the connection was closed and {self._restart_note()}") from None
+        except asyncio.CancelledError:  # the caller gave up (its budget): treat the server as hung
             await asyncio.shield(self._failed(TimeoutError("cancelled")))
             raise
         except Exception as e:  # noqa: BLE001 — the transport failed: the connection is gone
@@ -265,7 +278,7 @@ class MCPClient:
 
     def _restart_note(self) -> str:
         left = self.config.max_restarts - self.restarts
-        return f"it will be restarted on the next call ({left} restart(s) left)" if left > 0 else "no restarts left"
+        return f"it will be restarted on the next call ({left} restart(s) left)" if left > 0 else "it has no restarts left"
 
     async def _ensure(self) -> Any:
         if self._lock is None:
@@ -299,10 +312,11 @@ class MCPClient:
         from mcp import Client  # the optional extra: imported where it is used
 
         try:
-            async with Client(self._target()) as client:
-                if not ready.done():
-                    ready.set_result(client)
-                await stop.wait()
+            with contextlib.ExitStack() as files:
+                async with Client(self._target(files)) as client:
+                    if not ready.done():
+                        ready.set_result(client)
+                    await stop.wait()
         except BaseException as e:  # noqa: BLE001 — reported through `ready`, or the connection just ends
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else MCPToolError(repr(e)))
@@ -310,14 +324,17 @@ class MCPClient:
             if self._stop is stop:
                 self._client = None
 
-    def _target(self) -> Any:
+    def _target(self, stack: contextlib.ExitStack) -> Any:
         if self.config.url:
             return self.config.url
         from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         cmd = self.config.command
-        return StdioServerParameters(command=cmd[0], args=list(cmd[1:]), env={**os.environ, **self.config.env},
-                                     cwd=self.config.cwd)
+        params = StdioServerParameters(command=cmd[0], args=list(cmd[1:]), env={**os.environ, **self.config.env},
+                                       cwd=self.config.cwd)
+        errlog = stack.enter_context(open(self.config.stderr, "a")) if self.config.stderr else sys.stderr  # noqa: SIM115
+        return stdio_client(params, errlog=errlog)
 
     async def _failed(self, error: BaseException) -> None:
         self.transport_failures += 1
@@ -452,5 +469,5 @@ def _spec(client: MCPClient, cfg: MCPServerConfig, tool: Any) -> ToolSpec:
     description = " ".join((tool.description or tool.title or f"the {server_name} tool of MCP server {cfg.name}").split())
     return ToolSpec(namespaced(cfg.name, server_name), description, parameters, call, is_async=True,
                     scopes=tool_scopes(tool, cfg.scopes.get(server_name)), cost=float(cfg.cost.get(server_name, 0.0)),
-                    timeout_s=float(cfg.timeout_s))
+                    timeout_s=float(cfg.timeout_s + cfg.connect_timeout_s))  # a call may first (re)connect
 

@@ -27,6 +27,7 @@ import threading
 import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from taurl.envs.mcp.table import STOCK
@@ -37,7 +38,7 @@ _LOCK = threading.Lock()
 
 
 def build(log: str | None = None, crash_after: int | None = None, hang_on: str | None = None) -> MCPServer:
-    server = MCPServer("taurl-stock-table")
+    server = MCPServer("taurl-stock-table", log_level="WARNING")
 
     def received(tool: str, arguments: dict) -> None:
         with _LOCK:
@@ -62,7 +63,7 @@ def build(log: str | None = None, crash_after: int | None = None, hang_on: str |
         received("lookup", {"item": item})
         key = " ".join(item.lower().split())
         if key not in STOCK:
-            raise ValueError(f"no item named {item!r} in the table")
+            raise ToolError(f"no item named {item!r} in the table")  # an expected error: the message reaches the client
         return STOCK[key]
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
