@@ -23,7 +23,7 @@ pytest.importorskip("mcp")
 from mcp.types import Tool, ToolAnnotations  # noqa: E402
 
 from taurl.envs import make_tasks  # noqa: E402
-from taurl.envs.mcp import expert, tool_call  # noqa: E402
+from taurl.envs.mcp import SubmissionVerifier, expert, tool_call  # noqa: E402
 from taurl.envs.mcp.env import MCPEnv  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
@@ -117,6 +117,20 @@ def test_tools_are_listed_namespaced_with_their_schemas(served):
     assert by_name["table__lookup"].is_async and client.connects == 1
 
 
+def test_the_config_picks_tools_and_overrides_scopes(served):
+    client, _, _ = served
+    cfg = MCPServerConfig.from_dict({"name": "table", "command": client.config.command,
+                                     "tools": ["lookup"], "scopes": {"lookup": ["read", "network"]}, "cost": {"lookup": 2}})
+    (only,) = mcp_tool_specs([cfg], clients={"table": client})
+    assert only.name == "table__lookup" and only.scopes == {"read", "network"} and only.cost == 2.0
+    with pytest.raises(ConfigError) as e:
+        mcp_tool_specs([{"name": "table", "command": ["x"], "tools": ["lookup", "nope"], "scopes": {"gone": ["read"]}}],
+                       clients={"table": client})
+    assert "has no tool 'nope'" in str(e.value) and "scopes given for 'gone'" in str(e.value)
+    with pytest.raises(ConfigError, match="could not be listed"):  # a server that cannot start: said before any episode
+        mcp_tool_specs([{"name": "broken", "command": [sys.executable, "-c", "pass"], "connect_timeout_s": 5}])
+
+
 def test_a_gated_call_reaches_the_server_and_leaves_a_receipt(served):
     _, specs, log = served
     box, gate = ToolBox(specs), Gate(specs, GateConfig(allow=frozenset({"table__lookup"})))
@@ -194,10 +208,13 @@ def test_mcp_tools_from_an_env_through_the_real_loop(tok, tmp_path):
     prompt = tok.decode(list(traj.segments[0].token_ids))
     assert '"name": "table__lookup"' in prompt  # the server's tool is declared to the model
     assert [c["tool"] for c in received(log)] == ["lookup"]
+    verifier = SubmissionVerifier()  # the evaluator's judge agrees, from the record alone
+    assert verifier(traj, task) == 1.0 and verifier(traj, make_tasks("mcp-v0", "train", n=2, seed=3)[1]) == 0.0
     # a forbidden call from the same env: refused, truncated with the constraint penalty
     denied, _ = play(tok, env, [tool_call("table__write_note", item="a", note="b")], task)
     assert denied.stop_reason is StopReason.TOOL_BUDGET and denied.turns[0].receipt.status == "denied"
     assert denied.reward_components["constraint"] == -1.0 and len(received(log)) == 1
+    assert verifier(denied, task) == 0.0
 
 
 def test_a_server_that_crashes_mid_episode_is_a_counted_tool_error(tok, tmp_path):

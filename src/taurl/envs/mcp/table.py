@@ -6,4 +6,5 @@ STOCK = {
     "silk scarf": "SS-2871", "pine shelf": "PS-4409", "steel ladle": "SL-7738", "cotton towel": "CT-3152",
     "bamboo tray": "BT-8824", "tin bucket": "TB-1967", "felt hat": "FH-5093", "cork board": "CB-6210",
 }
-HOLDOUT = frozenset({"felt hat", "cork board", "tin bucket", "bamboo tray"})  # never in train
+SPLIT_OF = {"felt hat": "holdout", "cork board": "holdout", "tin bucket": "holdout", "bamboo tray": "holdout",
+            "pine shelf": "validation", "steel ladle": "validation"}  # every other item: train
