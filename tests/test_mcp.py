@@ -30,7 +30,7 @@ from taurl.policy import build_tokenizer  # noqa: E402
 from taurl.rollout import RolloutConfig, run_episode  # noqa: E402
 from taurl.synth import ScriptedEngine  # noqa: E402
 from taurl.tools import Gate, GateConfig, ToolBox, ToolCall  # noqa: E402
-from taurl.tools.mcp import MCPClient, MCPServerConfig, mcp_tool_specs, tool_scopes  # noqa: E402
+from taurl.tools.mcp import MCPClient, MCPServerConfig, mcp_tool_specs, shared_client, tool_scopes  # noqa: E402
 from taurl.tools.openai_calls import call_gated  # noqa: E402
 from taurl.trajectory import StopReason, validate_trajectory  # noqa: E402
 
@@ -90,6 +90,15 @@ def test_config_problems_are_reported_together():
         MCPServerConfig.from_dict({"name": "a", "cmd": "x"})
     assert MCPServerConfig(name="a", url="http://127.0.0.1:9/mcp").url
     assert MCPServerConfig(name="a", url="http://[::1]:9/mcp").url
+
+
+def test_without_the_sdk_the_error_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'taurl\[mcp\]'"):
+        mcp_tool_specs([{"name": "table", "command": SERVER}])
 
 
 def test_scopes_follow_the_annotations_with_the_spec_defaults():
@@ -199,7 +208,8 @@ def test_call_gated_takes_openai_tool_calls(served):
 
 def test_mcp_tools_from_an_env_through_the_real_loop(tok, tmp_path):
     log = tmp_path / "calls.jsonl"
-    env = MCPEnv(mcp_servers=[{"name": "table", "command": [*SERVER, "--log", str(log)], "stderr": f"{log}.err"}])
+    servers = [{"name": "table", "command": [*SERVER, "--log", str(log)], "stderr": f"{log}.err"}]
+    env = MCPEnv(mcp_servers=servers)
     task = make_tasks("mcp-v0", "train", n=1, seed=3)[0]
     traj, _ = play(tok, env, expert(task, None), task)
     assert traj.stop_reason is StopReason.ANSWERED and traj.reward == pytest.approx(1.0)
@@ -215,6 +225,9 @@ def test_mcp_tools_from_an_env_through_the_real_loop(tok, tmp_path):
     assert denied.stop_reason is StopReason.TOOL_BUDGET and denied.turns[0].receipt.status == "denied"
     assert denied.reward_components["constraint"] == -1.0 and len(received(log)) == 1
     assert verifier(denied, task) == 0.0
+    # a second env of the same servers shares the connection: no second server process
+    MCPEnv(mcp_servers=servers)
+    assert shared_client(MCPServerConfig.from_dict(servers[0])).starts == 1 and len({c["pid"] for c in received(log)}) == 1
 
 
 def test_a_server_that_crashes_mid_episode_is_a_counted_tool_error(tok, tmp_path):
@@ -243,8 +256,18 @@ def test_a_hanging_server_times_out_as_a_counted_tool_error(tmp_path):
     client = MCPClient(stdio(log, "--hang-on", "lookup", timeout_s=1.5))
     specs = mcp_tool_specs([client.config], clients={"table": client})
     box, gate = ToolBox(specs), Gate(specs)
+    ticks = []
+
+    async def call_and_tick():  # the rollout's loop keeps running while the server hangs
+        task = asyncio.ensure_future(box.run(ToolCall("table__lookup", {"item": "oak stool"}), gate))
+        while not task.done():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.05)
+        return task.result()
+
     t0 = time.perf_counter()
-    out = run(box, gate, "table__lookup", item="oak stool")
+    out = asyncio.run(call_and_tick())
+    assert len(ticks) >= 10 and ticks[-1] - ticks[0] >= 1.0  # ~30 ticks of 50 ms over the 1.5 s
     assert out.status == "timeout" and out.receipt.decision == "allowed" and "did not answer 'lookup' within 1.5 s" in out.error
     assert time.perf_counter() - t0 < 15
     hung_pid = received(log)[0]["pid"]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib.util
 import ipaddress
 import json
 import os
@@ -428,6 +429,8 @@ def mcp_tool_specs(servers: Iterable[MCPServerConfig | Mapping[str, Any]],
     Raises ConfigError (every problem) for a server that cannot be listed, a ``tools:``
     name the server does not offer, or two tools whose namespaced names collide.
     """
+    if importlib.util.find_spec("mcp") is None:
+        raise ConfigError("MCP servers need the MCP SDK, which is not installed: pip install 'taurl[mcp]'")
     specs: list[ToolSpec] = []
     problems: list[str] = []
     for i, raw in enumerate(servers):
