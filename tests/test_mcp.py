@@ -228,6 +228,9 @@ def test_mcp_tools_from_an_env_through_the_real_loop(tok, tmp_path):
     # a second env of the same servers shares the connection: no second server process
     MCPEnv(mcp_servers=servers)
     assert shared_client(MCPServerConfig.from_dict(servers[0])).starts == 1 and len({c["pid"] for c in received(log)}) == 1
+    # the sync Env API (step) reaches the same server from outside any event loop
+    env.reset(task, seed=0)
+    assert [env.step(a)[0] for a in expert(task, None)] == [task.answers[0], "Submission received: correct."]
 
 
 def test_a_server_that_crashes_mid_episode_is_a_counted_tool_error(tok, tmp_path):

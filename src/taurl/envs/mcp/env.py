@@ -22,6 +22,7 @@ from typing import Any
 
 from taurl.envs.core import Task
 from taurl.errors import ConfigError
+from taurl.reward.stack import Verdict
 from taurl.reward.verifiers import ExactMatchVerifier
 from taurl.tools.gate import GateConfig
 from taurl.tools.mcp import MCPServerConfig, mcp_tool_specs
@@ -71,6 +72,9 @@ class MCPEnv(ToolEnv):
             answer: The stock code, e.g. "AB-1234".
         """
         return answer
+
+    def _verdict_text(self, verdict: Verdict) -> str:
+        return "Submission received: correct." if verdict.passed else f"Submission received: {verdict.detail}"
 
     def _start(self, task: Task, seed: int | None) -> dict[str, Any]:
         servers = [{"name": s.name, "transport": "http" if s.url else "stdio",
