@@ -140,6 +140,21 @@ def test_the_config_picks_tools_and_overrides_scopes(served):
         mcp_tool_specs([{"name": "broken", "command": [sys.executable, "-c", "pass"], "connect_timeout_s": 5}])
 
 
+def test_a_server_stuck_in_the_handshake_is_refused_and_stopped(tmp_path):
+    pid_file = tmp_path / "pid"
+    stuck = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="could not be started: TimeoutError"):
+        mcp_tool_specs([{"name": "stuck", "command": [sys.executable, "-c", stuck], "connect_timeout_s": 2}])
+    assert time.perf_counter() - t0 < 20
+    pid = int(pid_file.read_text())
+    for _ in range(100):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
 def test_a_gated_call_reaches_the_server_and_leaves_a_receipt(served):
     _, specs, log = served
     box, gate = ToolBox(specs), Gate(specs, GateConfig(allow=frozenset({"table__lookup"})))

@@ -239,18 +239,18 @@ class MCPClient:
     # -- on the MCP loop ----------------------------------------------------------------
     async def _alist(self) -> list[Any]:
         if self._tools is None:
-            client = await self._ensure()
+            client, stop = await self._ensure(), self._stop
             try:
                 result = await asyncio.wait_for(client.list_tools(), self.config.connect_timeout_s)
             except Exception as e:
-                await self._failed(e)
+                await self._failed(stop)
                 raise MCPToolError(f"MCP server {self.config.name!r} could not list its tools: "
                                    f"{type(e).__name__}: {e}") from None
             self._tools = list(result.tools)
         return self._tools
 
     async def _acall(self, tool: str, arguments: dict[str, Any]) -> Any:
-        client = await self._ensure()
+        client, stop = await self._ensure(), self._stop
         self.calls += 1
         timeout = self.config.timeout_s
         try:
@@ -258,14 +258,14 @@ class MCPClient:
             result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout + 1.0),
                                             timeout)
         except asyncio.TimeoutError:  # the server is hung or too slow: its state is unknown
-            await self._failed(TimeoutError(tool))
+            await self._failed(stop)
             raise MCPTimeout(f"MCP server {self.config.name!r} did not answer {tool!r} within {timeout:g} s; "
                              f"the connection was closed and {self._restart_note()}") from None
         except asyncio.CancelledError:  # the caller gave up (its budget): treat the server as hung
-            await asyncio.shield(self._failed(TimeoutError("cancelled")))
+            await asyncio.shield(self._failed(stop))
             raise
         except Exception as e:  # noqa: BLE001 — the transport failed: the connection is gone
-            await self._failed(e)
+            await self._failed(stop)
             raise MCPToolError(f"MCP server {self.config.name!r} failed during the call "
                                f"({type(e).__name__}: {str(e)[:300]}); {self._restart_note()}") from None
         text = render_result(result)
@@ -301,6 +301,7 @@ class MCPClient:
                 client = await asyncio.wait_for(asyncio.shield(ready), self.config.connect_timeout_s)
             except Exception as e:  # noqa: BLE001 — a server that cannot start is a tool error
                 self._stop.set()
+                self._owner.cancel()  # a server stuck in the handshake: cancelling stops its process
                 self.transport_failures += 1
                 raise MCPToolError(f"MCP server {self.config.name!r} could not be started: "
                                    f"{type(e).__name__}: {str(e)[:300]}") from None
@@ -337,9 +338,12 @@ class MCPClient:
         errlog = stack.enter_context(open(self.config.stderr, "a")) if self.config.stderr else sys.stderr  # noqa: SIM115
         return stdio_client(params, errlog=errlog)
 
-    async def _failed(self, error: BaseException) -> None:
+    async def _failed(self, stop: asyncio.Event | None) -> None:
+        """A call on the connection of `stop` failed at the transport: close that connection
+        (not a newer one another call has opened meanwhile)."""
         self.transport_failures += 1
-        await self._disconnect()
+        if self._stop is stop:
+            await self._disconnect()
 
     async def _disconnect(self) -> None:
         stop, owner = self._stop, self._owner
