@@ -240,8 +240,11 @@ def test_mcp_tools_from_an_env_through_the_real_loop(tok, tmp_path):
     assert denied.stop_reason is StopReason.TOOL_BUDGET and denied.turns[0].receipt.status == "denied"
     assert denied.reward_components["constraint"] == -1.0 and len(received(log)) == 1
     assert verifier(denied, task) == 0.0
-    # a second env of the same servers shares the connection: no second server process
-    MCPEnv(mcp_servers=servers)
+    # the env's own allow-list refuses a tool whose scope it grants; an env of the same
+    # servers shares the connection: no second server process
+    strict = MCPEnv(mcp_servers=servers, allow=["table__lookup", "submit"], scopes=["read", "write"], max_calls=4)
+    refused, _ = play(tok, strict, [tool_call("table__write_note", item="a", note="b")], task)
+    assert refused.turns[0].receipt.reason.startswith("not_allowed: ") and len(received(log)) == 1
     assert shared_client(MCPServerConfig.from_dict(servers[0])).starts == 1 and len({c["pid"] for c in received(log)}) == 1
     # the sync Env API (step) reaches the same server from outside any event loop
     env.reset(task, seed=0)
