@@ -213,7 +213,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         import_env_modules(args.imports)
         for name in registered():
-            env, s = make(name), spec(name)
+            try:
+                env, s = make(name), spec(name)
+            except Error as e:  # one env that cannot be built (a missing extra) does not hide the others
+                print(f"{name}  unavailable: {e}")
+                continue
             parts = [p for p, on in (("tasks", s.tasks), ("expert", s.expert), ("verifier", s.verifier)) if on]
             print(f"{name}  version {env.version}  style {env.observation_style}  "
                   f"tools {[t['function']['name'] for t in env.tools]}  has {'+'.join(parts) or '-'}  from {s.source}")

@@ -16,5 +16,7 @@ register("frozenlake-v0", "taurl.envs.gym.frozenlake:frozenlake_env", tasks="tau
          expert="taurl.envs.gym.frozenlake:frozenlake_expert", verifier="taurl.envs.gym.frozenlake:frozenlake_verifier")
 register("taxi-v0", "taurl.envs.gym.taxi:taxi_env", tasks="taurl.envs.gym.taxi:taxi_tasks",
          expert="taurl.envs.gym.taxi:taxi_expert", verifier="taurl.envs.gym.taxi:taxi_verifier")
+register("mcp-v0", "taurl.envs.mcp.env:MCPEnv", tasks="taurl.envs.mcp:generate_tasks", expert="taurl.envs.mcp:expert",
+         verifier="taurl.envs.mcp:SubmissionVerifier")
 
 __all__ = ["Env", "Task", "check_env", "import_env_modules", "make", "make_tasks", "register", "registered", "spec"]

@@ -31,7 +31,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from taurl.errors import ConfigError
+from taurl.errors import ConfigError, Error
 from taurl.tools.gate import Gate, GateDecision
 from taurl.tools.parsers import ParseResult, ToolCall, parse_hermes, parse_xml
 from taurl.tools.specs import ToolSpec
@@ -116,8 +116,9 @@ class ToolBox:
                 value = await asyncio.wait_for(spec.fn(**call.arguments), timeout)
             else:
                 value = await asyncio.wait_for(asyncio.to_thread(spec.fn, **call.arguments), timeout)
-        except asyncio.TimeoutError:
-            status, error = "timeout", f"tool {call.name!r} timed out after {timeout:g} s and was stopped"
+        except asyncio.TimeoutError as e:  # a tool's own timeout (an Error) says what it stopped
+            status, error = "timeout", (str(e) if isinstance(e, Error) else
+                                        f"tool {call.name!r} timed out after {timeout:g} s and was stopped")
         except Exception as e:  # noqa: BLE001 — a tool's failure is the model's news, not ours
             status, error = "error", f"tool {call.name!r} failed: {type(e).__name__}: {_cut(str(e), 500)}"
         latency = time.perf_counter() - t0

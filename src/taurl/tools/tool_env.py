@@ -94,6 +94,10 @@ class ToolEnv:
     def _end(self) -> None:
         """Release the episode's resources (called once per episode, also on reset)."""
 
+    def _verdict_text(self, verdict: Verdict) -> str:
+        """The last observation: what the verifier said of the submission."""
+        return _verdict_text(verdict)
+
     # -- the protocol -------------------------------------------------------------------
     def make_verifier(self) -> Verifier:
         """A fresh verifier instance: what the holdout evaluator uses."""
@@ -149,7 +153,7 @@ class ToolEnv:
             verdict = await _judge(self.make_verifier(), self._task, self._submission(out.value))
             stop = "error" if verdict.error else "answered"
             reward = self._finish(info, verdict, stop)
-            return _verdict_text(verdict), reward, verdict.error is None, verdict.error is not None, info
+            return self._verdict_text(verdict), reward, verdict.error is None, verdict.error is not None, info
         if self._errors_in_a_row >= self.max_consecutive_errors:
             return obs, self._finish(info, None, "error"), False, True, info
         if self._turn >= self.max_turns:
