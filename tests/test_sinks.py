@@ -50,7 +50,7 @@ def test_tensorboard_events_equal_metrics_jsonl(tracked):
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in points], tag
         # event files store float32
-        assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for (_, a), (_, b) in zip(got, points)), tag
+        assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for (_, a), (_, b) in zip(got, points, strict=True)), tag
 
 
 def test_wandb_offline_run_equals_metrics_jsonl(tracked):
@@ -59,7 +59,7 @@ def test_wandb_offline_run_equals_metrics_jsonl(tracked):
     history = sinks.read_wandb_history(runs[0])
     rows = [json.loads(x) for x in (tracked / "metrics.jsonl").read_text().splitlines()]
     assert len(history) == len(rows)
-    for h, row in zip(history, rows):
+    for h, row in zip(history, rows, strict=True):
         phase = row["phase"]
         assert h[f"{phase}/step"] == row["step"]
         for tag, v in sinks.scalars(row).items():
