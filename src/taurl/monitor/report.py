@@ -46,6 +46,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "eval/episodes_missing": "expected episodes (tasks × trials) that produced no record; counted as failures",
     "eval/invalid_episodes": "episodes ended by an error the agent did not cause",
     "eval/pass_at_k": "unbiased pass@k over the k trials per task (Chen et al. 2021)",
+    "alarm/<name>": "1 when the health alarm <name> fires at this RL update, else 0 (taurl.monitor.alarms)",
+    "rollout/staleness_max": "max over the batch's episodes of (sampling version − the oldest version in the episode)",
 }
 
 CURVES: list[tuple[str, list[str]]] = [
