@@ -57,7 +57,7 @@ class Sink(Protocol):
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
-    """The row's numeric metrics as ``<phase>/<key>`` (step, time and update are axes, not metrics)."""
+    """The row's numeric metrics as ``<phase>/<key>`` (step and time are its axes; the phase names it)."""
     phase = row.get("phase", "run")
     return {f"{phase}/{k}": float(v) for k, v in row.items()
             if k not in ("step", "time", "phase") and isinstance(v, (int, float))}
