@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean setup vllm-venv test-vllm
+.PHONY: demo test lint bench clean setup vllm-venv test-vllm chromium
 
 setup: $(STAMP)
 
@@ -20,7 +20,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/taurl demo
 
-test: $(STAMP)
+# Headless Chromium for tests/test_report_browser.py: Debian's package, installed when
+# missing and we are root with apt-get; otherwise that test skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium is not installed (apt-get install -y chromium): the report's browser test will skip"
+
+test: $(STAMP) chromium
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 	$(BIN)/python tests/mutation_check.py

@@ -139,6 +139,8 @@ class TrainConfig:
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (README: Health alarms): enabled, disable, stop_on, thresholds
+    trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
@@ -184,7 +186,8 @@ class TrainConfig:
         from taurl.envs import registry
         from taurl.promote import promotion_problems
 
-        out = self.learner_config().problems() + self.eval_config().problems() + promotion_problems(self.promotion)
+        out = (self.learner_config().problems() + self.eval_config().problems()
+               + promotion_problems(self.promotion) + self.monitor_problems())
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
                      "tasks_per_update"):
@@ -245,6 +248,13 @@ class TrainConfig:
             out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
                                        {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
         return out
+
+    def monitor_problems(self) -> list[str]:
+        """Problems with the alarms and trackers options (taurl.monitor)."""
+        from taurl.monitor.alarms import alarm_config
+        from taurl.monitor.sinks import tracker_problems
+
+        return alarm_config(self.alarms)[1] + tracker_problems(self.trackers)
 
 
 ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",

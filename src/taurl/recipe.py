@@ -43,7 +43,9 @@ from taurl.errors import ConfigError, Error
 from taurl.eval_run import evaluate_policy
 from taurl.evaluate import paired_difference
 from taurl.ledger import Ledger
-from taurl.monitor.metrics import MetricsWriter, console_line, rollout_metrics, same_reward_share
+from taurl.monitor.alarms import Watch, staleness_max
+from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
+from taurl.monitor.sinks import metrics_writer
 from taurl.policy.engine import make_engine
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.run_state import Hook, Run
@@ -71,8 +73,9 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
         torch.set_num_threads(cfg.torch_threads)
     t0 = time.perf_counter()
     run.config.write_text(dump_config(cfg))
-    with Ledger(run.ledger) as ledger:
-        r = Run(cfg, spec, plan, run, ledger, MetricsWriter(run.metrics), progress, hook or (lambda n, i: None),
+    with Ledger(run.ledger) as ledger, metrics_writer(run.metrics, cfg.trackers, run.root,
+                                                      dataclasses.asdict(cfg)) as metrics:
+        r = Run(cfg, spec, plan, run, ledger, metrics, progress, hook or (lambda n, i: None),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
         prepare_policy(r)
         if "sft_version" not in r.state:
@@ -201,6 +204,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
+    watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         tasks = r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update]
@@ -224,12 +228,19 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
-               "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0}
+               "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
+               "rollout/staleness_max": staleness_max(batch, version - 1)}
+        fired = watch.observe(row)  # adds alarm/<name> to the row, logs a warning per alarm
         r.metrics.write(update, row)
         bar.update(1)
         tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
         r.hook("update_done", {"update": update, "version": version})
         r.phase_done("rl", time.perf_counter() - t0)
+        if (stop := watch.stops(fired)) and update < cfg.updates:
+            log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
+                        ", ".join(stop))
+            r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
+            break
         if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
             log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
             r.save_state(rl_stopped_early=update)

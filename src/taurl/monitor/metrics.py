@@ -73,10 +73,11 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(self, step: int, metrics: dict[str, Any]) -> None:
+    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": step, "time": time.time(), **metrics}
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
+        return row  # what a tracking sink (taurl.monitor.sinks) receives
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():

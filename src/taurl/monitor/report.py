@@ -49,6 +49,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "eval/violation_rate, eval/cheat_rate": "episodes with a constraint violation / with a verifier-detected cheat, over recorded episodes",
     "eval/gate_denials_mean, eval/tool_errors_mean": "tool calls the host gate denied / that failed (error, timeout), per episode",
     "eval/tokens_per_success, eval/tool_calls_per_success, eval/wall_s_per_success": "Σ over recorded episodes / verified successes (absent: no success)",
+    "alarm/<name>": "1 when the health alarm <name> fires at this RL update, else 0 (taurl.monitor.alarms)",
+    "rollout/staleness_max": "max over the batch's episodes of (sampling version − the oldest version in the episode)",
 }
 
 CURVES: list[tuple[str, list[str]]] = [
@@ -174,6 +176,35 @@ def _table(summary: dict[str, Any]) -> str:
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 
 
+def alarms_section(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The "Health alarms" section: each alarm that fired, at which updates, and why
+    (`taurl.monitor.alarms`, re-checked over the run's rows with the run's thresholds)."""
+    from taurl.monitor.alarms import ALARMS, alarm_config, rl_rows, scan
+
+    cfg, _ = alarm_config(summary.get("config", {}).get("alarms", {}))
+    updates = len(rl_rows(rows))
+    head = "<h2>Health alarms</h2>"
+    if not cfg.active():
+        return head + "<p>Alarms were off for this run (alarms: enabled false).</p>"
+    fired: dict[str, list] = {}
+    for a in scan(rows, cfg):
+        fired.setdefault(a.name, []).append(a)
+    stopped = summary.get("train", {}).get("stopped_early")
+    by = [n for n in cfg.stop_on if n in fired and any(a.update == stopped for a in fired[n])]
+    text = (f"<p class='alarms-quiet'>All quiet: {len(cfg.active())} alarms checked over {updates} RL updates, "
+            f"none fired.</p>" if not fired else
+            f"<p class='alarms-fired'><b>{len(fired)} alarm(s) fired</b> over {updates} RL updates"
+            + (f"; RL was stopped after update {stopped} by {', '.join(by)} (alarms.stop_on)" if by else "")
+            + ".</p>")
+    body = "".join(
+        f"<tr><th>{html.escape(name)}</th><td>{html.escape(', '.join(str(a.update) for a in got))}</td>"
+        f"<td style='text-align:left'>{html.escape(got[0].message)}</td>"
+        f"<td style='text-align:left'>{html.escape(ALARMS[name])}</td></tr>" for name, got in fired.items())
+    table = ("<table id='alarms'><tr><th>alarm</th><th>updates</th><th>first firing</th><th>meaning</th></tr>"
+             f"{body}</table>") if fired else ""
+    return head + text + table
+
+
 def render_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """The HTML text of the report (self-contained)."""
     parts = [f"<h1>taurl run {html.escape(str(summary.get('run', '')))}</h1>"]
@@ -189,6 +220,7 @@ def render_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> st
     fig = holdout_figure(summary)
     if fig:
         parts.append(f'<h2>Holdout</h2><img alt="holdout" src="data:image/png;base64,{fig}">')
+    parts.append(alarms_section(summary, rows))
     parts.append("<h2>Training curves</h2>")
     for title, png in curve_figures(rows):
         parts.append(f'<figure><figcaption>{html.escape(title)}</figcaption>'
