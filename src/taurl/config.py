@@ -159,6 +159,7 @@ class TrainConfig:
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
     eval_seed: int = 1234  # seeds evaluation task choice and sampling
+    agent: dict[str, Any] = field(default_factory=dict)  # your own agent through the proxy (README: Train your own agent): callable | command, timeout_s, max_calls
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
@@ -216,6 +217,10 @@ class TrainConfig:
             from taurl.policy.model import policy_problems
 
             out += [f"model: {p}" for p in policy_problems(self.model)]
+        if self.agent:
+            from taurl.proxy.runner import agent_problems
+
+            out += agent_problems(self.agent)
         try:
             spec = registry.spec(self.env)
         except UnknownEnvError as e:

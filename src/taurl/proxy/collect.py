@@ -39,6 +39,8 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
     """`taurl.episodes.collect` with `agent` acting (module docstring). engine_for(spec):
     a per-episode engine (expert demonstrations), else `engine` serves every call."""
     agent = agent if isinstance(agent, AgentConfig) else AgentConfig.from_dict(agent)
+    for name in ("httpx", "httpx2"):  # an in-process agent's HTTP client logs every call at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
     cwd_on_path()
     fn = load_callable(agent.callable) if agent.callable else None
     env, retriever = env_retriever(make_env)
