@@ -314,3 +314,23 @@ def test_example_agent_runs_expert_demonstrations_through_the_proxy(policy, tmp_
     assert len(trajs) == 4 and all(t.source == "expert" and t.reward == 1.0 for t in trajs)
     assert all(t.num_tool_calls >= 1 for t in trajs)  # the retriever service's receipts
     assert "<tool_response>" in ChatCodec(tok).decode(trajs[0].token_ids)
+
+
+def test_agent_config_errors_are_reported_together_before_any_work():
+    from taurl.config import TrainConfig, load_config
+    from taurl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {"agent": {"callable": "no_colon", "command": ["x"], "timeout_s": 0, "bogus": 1}})
+    text = str(e.value)
+    for part in ("unknown key(s) ['bogus']", "exactly one of 'callable'", "must be \"path/to/file.py:function\"",
+                 "timeout_s must be a number > 0"):
+        assert part in text
+    cfg = load_config(TrainConfig, path=ROOT / "configs/openai_agent.yaml")
+    assert cfg.agent["callable"] == "examples/openai_agent.py:run_agent"
+
+
+def test_example_agent_imports_nothing_from_taurl():
+    src = (ROOT / "examples/openai_agent.py").read_text()
+    assert "taurl" not in "".join(ln for ln in src.splitlines() if ln.startswith(("import", "from")))
+    assert len(src.splitlines()) <= 70
