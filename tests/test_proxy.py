@@ -270,6 +270,7 @@ c.chat.completions.create(model="m", messages=[{"role": "user", "content": os.en
 if "CRASH" in os.environ["TAURL_EPISODE_ID"]:
     sys.exit(3)
 if "HANG" in os.environ["TAURL_EPISODE_ID"]:
+    open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
     import time; time.sleep(600)
 print("France")
 """
@@ -279,6 +280,10 @@ def test_crashing_and_hanging_agents_cost_one_counted_episode_each(policy, tmp_p
     model, tok = policy
     script = tmp_path / "agent.py"
     script.write_text(CRASHER)
+    pid_file = tmp_path / "hang.pid"
+    import os
+
+    os.environ["PID_FILE"] = str(pid_file)
     tasks = generate_tasks("train", n=3, seed=4)
     specs = [EpisodeSpec(eid, t, i, f"g{i}") for i, (eid, t) in enumerate(zip(["okA", "CRASH", "HANG"], tasks, strict=True))]
     engine = LocalEngine(model, tok, version=0, seed=0)
@@ -296,6 +301,8 @@ def test_crashing_and_hanging_agents_cost_one_counted_episode_each(policy, tmp_p
     for eid, why in (("CRASH", "exit status 3"), ("HANG", "timed out")):
         assert by[eid].stop_reason == StopReason.ERROR and not by[eid].valid and why in by[eid].metadata["error"]
     assert stats["rollout/agent_errors"] == 2 and stats["rollout/failed_episodes"] == 0
+    with pytest.raises(ProcessLookupError):  # the hung agent was killed, not left behind
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def test_example_agent_runs_expert_demonstrations_through_the_proxy(policy, tmp_path):

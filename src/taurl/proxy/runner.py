@@ -149,12 +149,11 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
     retriever = f"{proxy.url}/rollouts/{episode_id}/retriever"
     try:
         if fn is not None:
-            coro = _in_thread(lambda: fn(prompt, base, retriever))
-        else:
+            answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever)), agent.timeout_s)
+        else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
                    "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id}
-            coro = _run_command(agent.command, env, agent.timeout_s + 5)
-        answer = await asyncio.wait_for(coro, agent.timeout_s)
+            answer = await _run_command(agent.command, env, agent.timeout_s)
         return (None if answer is None else str(answer)), None
     except asyncio.TimeoutError:
         return None, f"agent timed out after {agent.timeout_s:g} s"

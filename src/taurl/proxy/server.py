@@ -261,7 +261,7 @@ def _chat_chunks(rid: str, call: Call) -> list[dict]:
     return out
 
 
-def _completion_body(rid: str, call: Call, stream: bool) -> dict:
+def _completion_body(rid: str, call: Call) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": MODEL_NAME,
             "choices": [{"index": 0, "text": call.text, "finish_reason": _finish(call), "logprobs": None}]}
 
@@ -299,16 +299,16 @@ def _build_app(proxy: ProxyServer) -> Any:
             call = await proxy.call(eid, body, chat)
         except ProxyError as e:
             return error(e)
+        except Error as e:  # e.g. a chat template that cannot extend the stream as a delta
+            return error(ProxyError(f"cannot capture this call: {e}", 500, "capture_error"))
         ep = proxy.episodes.get(eid)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{eid}-{ep.calls if ep else 0}"
         prompt_tokens = call.prompt_tokens
         if chat:
             return sse(_chat_chunks(rid, call)) if body.get("stream") else JSONResponse(_chat_body(rid, call, prompt_tokens))
         if body.get("stream"):
-            c = _completion_body(rid, call, True)
-            c["object"] = "text_completion"
-            return sse([c])
-        return JSONResponse(_completion_body(rid, call, False))
+            return sse([_completion_body(rid, call)])
+        return JSONResponse(_completion_body(rid, call))
 
     async def chat(request: Request) -> Any:
         return await completions(request, True)
