@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -276,14 +277,12 @@ print("France")
 """
 
 
-def test_crashing_and_hanging_agents_cost_one_counted_episode_each(policy, tmp_path):
+def test_crashing_and_hanging_agents_cost_one_counted_episode_each(policy, tmp_path, monkeypatch):
     model, tok = policy
     script = tmp_path / "agent.py"
     script.write_text(CRASHER)
     pid_file = tmp_path / "hang.pid"
-    import os
-
-    os.environ["PID_FILE"] = str(pid_file)
+    monkeypatch.setenv("PID_FILE", str(pid_file))
     tasks = generate_tasks("train", n=3, seed=4)
     specs = [EpisodeSpec(eid, t, i, f"g{i}") for i, (eid, t) in enumerate(zip(["okA", "CRASH", "HANG"], tasks, strict=True))]
     engine = LocalEngine(model, tok, version=0, seed=0)
