@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     from taurl.tools.sandbox_cli import add_sandbox_parser
 
     add_sandbox_parser(sub)
+    from taurl.proxy.cli import add_proxy_parser
+
+    add_proxy_parser(sub)
     from taurl.config import TrainConfig
 
     for name, help_, desc in (
@@ -191,6 +194,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from taurl.tools.sandbox_cli import run_sandbox_command
 
         return run_sandbox_command(args)
+    if args.command == "proxy":
+        from taurl.proxy.cli import run_proxy_command
+
+        return run_proxy_command(args)
     from taurl import commands
 
     if args.command == "rollout":

@@ -162,6 +162,7 @@ class TrainConfig:
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
     eval_seed: int = 1234  # seeds evaluation task choice and sampling
     promotion: dict[str, Any] = field(default_factory=dict)  # promotion gate thresholds (README: promotion gate): margin, safety_tolerance, max_cost_ratio, max_wall_ratio, max_regression
+    agent: dict[str, Any] = field(default_factory=dict)  # your own agent through the proxy (README: Train your own agent): callable | command, timeout_s, max_calls
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
@@ -221,6 +222,10 @@ class TrainConfig:
             from taurl.policy.model import policy_problems
 
             out += [f"model: {p}" for p in policy_problems(self.model)]
+        if self.agent:
+            from taurl.proxy.runner import agent_problems
+
+            out += agent_problems(self.agent)
         try:
             spec = registry.spec(self.env)
         except UnknownEnvError as e:

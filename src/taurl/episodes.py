@@ -39,7 +39,8 @@ def episode_seed(*parts: Any) -> int:
 
 async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
-                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None
+                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None,
+                  agent: dict[str, Any] | None = None, all_chains: bool = True
                   ) -> tuple[list[Trajectory], dict[str, float]]:
     """The episodes of `specs`, in order: reused from the ledger, or run and appended at once.
 
@@ -47,7 +48,17 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     counted (``rollout/failed_episodes``), and the rest go on. on_stored(event, traj) is
     called with "episode_finished" before an episode is appended and "episode_stored"
     after (hooks for tests and monitors; an exception there aborts the round).
+
+    With `agent` (the config's ``agent:``), the user's agent acts through the training
+    proxy instead of the built-in loop (`taurl.proxy.collect`); all_chains=False returns
+    one record per episode (its final chain), as an evaluation counts them.
     """
+    if agent:
+        from taurl.proxy.collect import collect_agent
+
+        return await collect_agent(engine, tokenizer, make_env, specs, agent=agent, config=config, ledger=ledger,
+                                   run_id=run_id, concurrency=concurrency, bar=bar, on_stored=on_stored,
+                                   all_chains=all_chains)
     out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}
     sem = asyncio.Semaphore(concurrency)
     failed: list[str] = []

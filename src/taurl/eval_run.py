@@ -29,7 +29,8 @@ from taurl.rollout import RolloutConfig
 
 def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *, make_env: Callable[[], Env],
                     rollout: RolloutConfig, verifier: Any = None, ledger: Ledger | None = None,
-                    run_id: str = "eval", tag: str = "eval", progress: bool = True) -> EvalResult:
+                    run_id: str = "eval", tag: str = "eval", progress: bool = True,
+                    agent: dict | None = None) -> EvalResult:
     """Evaluate the policy at `path` on `tasks` (k = ecfg.trials each); an episode that
     produced no record counts as a failure (`summarize`)."""
     model, tok = load_policy(path)
@@ -43,7 +44,8 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
         own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
         try:
             trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger or own,
-                                           run_id=run_id, concurrency=ecfg.concurrency, bar=bar))
+                                           run_id=run_id, concurrency=ecfg.concurrency, bar=bar,
+                                           agent=agent, all_chains=False))
         finally:
             bar.close()
             if own is not None:

@@ -130,6 +130,10 @@ def sft_data(r: Run) -> list:
         return []
     if cfg.sft == "file":
         return read_sft_file(cfg.sft_data, cfg.env)
+    if cfg.agent:  # the expert's replies served to the user's agent through the proxy
+        from taurl.proxy.demos import agent_demonstrations
+
+        return agent_demonstrations(r)
     from taurl.policy.tokenizer import load_tokenizer
     from taurl.synth import demonstrations
 
@@ -212,7 +216,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
         batch, cstats = asyncio.run(collect(engine, tok, r.make_env, specs, config=cfg.rollout_config(),
                                             ledger=r.ledger, run_id=r.run.root.name, concurrency=cfg.concurrency,
-                                            on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id})))
+                                            on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id}),
+                                            agent=cfg.agent))
         if stale := [t.episode_id for t in batch if set(t.policy_versions) - {version}]:
             raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version {version} "
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
@@ -267,7 +272,8 @@ def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[st
     t0 = time.perf_counter()
     result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
-                             ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress)
+                             ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress,
+                             agent=r.cfg.agent)
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(result.to_dict(), indent=2))
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})

@@ -1,0 +1,11 @@
+"""The OpenAI-compatible training proxy: train any agent on the official `openai` SDK unchanged.
+
+* `server.ProxyServer`: ``/rollouts/{episode_id}/v1/chat/completions`` (and ``/completions``)
+  in front of any taurl engine, with a reward and an end endpoint per episode;
+* `capture.EpisodeCapture`: token-exact capture of every call (append-only extension,
+  new segment chains when the agent rewrites history);
+* `runner` / `collect`: the recipe's episodes run by a user's agent (``agent:`` config key);
+* `experts`: expert demonstrations in the wire format, served through the agent itself.
+
+Needs the ``proxy`` extra: ``pip install 'taurl[proxy]'`` (starlette, uvicorn).
+"""

@@ -1,0 +1,98 @@
+"""`collect` for agents: the recipe's episodes run by a user's agent through the proxy.
+
+Same contract as `taurl.episodes.collect` (deterministic ids, reuse from the ledger,
+append at once, failures counted): the proxy starts on loopback for the batch, each
+episode's agent gets its own base URL, and every chain the proxy captured is appended.
+The records returned are the training batch (`all_chains=True`: every chain, each a
+transition with the episode's reward) or, for evaluation, one per episode (its final chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from taurl.ledger import Ledger
+from taurl.proxy.runner import (
+    AgentConfig,
+    cwd_on_path,
+    env_retriever,
+    load_callable,
+    proxy_limits,
+    run_agent_episode,
+)
+from taurl.proxy.server import ProxyServer
+from taurl.trajectory import POLICY_SOURCE, StopReason, Trajectory
+
+log = logging.getLogger("taurl.proxy")
+
+
+async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any], specs: Sequence[Any], *,
+                        agent: dict[str, Any] | AgentConfig, config: Any, ledger: Ledger, run_id: str,
+                        concurrency: int = 64, bar: Any = None, on_stored: Callable | None = None,
+                        all_chains: bool = True, engine_for: Callable[[Any], Any] | None = None,
+                        source: str = POLICY_SOURCE, verifier: Any = None
+                        ) -> tuple[list[Trajectory], dict[str, float]]:
+    """`taurl.episodes.collect` with `agent` acting (module docstring). engine_for(spec):
+    a per-episode engine (expert demonstrations), else `engine` serves every call."""
+    agent = agent if isinstance(agent, AgentConfig) else AgentConfig.from_dict(agent)
+    for name in ("httpx", "httpx2"):  # an in-process agent's HTTP client logs every call at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
+    cwd_on_path()
+    fn = load_callable(agent.callable) if agent.callable else None
+    env, retriever = env_retriever(make_env)
+    if verifier is None:
+        from taurl import envs
+
+        verifier = envs.spec(env.name).make_verifier()
+    out: dict[str, list[Trajectory]] = {s.episode_id: [ledger.get(s.episode_id)] for s in specs if s.episode_id in ledger}
+    reused = len(out)
+    failed: list[str] = []
+    sem = asyncio.Semaphore(concurrency)
+    proxy = ProxyServer(engine, tokenizer, limits=proxy_limits(agent, config), retriever=retriever,
+                        max_doc_chars=getattr(env, "max_doc_chars", 400))
+
+    async def one(s: Any) -> None:
+        async with sem:
+            try:
+                trajs = await run_agent_episode(proxy, agent, fn, s, run_id=run_id, env_name=env.name,
+                                                env_version=env.version, verifier=verifier,
+                                                engine=engine_for(s) if engine_for else None, source=source)
+            except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
+                failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
+                return
+        if not trajs:
+            failed.append(f"{s.episode_id}: the agent made no model call")
+            return
+        if on_stored is not None:
+            on_stored("episode_finished", trajs[-1])
+        report = ledger.append_many([t for t in trajs if t.episode_id not in ledger])
+        if report.rejected:
+            failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
+            return
+        out[s.episode_id] = trajs
+        if bar is not None:
+            bar.update(1)
+        if on_stored is not None:
+            on_stored("episode_stored", trajs[-1])
+
+    t0 = time.perf_counter()
+    if bar is not None:
+        bar.update(reused)
+    with proxy:
+        await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
+    for why in failed:
+        log.warning("agent episode produced no record: %s", why)
+    finals = [out[s.episode_id][-1] for s in specs if s.episode_id in out]
+    stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed)),
+             "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
+             "rollout/chains_per_episode": sum(len(out[s.episode_id]) for s in specs if s.episode_id in out)
+             / max(1, len(finals)),
+             "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
+             "time/agent_collect_s": time.perf_counter() - t0}
+    if all_chains:
+        return [t for s in specs if s.episode_id in out for t in out[s.episode_id]], stats
+    return finals, stats

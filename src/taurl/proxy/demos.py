@@ -1,0 +1,50 @@
+"""The recipe's SFT data for an agent: expert replies served to the agent through the proxy.
+
+The demo's policy starts from expert demonstrations run through the real loop; an agent's
+starts from the same expert (`taurl.proxy.experts`), run through the *agent* — so SFT sees
+exactly the prompts, tool schemas and tool results the agent will send during RL.
+Episode ids are ``demo-<i>`` and the expert draws from ``Random(f"{seed}:{i}")``, as for
+the built-in demonstrations, so a restarted run reuses what it stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from taurl.episodes import EpisodeSpec
+from taurl.errors import ConfigError
+from taurl.proxy.collect import collect_agent
+from taurl.proxy.experts import DEFAULT_EXPERTS, ReplyEngine
+from taurl.proxy.runner import AgentConfig, load_callable
+
+
+def agent_demonstrations(r: Any) -> list:
+    """Expert demonstrations of `r.plan.demos` through the run's agent (module docstring)."""
+    from taurl.monitor.metrics import rollout_metrics
+    from taurl.policy.tokenizer import load_tokenizer
+
+    cfg, t0 = r.cfg, time.perf_counter()
+    agent = AgentConfig.from_dict(cfg.agent)
+    ref = agent.expert or DEFAULT_EXPERTS.get(cfg.env)
+    if not ref:
+        raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert to "
+                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or use sft: none")
+    expert = load_callable(ref)
+    tok = load_tokenizer(r.run.checkpoint(0))
+    specs = [EpisodeSpec(f"demo-{i}", t, cfg.seed + i, f"demo:{t.task_id}") for i, t in enumerate(r.plan.demos)]
+    replies = {s.episode_id: expert(s.task, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options)
+               for i, s in enumerate(specs)}
+    rollout = cfg.rollout_config()
+    bar = r.bar(len(specs), "demos")
+    trajs, stats = asyncio.run(collect_agent(
+        None, tok, r.make_env, specs, agent=agent, config=rollout, ledger=r.ledger, run_id=r.run.root.name,
+        concurrency=cfg.concurrency, bar=bar, source="expert",
+        engine_for=lambda s: ReplyEngine(tok, replies[s.episode_id], rollout.max_context)))
+    bar.close()
+    m = rollout_metrics(trajs, time.perf_counter() - t0) if trajs else {}
+    r.metrics.write(0, {"phase": "demos", **stats, **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
+    r.phase_done("demos", time.perf_counter() - t0)
+    return [t for t in trajs if t.valid]

@@ -1,0 +1,71 @@
+"""Expert demonstrations in the proxy's wire format: the same start for an agent's policy.
+
+The built-in demo SFTs its policy on expert episodes run through the real loop. An agent
+trained through the proxy gets the same start: the expert's replies are served *through
+the proxy to the agent itself* by a per-episode `ReplyEngine`, so the demonstrations are
+rendered with the agent's own system prompt, tool schemas and history handling, in the
+chat/tool-call format the proxy serves (Hermes ``<tool_call>`` blocks, `taurl.tools.parsers`).
+
+An expert here is ``expert(task, rng, **options) -> [reply text, ...]``, one per model
+call; `DEFAULT_EXPERTS` names the one of each env that has one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from taurl.envs.core import Task
+from taurl.policy.engine import Generation, SamplingParams
+
+DEFAULT_EXPERTS = {"search-v0": "taurl.proxy.experts:search_tool_expert"}
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A Hermes tool call, exactly as the chat template renders one."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+def search_tool_expert(task: Task, rng: random.Random, **options: Any) -> list[str]:
+    """search-v0's expert (`taurl.envs.search.expert.search_expert`, same knobs and draws)
+    with each ``<search> q</search>`` as a ``search`` tool call and the answer as the reply."""
+    from taurl.envs.search.expert import search_expert
+
+    out = []
+    for action in search_expert(task, rng, **options):
+        m = re.search(r"<search>(.*?)</search>", action, re.DOTALL)
+        if m:
+            out.append(tool_call_text("search", {"query": m.group(1).strip()}))
+        else:
+            out.append(re.search(r"<answer>.*?</answer>", action, re.DOTALL).group(0))
+    return out
+
+
+class ReplyEngine:
+    """Plays fixed replies, one per call, each ended by EOS (the model learns to end its turn).
+
+    Not a policy (`source` "expert"): the runner records its actions without logprobs or version.
+    """
+
+    source = "expert"
+
+    def __init__(self, tokenizer: Any, replies: Sequence[str], max_context: int = 2048):
+        self.tok, self.replies, self._max_context, self._calls = tokenizer, list(replies), max_context, 0
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        text = self.replies[self._calls] if self._calls < len(self.replies) else ""
+        self._calls += 1
+        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])[:max(0, sampling.max_tokens - 1)]
+        ids.append(self.tok.eos_token_id)
+        return Generation(ids, [0.0] * len(ids), "eos", 0, prompt_tokens=len(prompt_ids))

@@ -1,0 +1,273 @@
+"""The agent runner: N copies of a user's agent, each with its own proxy base URL.
+
+    agent:                                   # the config key (TrainConfig.agent)
+      callable: examples/openai_agent.py:run_agent   # a file or module, and a function, or
+      command: [python, examples/openai_agent.py]     # a command line
+      timeout_s: 60                          # an agent that hangs is stopped here
+      max_calls: 8                           # model calls per episode
+
+A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
+thread; a command runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``,
+``TAURL_TASK``, ``TAURL_RETRIEVER_URL`` and ``TAURL_EPISODE_ID`` in its environment and
+prints its answer on the last line of stdout. Either way the agent imports nothing from
+taurl. What the proxy captured becomes the episode's trajectories (one per chain,
+`taurl.proxy.capture`), scored by ``POST /reward`` or else by the env's verifier reading
+the final answer; then the recipe's own credit, learner, ledger and evaluation take over.
+
+An agent that raises, exits non-zero or outlives `timeout_s` ends its episode truncated
+with stop reason ``error`` (an invalid sample; counted as ``rollout/agent_errors``); an
+episode that made no model call at all leaves no record (``rollout/failed_episodes``).
+Either way the other episodes and the run go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from taurl.errors import ConfigError
+from taurl.proxy.capture import Call, Chain
+from taurl.proxy.server import ProxyEpisode, ProxyLimits, ProxyServer
+from taurl.trajectory import POLICY_SOURCE, Segment, StopReason, Trajectory, Turn
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The `agent:` config key (module docstring)."""
+
+    callable: str = ""  # "path/to/file.py:function" or "package.module:function"
+    command: tuple[str, ...] = ()  # argv of a command-line agent
+    timeout_s: float = 120.0  # wall-clock limit of one episode
+    max_calls: int = 8  # model calls per episode
+    expert: str = ""  # "module:function": expert replies for SFT demos (default: the env's, see experts.py)
+    name: str = field(default="", compare=False)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> AgentConfig:
+        if problems := agent_problems(d):
+            raise ConfigError(problems)
+        cmd = d.get("command") or ()
+        cmd = tuple(cmd.split()) if isinstance(cmd, str) else tuple(cmd)
+        return AgentConfig(d.get("callable", ""), cmd, float(d.get("timeout_s", 120.0)),
+                           int(d.get("max_calls", 8)), d.get("expert", ""),
+                           d.get("callable") or " ".join(cmd))
+
+
+def agent_problems(d: Any) -> list[str]:
+    """Everything wrong with an `agent:` mapping, in words (empty when it is fine)."""
+    if not isinstance(d, dict):
+        return ["agent must be a mapping with 'callable' or 'command' (README: Train your own agent)"]
+    out = []
+    known = {"callable", "command", "timeout_s", "max_calls", "expert"}
+    if unknown := sorted(set(d) - known):
+        out.append(f"agent: unknown key(s) {unknown}; known: {sorted(known)}")
+    if bool(d.get("callable")) == bool(d.get("command")):
+        out.append("agent needs exactly one of 'callable' (\"file.py:function\") or 'command' (an argv list)")
+    c = d.get("callable")
+    if c and (not isinstance(c, str) or ":" not in c):
+        out.append(f"agent.callable {c!r} must be \"path/to/file.py:function\" or \"module:function\"")
+    t = d.get("timeout_s", 1)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        out.append(f"agent.timeout_s must be a number > 0 (got {t!r})")
+    m = d.get("max_calls", 1)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        out.append(f"agent.max_calls must be an integer >= 1 (got {m!r})")
+    return out
+
+
+def load_callable(ref: str) -> Callable[..., Any]:
+    """`ref` = "file.py:function" (loaded by path) or "module:function"."""
+    target, _, attr = ref.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.exists():
+            raise ConfigError(f"agent.callable: no file {target!r} (relative to {os.getcwd()})")
+        spec = importlib.util.spec_from_file_location(f"taurl_agent_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(target)
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"agent.callable: {target!r} has no function {attr!r}")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------
+# Running one agent
+
+
+async def _in_thread(fn: Callable[[], Any]) -> Any:
+    """`fn()` in a daemon thread: a hung agent is abandoned at its timeout, never joined."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def run() -> None:
+        try:
+            res, exc = fn(), None
+        except BaseException as e:  # noqa: BLE001 — handed to the episode, which records it
+            res, exc = None, e
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(lambda: fut.done() or (fut.set_exception(exc) if exc else fut.set_result(res)))
+
+    threading.Thread(target=run, daemon=True, name="taurl-agent").start()
+    return await fut
+
+
+async def _run_command(argv: Sequence[str], env: dict[str, str], timeout: float) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        os.killpg(proc.pid, signal.SIGKILL)  # its whole process group: children too
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit status {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}")
+    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer, episode_id: str,
+                    prompt: str) -> tuple[str | None, str | None]:
+    """(answer, error) of one agent run against the episode's base URL."""
+    base = proxy.base_url(episode_id)
+    retriever = f"{proxy.url}/rollouts/{episode_id}/retriever"
+    try:
+        if fn is not None:
+            answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever)), agent.timeout_s)
+        else:  # the command's own timeout kills its process group
+            env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
+                   "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id}
+            answer = await _run_command(agent.command, env, agent.timeout_s)
+        return (None if answer is None else str(answer)), None
+    except asyncio.TimeoutError:
+        return None, f"agent timed out after {agent.timeout_s:g} s"
+    except Exception as e:  # noqa: BLE001 — the agent's failure ends its episode, not the run
+        return None, f"agent failed: {type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------------------
+# From captured chains to trajectories
+
+
+def final_answer(content: str | None) -> str:
+    """The answer in a final message: inside <answer>…</answer> when present, else all of it."""
+    text = content or ""
+    m = _ANSWER.findall(text)
+    return (m[-1] if m else text).strip()
+
+
+def _turns(chain: Chain, receipts: list) -> list[Turn]:
+    turns = []
+    for j, call in enumerate(chain.calls):
+        nxt: Call | None = chain.calls[j + 1] if j + 1 < len(chain.calls) else None
+        obs = nxt.observation_segment if nxt else None
+        if call.tool_calls:
+            fns = [tc["function"] for tc in call.tool_calls]
+            action = {"kind": "tool_call", "calls": [{"name": f["name"], "arguments": f["arguments"]} for f in fns]}
+        elif call.parse in ("malformed", "too_long"):
+            action = {"kind": "invalid", "parse": call.parse}
+        else:
+            action = {"kind": "answer", "answer": final_answer(call.content)}
+        mine = [r for n, r in receipts if n == call.index + 1]
+        turns.append(Turn(index=j, action_text=call.text, action=action,
+                          observation_text=chain.codec.decode(chain.segments[obs].token_ids) if obs is not None else "",
+                          action_segment=call.action_segment, observation_segment=obs,
+                          finish_reason=call.finish_reason, invalid=action["kind"] == "invalid",
+                          receipt=mine[0] if mine else None, generate_s=call.generate_s))
+    return turns
+
+
+def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, env_name: str, env_version: str,
+                    verifier: Any, error: str | None, agent_name: str, answer: str | None,
+                    source: str = POLICY_SOURCE, wall_s: float = 0.0) -> list[Trajectory]:
+    """One trajectory per chain; the last one (the agent's final answer) has the episode's id."""
+    chains = [c for c in ep.capture.chains if c.calls]
+    if ep.engine_error and error is None:
+        error = ep.engine_error
+    out = []
+    for k, chain in enumerate(chains):
+        last = k == len(chains) - 1
+        segs = tuple(s if source == POLICY_SOURCE or s.kind != "action" else Segment(s.kind, s.token_ids)
+                     for s in chain.segments)
+        turns = _turns(chain, ep.receipts)
+        if error:
+            stop, terminated = StopReason.ERROR, False
+        elif not last:
+            stop, terminated = StopReason("history_rewritten"), False
+        elif ep.budget_hit:
+            stop, terminated = StopReason.MAX_TURNS, False
+        elif turns[-1].action["kind"] == "answer":
+            stop, terminated = StopReason.ANSWERED, True
+        else:
+            stop, terminated = StopReason.NO_ANSWER, True
+        reason = chains[k + 1].reason if not last else ""
+        traj = Trajectory(
+            episode_id=ep.episode_id if last else f"{ep.episode_id}.c{k}", run_id=run_id, task_id=task.task_id,
+            group_id=group_id, split=task.split, env_name=env_name, env_version=env_version, seed=ep.seed,
+            segments=segs, turns=tuple(turns), messages=tuple(dict(m) for m in chain.render_msgs),
+            terminated=terminated, truncated=not terminated, stop_reason=stop,
+            timings={"wall_s": wall_s, "generate_s": sum(c.generate_s for c in chain.calls)},
+            metadata={"answers": list(task.answers), "error": error, "agent": agent_name, "agent_answer": answer,
+                      "chain": k, "chains": len(chains), "chain_started_by": chain.reason,
+                      "chain_abandoned_by": reason, "malformed_calls": ep.capture.malformed_calls,
+                      **{key: v for key, v in task.metadata.items() if key in ("family", "hops")}},
+            source=source)
+        out.append(traj)
+    if not out:
+        return []
+    # one reward for the episode, given to every chain (each call's transition shares it)
+    if ep.reward is not None:
+        comps, version = dict(ep.reward_components), "agent"
+    elif error or verifier is None:
+        comps, version = {"outcome": 0.0}, getattr(verifier, "version", "none")
+    else:
+        comps, version = {"outcome": float(verifier(out[-1], task))}, verifier.version
+    return [replace(t, reward=sum(comps.values()), reward_components=comps, verifier_version=version) for t in out]
+
+
+async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable | None, spec: Any, *,
+                            run_id: str, env_name: str, env_version: str, verifier: Any,
+                            engine: Any = None, source: str = POLICY_SOURCE) -> list[Trajectory]:
+    """Open `spec`'s episode in the proxy, run the agent on its task, return its records."""
+    t0 = time.perf_counter()
+    proxy.open(spec.episode_id, seed=spec.seed, engine=engine)
+    try:
+        answer, error = await run_agent(agent, fn, proxy, spec.episode_id, spec.task.prompt)
+    finally:
+        ep = proxy.pop(spec.episode_id)
+    return episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id, env_name=env_name,
+                           env_version=env_version, verifier=verifier, error=error, agent_name=agent.name,
+                           answer=answer, source=source, wall_s=time.perf_counter() - t0)
+
+
+def proxy_limits(agent: AgentConfig, rollout: Any) -> ProxyLimits:
+    return ProxyLimits(max_calls=agent.max_calls, max_action_tokens=rollout.max_action_tokens,
+                       max_context=rollout.max_context, temperature=rollout.temperature)
+
+
+def env_retriever(make_env: Callable[[], Any]) -> tuple[Any, Any]:
+    """(env, retriever) of the run's env: the retriever service the proxy runs for agents."""
+    env = make_env()
+    return env, getattr(env, "retriever", None)
+
+
+def cwd_on_path() -> None:
+    """An agent named as "module:function" is looked up from the working directory too."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())

@@ -1,0 +1,369 @@
+"""The OpenAI-compatible training proxy: any taurl engine behind ``/v1/chat/completions``.
+
+Routes (each episode has its own base URL, ``{root}/rollouts/{episode_id}/v1``, so a call
+names its trajectory without any change to the agent):
+
+    POST /rollouts/{id}/v1/chat/completions   messages, tools / tool_calls, stream true|false
+    POST /rollouts/{id}/v1/completions        prompt (a string), stream true|false
+    GET  /rollouts/{id}/v1/models             the served policy, as one model
+    POST /rollouts/{id}/retriever/search      {"query", "k"}: the episode's retriever (a tool
+                                              receipt is recorded for every search)
+    POST /rollouts/{id}/reward                {"reward": float, "components": {...}}
+    POST /rollouts/{id}/end                   the agent says the episode is over
+    GET  /rollouts/{id}                       what was captured (chains, calls, status)
+
+A call to an unknown id opens that episode (the standalone `taurl proxy`); the agent
+runner (`taurl.proxy.runner`) opens them itself with the task, and a call after an
+episode ended is refused (409), so an agent that outlived its timeout cannot write into
+a finished record.
+
+Streaming: the engine protocol returns a whole completion, so a streamed answer is sent
+as SSE chunks once the completion is sampled. Both forms are built from the same
+`Call` record, so streaming never changes what is captured.
+
+Not here yet: HTTP 429 with Retry-After for the async pipeline's staleness bound — that
+pipeline does not exist yet (the recipe is synchronous), so there is no bound to enforce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from taurl.errors import Error
+from taurl.policy.engine import SamplingParams
+from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
+from taurl.trajectory import ToolReceipt
+
+MODEL_NAME = "taurl-policy"
+
+
+@dataclass
+class ProxyLimits:
+    """Per-call and per-episode budgets the proxy enforces (the built-in loop's, by name)."""
+
+    max_calls: int = 8  # model calls per episode; the next is refused (the episode is truncated)
+    max_action_tokens: int = 96  # cap on a call's max_tokens
+    max_context: int = 1536  # prompt + completion
+    temperature: float | None = 1.0  # forced on every call (training samples at the learner's T); None: the agent's
+
+
+@dataclass
+class ProxyEpisode:
+    """The server-side state of one episode."""
+
+    episode_id: str
+    capture: EpisodeCapture
+    seed: int = 0
+    engine: Any = None  # a per-episode engine (an expert script), else the server's
+    status: str = "open"  # "open" | "ended"
+    reward: float | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
+    receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)  # (calls so far, receipt)
+    budget_hit: bool = False
+    engine_error: str | None = None
+    calls: int = 0
+
+
+class ProxyServer:
+    """The proxy in a background thread (uvicorn on its own event loop), on loopback."""
+
+    def __init__(self, engine: Any, tokenizer: Any, *, limits: ProxyLimits | None = None,
+                 retriever: Any = None, max_doc_chars: int | None = 400, host: str = "127.0.0.1", port: int = 0):
+        self.engine, self.tok, self.limits = engine, tokenizer, limits or ProxyLimits()
+        self.retriever, self.max_doc_chars = retriever, max_doc_chars
+        self.host, self.port = host, port
+        self.episodes: dict[str, ProxyEpisode] = {}
+        self.lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.app = _build_app(self)
+
+    # -- lifecycle ------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def base_url(self, episode_id: str) -> str:
+        return f"{self.url}/rollouts/{episode_id}/v1"
+
+    def start(self) -> ProxyServer:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+                                        name="taurl-proxy", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise Error(f"the proxy did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = None
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def open(self, episode_id: str, *, seed: int = 0, engine: Any = None) -> ProxyEpisode:
+        with self.lock:
+            if episode_id in self.episodes:
+                raise Error(f"episode {episode_id!r} is already open in the proxy")
+            ep = ProxyEpisode(episode_id, EpisodeCapture(self.tok, episode_id), seed=seed, engine=engine)
+            self.episodes[episode_id] = ep
+            return ep
+
+    def end(self, episode_id: str) -> ProxyEpisode:
+        """Mark the episode ended (later calls are refused) and close its chains."""
+        with self.lock:
+            ep = self.episodes[episode_id]
+            if ep.status == "open":
+                ep.status = "ended"
+                for c in ep.capture.chains:
+                    ep.capture.close_chain(c)
+            return ep
+
+    def pop(self, episode_id: str) -> ProxyEpisode:
+        ep = self.end(episode_id)
+        with self.lock:
+            del self.episodes[episode_id]
+        return ep
+
+    def episode(self, episode_id: str, *, create: bool = True) -> ProxyEpisode:
+        with self.lock:
+            ep = self.episodes.get(episode_id)
+        if ep is None:
+            if not create:
+                raise ProxyError(f"no episode {episode_id!r}", 404, "not_found")
+            ep = self.open(episode_id)
+        if ep.status != "open":
+            raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not recorded", 409,
+                             "episode_ended")
+        return ep
+
+    # -- the model call -------------------------------------------------------------
+    def sampling(self, ep: ProxyEpisode, body: dict, prompt_len: int, engine: Any) -> SamplingParams:
+        lim = self.limits
+        room = min(lim.max_context, engine.max_context) - prompt_len
+        if room < 1:
+            raise ProxyError(f"the conversation is {prompt_len} tokens; the context limit is {lim.max_context}",
+                             400, "context_length_exceeded")
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or lim.max_action_tokens
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        stop_ids, stop_strings = ep.capture.chains[-1].codec.split_stops(stop) if stop else ((), ())
+        temp = lim.temperature if lim.temperature is not None else float(body.get("temperature", 1.0))
+        return SamplingParams(temperature=temp, top_p=float(body.get("top_p", 1.0)),
+                              max_tokens=max(1, min(int(asked), lim.max_action_tokens, room)),
+                              stop=stop_strings, stop_token_ids=stop_ids,
+                              seed=(ep.seed * 1_000_003 + ep.calls) % 2**31)
+
+    async def call(self, episode_id: str, body: dict, chat: bool) -> Call:
+        ep = self.episode(episode_id)
+        if ep.calls >= self.limits.max_calls:
+            ep.budget_hit = True
+            raise ProxyError(f"episode {episode_id!r} used its {self.limits.max_calls} model calls", 400,
+                             "budget_exceeded")
+        engine = ep.engine or self.engine
+        tools = body.get("tools") or None
+        if chat:
+            chain, obs = ep.capture.chat_prompt(body.get("messages"), tools)
+        else:
+            chain, obs = ep.capture.completion_prompt(body.get("prompt"))
+        ids = ep.capture.chains[chain].ids
+        sampling = self.sampling(ep, body, len(ids), engine)
+        ep.calls += 1
+        try:
+            gen = await engine.generate(list(ids), sampling)
+        except Error as e:
+            ep.engine_error = f"engine: {e}"
+            raise ProxyError(f"the engine failed: {e}", 500, "engine_error") from None
+        if chat:
+            call = ep.capture.chat_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
+                                          gen.finish_reason, tools is not None, gen.generate_s)
+        else:
+            call = ep.capture.completion_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
+                                                gen.finish_reason, gen.generate_s)
+        call.index, call.prompt_tokens, call.sampled = ep.calls - 1, len(ids) - len(gen.token_ids), len(gen.token_ids)
+        return call
+
+    def search(self, episode_id: str, body: dict) -> dict:
+        from taurl.envs.search.env import NO_RESULTS, format_hits
+
+        ep = self.episode(episode_id, create=False)
+        if self.retriever is None:
+            raise ProxyError("this proxy runs no retriever", 404, "not_found")
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise ProxyError("'query' must be a non-empty string")
+        k = int(body.get("k", 1))
+        t0 = time.perf_counter()
+        hits = self.retriever.search(query, k)
+        text = format_hits(hits, self.max_doc_chars) if hits else NO_RESULTS
+        ep.receipts.append((ep.calls, ToolReceipt("search", {"query": query}, "allowed", "ok",
+                                                  latency_s=time.perf_counter() - t0, output_chars=len(text))))
+        return {"text": text, "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP: the OpenAI wire format
+
+
+def _finish(call: Call) -> str:
+    return "tool_calls" if call.tool_calls else "length" if call.finish_reason == "length" else "stop"
+
+
+def _chat_body(rid: str, call: Call, prompt_tokens: int) -> dict:
+    msg: dict[str, Any] = {"role": "assistant", "content": call.content}
+    if call.tool_calls:
+        msg["tool_calls"] = call.tool_calls
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_NAME,
+            "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
+            "usage": _usage(call, prompt_tokens)}
+
+
+def _usage(call: Call, prompt_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": call.sampled,
+            "total_tokens": prompt_tokens + call.sampled}
+
+
+def _chat_chunks(rid: str, call: Call) -> list[dict]:
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL_NAME,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    text = call.content or ""
+    out += [chunk({"content": text[i:i + 16]}) for i in range(0, len(text), 16)]
+    for j, tc in enumerate(call.tool_calls):
+        out.append(chunk({"tool_calls": [{"index": j, "id": tc["id"], "type": "function",
+                                          "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
+        out.append(chunk({"tool_calls": [{"index": j, "function": {"arguments": tc["function"]["arguments"]}}]}))
+    out.append(chunk({}, _finish(call)))
+    return out
+
+
+def _completion_body(rid: str, call: Call) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": MODEL_NAME,
+            "choices": [{"index": 0, "text": call.text, "finish_reason": _finish(call), "logprobs": None}]}
+
+
+def _build_app(proxy: ProxyServer) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def error(e: ProxyError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(e), "type": e.code, "code": e.code}}, status_code=e.status)
+
+    async def read(request: Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ProxyError("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise ProxyError("the request body must be a JSON object")
+        return body
+
+    def sse(chunks: list[dict]) -> StreamingResponse:
+        async def gen():
+            for c in chunks:
+                yield f"data: {json.dumps(c)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def completions(request: Request, chat: bool) -> Any:
+        eid = request.path_params["episode_id"]
+        try:
+            body = await read(request)
+            call = await proxy.call(eid, body, chat)
+        except ProxyError as e:
+            return error(e)
+        except Error as e:  # e.g. a chat template that cannot extend the stream as a delta
+            return error(ProxyError(f"cannot capture this call: {e}", 500, "capture_error"))
+        ep = proxy.episodes.get(eid)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{eid}-{ep.calls if ep else 0}"
+        prompt_tokens = call.prompt_tokens
+        if chat:
+            return sse(_chat_chunks(rid, call)) if body.get("stream") else JSONResponse(_chat_body(rid, call, prompt_tokens))
+        if body.get("stream"):
+            return sse([_completion_body(rid, call)])
+        return JSONResponse(_completion_body(rid, call))
+
+    async def chat(request: Request) -> Any:
+        return await completions(request, True)
+
+    async def complete(request: Request) -> Any:
+        return await completions(request, False)
+
+    async def models(request: Request) -> Any:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
+
+    async def search(request: Request) -> Any:
+        try:
+            return JSONResponse(proxy.search(request.path_params["episode_id"], await read(request)))
+        except ProxyError as e:
+            return error(e)
+
+    async def reward(request: Request) -> Any:
+        try:
+            ep = proxy.episode(request.path_params["episode_id"], create=False)
+            body = await read(request)
+            r = body.get("reward")
+            if isinstance(r, bool) or not isinstance(r, (int, float)):
+                raise ProxyError("'reward' must be a number")
+            comps = body.get("components") or {"outcome": float(r)}
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in comps.values()):
+                raise ProxyError("'components' maps names to numbers")
+            ep.reward, ep.reward_components = float(r), {str(k): float(v) for k, v in comps.items()}
+        except ProxyError as e:
+            return error(e)
+        return JSONResponse({"ok": True})
+
+    async def end(request: Request) -> Any:
+        eid = request.path_params["episode_id"]
+        if eid not in proxy.episodes:
+            return error(ProxyError(f"no episode {eid!r}", 404, "not_found"))
+        proxy.end(eid)
+        return JSONResponse({"ok": True})
+
+    async def show(request: Request) -> Any:
+        ep = proxy.episodes.get(request.path_params["episode_id"])
+        if ep is None:
+            return error(ProxyError("no such episode", 404, "not_found"))
+        return JSONResponse({"episode_id": ep.episode_id, "status": ep.status, "calls": ep.calls,
+                             "malformed_calls": ep.capture.malformed_calls, "reward": ep.reward,
+                             "chains": [{"reason": c.reason, "kind": c.kind, "segments": [
+                                 {"kind": s.kind, "token_ids": list(s.token_ids), "policy_version": s.policy_version}
+                                 for s in c.segments]} for c in ep.capture.chains]})
+
+    p = "/rollouts/{episode_id}"
+    return Starlette(routes=[
+        Route(p + "/v1/chat/completions", chat, methods=["POST"]),
+        Route(p + "/v1/completions", complete, methods=["POST"]),
+        Route(p + "/v1/models", models, methods=["GET"]),
+        Route(p + "/retriever/search", search, methods=["POST"]),
+        Route(p + "/reward", reward, methods=["POST"]),
+        Route(p + "/end", end, methods=["POST"]),
+        Route(p, show, methods=["GET"]),
+    ])
