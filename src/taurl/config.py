@@ -141,6 +141,8 @@ class TrainConfig:
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
+    critic_lr: float = 1e-3  # critic AdamW learning rate (estimator gae: a separate value model, taurl.train.critic)
+    vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
     objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
     eps_low: float = 0.2  # PPO clip range below 1
@@ -163,8 +165,10 @@ class TrainConfig:
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
 
-        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature"}
-        return LearnerConfig(temperature=self.temperature or 1.0, **{k: getattr(self, k) for k in keys})
+        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant"}
+        # Dr. GRPO's constant normalizer: the generation budget, the same for every batch
+        return LearnerConfig(temperature=self.temperature or 1.0, norm_constant=float(self.max_episode_tokens),
+                             **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
         from taurl.evaluate import EvalConfig
