@@ -154,7 +154,7 @@ class TrainConfig:
     kl_coef: float = 0.0  # beta of the KL to the frozen SFT policy (0: no reference model)
     kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
     entropy_coef: float = 0.0  # entropy bonus (entropy is always measured)
-    drop_zero_variance: bool = True  # drop groups with identical rewards before the loss
+    drop_zero_variance: bool = True  # drop groups whose advantages are all zero before the loss (counted in learn/filter_*)
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps per RL batch
     eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
