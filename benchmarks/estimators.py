@@ -7,7 +7,9 @@ variants (e.g. learning rates), several seeds, chosen on the validation split.
 
 Every run starts from the same SFT checkpoint (the `--from` run's version after SFT) and
 its config; only the estimator, the override and the RL seed (rollout sampling) change, so
-the curves differ by those alone. Choose by the validation column; the holdout column is
+the curves differ by those alone. The task plan keeps the SFT run's seed, so every seed's
+RL trains on tasks the SFT policy never saw; before a variant runs, `sft_task_overlap`
+checks it (an override that would move demonstration or evaluation tasks is refused). Choose by the validation column; the holdout column is
 reported, never used to choose. Each run is an ordinary taurl run directory
 (resumed after SFT). Writes OUT/report.html (learning curves, mean ± std over seeds) and
 prints a Markdown table of the final figures for BENCHMARKS.md.
@@ -25,7 +27,10 @@ import time
 from pathlib import Path
 
 from taurl.config import TrainConfig, load_config
+from taurl.episodes import episode_seed
+from taurl.errors import ConfigError
 from taurl.recipe import train
+from taurl.tasks import plan_tasks
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
 
@@ -42,6 +47,34 @@ def seed_run(src: Path, dst: Path, sft_version: int) -> None:
     state = json.loads((src / "state.json").read_text())
     keep = {k: state[k] for k in ("sft_version", "sft_steps", "sft_examples") if k in state}
     (dst / "state.json").write_text(json.dumps(keep))
+
+
+def task_plan(cfg: TrainConfig):
+    """The task plan `taurl.recipe.train` draws for `cfg` (the same call, the same seeds)."""
+    return plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
+                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
+
+
+def sft_task_overlap(sft_cfg: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """Task ids `cfg`'s RL would train on that the SFT policy (trained by `sft_cfg`) saw as
+    demonstrations, or that are in `sft_cfg`'s validation/holdout splits. Empty when clean.
+
+    The variant resumes from `sft_cfg`'s SFT checkpoint but draws its own plan, so an
+    override of the seed, the demo count, the task options or the task file would silently
+    move demonstration tasks into its RL pool (or change the evaluation tasks).
+    """
+    sft_plan, plan = task_plan(sft_cfg), task_plan(cfg)
+
+    def ids(ts: list) -> set[str]:
+        return {t.task_id for t in ts}
+
+    seen = ids(sft_plan.demos) | ids(sft_plan.validation + sft_plan.holdout)
+    # a plan of its own (another seed, demo count, task source) is refused even where its RL
+    # tasks happen to miss the demonstrations: the SFT policy's plan is the one to keep
+    moved = (ids(plan.demos) ^ ids(sft_plan.demos)) | (ids(plan.validation + plan.holdout)
+                                                        ^ ids(sft_plan.validation + sft_plan.holdout))
+    return sorted(ids(plan.rl) & seen | moved)
 
 
 def main() -> None:
@@ -69,6 +102,10 @@ def main() -> None:
                 data = {**json.loads(json.dumps(base.__dict__)), **json.loads(override), "estimator": est,
                         "updates": args.updates, "rl_max_seconds": 0, "rl_seed": seed}
                 cfg = load_config(TrainConfig, data=data)
+                if overlap := sft_task_overlap(base, cfg):
+                    raise ConfigError(f"variant {name!r} would train on {len(overlap)} task(s) the SFT policy was "
+                                      f"trained or evaluated on (e.g. {overlap[0]!r}): do not override seed, "
+                                      "demos, tasks or task_options; the RL seed is --seeds")
                 t0 = time.perf_counter()
                 summary = train(cfg, str(run), progress=False)
                 rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

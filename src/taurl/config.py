@@ -143,6 +143,8 @@ class TrainConfig:
     trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
+    critic_lr: float = 1e-3  # critic AdamW learning rate (estimator gae: a separate value model, taurl.train.critic)
+    vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
     objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
     eps_low: float = 0.2  # PPO clip range below 1
@@ -154,7 +156,7 @@ class TrainConfig:
     kl_coef: float = 0.0  # beta of the KL to the frozen SFT policy (0: no reference model)
     kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
     entropy_coef: float = 0.0  # entropy bonus (entropy is always measured)
-    drop_zero_variance: bool = True  # drop groups with identical rewards before the loss
+    drop_zero_variance: bool = True  # drop groups whose advantages are all zero before the loss (counted in learn/filter_*)
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps per RL batch
     eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
@@ -167,8 +169,10 @@ class TrainConfig:
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
 
-        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature"}
-        return LearnerConfig(temperature=self.temperature or 1.0, **{k: getattr(self, k) for k in keys})
+        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant"}
+        # Dr. GRPO's constant normalizer: the generation budget, the same for every batch
+        return LearnerConfig(temperature=self.temperature or 1.0, norm_constant=float(self.max_episode_tokens),
+                             **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
         from taurl.evaluate import EvalConfig

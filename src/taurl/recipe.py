@@ -190,6 +190,8 @@ def reinforce(r: Run) -> None:
     learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference)
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
+    if learner.load_state(r.run.checkpoint(version)):
+        log.info("restored the critic saved with version %d", version)
     # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
@@ -227,7 +229,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
         t1 = time.perf_counter()
         version += 1
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
-                        **r.checkpoint_meta())
+                        write_extra=learner.save_state, **r.checkpoint_meta())
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
         asyncio.run(engine.load_weights(r.run.checkpoint(version), version))  # served and verified
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),

@@ -64,10 +64,12 @@ def test_from_trajectories_fields():
     np.testing.assert_array_equal(b.turn_mask.sum(1), [2, 3, 2])
     np.testing.assert_array_equal(b.group, [1, 1, 0])  # sorted labels: task-a = 0, task-b = 1
     assert b.group_names == ("task-a", "task-b") and b.episode_ids == ("e1", "e2", "e3")
-    # the outcome already sits on the last turn's env_reward: nothing left over, except e3's 0.25
-    np.testing.assert_allclose(b.rewards, [0, 0, 0.25])
-    np.testing.assert_allclose(b.scores, [1, 0, 0.75])
-    np.testing.assert_allclose(b.step_rewards[0], [0, 1, 0])
+    # the outcome arrives as the last turn's env_reward (as in real rollouts); the batch moves
+    # it into `rewards` with what no turn carries (e3: 0.5 on its last turn + 0.25 left over)
+    np.testing.assert_allclose(b.rewards, [1, 0, 0.75])
+    np.testing.assert_allclose(b.scores, [1, 0, 0.75])  # sums unchanged
+    np.testing.assert_allclose(b.step_rewards, 0.0)
+    np.testing.assert_allclose(b.turn_rewards()[0], [0, 1, 0])
     # turn 0: the prompt for everyone; turn 1 of e1 and e2 both saw "paris" -> the same state
     assert b.state_hash[0, 0] == b.state_hash[1, 0] == b.state_hash[2, 0]
     assert b.state_hash[0, 1] == b.state_hash[1, 1] == stable_hash("paris") != b.state_hash[2, 1]

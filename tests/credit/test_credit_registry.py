@@ -55,3 +55,29 @@ def test_options_reach_the_estimator():
     np.testing.assert_allclose(make_estimator("returns", gamma=0.9)(b).advantages[0], [0.729, 0.81, 0.9, 1])
     with pytest.raises(ConfigError, match="gamma"):
         compute_advantages(b, "returns", gamma=1.5)
+
+
+@pytest.mark.parametrize("name, options, words", [
+    ("segment_grpo", {"outcome": "bogus"}, "outcome"),
+    ("gae", {"lam": 1.5}, "lam"),
+    ("grpo_batch_std", {"eps": -1.0}, "eps"),
+    ("gigpo", {"anchor": "fuzzy"}, "anchor"),
+])
+def test_an_estimator_setting_that_cannot_run_is_refused_at_config_time(name, options, words):
+    """Option values only the estimator's body checks are found by a dry run on a probe batch,
+    so `taurl train` refuses them before any work (they used to raise at the first update,
+    after SFT)."""
+    from taurl.config import TrainConfig, load_config
+    from taurl.credit import estimator_problems
+
+    problems = estimator_problems(name, options)
+    assert problems and words in " ".join(problems)
+    with pytest.raises(ConfigError, match=words):
+        load_config(TrainConfig, data={"estimator": name, "estimator_options": options})
+    assert estimator_problems(name, {}) == []
+
+
+def test_every_registered_estimator_passes_the_dry_run_with_its_defaults():
+    from taurl.credit import estimator_names, estimator_problems
+
+    assert {n: estimator_problems(n, {}) for n in estimator_names()} == {n: [] for n in estimator_names()}

@@ -17,6 +17,7 @@ from taurl.credit.filters import (
     preference_pairs,
     rejection_sampling,
     top_std_groups,
+    zero_advantage_filter,
     zero_variance_filter,
 )
 from taurl.credit.gae import gae_turns
@@ -36,8 +37,10 @@ from taurl.credit.registry import (
     ESTIMATORS,
     compute_advantages,
     estimator_names,
+    estimator_problems,
     get_estimator,
     make_estimator,
+    needs_values,
 )
 from taurl.credit.returns import discounted_returns, gae
 from taurl.credit.segments import segment_grpo
@@ -52,10 +55,10 @@ from taurl.credit.tokens import (
 
 __all__ = [
     "ESTIMATORS", "Credit", "Selection", "TurnBatch", "broadcast_to_tokens", "compute_advantages",
-    "discounted_returns", "discounted_turn_returns", "dr_grpo", "estimator_names", "gae", "gae_turns",
-    "get_estimator", "gigpo", "gigpo_components", "grpo", "grpo_batch_std", "make_estimator", "orm",
+    "discounted_returns", "discounted_turn_returns", "dr_grpo", "estimator_names", "estimator_problems", "gae", "gae_turns",
+    "get_estimator", "gigpo", "gigpo_components", "grpo", "grpo_batch_std", "make_estimator", "needs_values", "orm",
     "overlong_filter", "padded_token_turn_index", "preference_pairs", "reinforce_pp",
     "reinforce_pp_baseline", "rejection_sampling", "rloo", "salt", "score_turns", "segment_grpo",
     "shape_process_rewards", "stable_hash", "token_turn_index", "top_std_groups", "turn_spans",
-    "turn_sums", "zero_variance_filter",
+    "turn_sums", "zero_advantage_filter", "zero_variance_filter",
 ]

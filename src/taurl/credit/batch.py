@@ -5,10 +5,14 @@ turn t (its t-th action). Padding turns have ``turn_mask`` False and zeros elsew
 
 Rewards are kept in three places and never mixed in the record itself:
 
-* ``rewards`` (N,): the terminal reward that no turn carries, credited at the last turn.
-  `from_trajectories` sets it to ``traj.reward - sum(turn.env_reward)`` because the rollout
-  already stores each `env.step` reward (the outcome included) on its turn.
-* ``step_rewards`` (N, T): the environment's per-turn rewards (``turn.env_reward``).
+* ``rewards`` (N,): the episode's terminal outcome, credited at the last turn. A real
+  rollout delivers the outcome inside the final `env.step` reward (``turn.env_reward`` of
+  the last turn; ``traj.reward_components["outcome"]`` says how much of it is outcome), so
+  `from_trajectories` moves that part off the last turn into ``rewards`` (plus any reward no
+  turn carries, ``traj.reward - sum(turn.env_reward)``). Sums are unchanged (``scores``,
+  ``turn_rewards``); estimators that treat the outcome apart (`segment_grpo`) see it.
+* ``step_rewards`` (N, T): the environment's per-turn rewards (``turn.env_reward``), less
+  the outcome moved off the last turn.
 * ``process_rewards`` (N, T): process shaping (see `taurl.credit.shaping`), already weighted
   and clipped; zero unless a scorer was applied.
 
@@ -68,6 +72,8 @@ class TurnBatch:
     segment_id: (N, T) int64, sub-goal segment of each turn (0, 1, …; non-decreasing).
     truncated: (N,) bool, the episode was cut off from outside (a budget ran out).
     values: (N, T) float64 value estimates V(s_t) for GAE, or None.
+    bootstrap_values: (N,) float64 V(s_T) of the state after each row's last turn (GAE
+        bootstraps a truncated row from it), or None.
     state_text: per row, per real turn, the text last seen before acting (similarity
         anchors), or None.
     group_names: G original group ids (``group_names[group[i]]``), may be empty.
@@ -84,6 +90,7 @@ class TurnBatch:
     segment_id: np.ndarray
     truncated: np.ndarray
     values: np.ndarray | None = None
+    bootstrap_values: np.ndarray | None = None
     state_text: tuple[tuple[str, ...], ...] | None = None
     group_names: tuple[str, ...] = field(default=())
     episode_ids: tuple[str, ...] = field(default=())
@@ -138,6 +145,7 @@ class TurnBatch:
             state_hash=self.state_hash[idx], action_hash=self.action_hash[idx],
             segment_id=self.segment_id[idx], truncated=self.truncated[idx],
             values=None if self.values is None else self.values[idx],
+            bootstrap_values=None if self.bootstrap_values is None else self.bootstrap_values[idx],
             state_text=None if self.state_text is None else tuple(self.state_text[i] for i in idx),
             group_names=names,
             episode_ids=tuple(self.episode_ids[i] for i in idx) if self.episode_ids else (),
@@ -148,7 +156,7 @@ class TurnBatch:
     def build(cls, rewards: Any, group: Any, *, num_turns: Any = None, turn_mask: Any = None,
               step_rewards: Any = None, process_rewards: Any = None, state_hash: Any = None,
               action_hash: Any = None, segment_id: Any = None, truncated: Any = None,
-              values: Any = None, max_turns: int | None = None) -> TurnBatch:
+              values: Any = None, bootstrap_values: Any = None, max_turns: int | None = None) -> TurnBatch:
         """Build from plain arrays; anything not given gets its neutral default.
 
         `group` may hold any labels (ints, strings); they are renumbered 0..G-1 in sorted
@@ -178,6 +186,7 @@ class TurnBatch:
             segment_id=_arr(segment_id, shape, np.int64, 0),
             truncated=_arr(truncated, (n,), bool, False),
             values=None if values is None else _arr(values, shape, np.float64, 0.0),
+            bootstrap_values=None if bootstrap_values is None else _arr(bootstrap_values, (n,), np.float64, 0.0),
             group_names=tuple(str(x) for x in labels),
         )
 
@@ -269,8 +278,28 @@ def _rows(tr: Trajectory, t_max: int, state: str, subgoal_key: str) -> dict[str,
         seg += bool(turn.action.get(subgoal_key)) or turn.index in listed or t in listed
         seen = turn.observation_text
         history = stable_hash(f"{history}\x00{actions[t]}\x00{seen}")
+    final = tr.reward - float(step.sum())  # reward no turn carries
+    if n:
+        moved = outcome_on_last_turn(tr)
+        step[n - 1] -= moved
+        final += moved
     return {"mask": mask, "step": step, "state": states, "action": actions, "segment": segment,
-            "state_text": tuple(texts), "final": tr.reward - float(step.sum())}
+            "state_text": tuple(texts), "final": final}
+
+
+def outcome_on_last_turn(tr: Trajectory) -> float:
+    """How much of the last turn's step reward is the episode's outcome.
+
+    ``reward_components`` are the final step's reward, layer by layer (`taurl.envs.core.StepInfo`):
+    with other layers beside ``outcome`` (constraints, shaping, earlier ``env_steps``) the
+    outcome is ``reward_components["outcome"]``; with ``outcome`` alone (or no components:
+    the rollout then names the whole reward outcome) it is the final step's reward, which is
+    where the outcome arrives.
+    """
+    comps = tr.reward_components
+    if "outcome" in comps and len(comps) > 1:
+        return float(comps["outcome"])
+    return float(tr.turns[-1].env_reward) if tr.turns else 0.0
 
 
 def _arr(x: Any, shape: tuple[int, ...], dtype: Any, fill: Any) -> np.ndarray:
@@ -288,6 +317,8 @@ def _check(b: TurnBatch) -> None:
               "process_rewards": (n, t), "state_hash": (n, t), "action_hash": (n, t), "segment_id": (n, t)}
     if b.values is not None:
         expect["values"] = (n, t)
+    if b.bootstrap_values is not None:
+        expect["bootstrap_values"] = (n,)
     for name, shape in expect.items():
         arr = getattr(b, name)
         if not isinstance(arr, np.ndarray) or arr.shape != shape:
@@ -302,7 +333,8 @@ def _check(b: TurnBatch) -> None:
         raise ContractError("batch_group", "group ids must be >= 0; use TurnBatch.build to renumber labels")
     if t > 1 and np.any(b.turn_mask[:, 1:] & ~b.turn_mask[:, :-1]):
         raise ContractError("batch_mask", "each row of turn_mask must be a prefix (turns 0..n-1 real, then padding)")
-    for name in ("rewards", "step_rewards", "process_rewards") + (("values",) if b.values is not None else ()):
+    optional = tuple(k for k in ("values", "bootstrap_values") if getattr(b, k) is not None)
+    for name in ("rewards", "step_rewards", "process_rewards") + optional:
         if not np.all(np.isfinite(getattr(b, name))):
             raise ContractError("batch_finite", f"{name} has NaN or inf; fix the reward or value source")
     if t > 1 and np.any(np.diff(b.segment_id, axis=1)[b.turn_mask[:, 1:]] < 0):

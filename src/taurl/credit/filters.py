@@ -48,6 +48,37 @@ def zero_variance_filter(scores: np.ndarray, group: np.ndarray) -> Selection:
     })
 
 
+def zero_advantage_filter(advantages: np.ndarray, turn_mask: np.ndarray, group: np.ndarray,
+                          scores: np.ndarray | None = None, atol: float = 1e-9) -> Selection:
+    """Drop every group whose advantages are all zero on every real turn: nothing to learn.
+
+    The filter DAPO applies (arXiv 2503.14476, §3.2) on the advantages actually trained on,
+    not on the outcomes: with step-level credit (GiGPO, a critic) a group whose members share
+    one outcome but took different paths still carries signal, and is kept. For an
+    outcome-only estimator (GRPO, RLOO) both rules drop the same groups. Groups of one under
+    a group baseline have zero advantage and are dropped with them.
+
+    advantages, turn_mask: (N, T); group: (N,); scores: (N,) episode returns, given to count
+    ``learn/filter_zero_var_groups`` (equal-outcome groups) and how many of them step
+    credit kept (``learn/filter_zero_var_groups_kept``).
+    """
+    dense, g = _dense(group)
+    live = np.any(np.abs(np.where(turn_mask, advantages, 0.0)) > atol, axis=1)  # (N,)
+    keep_group = np.zeros(g, dtype=bool)
+    np.logical_or.at(keep_group, dense, live)
+    kept = np.flatnonzero(keep_group[dense])
+    stats = {
+        "learn/filter_zero_adv_groups_dropped": float((~keep_group).sum()),
+        "learn/filter_zero_adv_groups_kept": float(keep_group.sum()),
+        "learn/filter_zero_adv_rows_dropped": float(dense.size - kept.size),
+    }
+    if scores is not None:
+        same = group_stats(np.asarray(scores, dtype=np.float64), dense, g).zero
+        stats["learn/filter_zero_var_groups"] = float(same.sum())
+        stats["learn/filter_zero_var_groups_kept"] = float((same & keep_group).sum())
+    return Selection(kept, stats)
+
+
 def top_std_groups(scores: np.ndarray, group: np.ndarray, keep_fraction: float) -> Selection:
     """Keep the ceil(p·G) groups with the largest score std (StarPO-S variance filtering).
 

@@ -48,6 +48,10 @@ ESTIMATORS: dict[str, Estimator] = {
     "salt": salt,
 }
 
+# estimators that read a learned value function: the learner trains a critic for them
+# (`taurl.train.critic`) and fills ``batch.values`` / ``batch.bootstrap_values``
+NEEDS_VALUES = frozenset({"gae"})
+
 
 def did_you_mean(name: str, options: list[str]) -> str:
     close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
@@ -93,3 +97,39 @@ def make_estimator(name: str, **config: Any) -> Callable[[TurnBatch], Credit]:
 def compute_advantages(batch: TurnBatch, name: str, **config: Any) -> Credit:
     """Run estimator `name` on `batch` with hyperparameters `config`."""
     return make_estimator(name, **config)(batch)
+
+
+def needs_values(name: str) -> bool:
+    """True when estimator `name` reads ``batch.values`` (the learner must run a critic)."""
+    return name in NEEDS_VALUES
+
+
+def probe_batch() -> TurnBatch:
+    """A tiny batch of every shape an estimator meets (2 groups of 2, 1–2 turns, a truncation)."""
+    import numpy as np
+
+    b = TurnBatch.build([1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], num_turns=[2, 1, 2, 2],
+                        step_rewards=[[0.0, 0.0], [0.0, 0.0], [0.1, 0.0], [0.0, 0.0]],
+                        state_hash=[[1, 2], [1, 0], [1, 3], [1, 3]], truncated=[False, False, True, False],
+                        values=np.zeros((4, 2)), bootstrap_values=np.zeros(4))
+    return b.replace(state_text=(("s", "t"), ("s",), ("s", "u"), ("s", "u")))
+
+
+def estimator_problems(name: str, config: Mapping[str, Any]) -> list[str]:
+    """Every reason `name` with `config` cannot run, found before any work.
+
+    Checks the name and the option names (`make_estimator`), then runs the estimator once on
+    `probe_batch`, so an option *value* that only the estimator's body rejects (a gamma of
+    1.5, an unknown mode) is reported at config time, not after SFT.
+    """
+    try:
+        fn = make_estimator(name, **config)
+    except ConfigError as e:
+        return e.problems
+    try:
+        fn(probe_batch())
+    except ConfigError as e:
+        return [f"estimator {name!r}: {p}" for p in e.problems]
+    except (ValueError, TypeError) as e:
+        return [f"estimator {name!r} cannot run with options {dict(config)}: {e}"]
+    return []

@@ -15,6 +15,7 @@ a run saved on one device resumes on another.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,21 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 
 def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any,
-                    optimizer: torch.optim.Optimizer | None = None, **meta: Any) -> Path:
-    """Write policy `version` (and the optimizer state) atomically; returns its directory."""
+                    optimizer: torch.optim.Optimizer | None = None, *,
+                    write_extra: Callable[[Path], None] | None = None, **meta: Any) -> Path:
+    """Write policy `version` (and the optimizer state) atomically; returns its directory.
+
+    write_extra(dir) adds what the learner keeps beside the policy (the critic) before the
+    rename, so it is part of the same whole-or-nothing checkpoint.
+    """
     final = run.checkpoint(version)
     partial = final.with_name(f".v{version}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     save_policy(model, tokenizer, partial, {"policy_version": version, **meta})
     if optimizer is not None:
         torch.save(optimizer.state_dict(), partial / OPTIMIZER_FILE)
+    if write_extra is not None:
+        write_extra(partial)
     if final.exists():  # a re-run of the same version replaces it whole
         shutil.rmtree(final)
     partial.rename(final)
@@ -55,6 +63,7 @@ def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = 
 def drop_optimizer_state(path: str | Path) -> None:
     """Delete the optimizer state of checkpoint `path` (its policy stays); twice the model's size."""
     (Path(path) / OPTIMIZER_FILE).unlink(missing_ok=True)
+    (Path(path) / "critic" / OPTIMIZER_FILE).unlink(missing_ok=True)  # the critic's (taurl.train.critic)
 
 
 def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> bool:

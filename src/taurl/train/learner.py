@@ -51,16 +51,21 @@ import torch
 from torch import Tensor
 
 from taurl.credit import (
+    Credit,
     TurnBatch,
     broadcast_to_tokens,
+    estimator_problems,
     make_estimator,
+    needs_values,
     padded_token_turn_index,
-    zero_variance_filter,
+    zero_advantage_filter,
 )
 from taurl.credit.batch import drop_invalid
 from taurl.errors import ConfigError
+from taurl.train.critic import Critic, CriticConfig
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
+from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
 from taurl.trajectory import Trajectory
 
@@ -82,17 +87,26 @@ class LearnerConfig:
     kl_coef: float = 0.0  # β of the KL(π_θ ‖ π_ref) loss term; 0 keeps no reference model
     kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
     entropy_coef: float = 0.0  # entropy bonus coefficient (the entropy is always measured)
-    drop_zero_variance: bool = True  # drop groups whose rewards are all equal (DAPO dynamic sampling)
+    drop_zero_variance: bool = True  # drop groups whose advantages are all zero (DAPO dynamic sampling, on the advantages used)
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps on each batch (PPO epochs)
     temperature: float = 1.0  # sampling temperature of the rollouts (logprobs are of logits / T)
+    norm_constant: float | None = None  # C of seq-mean-token-sum-norm (Dr. GRPO): a constant, e.g. the generation budget in tokens
+    critic_lr: float = 1e-3  # AdamW learning rate of the critic (estimators that need values: gae)
+    vf_clip: float | None = 0.2  # PPO value-loss clip around the critic's old values (None: plain MSE)
 
     def problems(self) -> list[str]:
-        out = []
-        try:
-            make_estimator(self.estimator, **self.estimator_options)
-        except ConfigError as e:
-            out += e.problems
+        out = estimator_problems(self.estimator, self.estimator_options)
+        if self.aggregation == "seq-mean-token-sum-norm" and self.loss_norm_constant() is None:
+            out.append("aggregation seq-mean-token-sum-norm needs a constant normalizer: set norm_constant "
+                       "(taurl train sets it to max_episode_tokens), or objective_options {norm_constant: C}")
+        if (c := self.loss_norm_constant()) is not None and not c > 0:
+            out.append(f"norm_constant must be > 0 (got {c!r})")
+        if needs_values(self.estimator):
+            if not self.critic_lr > 0:
+                out.append(f"critic_lr must be > 0 (got {self.critic_lr!r})")
+            if self.vf_clip is not None and not self.vf_clip > 0:
+                out.append(f"vf_clip must be > 0 or null (got {self.vf_clip!r})")
         try:
             if objective_family(self.objective) != "policy_gradient":
                 out.append(f"objective {self.objective!r} is not a policy-gradient loss; use ppo, "
@@ -110,6 +124,15 @@ class LearnerConfig:
             out.append(f"kl_kind must be one of {KL_ESTIMATORS} (got {self.kl_kind!r})")
         return out
 
+    def loss_norm_constant(self) -> float | None:
+        """The constant C of seq-mean-token-sum-norm for every loss term (objective_options win)."""
+        c = self.objective_options.get("norm_constant", self.norm_constant)
+        return None if c is None else float(c)
+
+    def critic_config(self) -> CriticConfig:
+        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip, epochs=self.epochs, grad_clip=self.grad_clip,
+                            micro_batch_tokens=self.micro_batch_tokens)
+
     def _objective_kwargs(self) -> dict[str, Any]:
         from taurl.train.objectives import get_objective
 
@@ -117,6 +140,8 @@ class LearnerConfig:
         base = {"eps_low": self.eps_low, "eps_high": self.eps_high, "aggregation": self.aggregation}
         if self.objective == "gspo":  # sequence-level ratios need their own (tiny) clip range
             base = {"aggregation": self.aggregation}
+        # Dr. GRPO's C is one constant for the whole run, never the micro-batch's padded width
+        base["norm_constant"] = self.loss_norm_constant()
         return {**{k: v for k, v in base.items() if k in params}, **self.objective_options}
 
 
@@ -232,11 +257,22 @@ def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int
 # The learner
 
 
+@dataclass(frozen=True)
+class Assigned:
+    """Credit of the valid trajectories of one batch (before the zero-advantage filter)."""
+
+    trajs: list[Trajectory]  # the valid trajectories, in order
+    batch: TurnBatch  # their per-turn view (with the critic's values when the estimator needs them)
+    credit: Credit
+    dropped: int  # invalid trajectories left out
+
+
 class Learner:
-    """Owns the policy's optimizer (and the frozen reference); `update(trajs)` is one version."""
+    """Owns the policy's optimizer (the frozen reference, and the critic of a value-based
+    estimator such as gae); `update(trajs)` is one version."""
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
-                 reference: torch.nn.Module | None = None):
+                 reference: torch.nn.Module | None = None, critic: Critic | None = None):
         if problems := config.problems():
             raise ConfigError(problems)
         self.model = model
@@ -248,32 +284,66 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.loss_fn = make_objective(config.objective, **config._objective_kwargs())
         self.estimator = make_estimator(config.estimator, **config.estimator_options)
+        self.norm_constant = config.loss_norm_constant()
+        # a value-based estimator gets its critic here, from the policy (taurl.train.critic)
+        self.critic = critic
+        if self.critic is None and needs_values(config.estimator):
+            self.critic = Critic.from_policy(model, config.critic_config(), pad_id)
 
-    def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
-        """Per-turn advantages of the valid trajectories kept after the zero-variance filter.
+    def assign(self, trajs: Sequence[Trajectory]) -> Assigned | None:
+        """Credit of the valid trajectories of `trajs` (None when none is valid).
 
         Invalid ones are dropped first (module docstring), so group statistics never see them.
+        A value-based estimator reads the critic's V(s_t) per turn and V(s_T) after the last.
         """
-        trajs, dropped = drop_invalid(trajs)
-        if not trajs:
-            return [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(dropped)}
-        batch = TurnBatch.from_trajectories(trajs)
-        credit = self.estimator(batch)
-        stats = {**credit.stats, "learn/invalid_samples_dropped": float(dropped)}
-        keep = np.arange(len(trajs))
+        valid, dropped = drop_invalid(trajs)
+        if not valid:
+            return None
+        batch = TurnBatch.from_trajectories(valid)
+        if self.critic is not None:
+            values, last = self.critic.values(valid, batch.max_turns)
+            batch = batch.replace(values=values, bootstrap_values=last)
+        return Assigned(valid, batch, self.estimator(batch), dropped)
+
+    def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
+        """Per-turn advantages of the valid trajectories kept after the zero-advantage filter."""
+        a = self.assign(trajs)
+        if a is None:
+            return [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
+        return self._filter(a)
+
+    def _filter(self, a: Assigned) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
+        # filtered on the advantages actually trained on: a GiGPO group of one outcome whose
+        # paths differ keeps its step-level signal (`zero_advantage_filter`)
+        stats = {**a.credit.stats, "learn/invalid_samples_dropped": float(a.dropped)}
+        keep = np.arange(len(a.trajs))
         if self.config.drop_zero_variance:
-            sel = zero_variance_filter(batch.scores, batch.group)
+            sel = zero_advantage_filter(a.credit.advantages, a.batch.turn_mask, a.batch.group, a.batch.scores)
             stats.update(sel.stats)
             keep = sel.kept
-        kept = [trajs[i] for i in keep]
-        adv = credit.advantages[keep]
-        return kept, adv, stats
+        return [a.trajs[i] for i in keep], a.credit.advantages[keep], stats
+
+    def save_state(self, checkpoint_dir: Any) -> None:
+        """Write what the learner keeps beside the policy (the critic) into `checkpoint_dir`."""
+        if self.critic is not None:
+            self.critic.save(checkpoint_dir)
+
+    def load_state(self, checkpoint_dir: Any) -> bool:
+        """Restore the critic saved with `checkpoint_dir`; False if there is none to restore."""
+        return self.critic is not None and self.critic.load(checkpoint_dir)
 
     def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics."""
         t0 = time.perf_counter()
         cfg = self.config
-        kept, adv, stats = self.advantages(trajs)
+        assigned = self.assign(trajs)
+        if assigned is None:
+            kept, adv, stats = [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
+        else:
+            kept, adv, stats = self._filter(assigned)
+            # the critic learns from every valid row, filtered or not
+            if self.critic is not None and assigned.credit.returns is not None and assigned.batch.values is not None:
+                stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
         stats["learn/rows"] = float(len(kept))
         if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
             stats.update(self._idle_metrics(drop_invalid(trajs)[0]))
@@ -307,13 +377,14 @@ class Learner:
                 loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
                 if ref is not None:
                     kl, km = kl_loss(lp, ref[j], r.mask, kind=cfg.kl_kind, aggregation=cfg.aggregation,
-                                     denominator=denom)
+                                     norm_constant=self.norm_constant, denominator=denom)
                     loss = loss + cfg.kl_coef * kl
                     m.update(km)
                 ent = ent if ent is not None else torch.zeros_like(lp)
                 m["learn/entropy"] = float((ent.detach() * r.mask).sum() / r.mask.sum().clamp(min=1))
-                if cfg.entropy_coef > 0:
-                    loss = loss - cfg.entropy_coef * (ent * r.mask).sum() / denom
+                if cfg.entropy_coef > 0:  # aggregated as the policy term (same denominator and C)
+                    loss = loss - cfg.entropy_coef * aggregate(ent, r.mask, cfg.aggregation,
+                                                               norm_constant=self.norm_constant, denominator=denom)
                 loss.backward()
                 w = float(r.mask.sum()) / max(n_tok, 1.0)  # token-weighted mean of the metrics
                 for k, v in m.items():
