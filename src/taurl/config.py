@@ -139,6 +139,7 @@ class TrainConfig:
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    keep_checkpoints: int = 2  # RL checkpoints kept: the newest k, plus v0, the SFT version and every promoted one (0: all)
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
@@ -191,6 +192,8 @@ class TrainConfig:
         for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if self.keep_checkpoints < 0:
+            out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
         if self.group_size < 2:
             out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
         if self.model_size not in ("tiny", "small"):

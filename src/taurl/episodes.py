@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from taurl import chaos
 from taurl.envs.core import Env, Task
 from taurl.ledger import Ledger
 from taurl.rollout import RolloutConfig, run_episode
@@ -67,6 +68,7 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
             failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
             return
         out[s.episode_id] = traj
+        chaos.point("episode_stored", f"episode_id={s.episode_id}")
         if bar is not None:
             bar.update(1)
         if on_stored is not None:
