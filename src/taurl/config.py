@@ -139,6 +139,7 @@ class TrainConfig:
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    generate_timeout_s: float = 600.0  # an engine call longer than this ends its episode as an error (counted)
     keep_checkpoints: int = 2  # RL checkpoints kept: the newest k, plus v0, the SFT version and every promoted one (0: all)
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
@@ -192,6 +193,8 @@ class TrainConfig:
         for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if not self.generate_timeout_s > 0:
+            out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
         if self.keep_checkpoints < 0:
             out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
         if self.group_size < 2:
@@ -256,7 +259,8 @@ def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
     from taurl.rollout import RolloutConfig
 
-    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **sampling)
+    timeout = {"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s") else {}
+    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling)
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,

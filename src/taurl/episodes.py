@@ -18,11 +18,16 @@ from tqdm.auto import tqdm
 
 from taurl import chaos
 from taurl.envs.core import Env, Task
+from taurl.errors import Error
 from taurl.ledger import Ledger
 from taurl.rollout import RolloutConfig, run_episode
 from taurl.trajectory import Trajectory
 
 log = logging.getLogger("taurl.episodes")
+
+
+class EpisodeError(Error, RuntimeError):
+    """No episode of a round could be run (every one raised or was refused)."""
 
 
 @dataclass(frozen=True)
@@ -80,5 +85,8 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
     for why in failed:
         log.warning("episode produced no record: %s", why)
+    if failed and len(failed) == len(specs) - reused:  # nothing ran: a broken env, engine or sandbox
+        raise EpisodeError(f"every one of the {len(failed)} episode(s) failed, so nothing was stored; the first: "
+                           f"{failed[0]}. Fix the cause and run the same command again (stored episodes are kept)")
     stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed))}
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats

@@ -23,6 +23,7 @@ open the same file (WAL lets readers run alongside the one writer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -259,6 +260,21 @@ _INSERT = (f"INSERT INTO trajectories ({', '.join(c for c in _COLUMNS if c != 's
 # The store
 
 
+class LedgerWriteError(Error, OSError):
+    """The ledger could not commit (disk full, read-only file system): nothing of the batch was stored."""
+
+    def __init__(self, path: str, e: Exception):
+        super().__init__(f"cannot write to the ledger {path}: {e}; nothing of this batch was stored (the "
+                         "transaction was rolled back, earlier episodes are intact). Free space and run the "
+                         "same command again: the run resumes and re-samples only the missing episodes")
+
+
+def _rollback(c: sqlite3.Connection) -> None:
+    if c.in_transaction:
+        with contextlib.suppress(sqlite3.Error):  # the journal undoes the transaction at the next open anyway
+            c.execute("ROLLBACK")
+
+
 class Ledger:
     """An append-only store of validated trajectories in one SQLite file.
 
@@ -361,8 +377,11 @@ class Ledger:
                     else:
                         accepted.append(res)
                 c.execute("COMMIT")
+            except sqlite3.OperationalError as e:  # disk full, read-only file system, I/O error
+                _rollback(c)
+                raise LedgerWriteError(self.path, e) from None
             except BaseException:
-                c.execute("ROLLBACK")
+                _rollback(c)
                 raise
         return AppendReport(tuple(accepted), tuple(rejected))
 

@@ -187,6 +187,7 @@ def reinforce(r: Run) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     version = r.run.versions()[-1]
     first = version - v_sft + 1
+    prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
     model, tok = load_policy(r.run.checkpoint(version))
@@ -205,6 +206,7 @@ def reinforce(r: Run) -> None:
     if not load_trainer_state(r.run.checkpoint(version)):
         seed_rng(episode_seed(seed, "rl-rng"))
     chaos.on_optimizer_step(learner.optimizer)
+    chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     try:
         _rl_loop(r, model, tok, learner, engine, version, first, seed)
     finally:
