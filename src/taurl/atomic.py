@@ -25,9 +25,10 @@ class DiskWriteError(Error, OSError):
     """A file or checkpoint could not be written; nothing half-written was left in place."""
 
 
-def write_error(what: str | Path, e: OSError) -> DiskWriteError:
-    """The user-facing error for an OSError raised while writing `what`."""
-    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+def write_error(what: str | Path, e: Exception) -> DiskWriteError:
+    """The user-facing error for an OSError (or a writer's own I/O error, e.g. safetensors') while writing `what`."""
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+    why = "the disk is full" if full else (getattr(e, "strerror", None) or str(e))
     return DiskWriteError(f"cannot write {what}: {why} ({type(e).__name__}: {e}); nothing half-written was kept. "
                           "Free space (or choose another --run-dir) and run the same command again: "
                           "the run resumes from its last complete checkpoint")

@@ -263,10 +263,12 @@ _INSERT = (f"INSERT INTO trajectories ({', '.join(c for c in _COLUMNS if c != 's
 class LedgerWriteError(Error, OSError):
     """The ledger could not commit (disk full, read-only file system): nothing of the batch was stored."""
 
-    def __init__(self, path: str, e: Exception):
-        super().__init__(f"cannot write to the ledger {path}: {e}; nothing of this batch was stored (the "
-                         "transaction was rolled back, earlier episodes are intact). Free space and run the "
-                         "same command again: the run resumes and re-samples only the missing episodes")
+    def __init__(self, path: str, e: Exception, opening: bool = False):
+        what = ("(is its disk full or read-only?); the ledger file was not changed" if opening else
+                "; nothing of this batch was stored (the transaction was rolled back, earlier episodes are intact)")
+        super().__init__(f"cannot {'open' if opening else 'write to'} the ledger {path}: {e}{' ' if opening else ''}"
+                         f"{what}. Free space and run the same command again: the run resumes and re-samples only "
+                         "the missing episodes")
 
 
 def _rollback(c: sqlite3.Connection) -> None:
@@ -291,6 +293,9 @@ class Ledger:
             self.path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
         try:
             self._init_schema()
+        except sqlite3.OperationalError as e:  # the file is fine; its disk is full, read-only or failing
+            self.close()
+            raise LedgerWriteError(self.path, e, opening=True) from None
         except sqlite3.DatabaseError as e:
             self.close()
             raise Error(f"{self.path} is not a usable taurl ledger ({e}); give a new path or a ledger file") from None

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from taurl import chaos
 from taurl.atomic import fsync_tree, remove_dir, replace_dir, write_error
@@ -59,7 +60,7 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
         fsync_tree(tmp)
         chaos.point("checkpoint_synced", f"version={version}")
         replace_dir(tmp, final)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors reports ENOSPC as its own error type
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_error(f"checkpoint v{version} ({final})", e) from None
     except BaseException:
