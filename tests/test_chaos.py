@@ -48,8 +48,8 @@ from taurl.runs import RunDir
 # search-v0 on a fixed task file (country_continent questions drawn once from its task
 # source): reading 70 rows costs nothing, building the env's task pool ~14 s per restart
 TASKS = Path(__file__).parent / "fixtures" / "chaos_tasks.jsonl"
-CONFIG = dict(tasks=str(TASKS), demos=32, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0}, system_prompt="",
-              warmup_options={"steps": 0}, sft_batch_size=8, sft_epochs=4, sft_lr=3e-3, sft_warmup_steps=5,
+CONFIG = dict(tasks=str(TASKS), demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0}, system_prompt="",
+              warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5,
               updates=4, tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1,
               max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000, concurrency=1, lr=3e-3,
               temperature=1.0, eval_temperature=0.5, keep_checkpoints=2,
@@ -128,6 +128,9 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
     assert len(names) == len(set(names)), "kill points must name their work uniquely"
     ref_steps = {n: f for n, f in trace if n.startswith("learner_step@")}
     assert len(ref_steps) >= 2, "the miniature must take learner steps (reward variance in its groups)"
+    rl_rows = [r for r in map(json.loads, (ref_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+    # a step with a gradient before the last: later restores carry non-zero AdamW moments
+    assert any(r["learn/grad_norm"] > 0 for r in rl_rows[:-1]), "the miniature must learn (non-zero gradients)"
     points = choose_points(names, random.Random(seed), KILLS)
     print("kill points:", *points, sep="\n  ")
 
