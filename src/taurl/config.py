@@ -141,6 +141,8 @@ class TrainConfig:
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
     alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (README: Health alarms): enabled, disable, stop_on, thresholds
     trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
+    generate_timeout_s: float = 600.0  # an engine call longer than this ends its episode as an error (counted)
+    keep_checkpoints: int = 2  # RL checkpoints kept: the newest k, plus v0, the SFT version and every promoted one (0: all)
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
     critic_lr: float = 1e-3  # critic AdamW learning rate (estimator gae: a separate value model, taurl.train.critic)
@@ -201,6 +203,10 @@ class TrainConfig:
         for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if not self.generate_timeout_s > 0:
+            out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
+        if self.keep_checkpoints < 0:
+            out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
         if self.group_size < 2:
             out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
         if self.model_size not in ("tiny", "small"):
@@ -274,7 +280,8 @@ def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
     from taurl.rollout import RolloutConfig
 
-    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **sampling)
+    timeout = {"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s") else {}
+    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling)
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,

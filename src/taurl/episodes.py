@@ -16,12 +16,18 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from taurl import chaos
 from taurl.envs.core import Env, Task
+from taurl.errors import Error
 from taurl.ledger import Ledger
 from taurl.rollout import RolloutConfig, run_episode
 from taurl.trajectory import Trajectory
 
 log = logging.getLogger("taurl.episodes")
+
+
+class EpisodeError(Error, RuntimeError):
+    """No episode of a round could be run (every one raised or was refused)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
             failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
             return
         out[s.episode_id] = traj
+        chaos.point("episode_stored", f"episode_id={s.episode_id}")
         if bar is not None:
             bar.update(1)
         if on_stored is not None:
@@ -89,5 +96,8 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
     for why in failed:
         log.warning("episode produced no record: %s", why)
+    if failed and len(failed) == len(specs) - reused:  # nothing ran: a broken env, engine or sandbox
+        raise EpisodeError(f"every one of the {len(failed)} episode(s) failed, so nothing was stored; the first: "
+                           f"{failed[0]}. Fix the cause and run the same command again (stored episodes are kept)")
     stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed))}
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats

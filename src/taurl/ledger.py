@@ -23,6 +23,7 @@ open the same file (WAL lets readers run alongside the one writer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -259,6 +260,23 @@ _INSERT = (f"INSERT INTO trajectories ({', '.join(c for c in _COLUMNS if c != 's
 # The store
 
 
+class LedgerWriteError(Error, OSError):
+    """The ledger could not commit (disk full, read-only file system): nothing of the batch was stored."""
+
+    def __init__(self, path: str, e: Exception, opening: bool = False):
+        what = ("(is its disk full or read-only?); the ledger file was not changed" if opening else
+                "; nothing of this batch was stored (the transaction was rolled back, earlier episodes are intact)")
+        super().__init__(f"cannot {'open' if opening else 'write to'} the ledger {path}: {e}{' ' if opening else ''}"
+                         f"{what}. Free space and run the same command again: the run resumes and re-samples only "
+                         "the missing episodes")
+
+
+def _rollback(c: sqlite3.Connection) -> None:
+    if c.in_transaction:
+        with contextlib.suppress(sqlite3.Error):  # the journal undoes the transaction at the next open anyway
+            c.execute("ROLLBACK")
+
+
 class Ledger:
     """An append-only store of validated trajectories in one SQLite file.
 
@@ -275,6 +293,9 @@ class Ledger:
             self.path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
         try:
             self._init_schema()
+        except sqlite3.OperationalError as e:  # the file is fine; its disk is full, read-only or failing
+            self.close()
+            raise LedgerWriteError(self.path, e, opening=True) from None
         except sqlite3.DatabaseError as e:
             self.close()
             raise Error(f"{self.path} is not a usable taurl ledger ({e}); give a new path or a ledger file") from None
@@ -361,8 +382,11 @@ class Ledger:
                     else:
                         accepted.append(res)
                 c.execute("COMMIT")
+            except sqlite3.OperationalError as e:  # disk full, read-only file system, I/O error
+                _rollback(c)
+                raise LedgerWriteError(self.path, e) from None
             except BaseException:
-                c.execute("ROLLBACK")
+                _rollback(c)
                 raise
         return AppendReport(tuple(accepted), tuple(rejected))
 

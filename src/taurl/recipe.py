@@ -16,10 +16,12 @@ hooks come from its registration (`taurl.envs.spec.EnvSpec`). Validation is for 
 (settings are compared on it); holdout is only reported.
 
 Crash safety: every episode has a deterministic id and seed (`taurl.episodes`) and is
-appended to the ledger as it finishes; checkpoints are written whole or not at all. A
-restarted run resumes from the newest checkpoint, reuses the stored episodes of the
-interrupted round and samples the missing ones with the same version and seeds; finished
-phases (policy, demonstrations, SFT, evaluations) are skipped.
+appended to the ledger as it finishes; checkpoints, state.json and evals/*.json are
+written whole or not at all (`taurl.atomic`). A restarted run removes the leftovers of
+interrupted writes, resumes from the newest checkpoint (weights, optimizer, RNG states),
+reuses the stored episodes of the interrupted round and samples the missing ones with the
+same version and seeds; finished phases (policy, demonstrations, SFT, evaluations) are
+skipped. Named kill points (`taurl.chaos`) let the chaos test SIGKILL a run anywhere.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from taurl import envs
+from taurl import chaos, envs
+from taurl.atomic import atomic_write_text
 from taurl.config import TrainConfig, dump_config
 from taurl.envs.core import Task
 from taurl.episodes import EpisodeSpec, collect, episode_seed
@@ -51,7 +54,14 @@ from taurl.policy.model import build_default_policy, load_policy
 from taurl.run_state import Hook, Run
 from taurl.runs import RunDir
 from taurl.tasks import plan_tasks
-from taurl.train.checkpoint import drop_optimizer_state, load_optimizer_state, save_checkpoint
+from taurl.train.checkpoint import (
+    drop_optimizer_state,
+    load_optimizer_state,
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+    seed_rng,
+)
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
 from taurl.train.sft import read_sft_file, sft_loop
@@ -68,14 +78,15 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
                       n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     run = RunDir.create(run_dir)
+    run.clean()  # what an interrupted write left half-done is never trusted
     state_path = run.root / "state.json"
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     t0 = time.perf_counter()
-    run.config.write_text(dump_config(cfg))
+    atomic_write_text(run.config, dump_config(cfg))
     with Ledger(run.ledger) as ledger, metrics_writer(run.metrics, cfg.trackers, run.root,
                                                       dataclasses.asdict(cfg)) as metrics:
-        r = Run(cfg, spec, plan, run, ledger, metrics, progress, hook or (lambda n, i: None),
+        r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
         prepare_policy(r)
         if "sft_version" not in r.state:
@@ -163,6 +174,7 @@ def sft(r: Run, trajs: list) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
             r.metrics.write(step, {"phase": "sft", **m})
+            r.hook("sft_step", {"step": step})
 
         steps = sft_loop(model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
                          warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
@@ -183,6 +195,7 @@ def reinforce(r: Run) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     version = r.run.versions()[-1]
     first = version - v_sft + 1
+    prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
     model, tok = load_policy(r.run.checkpoint(version))
@@ -198,6 +211,12 @@ def reinforce(r: Run) -> None:
     if cfg.engine == "vllm" and "url" not in opts:  # a server of our own: its caches and log in the run
         opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
     engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version, **opts)
+    # last, after every model is built (that draws from torch's generator): the RNG states
+    # the saved run had, or, at the first update, states fixed by the seed alone
+    if not load_trainer_state(r.run.checkpoint(version)):
+        seed_rng(episode_seed(seed, "rl-rng"))
+    chaos.on_optimizer_step(learner.optimizer)
+    chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     try:
         _rl_loop(r, model, tok, learner, engine, version, first, seed)
     finally:
@@ -206,7 +225,7 @@ def reinforce(r: Run) -> None:
 
 def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, version: int, first: int,
              seed: int) -> None:
-    cfg = r.cfg
+    cfg, v_sft = r.cfg, r.state["sft_version"]
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
@@ -231,6 +250,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
                         write_extra=learner.save_state, **r.checkpoint_meta())
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
+        r.hook("checkpoint_saved", {"version": version})
+        prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
         asyncio.run(engine.load_weights(r.run.checkpoint(version), version))  # served and verified
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
@@ -276,8 +297,7 @@ def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[st
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
                              ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress,
                              agent=r.cfg.agent)
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
     r.phase_done(f"eval_{tag}", time.perf_counter() - t0)
     lo, hi = result.ci95
@@ -314,5 +334,5 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from taurl.promote_run import recipe_promotion
 
     summary["promotion"] = recipe_promotion(r.run, c.promotion, evals, baseline=v_sft, candidate=versions[-1])
-    r.run.summary.write_text(json.dumps(summary, indent=2))
+    atomic_write_text(r.run.summary, json.dumps(summary, indent=2))
     return summary

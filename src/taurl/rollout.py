@@ -68,6 +68,7 @@ class RolloutConfig:
     max_tool_calls: int | None = None  # tool calls per episode (None: no budget)
     temperature: float = 1.0
     top_p: float = 1.0
+    generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
 
 
 class ChatCodec:
@@ -174,9 +175,13 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                                   stop=stop_strings, stop_token_ids=stop_ids, seed=_derive_seed(seed, t))
         t0 = time.perf_counter()
         try:
-            gen = await engine.generate(ep.ids, sampling)
+            gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), config.generate_timeout_s)
         except Error as e:
             stop, info = StopReason.ERROR, {"error": f"engine: {e}"}
+            break
+        except asyncio.TimeoutError:  # a hung engine or server: this episode ends, the run goes on
+            stop, info = StopReason.ERROR, {"error": f"engine: no completion within generate_timeout_s="
+                                                     f"{config.generate_timeout_s:g} s (is the server up?)"}
             break
         gen_s += time.perf_counter() - t0
         sampled += len(gen.token_ids)

@@ -12,6 +12,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from taurl import envs
+from taurl.atomic import atomic_write_text
 from taurl.config import TrainConfig
 from taurl.envs.core import Env
 from taurl.envs.spec import EnvSpec
@@ -45,7 +46,7 @@ class Run:
 
     def save_state(self, **changes: Any) -> None:
         self.state.update(changes)
-        (self.run.root / "state.json").write_text(json.dumps(self.state, indent=2, sort_keys=True))
+        atomic_write_text(self.run.root / "state.json", json.dumps(self.state, indent=2, sort_keys=True))
 
     def phase_done(self, name: str, seconds: float) -> None:
         timings = dict(self.state.get("timings", {}))
