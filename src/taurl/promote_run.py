@@ -73,7 +73,8 @@ def _open_run(run_dir: str | Path) -> RunDir:
 def _need_version(run: RunDir, v: int, flag: str) -> None:
     if v not in run.versions():
         raise Error(f"{flag} v{v}: {run.root} has no checkpoint v{v} (it has "
-                    f"{', '.join(f'v{x}' for x in run.versions())})")
+                    f"{', '.join(f'v{x}' for x in run.versions())}; training keeps the newest "
+                    "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 keeps all)")
 
 
 def run_config(run: RunDir):
