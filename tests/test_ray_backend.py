@@ -21,7 +21,7 @@ from taurl.recipe import train  # noqa: E402
 from taurl.runs import RunDir  # noqa: E402
 from taurl.trajectory import validate_trajectory  # noqa: E402
 
-UPDATES, TASKS, GROUP = 2, 2, 3
+UPDATES, TASKS, GROUP = 3, 2, 3
 CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, tasks_per_update=TASKS,
                   group_size=GROUP, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
                   max_episode_tokens=8, task_options={"families": ["country_continent"], "split_by": "country"},
@@ -48,52 +48,57 @@ def rl_rows(run: RunDir) -> list[dict]:
     return [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
 
 
-def test_two_ray_workers_run_the_recipe_and_the_ledger_keeps_every_contract(tmp_path):
-    run = RunDir(tmp_path / "run")
-    served: dict[str, int] = {}
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory) -> dict:
+    """One run on 2 workers (Ray's startup dominates a tiny run, so the tests share it):
+    update 1 runs undisturbed; in update 2 a worker's process is SIGKILLed right after an
+    episode was sent to it; update 3 runs on the survivor and the restarted worker."""
+    run = RunDir(tmp_path_factory.mktemp("ray") / "run")
+    seen: dict = {"submitted": [], "killed": [], "pids": []}
 
     def hook(name, info):
-        if name == "episode_submitted":
-            served[info["episode_id"]] = info["pid"]
         if name == "ray_workers_started":
-            served["_pids"] = len(set(info["pids"]))
-
-    summary = train(CFG, str(run.root), progress=False, hook=hook)
-    assert summary["train"]["updates"] == UPDATES and run.versions() == [0, 1, 2, 3]
-    check_ledger(run)
-    assert served.pop("_pids") == 2 and set(served) == PLANNED
-    assert len(set(served.values())) == 2  # both workers served episodes, none of them in this process
-    assert os.getpid() not in served.values()
-    rows = rl_rows(run)
-    assert [r["ray/workers"] for r in rows] == [2.0, 2.0]
-    assert all(r["ray/worker_deaths"] == 0 and r["rollout/failed_episodes"] == 0 for r in rows)
-    import ray
-
-    assert not ray.is_initialized()  # the run shut its cluster down
-
-
-def test_a_worker_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_path):
-    run = RunDir(tmp_path / "run")
-    killed: list[tuple[str, int]] = []
-    submitted: list[str] = []
-
-    def hook(name, info):
+            seen["pids"] = list(info["pids"])
         if name != "episode_submitted":
             return
-        submitted.append(info["episode_id"])
-        # update 2's third episode has just been sent to its worker: kill that process now
-        if not killed and info["episode_id"].startswith("r0002-") and sum(e.startswith("r0002-") for e in submitted) == 3:
-            os.kill(info["pid"], signal.SIGKILL)
-            killed.append((info["episode_id"], info["pid"]))
+        seen["submitted"].append((info["episode_id"], info["pid"]))
+        n2 = sum(e.startswith("r0002-") for e, _ in seen["submitted"])
+        if not seen["killed"] and info["episode_id"].startswith("r0002-") and n2 == 3:
+            os.kill(info["pid"], signal.SIGKILL)  # its episode is in flight: sent, not returned
+            seen["killed"].append((info["episode_id"], info["pid"]))
 
-    train(CFG, str(run.root), progress=False, hook=hook)
-    assert killed
-    check_ledger(run)  # every planned episode stored exactly once, each by its round's version
-    victim = killed[0][0]
-    assert submitted.count(victim) == 2  # the killed worker's episode was re-run once, with the same id
+    seen["summary"] = train(CFG, str(run.root), progress=False, hook=hook)
+    import ray
+
+    seen["ray_left_running"] = ray.is_initialized()
+    return {"run": run, **seen}
+
+
+def test_the_recipe_completes_on_two_ray_workers_and_the_ledger_keeps_every_contract(ray_run):
+    run, summary = ray_run["run"], ray_run["summary"]
+    assert summary["train"]["updates"] == UPDATES and run.versions() == list(range(UPDATES + 2))
+    check_ledger(run)  # every planned episode stored once, valid, each action by its round's version
+    pids = {p for _, p in ray_run["submitted"]}
+    assert len(set(ray_run["pids"])) == 2 and set(ray_run["pids"]) <= pids
+    assert os.getpid() not in pids  # the episodes ran in the workers, not in the learner
+    assert {e for e, _ in ray_run["submitted"]} == PLANNED
+    first = rl_rows(run)[0]
+    assert first["ray/workers"] == 2.0 and first["ray/worker_deaths"] == 0 and first["rollout/failed_episodes"] == 0
+    assert not ray_run["ray_left_running"]  # the run shut its cluster down
+
+
+def test_a_worker_killed_mid_update_loses_no_episode_and_stores_none_twice(ray_run):
+    run, submitted = ray_run["run"], ray_run["submitted"]
+    [(victim, pid)] = ray_run["killed"]
+    check_ledger(run)  # ledger ids == planned ids, each once
+    assert [e for e, _ in submitted].count(victim) == 2  # re-run once, same id (and seed)
     row = rl_rows(run)[1]
     assert row["ray/worker_deaths"] == 1 and row["ray/worker_restarts"] == 1 and row["ray/rerun_episodes"] >= 1
     assert row["rollout/failed_episodes"] == 0 and row["ray/workers"] == 2.0
+    # the restarted worker (a new process, created from the v1 checkpoint) serves update 3 as v3
+    restarted = {p for e, p in submitted if e.startswith("r0003-")} - set(ray_run["pids"])
+    assert len(restarted) == 1 and pid not in restarted
+    assert rl_rows(run)[2]["ray/workers"] == 2.0
 
 
 def test_backend_options_are_validated_with_did_you_mean():

@@ -17,7 +17,7 @@ to ``max_attempts`` tries, then counted in ``rollout/failed_episodes``): none is
 none stored twice. A restarted worker starts from the checkpoint it was created with, so
 each episode request names the version to serve and the worker loads it first.
 
-The cluster is local (``ray.init(num_cpus=...)``, loopback only, no dashboard), its
+The cluster is local (``ray.init(num_cpus=...)``, node address 127.0.0.1, no dashboard), its
 session files in a short temporary directory (Ray's unix sockets must stay under 107
 characters), and it is shut down when the collector closes (unless this process had
 started Ray itself before, then it is left running).
@@ -171,7 +171,7 @@ class RayCollector:
         reused = len(out)
         attempts: Counter[str] = Counter()
         load = Counter()  # episodes in flight per worker
-        pending: dict[Any, tuple[int, EpisodeSpec]] = {}  # episode ref -> (worker, spec)
+        pending: dict[Any, tuple[int, EpisodeSpec, int]] = {}  # episode ref -> (worker, spec, its pid then)
         probes: dict[Any, int] = {}  # a failed worker's pid ref -> worker: back in rotation once it answers
         failed: list[str] = []
         deaths = restarts = reruns = 0
@@ -182,7 +182,7 @@ class RayCollector:
                     s = queue.popleft()
                     attempts[s.episode_id] += 1
                     ref = self.workers[w].run.remote(s, self.checkpoint_dir, self.version)
-                    pending[ref], load[w] = (w, s), load[w] + 1
+                    pending[ref], load[w] = (w, s, self.pids[w]), load[w] + 1
                     self.hook("episode_submitted", {"episode_id": s.episode_id, "worker": w, "pid": self.pids[w],
                                                     "attempt": attempts[s.episode_id]})
 
@@ -199,18 +199,22 @@ class RayCollector:
                     pid = ray.get(ref)
                     restarts += pid != self.pids[w]
                     self.pids[w] = pid
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                except ray.exceptions.ActorUnavailableError:  # still restarting: ask again shortly
+                    time.sleep(0.2)
+                    probes[self.workers[w].pid.remote()] = w
+                    continue
+                except ray.exceptions.RayActorError:  # ActorDiedError: its restarts are spent
                     self._dead.add(w)
                     log.warning("ray: rollout worker %d is gone for good", w)
                 fill()
                 continue
-            w, s = pending.pop(ref)
+            w, s, pid = pending.pop(ref)
             load[w] -= 1
             try:
                 result: Trajectory | str | None = ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            except ray.exceptions.RayActorError as e:
                 result = None
-                if w not in probes.values():
+                if w not in probes.values() and pid == self.pids[w]:  # a new death: ask whether it is back
                     deaths += 1
                     log.warning("ray: rollout worker %d (pid %d) died: %s", w, self.pids[w], type(e).__name__)
                     probes[self.workers[w].pid.remote()] = w
@@ -249,10 +253,10 @@ class RayCollector:
         self.checkpoint_dir, self.version = str(checkpoint_dir), version
         live = [w for w in range(len(self.workers)) if w not in self._dead]
         refs = [self.workers[w].load.remote(self.checkpoint_dir, version) for w in live]
-        for w, ref in zip(live, refs):
+        for w, ref in zip(live, refs, strict=True):
             try:
                 ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            except ray.exceptions.RayActorError:
                 # a worker that died here is restarted by Ray and loads `version` before its next episode
                 log.warning("ray: rollout worker %d died while loading version %d", w, version)
 
