@@ -58,7 +58,7 @@ def ray_run(tmp_path_factory) -> dict:
 
     def hook(name, info):
         if name == "ray_workers_started":
-            seen["pids"] = list(info["pids"])
+            seen["pids"], seen["temp_dir"] = list(info["pids"]), info["temp_dir"]
         if name != "episode_submitted":
             return
         seen["submitted"].append((info["episode_id"], info["pid"]))
@@ -84,7 +84,9 @@ def test_the_recipe_completes_on_two_ray_workers_and_the_ledger_keeps_every_cont
     assert {e for e, _ in ray_run["submitted"]} == PLANNED
     first = rl_rows(run)[0]
     assert first["ray/workers"] == 2.0 and first["ray/worker_deaths"] == 0 and first["rollout/failed_episodes"] == 0
-    assert not ray_run["ray_left_running"]  # the run shut its cluster down
+    assert not ray_run["ray_left_running"]  # the run shut its cluster down and removed its files
+    assert ray_run["temp_dir"] and len(ray_run["temp_dir"]) < 40 and not os.path.exists(ray_run["temp_dir"])
+    assert first["time/ray_startup_s"] > 0 and "time/ray_startup_s" not in rl_rows(run)[1]
 
 
 def test_a_worker_killed_mid_update_loses_no_episode_and_stores_none_twice(ray_run):

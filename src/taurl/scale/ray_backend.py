@@ -115,7 +115,7 @@ class RayCollector:
 
     def __init__(self, workers: list[Any], checkpoint_dir: str, version: int, *, per_worker: int,
                  max_restarts: int, max_attempts: int, hook: Callable[[str, dict[str, Any]], None],
-                 pids: list[int], owns_ray: bool, temp_dir: str | None, startup_s: float):
+                 pids: list[int], owns_ray: bool, temp_dir: str | None, startup_s: float | None):
         self.workers, self.checkpoint_dir, self.version = workers, checkpoint_dir, version
         self.per_worker, self.max_restarts, self.max_attempts = per_worker, max_restarts, max_attempts
         self.hook, self.pids = hook, pids
@@ -153,7 +153,7 @@ class RayCollector:
             raise
         startup_s = time.perf_counter() - t0
         log.info("ray: %d rollout workers (pids %s) up in %.1fs", n, pids, startup_s)
-        r.hook("ray_workers_started", {"pids": list(pids), "startup_s": startup_s})
+        r.hook("ray_workers_started", {"pids": list(pids), "startup_s": startup_s, "temp_dir": temp_dir})
         return cls(workers, str(checkpoint_dir), version, per_worker=per_worker, max_restarts=max_restarts,
                    max_attempts=max_attempts, hook=r.hook, pids=list(pids), owns_ray=owns, temp_dir=temp_dir,
                    startup_s=startup_s)
@@ -245,6 +245,8 @@ class RayCollector:
         stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed)),
                  "ray/workers": float(len(self.workers) - len(self._dead)), "ray/worker_deaths": float(deaths),
                  "ray/worker_restarts": float(restarts), "ray/rerun_episodes": float(reruns)}
+        if self.startup_s is not None:  # reported once, with the first update
+            stats["time/ray_startup_s"], self.startup_s = self.startup_s, None
         return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
