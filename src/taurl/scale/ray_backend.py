@@ -282,7 +282,8 @@ def _init_local_cluster(ray: Any, num_cpus: int, temp_dir: str) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.getcwd(), old) if p)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, _node_ip_address="127.0.0.1",
+        # address="local": a new cluster of our own, even where RAY_ADDRESS names another one
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, _node_ip_address="127.0.0.1",
                  log_to_driver=False, configure_logging=False)
     finally:
         if old is None:
