@@ -6,6 +6,7 @@ too: SIGKILL of a worker's process right after an episode was sent to it, mid-up
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,11 +31,11 @@ CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, ta
 PLANNED = {f"r{u:04d}-{i:03d}-{g:02d}" for u in range(1, UPDATES + 1) for i in range(TASKS) for g in range(GROUP)}
 
 
-def check_ledger(run: RunDir) -> None:
+def check_ledger(run: RunDir, planned: set[str] = PLANNED) -> None:
     """Every planned RL episode stored exactly once, valid, sampled by its round's version."""
     with Ledger(run.ledger) as ledger:
         ids = [e for e in ledger.episode_ids() if e.startswith("r")]
-        assert sorted(ids) == sorted(PLANNED)  # none lost, none stored twice
+        assert sorted(ids) == sorted(planned)  # none lost, none stored twice
         assert ledger.count() == len(ledger.episode_ids()) and not ledger.rejections()
         for e in ids:
             traj = ledger.get(e)
@@ -101,6 +102,29 @@ def test_a_worker_killed_mid_update_loses_no_episode_and_stores_none_twice(ray_r
     restarted = {p for e, p in submitted if e.startswith("r0003-")} - set(ray_run["pids"])
     assert len(restarted) == 1 and pid not in restarted
     assert rl_rows(run)[2]["ray/workers"] == 2.0
+
+
+def test_a_worker_whose_restarts_are_spent_leaves_its_episodes_to_the_survivor(tmp_path):
+    """max_restarts: 0: the killed worker stays dead; its unfinished episode runs on the other."""
+    cfg = dataclasses.replace(CFG, updates=1, backend_options={"workers": 2, "max_restarts": 0})
+    run, killed, submitted = RunDir(tmp_path / "run"), [], []
+
+    def hook(name, info):
+        if name == "episode_submitted":
+            submitted.append((info["episode_id"], info["pid"]))
+            if not killed and len(submitted) == 3:
+                os.kill(info["pid"], signal.SIGKILL)
+                killed.append((info["episode_id"], info["pid"]))
+
+    train(cfg, str(run.root), progress=False, hook=hook)
+    check_ledger(run, {e for e in PLANNED if e.startswith("r0001-")})
+    [(victim, pid)] = killed
+    tries = [p for e, p in submitted if e == victim]
+    assert len(tries) == 2 and tries[1] != pid  # re-run once, by the survivor
+    assert all(p != pid for _, p in submitted[3:])  # nothing more was sent to the dead worker
+    row = rl_rows(run)[0]
+    assert row["ray/workers"] == 1.0 and row["ray/worker_deaths"] == 1 and row["ray/worker_restarts"] == 0
+    assert row["rollout/failed_episodes"] == 0
 
 
 def test_backend_options_are_validated_with_did_you_mean():

@@ -188,10 +188,6 @@ class RayCollector:
 
         fill()
         while pending or probes:
-            if not pending and queue and len(self._dead) == len(self.workers):
-                raise Error(f"every Ray rollout worker died and exhausted its {self.max_restarts} restarts; "
-                            f"{len(queue)} episode(s) of this update were not run (raise backend_options "
-                            "max_restarts, or look for what kills them: memory, the env)")
             [ref], _ = ray.wait([*pending, *probes], num_returns=1)
             if ref in probes:  # a restarted worker answered (or is gone for good)
                 w = probes.pop(ref)
@@ -240,6 +236,10 @@ class RayCollector:
             out[s.episode_id] = result
             if on_stored is not None:
                 on_stored("episode_stored", result)
+        if queue:  # every worker is gone: stop rather than train on a silently smaller batch
+            raise Error(f"every Ray rollout worker died and used up its {self.max_restarts} restart(s); "
+                        f"{len(queue)} episode(s) of this update were not run (raise backend_options "
+                        "max_restarts, or look for what kills the workers: memory, the env)")
         for why in failed:
             log.warning("episode produced no record: %s", why)
         stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed)),
