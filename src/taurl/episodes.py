@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tqdm.auto import tqdm
@@ -110,13 +110,14 @@ class LocalCollector:
     config: RolloutConfig
     run_id: str
     concurrency: int = 64
+    options: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of `collect`
 
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:
         return asyncio.run(collect(self.engine, self.tokenizer, self.make_env, specs, config=self.config,
                                    ledger=ledger, run_id=self.run_id, concurrency=self.concurrency,
-                                   on_stored=on_stored))
+                                   on_stored=on_stored, **self.options))
 
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
         asyncio.run(self.engine.load_weights(checkpoint_dir, version))  # served and verified
