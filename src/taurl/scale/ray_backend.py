@@ -17,10 +17,11 @@ to ``max_attempts`` tries, then counted in ``rollout/failed_episodes``): none is
 none stored twice. A restarted worker starts from the checkpoint it was created with, so
 each episode request names the version to serve and the worker loads it first.
 
-The cluster is local (``ray.init(num_cpus=...)``, node address 127.0.0.1, no dashboard), its
-session files in a short temporary directory (Ray's unix sockets must stay under 107
-characters), and it is shut down when the collector closes (unless this process had
-started Ray itself before, then it is left running).
+The cluster is local (``ray.init(address="local", num_cpus=...)``, no dashboard; Ray
+still names the node by the machine's address in its logs), its session files in a short
+temporary directory (Ray's unix sockets must stay under 107 characters), and it is shut
+down and the directory removed when the collector closes (a process killed outright leaves
+the directory behind). A Ray already started in this process is used and left running.
 """
 
 from __future__ import annotations
