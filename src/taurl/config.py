@@ -126,6 +126,8 @@ class TrainConfig:
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; README: Engines)
     engine_options: dict[str, Any] = field(default_factory=dict)  # its options (vllm: url, or python to start one; verify; ...)
+    backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; README: Scale out on Ray)
+    backend_options: dict[str, Any] = field(default_factory=dict)  # ray: workers, num_cpus, max_restarts, max_attempts
     sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
     sft_data: str = ""  # a trajectory file in the export format (JSONL) when sft: file
     demos: int = 12000  # expert demonstrations (one per training task)
@@ -218,6 +220,11 @@ class TrainConfig:
                        "max_batch_size and seed come from concurrency and seed)")
         elif self.engine == "vllm" and self.temperature <= 0:
             out.append("engine: vllm trains at temperature > 0 (greedy behaviour logprobs are not a policy's)")
+        from taurl.scale import backend_problems
+
+        out += backend_problems(self.backend, self.backend_options, engine=self.engine)
+        if self.backend == "ray" and self.agent:  # the proxy collector runs agents in this process only
+            out.append("agent: (your agent through the proxy) runs with backend: local only; drop backend: ray")
         if self.sft not in ("expert", "file", "none"):
             out.append(f"sft must be expert, file or none (got {self.sft!r})")
         if self.sft == "file" and not Path(self.sft_data).is_file():

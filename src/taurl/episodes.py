@@ -11,8 +11,8 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -101,3 +101,47 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
                            f"{failed[0]}. Fix the cause and run the same command again (stored episodes are kept)")
     stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed))}
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
+
+
+# ---------------------------------------------------------------------------------------
+# Collectors: where the episodes of an update run (`backend` in the config)
+
+
+class Collector(Protocol):
+    """Runs an update's episodes somewhere and stores them in the ledger from this process
+    (its only writer). `LocalCollector`: this process's engine; `taurl.scale.ray_backend.
+    RayCollector`: rollout workers on a Ray cluster. Both keep `collect`'s contract."""
+
+    def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
+                on_stored: Callable[[str, Trajectory], None] | None = None
+                ) -> tuple[list[Trajectory], dict[str, float]]: ...
+
+    def load_weights(self, checkpoint_dir: Any, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LocalCollector:
+    """`collect` over one engine in this process (``backend: local``)."""
+
+    engine: Any
+    tokenizer: Any
+    make_env: Callable[[], Env]
+    config: RolloutConfig
+    run_id: str
+    concurrency: int = 64
+    options: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of `collect`
+
+    def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
+                on_stored: Callable[[str, Trajectory], None] | None = None
+                ) -> tuple[list[Trajectory], dict[str, float]]:
+        return asyncio.run(collect(self.engine, self.tokenizer, self.make_env, specs, config=self.config,
+                                   ledger=ledger, run_id=self.run_id, concurrency=self.concurrency,
+                                   on_stored=on_stored, **self.options))
+
+    def load_weights(self, checkpoint_dir: Any, version: int) -> None:
+        asyncio.run(self.engine.load_weights(checkpoint_dir, version))  # served and verified
+
+    def close(self) -> None:
+        self.engine.close()

@@ -5,7 +5,7 @@
     sft     = expert demonstrations through the real loop | a trajectory file | none
     evaluate(validation, holdout) of the SFT policy
     for update u = 1..U:                         # policy version v = v_sft + u − 1
-        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once
+        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once (backend: local | ray)
         stats = learner.update(batch)                      # credit → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
     evaluate(validation, holdout) of the final policy → summary.json, report.html
@@ -41,7 +41,7 @@ from taurl import chaos, envs
 from taurl.atomic import atomic_write_text
 from taurl.config import TrainConfig, dump_config
 from taurl.envs.core import Task
-from taurl.episodes import EpisodeSpec, collect, episode_seed
+from taurl.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.errors import ConfigError, Error
 from taurl.eval_run import evaluate_policy
 from taurl.evaluate import paired_difference
@@ -210,7 +210,14 @@ def reinforce(r: Run) -> None:
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
     if cfg.engine == "vllm" and "url" not in opts:  # a server of our own: its caches and log in the run
         opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
-    engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version, **opts)
+    if cfg.backend == "ray":  # rollout workers on a Ray cluster; this process stays the learner and ledger writer
+        from taurl.scale.ray_backend import RayCollector
+
+        collector: Collector = RayCollector.start(r, r.run.checkpoint(version), version, seed=seed)
+    else:
+        engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version, **opts)
+        collector = LocalCollector(engine, tok, r.make_env, cfg.rollout_config(), r.run.root.name, cfg.concurrency,
+                                   {"agent": cfg.agent})
     # last, after every model is built (that draws from torch's generator): the RNG states
     # the saved run had, or, at the first update, states fixed by the seed alone
     if not load_trainer_state(r.run.checkpoint(version)):
@@ -218,12 +225,12 @@ def reinforce(r: Run) -> None:
     chaos.on_optimizer_step(learner.optimizer)
     chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     try:
-        _rl_loop(r, model, tok, learner, engine, version, first, seed)
+        _rl_loop(r, model, tok, learner, collector, version, first, seed)
     finally:
-        engine.close()
+        collector.close()
 
 
-def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, version: int, first: int,
+def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collector, version: int, first: int,
              seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     bar = r.bar(cfg.updates, "rl", "update")
@@ -235,10 +242,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
         tasks = r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update]
         specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
-        batch, cstats = asyncio.run(collect(engine, tok, r.make_env, specs, config=cfg.rollout_config(),
-                                            ledger=r.ledger, run_id=r.run.root.name, concurrency=cfg.concurrency,
-                                            on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id}),
-                                            agent=cfg.agent))
+        batch, cstats = collector.collect(specs, ledger=r.ledger,
+                                          on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id}))
         if stale := [t.episode_id for t in batch if set(t.policy_versions) - {version}]:
             raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version {version} "
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
@@ -252,7 +257,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, engine: Any, versio
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
         r.hook("checkpoint_saved", {"version": version})
         prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
-        asyncio.run(engine.load_weights(r.run.checkpoint(version), version))  # served and verified
+        collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
