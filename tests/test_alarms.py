@@ -14,7 +14,7 @@ import pytest
 from taurl import envs
 from taurl.config import TrainConfig, load_config
 from taurl.envs import Task
-from taurl.errors import ConfigError
+from taurl.errors import ConfigError, ResetNeeded
 from taurl.monitor.alarms import ALARMS, AlarmConfig, Watch, alarm_config, check, scan
 from taurl.monitor.report import alarms_section
 from taurl.recipe import train
@@ -162,16 +162,20 @@ class CollapseEnv:
     system_prompt = ""
 
     def __init__(self, max_turns: int = 1):
-        self.seed = 0
+        self.seed, self._live = 0, False
 
     def reset(self, task, seed=None):
-        self.seed = seed or 0
+        self.seed, self._live = seed or 0, True
         return "", {}
 
     def step(self, action):
+        if not self._live:  # the Env contract (check_env): a step needs a reset first
+            raise ResetNeeded("echotrap-v0: call reset(task, seed) before step")
+        self._live = False
         answer = action.split("<answer>")[-1].removesuffix("</answer>").strip()
         reward = 0.0 if COLLAPSED["on"] else float(self.seed % 2)
-        return "", reward, True, False, {"action": {"kind": "answer", "answer": answer}, "invalid": False}
+        return "", reward, True, False, {"action": {"kind": "answer", "answer": answer}, "invalid": False,
+                                         "stop_reason": "answered"}
 
 
 def collapse_tasks(split, n, seed=0):

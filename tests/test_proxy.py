@@ -8,6 +8,7 @@ arbitrary text, which is what the capture must survive); LocalEngine serves it b
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ pytest.importorskip("starlette")
 
 from taurl import envs  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
+from taurl.envs.search.env import SEARCH_TOOL  # noqa: E402
 from taurl.episodes import EpisodeSpec  # noqa: E402
 from taurl.ledger import Ledger  # noqa: E402
 from taurl.policy.engine import LocalEngine  # noqa: E402
@@ -34,7 +36,9 @@ from taurl.rollout import ChatCodec, RolloutConfig  # noqa: E402
 from taurl.trajectory import StopReason, validate_trajectory  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = [envs.make("search-v0").tools[0]]
+# the env class's declaration, not envs.make: building the env at import would build the
+# BM25 index before conftest points TAURL_CACHE at the test cache
+TOOLS = [copy.deepcopy(SEARCH_TOOL)]
 TASK = generate_tasks("train", n=1, seed=0)[0]
 
 
