@@ -169,6 +169,10 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
             per = [{**options, "url": u} for u in urls]
         else:
             per = [dict(options) for _ in range(replicas)]
+            for i, o in enumerate(per):  # servers taurl starts: one cache and log directory each
+                if isinstance(o.get("server_options"), dict) and o["server_options"].get("cache_dir"):
+                    o["server_options"] = {**o["server_options"],
+                                           "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
         engines: list[Engine] = []
         try:
             for o in per:
