@@ -43,6 +43,25 @@ def episode_seed(*parts: Any) -> int:
     return random.Random(":".join(map(str, parts))).getrandbits(31)
 
 
+def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], failed: list[str],
+                  on_stored: Callable[[str, Trajectory], None] | None = None) -> bool:
+    """Append one finished episode: hooks "episode_finished", the ledger, then "episode_stored".
+
+    A record the ledger rejects goes to `failed` with its rule; a stored one to `out`.
+    Every collector (in-process, Ray) stores through here, so the rules are one.
+    """
+    if on_stored is not None:
+        on_stored("episode_finished", traj)
+    report = ledger.append_many([traj])
+    if report.rejected:
+        failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
+        return False
+    out[traj.episode_id] = traj
+    if on_stored is not None:
+        on_stored("episode_stored", traj)
+    return True
+
+
 async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
                   bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None,
@@ -77,18 +96,11 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
             except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
                 failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
                 return
-        if on_stored is not None:
-            on_stored("episode_finished", traj)
-        report = ledger.append_many([traj])
-        if report.rejected:
-            failed.extend(f"{r.episode_id}: [{r.rule}] {r.detail}" for r in report.rejected)
+        if not store_episode(traj, ledger, out, failed, on_stored):
             return
-        out[s.episode_id] = traj
         chaos.point("episode_stored", f"episode_id={s.episode_id}")
         if bar is not None:
             bar.update(1)
-        if on_stored is not None:
-            on_stored("episode_stored", traj)
 
     reused = len(out)
     if bar is not None:

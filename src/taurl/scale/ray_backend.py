@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from taurl.config import TrainConfig
-from taurl.episodes import EpisodeSpec
+from taurl.episodes import EpisodeSpec, store_episode
 from taurl.errors import Error
 from taurl.ledger import Ledger
 from taurl.trajectory import Trajectory
@@ -228,15 +228,7 @@ class RayCollector:
                 continue
             if result.episode_id != s.episode_id:  # a worker answering for another episode is a bug
                 raise Error(f"rollout worker {w} returned episode {result.episode_id} for {s.episode_id}")
-            if on_stored is not None:
-                on_stored("episode_finished", result)
-            report = ledger.append_many([result])
-            if report.rejected:
-                failed.extend(f"{x.episode_id}: [{x.rule}] {x.detail}" for x in report.rejected)
-                continue
-            out[s.episode_id] = result
-            if on_stored is not None:
-                on_stored("episode_stored", result)
+            store_episode(result, ledger, out, failed, on_stored)
         if queue:  # every worker is gone: stop rather than train on a silently smaller batch
             raise Error(f"every Ray rollout worker died and used up its {self.max_restarts} restart(s); "
                         f"{len(queue)} episode(s) of this update were not run (raise backend_options "
