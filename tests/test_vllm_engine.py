@@ -528,3 +528,50 @@ def test_a_list_of_urls_is_one_routed_engine_over_every_server(fake, ckpts):
     asyncio.run(router.load_weights(ckpts[1][1], 1))
     assert [s.weight_version for s in servers] == ["1", "1"] and router.version == 1
     router.close()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_replicas_two_servers_sticky_episodes_and_one_version(ckpts):
+    """`engine_options: {replicas: 2}` with engine vllm: two real servers behind the router.
+
+    Every episode's turns go to one server (so its prefix cache holds the episode), both
+    servers get episodes, and after a reload both serve the new checkpoint as one version.
+    """
+    from taurl.envs.search import generate_tasks
+    from taurl.policy.router import EngineRouter
+    from taurl.rollout import RolloutConfig, run_episodes
+    from taurl.trajectory import validate_trajectory
+
+    tok, (p0, p1) = ckpts
+    # each server its own short cache dir: vLLM's zmq socket paths must stay under 107 characters
+    router = make_engine("vllm", p0, tok, version=0, replicas=2, timeout_s=120,
+                         server_options={"max_model_len": 512})
+    try:
+        assert isinstance(router, EngineRouter) and len(router.engines) == 2
+        assert len({e.url for e in router.engines}) == 2
+        tasks = generate_tasks("train", n=4, seed=0)
+        cfg = RolloutConfig(temperature=1.0, max_action_tokens=24, max_context=512, max_episode_tokens=96)
+
+        result = asyncio.run(run_episodes(router, _search_env, tok, tasks, group_size=2, config=cfg,
+                                          concurrency=8, seed=0))
+        assert not result.failures and len(result.trajectories) == 8
+        for t in result.trajectories:
+            validate_trajectory(t)
+            assert set(t.policy_versions) == {0}
+        episodes = router.stats["episodes"]
+        assert sum(episodes) == 8 and min(episodes) >= 2, episodes  # balanced across the two servers
+        # sticky: each server got exactly the turns of the episodes assigned to it
+        turns = [0, 0]
+        for t in result.trajectories:
+            turns[router._sticky[f"{t.group_id}/{t.seed}"]] += sum(s.kind == "action" for s in t.segments)
+        assert router.stats["requests"] == turns
+        asyncio.run(router.load_weights(p1, 1))
+        assert router.version == 1 and all(e.version == 1 for e in router.engines)
+        prompt, sp = [5, 9, 13, 40], SamplingParams(temperature=0, max_tokens=12)
+        local1 = asyncio.run(make_engine("local", p1, tok, version=1).generate(prompt, sp))
+        for e in router.engines:  # each server now serves v1, token for token
+            g = asyncio.run(e.generate(prompt, sp))
+            assert g.token_ids == local1.token_ids and g.policy_version == 1
+    finally:
+        router.close()
