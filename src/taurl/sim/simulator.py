@@ -451,6 +451,7 @@ def compare(workload: Workload, schedules: list[Schedule], updates: int = 20, se
     """Every schedule on the same episodes (same seed), with speedup_vs_sync against ``sync``."""
     from dataclasses import replace
 
-    base = simulate(workload, Schedule("sync"), updates, seed).trained_tokens_per_s
-    return [replace(r, speedup_vs_sync=r.trained_tokens_per_s / base if base > 0 else None)
-            for r in (simulate(workload, s, updates, seed) for s in schedules)]
+    results = [simulate(workload, s, updates, seed) for s in schedules]
+    sync = next((r for r in results if r.kind == "sync"), None) or simulate(workload, Schedule("sync"), updates, seed)
+    base = sync.trained_tokens_per_s
+    return [replace(r, speedup_vs_sync=r.trained_tokens_per_s / base if base > 0 else None) for r in results]
