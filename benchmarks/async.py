@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eta", type=int, default=4, help="staleness bound of the async schedules (sim)")
     p.add_argument("--overprovision", type=float, default=0.25, help="extra groups of the overprovision schedule")
     p.add_argument("--workload", default="{}", help="JSON of Workload fields to override (sim)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table instead of JSON lines")
     p.add_argument("--sweep-learn", type=float, nargs="*", default=None, metavar="S_PER_TOKEN",
                    help="run every schedule at each learner cost (learn_s_per_token)")
     args, rest = p.parse_known_args(argv)
@@ -97,9 +98,29 @@ def main(argv: list[str] | None = None) -> int:
     except (Error, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.markdown:
+        print(markdown(rows))
+        return 0
     for row in rows:
         print(json.dumps({k: _round(v) for k, v in row.items()}), flush=True)
     return 0
+
+
+COLUMNS = ["schedule", "speedup_vs_sync", "trained_tokens_per_s", "learner_idle_frac", "generator_bubble_frac",
+           "staleness_mean", "staleness_p95", "max_staleness", "tokens_wasted_frac", "episodes_dropped",
+           "episodes_aborted", "length_bias"]
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table (the columns BENCHMARKS.md shows)."""
+    cols = [c for c in COLUMNS if any(c in r for r in rows)]
+    if any("rollout_share_sync" in r for r in rows) and len({r.get("learn_s_per_token") for r in rows}) > 1:
+        cols = ["rollout_share_sync", *cols]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{_round(r[c]):.3g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                                     for c in cols) + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from taurl.errors import Error
 from taurl.sim.decoder import Decoder
+from taurl.sim.result import SimResult
 from taurl.sim.schedules import Schedule
 from taurl.sim.workload import EpisodePlan, Workload, draw_episode, top_share
 from taurl.train.staleness import nearest_rank
@@ -59,39 +60,6 @@ class _Ep:
             self.segs[-1][1] += tokens
         else:
             self.segs.append([self.cur_v, tokens])
-
-
-@dataclass(frozen=True)
-class SimResult:
-    schedule: str
-    kind: str
-    eta: int
-    interrupt: bool
-    overprovision: float
-    stale: str
-    updates: int
-    seed: int
-    sim_time_s: float
-    trained_tokens: int
-    trained_tokens_per_s: float
-    learner_idle_frac: float
-    generator_bubble_frac: float
-    generator_mean_batch: float  # time-averaged sequences decoding
-    staleness_mean: float
-    staleness_p95: float
-    max_staleness: float
-    tokens_wasted: int
-    tokens_wasted_frac: float  # of all tokens decoded
-    episodes_trained: int
-    episodes_dropped: int  # too stale at consumption (async)
-    episodes_aborted: int  # over-provisioned and not needed
-    length_bias: float
-    tail_time_share: float | None  # sync: share of a batch's generation time after 95% of it finished
-    top5_token_share: float  # share of generated tokens in the longest 5% of decided episodes
-    speedup_vs_sync: float | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
