@@ -155,3 +155,10 @@ def test_train_config_reports_importance_option_problems_together():
                               objective_options={"is_level": "seq", "is_cap": -1.0})
     problems = cfg.learner_config().problems()
     assert any("is_level" in p for p in problems) and any("is_cap must be > 0" in p for p in problems)
+
+
+@pytest.mark.parametrize("opts", [{}, {"is_level": "token", "is_mode": "truncate", "is_cap": 2.0},
+                                  {"is_level": "sequence", "is_mode": "mask", "is_floor": 0.5, "is_cap": 2},
+                                  {"is_level": "geometric", "is_cap": 1.5}])
+def test_the_documented_options_are_accepted(opts):
+    assert _decoupled(**opts).problems() == []
