@@ -90,6 +90,27 @@ def test_the_learner_drops_stale_groups_at_consumption_and_counts_them():
     assert r.episodes_dropped % w.group_size == 0  # whole groups (group-complete batches)
 
 
+@pytest.mark.parametrize("max_concurrent", [24, 512])
+def test_admission_follows_areals_capacity_rule(max_concurrent):
+    # capacity = min(max_concurrent − running, (η + v + 1)·B − (accepted + running)) before
+    # every group admitted (arXiv 2505.24298), with the slot limit binding (24) or not (512)
+    from taurl.sim.simulator import Simulation
+
+    seen = []
+
+    class Checked(Simulation):
+        def _start_group(self):
+            cap = min(self.w.max_concurrent - self.running,
+                      (self.s.eta + self._start_v() + 1) * self.B - (self.accepted + self.running))
+            seen.append(cap)
+            assert cap >= self.G
+            return super()._start_group()
+
+    w = dataclasses.replace(TAIL, max_concurrent=max_concurrent, learn_s_per_token=1e-4)
+    r = Checked(w, Schedule("async", eta=2, interrupt=True), updates=8).run()
+    assert len(seen) > r.updates and r.max_staleness <= 2
+
+
 def test_sync_is_on_policy_and_async_beats_it_on_a_long_tail():
     scheds = [Schedule("async", eta=4), Schedule("async", eta=4, interrupt=True)]
     rows = {r.schedule: r for r in compare(TAIL, [Schedule("sync"), *scheds], updates=8)}
