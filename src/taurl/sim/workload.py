@@ -18,10 +18,10 @@ Shape of an episode (all drawn independently):
 * prompt_tokens and obs_tokens per observation count for the learner's cost only.
 
 The target tail, stated in issue 11 from published systems, is "~5% of samples take ~80%
-of generation": `tail_shape` measures both readings of it on a batch — the share of the
-synchronous generation phase's wall time spent after 95% of its episodes finished
+of generation". The simulator measures both readings of it — the mean over batches of the
+share of a synchronous batch's generation time spent after 95% of its episodes finished
 (``tail_time_share``) and the share of generated tokens in the longest 5% of samples
-(``top5_token_share``), both in `SimResult` (`taurl.sim.simulator`). The defaults
+(``top5_token_share``), both fields of `taurl.sim.result.SimResult`. The defaults
 (median 300 tokens, σ = 1.6, budget 32768, 1–4 turns) give 64% and 46% over 30 batches
 of 8 × 8 (seed 0; tests/test_sim.py checks >= 60% and 30–60%): the token reading matches
 (~5% of rollouts hold ~30–50% of decode tokens for a log-normal), the time reading falls
