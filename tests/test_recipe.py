@@ -101,8 +101,10 @@ def test_metrics_and_report(mini):
     for key in ("rollout/reward_mean", "rollout/reward_std", "rollout/groups_same_reward", "rollout/success",
                 "rollout/search_rate", "rollout/invalid_rate", "rollout/truncation_rate", "rollout/turns_mean",
                 "rollout/tokens_mean", "learn/entropy", "learn/grad_norm", "time/rollout_s", "time/learn_s",
-                "run/reused_episodes", "rollout/failed_episodes", "mismatch/abs_mean", "mismatch/abs_max"):
+                "run/reused_episodes", "rollout/failed_episodes", "mismatch/abs_mean", "mismatch/abs_max",
+                "learn/staleness_mean", "learn/staleness_p95", "learn/staleness_max"):
         assert all(key in r for r in grpo), key
+    assert all(r["learn/staleness_max"] == 0 for r in grpo)  # the synchronous loop trains its own version
     # the learner recomputes what the engine sampled: the behaviour logprobs, to fp32 noise
     assert all(r["mismatch/abs_max"] < 1e-3 and r["mismatch/abs_mean"] < 1e-4 for r in grpo)
     assert all(r["mismatch/tokens"] > 0 for r in grpo)

@@ -249,7 +249,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
-        lstats = learner.update(batch)
+        lstats = learner.update(batch, version=version)
         t1 = time.perf_counter()
         version += 1
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,

@@ -14,8 +14,13 @@ The estimator and the objective are chosen by name (`taurl.credit.ESTIMATORS`,
 `taurl.train.objectives.OBJECTIVES`); this module only moves tensors between them.
 π_old is the behaviour policy recorded at sampling (``Trajectory.logprobs``): with a
 staleness bound η = 0 and one epoch it is the current policy, so the ratio starts at 1.
-The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour and recomputes
-the proximal policy.
+The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour μ and the
+proximal policy π_prox recomputed here once per batch (before the first epoch, with the
+current weights); its metrics per update: ``learn/is_bounded_frac`` (share of action
+tokens whose weight π_prox/μ was truncated or masked), ``learn/behaviour_kl`` (k3 estimate
+of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` / ``learn/is_weight_max_raw``. Every update
+also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour logprobs,
+`taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.train.staleness`).
 
 Logits come from the model's own forward (``model(...).logits``), never from its decoder
 and output layer called apart, so any HF causal LM works as it was built: GPT-2's
@@ -67,6 +72,7 @@ from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
+from taurl.train.staleness import staleness_stats
 from taurl.trajectory import Trajectory
 
 
@@ -256,6 +262,8 @@ def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int
 # ---------------------------------------------------------------------------------------
 # The learner
 
+_MAX_KEYS = ("_max", "_max_raw")  # metrics that are maxima, not means (ratio_max, is_weight_max_raw)
+
 
 @dataclass(frozen=True)
 class Assigned:
@@ -332,10 +340,18 @@ class Learner:
         """Restore the critic saved with `checkpoint_dir`; False if there is none to restore."""
         return self.critic is not None and self.critic.load(checkpoint_dir)
 
-    def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
-        """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics."""
+    def update(self, trajs: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
+        """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
+
+        version: the policy version being trained (the learner's), for the batch's staleness
+        (``learn/staleness_{mean,p95,max}``, `taurl.train.staleness`); None takes the newest
+        version in the batch, which is the learner's in the synchronous pipeline.
+        """
         t0 = time.perf_counter()
         cfg = self.config
+        if version is None:
+            version = max((v for t in trajs for v in t.policy_versions), default=0)
+        age = staleness_stats(trajs, version).as_stats()
         assigned = self.assign(trajs)
         if assigned is None:
             kept, adv, stats = [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
@@ -344,6 +360,7 @@ class Learner:
             # the critic learns from every valid row, filtered or not
             if self.critic is not None and assigned.credit.returns is not None and assigned.batch.values is not None:
                 stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
+        stats.update(age)
         stats["learn/rows"] = float(len(kept))
         if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
             stats.update(self._idle_metrics(drop_invalid(trajs)[0]))
@@ -387,8 +404,8 @@ class Learner:
                                                                norm_constant=self.norm_constant, denominator=denom)
                 loss.backward()
                 w = float(r.mask.sum()) / max(n_tok, 1.0)  # token-weighted mean of the metrics
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + w * v / cfg.epochs
+                for k, v in m.items():  # a maximum stays the maximum over micro-batches and epochs
+                    sums[k] = max(sums.get(k, v), v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + w * v / cfg.epochs
                 sums["learn/loss"] = sums.get("learn/loss", 0.0) + float(loss.detach()) / cfg.epochs
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()

@@ -45,17 +45,41 @@ IS_LEVELS = ("token", "sequence", "geometric")
 IS_MODES = ("truncate", "mask")
 
 
-def _check(level: str, mode: str, cap: float, floor: float) -> None:
+def is_options_problems(is_level: object = "token", is_mode: object = "truncate", is_cap: object = 2.0,
+                        is_floor: object = 0.0, **_: object) -> list[str]:
+    """Every problem with the importance-weight options (config input: types checked, nothing coerced).
+
+    >>> is_options_problems(is_level="geometrc", is_cap=0.5, is_floor=1.0)[0]
+    "objective_options.is_level: unknown 'geometrc'. Did you mean 'geometric'? One of: token, sequence, geometric"
+    """
     problems = []
-    if level not in IS_LEVELS:
-        problems.append(f"unknown is_level {level!r}.{did_you_mean(level, list(IS_LEVELS))} One of: {IS_LEVELS}")
-    if mode not in IS_MODES:
-        problems.append(f"unknown is_mode {mode!r}.{did_you_mean(mode, list(IS_MODES))} One of: {IS_MODES}")
-    if not cap > 0:
-        problems.append(f"is_cap must be > 0, got {cap!r}")
-    if not 0 <= floor < cap:
-        problems.append(f"is_floor must be in [0, is_cap), got {floor!r}")
-    if problems:
+    if not isinstance(is_level, str) or is_level not in IS_LEVELS:
+        hint = did_you_mean(is_level, list(IS_LEVELS)) if isinstance(is_level, str) else ""
+        problems.append(f"objective_options.is_level: unknown {is_level!r}.{hint} One of: {', '.join(IS_LEVELS)}")
+    if not isinstance(is_mode, str) or is_mode not in IS_MODES:
+        hint = did_you_mean(is_mode, list(IS_MODES)) if isinstance(is_mode, str) else ""
+        problems.append(f"objective_options.is_mode: unknown {is_mode!r}.{hint} One of: {', '.join(IS_MODES)}")
+    numbers = {}
+    for name, v in (("is_cap", is_cap), ("is_floor", is_floor)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            problems.append(f"objective_options.{name} must be a finite number, got {v!r}")
+        else:
+            numbers[name] = float(v)
+    cap, floor = numbers.get("is_cap"), numbers.get("is_floor")
+    if cap is not None and not cap > 0:
+        problems.append(f"objective_options.is_cap must be > 0 (the largest importance weight kept), got {is_cap!r}")
+    if floor is not None and floor < 0:
+        problems.append(f"objective_options.is_floor must be >= 0, got {is_floor!r}")
+    if cap is not None and floor is not None and cap > 0 and not floor < cap:
+        problems.append(f"objective_options.is_floor ({is_floor!r}) must be below is_cap ({is_cap!r})")
+    if floor and is_mode == "truncate":
+        problems.append("objective_options.is_floor only applies with is_mode: mask (truncation bounds "
+                        "the weight from above only); set is_mode: mask or drop is_floor")
+    return problems
+
+
+def _check(level: str, mode: str, cap: float, floor: float) -> None:
+    if problems := is_options_problems(is_level=level, is_mode=mode, is_cap=cap, is_floor=floor):
         raise ConfigError(problems)
 
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from taurl.credit.registry import check_config, lookup
+from taurl.errors import ConfigError
 from taurl.train.objectives.dpo import dpo_loss
 from taurl.train.objectives.gspo import gspo_loss
-from taurl.train.objectives.offpolicy import decoupled_ppo_loss
+from taurl.train.objectives.offpolicy import decoupled_ppo_loss, is_options_problems
 from taurl.train.objectives.ppo import dual_clip_ppo_loss, ppo_clip_loss
 from taurl.train.objectives.sft import sft_loss
 
@@ -36,13 +37,14 @@ class ObjectiveSpec:
     fn: Objective
     family: str
     positional: int
+    check: Callable[..., list[str]] | None = None  # problems with the option values, from the config
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "ppo": ObjectiveSpec(ppo_clip_loss, "policy_gradient", 4),
     "dual_clip_ppo": ObjectiveSpec(dual_clip_ppo_loss, "policy_gradient", 4),
     "gspo": ObjectiveSpec(gspo_loss, "policy_gradient", 4),
-    "decoupled_ppo": ObjectiveSpec(decoupled_ppo_loss, "policy_gradient", 4),
+    "decoupled_ppo": ObjectiveSpec(decoupled_ppo_loss, "policy_gradient", 4, is_options_problems),
     "sft": ObjectiveSpec(sft_loss, "sft", 2),
     "dpo": ObjectiveSpec(dpo_loss, "preference", 6),
 }
@@ -66,4 +68,6 @@ def make_objective(name: str, **config: Any) -> Objective:
     """`name`'s loss with its options bound, checked once, here (unknown keys -> ConfigError)."""
     spec = lookup(OBJECTIVES, name, "objective")
     check_config(spec.fn, config, f"objective {name!r}", positional=spec.positional)
+    if spec.check is not None and (problems := spec.check(**config)):
+        raise ConfigError(problems)
     return functools.partial(spec.fn, **config)
