@@ -118,10 +118,14 @@ def prepare_policy(r: Run) -> None:
                                      expert_options=cfg.expert_options, seed=cfg.seed)
         if cfg.tokenizer_texts:
             texts = texts[::max(1, len(texts) // cfg.tokenizer_texts)]
+        if cfg.agent and cfg.sft == "expert":  # the agent's action format (tool-call JSON) gets merges too
+            from taurl.proxy.demos import agent_tokenizer_texts
+
+            texts += agent_tokenizer_texts(cfg, r.plan.demos)
         log.info("building the default %s policy (tokenizer on %d training texts)", cfg.model_size, len(texts))
         with tempfile.TemporaryDirectory() as tmp:  # v0 is written once, whole, below
             model, tok = build_default_policy(texts, tmp, size=cfg.model_size, vocab_size=cfg.vocab_size,
-                                              seed=cfg.seed)
+                                              seed=cfg.seed, chat_template=cfg.chat_template)
         if hasattr(r.spec.policy_hooks, "warmup"):
             m = r.spec.policy_hooks.warmup(
                 model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr, grad_clip=cfg.grad_clip,
