@@ -7,7 +7,12 @@ from transformers import AutoTokenizer
 
 from taurl.config import TrainConfig
 from taurl.errors import ConfigError
-from taurl.policy.tokenizer import CHAT_TEMPLATE, CHAT_TEMPLATE_COMPACT, build_tokenizer, save_tokenizer
+from taurl.policy.tokenizer import (
+    CHAT_TEMPLATE,
+    CHAT_TEMPLATE_COMPACT,
+    build_tokenizer,
+    save_tokenizer,
+)
 from taurl.rollout import ChatCodec
 
 SEARCH = {"type": "function", "function": {

@@ -100,6 +100,9 @@ def test_a_refused_call_is_a_429_with_retry_after_and_records_nothing(tok):
         again = httpx.post(url, json={"messages": msgs}, timeout=30)
         assert again.status_code == 200 and ep.calls == 2
         assert len(ep.capture.chains) == 1  # the retried call still extends the same token stream
+        proxy.end("s")  # after the end: 409, and the SDK is told not to retry it
+        late = httpx.post(url, json={"messages": msgs}, timeout=30)
+        assert late.status_code == 409 and late.headers["x-should-retry"] == "false"
     # the first call of a standalone episode is asked as "episode", later ones as "call"
     assert [r.kind for _, r in admission.asked] == ["episode", "call", "call"]
 
@@ -137,3 +140,30 @@ def test_an_episode_never_admitted_fails_after_the_runner_s_patience(tok, monkey
     monkeypatch.setattr(runner, "ADMISSION_PATIENCE_S", 0.5)
     with pytest.raises(Error, match="not admitted within 0.5 s"):
         play(tok, Refuse(lambda r: True, 0.3, times=99), two_call_agent(max_retries=0))
+
+
+def retrying_agent(task: str, base_url: str, retriever_url: str) -> str:
+    return two_call_agent(max_retries=2)(task, base_url, retriever_url)
+
+
+def test_collect_counts_throttled_calls_and_admission_waits(tok, tmp_path):
+    from pathlib import Path
+
+    from taurl import envs
+    from taurl.ledger import Ledger
+    from taurl.proxy.collect import collect_agent
+    from taurl.rollout import RolloutConfig
+
+    tasks = generate_tasks("train", n=2, seed=5)
+    specs = [EpisodeSpec(f"a{i}", t, i, f"g{i}") for i, t in enumerate(tasks)]
+    refusals = {"a0": Refuse(lambda r: r.kind == "episode", 0.2), "a1": Refuse(lambda r: r.calls == 1, 0.3)}
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        trajs, stats = asyncio.run(collect_agent(
+            None, tok, lambda: envs.make("search-v0", top_k=1, max_doc_chars=80), specs,
+            agent={"callable": f"{Path(__file__)}:retrying_agent"}, config=RolloutConfig(max_action_tokens=16),
+            ledger=ledger, run_id="t", source="expert", admission=lambda r: refusals[r.episode_id](r),
+            engine_for=lambda s: ReplyEngine(tok, ["Paris", "<answer>France</answer>"])))
+        assert len(ledger) == 2
+    assert all(t.stop_reason is StopReason.ANSWERED for t in trajs)
+    assert stats["rollout/throttled_calls"] == 1 and stats["rollout/admission_waits"] == 1
+    assert stats["rollout/admission_wait_s"] == pytest.approx(0.2)
