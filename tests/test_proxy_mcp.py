@@ -155,3 +155,29 @@ def test_the_tools_config_is_checked_and_a_proxy_without_tools_has_no_endpoint(t
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{proxy.url}/rollouts/x/tools", timeout=10)
         assert e.value.code == 404
+
+
+def test_a_command_agent_gets_the_tools_url_in_its_environment(tok):
+    from taurl.proxy.runner import run_agent
+    from taurl.tools.specs import tool
+
+    def echo(text: str) -> str:
+        """Echo the text.
+
+        Args:
+            text: What to echo.
+        """
+        return text
+
+    script = ("import json, os, urllib.request as u; url = os.environ['TAURL_TOOLS_URL']; "
+              "names = [t['function']['name'] for t in json.load(u.urlopen(url))['tools']]; "
+              "r = u.Request(url + '/call', data=json.dumps({'id': 'c1', 'type': 'function', 'function': "
+              "{'name': 'echo', 'arguments': json.dumps({'text': 'hi'})}}).encode(), "
+              "headers={'Content-Type': 'application/json'}); "
+              "print(names[0], json.load(u.urlopen(r))['message']['content'])")
+    agent = AgentConfig(command=(sys.executable, "-c", script), timeout_s=30)
+    with ProxyServer(None, tok, tools=ProxyTools.from_specs([tool(echo)])) as proxy:
+        ep = proxy.open("c")
+        answer, error = asyncio.run(run_agent(agent, None, proxy, "c", "task"))
+        assert (answer, error) == ("echo hi", None)
+        assert [(r.tool, r.decision, r.status) for _, r in ep.receipts] == [("echo", "allowed", "ok")]
