@@ -299,12 +299,18 @@ def evaluate_both(r: Run, tag: str, version: int) -> dict[str, Any]:
 
 def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[str, Any]:
     path = r.run.root / "evals" / f"{tag}.json"
+    episodes_tag = tag
     if path.exists():
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
+        if stored.get("policy_version", version) == version:
+            return stored
+        # the run was extended (more updates) after this evaluation: the new version gets
+        # episodes of its own, never the old version's from the ledger
+        episodes_tag = f"{tag}-v{version}"
     t0 = time.perf_counter()
     result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
-                             ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress,
+                             ledger=r.ledger, run_id=r.run.root.name, tag=episodes_tag, progress=r.progress,
                              agent=r.cfg.agent)
     atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
