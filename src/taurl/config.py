@@ -114,6 +114,7 @@ class TrainConfig:
     model_size: str = "tiny"  # default policy preset: tiny (0.79M params + embeddings) | small (5.9M + embeddings)
     tokenizer_texts: int = 0  # train the default tokenizer on every n-th text to use about this many (0: all)
     vocab_size: int = 1024  # BPE vocabulary of the default policy's tokenizer
+    chat_template: str = "chatml"  # the default policy's chat template: chatml (Qwen2.5's Hermes tool preamble) | chatml-compact (tools as one-line signatures)
     warmup_options: dict[str, Any] = field(default_factory=dict)  # options of the env's pre-SFT warm-up hook (search-v0: steps, batch_size)
     max_turns: int = 3  # actions per episode
     max_action_tokens: int = 48  # sampled tokens per action
@@ -213,6 +214,8 @@ class TrainConfig:
             out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
+        if self.chat_template not in ("chatml", "chatml-compact"):
+            out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
         if self.engine not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine!r})")
         elif self.engine == "local" and (bad := sorted(set(self.engine_options) - {"prefix_cache_tokens"})):

@@ -118,10 +118,14 @@ def prepare_policy(r: Run) -> None:
                                      expert_options=cfg.expert_options, seed=cfg.seed)
         if cfg.tokenizer_texts:
             texts = texts[::max(1, len(texts) // cfg.tokenizer_texts)]
+        if cfg.agent and cfg.sft == "expert":  # the agent's action format (tool-call JSON) gets merges too
+            from taurl.proxy.demos import agent_tokenizer_texts
+
+            texts += agent_tokenizer_texts(cfg, r.plan.demos)
         log.info("building the default %s policy (tokenizer on %d training texts)", cfg.model_size, len(texts))
         with tempfile.TemporaryDirectory() as tmp:  # v0 is written once, whole, below
             model, tok = build_default_policy(texts, tmp, size=cfg.model_size, vocab_size=cfg.vocab_size,
-                                              seed=cfg.seed)
+                                              seed=cfg.seed, chat_template=cfg.chat_template)
         if hasattr(r.spec.policy_hooks, "warmup"):
             m = r.spec.policy_hooks.warmup(
                 model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr, grad_clip=cfg.grad_clip,
@@ -295,12 +299,18 @@ def evaluate_both(r: Run, tag: str, version: int) -> dict[str, Any]:
 
 def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[str, Any]:
     path = r.run.root / "evals" / f"{tag}.json"
+    episodes_tag = tag
     if path.exists():
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
+        if stored.get("policy_version", version) == version:
+            return stored
+        # the run was extended (more updates) after this evaluation: the new version gets
+        # episodes of its own, never the old version's from the ledger
+        episodes_tag = f"{tag}-v{version}"
     t0 = time.perf_counter()
     result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
-                             ledger=r.ledger, run_id=r.run.root.name, tag=tag, progress=r.progress,
+                             ledger=r.ledger, run_id=r.run.root.name, tag=episodes_tag, progress=r.progress,
                              agent=r.cfg.agent)
     atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})

@@ -319,9 +319,11 @@ def build_default_policy(
     size: str = "tiny",
     vocab_size: int = 4096,
     seed: int = 0,
+    chat_template: str = "chatml",
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerBase]:
-    """Train a tokenizer on `texts`, create a `size` policy, save both at `path` as version 0."""
-    tokenizer = build_tokenizer(texts, vocab_size)
+    """Train a tokenizer on `texts`, create a `size` policy, save both at `path` as version 0.
+    `chat_template`: chatml or chatml-compact (`taurl.policy.tokenizer.CHAT_TEMPLATES`)."""
+    tokenizer = build_tokenizer(texts, vocab_size, chat_template=chat_template)
     model = create_policy(tokenizer, size, seed)
     save_policy(model, tokenizer, path, {"policy_version": 0, "size": size, "seed": seed})
     return model, tokenizer

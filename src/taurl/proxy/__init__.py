@@ -5,7 +5,9 @@
 * `capture.EpisodeCapture`: token-exact capture of every call (append-only extension,
   new segment chains when the agent rewrites history);
 * `runner` / `collect`: the recipe's episodes run by a user's agent (``agent:`` config key);
-* `experts`: expert demonstrations in the wire format, served through the agent itself.
+* `experts`: expert demonstrations in the wire format, served through the agent itself;
+* `tools`: MCP servers' tools for the agent, each call through taurl's host gate;
+* `admission`: the protocol an async schedule plugs in to answer 429 + Retry-After.
 
 Needs the ``proxy`` extra: ``pip install 'taurl[proxy]'`` (starlette, uvicorn).
 """

@@ -38,9 +38,10 @@ from taurl.trajectory import Segment
 class ProxyError(Error):
     """A request the proxy cannot serve; `status` is the HTTP status it answers with."""
 
-    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error"):
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.headers = status, code, dict(headers or {})
 
 
 @dataclass

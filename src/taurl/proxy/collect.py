@@ -33,11 +33,13 @@ log = logging.getLogger("taurl.proxy")
 async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any], specs: Sequence[Any], *,
                         agent: dict[str, Any] | AgentConfig, config: Any, ledger: Ledger, run_id: str,
                         concurrency: int = 64, bar: Any = None, on_stored: Callable | None = None,
+                        admission: Any = None,
                         all_chains: bool = True, engine_for: Callable[[Any], Any] | None = None,
                         source: str = POLICY_SOURCE, verifier: Any = None
                         ) -> tuple[list[Trajectory], dict[str, float]]:
     """`taurl.episodes.collect` with `agent` acting (module docstring). engine_for(spec):
-    a per-episode engine (expert demonstrations), else `engine` serves every call."""
+    a per-episode engine (expert demonstrations), else `engine` serves every call.
+    admission: the async schedule's `taurl.proxy.admission.Admission` (None: admit all)."""
     agent = agent if isinstance(agent, AgentConfig) else AgentConfig.from_dict(agent)
     for name in ("httpx", "httpx2"):  # an in-process agent's HTTP client logs every call at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -52,8 +54,13 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
     reused = len(out)
     failed: list[str] = []
     sem = asyncio.Semaphore(concurrency)
+    tools = None
+    if agent.tools:  # MCP servers' tools, called by the agent through taurl's gate
+        from taurl.proxy.tools import ProxyTools
+
+        tools = ProxyTools.from_config(agent.tools)
     proxy = ProxyServer(engine, tokenizer, limits=proxy_limits(agent, config), retriever=retriever,
-                        max_doc_chars=getattr(env, "max_doc_chars", 400))
+                        max_doc_chars=getattr(env, "max_doc_chars", 400), tools=tools, admission=admission)
 
     async def one(s: Any) -> None:
         async with sem:
@@ -92,6 +99,10 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
              "rollout/chains_per_episode": sum(len(out[s.episode_id]) for s in specs if s.episode_id in out)
              / max(1, len(finals)),
              "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
+             "rollout/agent_tool_errors": float(sum(t.num_errors for t in finals)),
+             "rollout/throttled_calls": float(proxy.throttled),
+             "rollout/admission_waits": float(sum(t.metadata.get("admission_waits", 0) for t in finals)),
+             "rollout/admission_wait_s": float(sum(t.metadata.get("admission_wait_s", 0.0) for t in finals)),
              "time/agent_collect_s": time.perf_counter() - t0}
     if all_chains:
         return [t for s in specs if s.episode_id in out for t in out[s.episode_id]], stats

@@ -21,6 +21,27 @@ from taurl.proxy.experts import DEFAULT_EXPERTS, ReplyEngine
 from taurl.proxy.runner import AgentConfig, load_callable
 
 
+def expert_replies(cfg: Any, tasks: list) -> list[list[str]]:
+    """The expert's reply texts for demonstration `i` of `tasks`, drawn from ``Random(f"{seed}:{i}")``."""
+    agent = AgentConfig.from_dict(cfg.agent)
+    ref = agent.expert or DEFAULT_EXPERTS.get(cfg.env)
+    if not ref:
+        raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert to "
+                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or use sft: none")
+    expert = load_callable(ref)
+    return [expert(t, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options) for i, t in enumerate(tasks)]
+
+
+def agent_tokenizer_texts(cfg: Any, tasks: list) -> list[str]:
+    """The demonstrations' reply texts, for the default tokenizer: a tool call in JSON is the
+    agent's action format, and without merges for it one call costs ~40 tokens instead of ~15
+    (the env's own texts never contain it). Empty when the env has no wire-format expert."""
+    try:
+        return [text for replies in expert_replies(cfg, tasks) for text in replies]
+    except ConfigError:
+        return []
+
+
 def agent_demonstrations(r: Any) -> list:
     """Expert demonstrations of `r.plan.demos` through the run's agent (module docstring)."""
     from taurl.monitor.metrics import rollout_metrics
@@ -28,15 +49,9 @@ def agent_demonstrations(r: Any) -> list:
 
     cfg, t0 = r.cfg, time.perf_counter()
     agent = AgentConfig.from_dict(cfg.agent)
-    ref = agent.expert or DEFAULT_EXPERTS.get(cfg.env)
-    if not ref:
-        raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert to "
-                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or use sft: none")
-    expert = load_callable(ref)
     tok = load_tokenizer(r.run.checkpoint(0))
     specs = [EpisodeSpec(f"demo-{i}", t, cfg.seed + i, f"demo:{t.task_id}") for i, t in enumerate(r.plan.demos)]
-    replies = {s.episode_id: expert(s.task, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options)
-               for i, s in enumerate(specs)}
+    replies = dict(zip((s.episode_id for s in specs), expert_replies(cfg, r.plan.demos), strict=True))
     rollout = cfg.rollout_config()
     bar = r.bar(len(specs), "demos")
     trajs, stats = asyncio.run(collect_agent(

@@ -25,8 +25,9 @@ DEFAULT_EXPERTS = {"search-v0": "taurl.proxy.experts:search_tool_expert"}
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A Hermes tool call, exactly as the chat template renders one."""
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    """A Hermes tool call, exactly as the chat template renders one (transformers' `tojson`
+    keeps non-ASCII as is: "São Paulo", never "S\\u00e3o Paulo")."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
 
 
 def search_tool_expert(task: Task, rng: random.Random, **options: Any) -> list[str]:

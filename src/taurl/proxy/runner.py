@@ -5,14 +5,20 @@
       command: [python, examples/openai_agent.py]     # a command line
       timeout_s: 60                          # an agent that hangs is stopped here
       max_calls: 8                           # model calls per episode
+      tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate (`taurl.proxy.tools`)
 
 A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
-thread; a command runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``,
-``TAURL_TASK``, ``TAURL_RETRIEVER_URL`` and ``TAURL_EPISODE_ID`` in its environment and
-prints its answer on the last line of stdout. Either way the agent imports nothing from
+thread (plus ``tools_url=`` when it takes that argument and `tools` is set); a command
+runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``TAURL_TASK``,
+``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` (with `tools`) and ``TAURL_EPISODE_ID`` in
+its environment and prints its answer on the last line of stdout. Either way the agent imports nothing from
 taurl. What the proxy captured becomes the episode's trajectories (one per chain,
 `taurl.proxy.capture`), scored by ``POST /reward`` or else by the env's verifier reading
 the final answer; then the recipe's own credit, learner, ledger and evaluation take over.
+
+With an admission policy (`taurl.proxy.admission`), the runner asks it before starting
+the agent and waits what it says (at most `ADMISSION_PATIENCE_S` in all; an episode not
+admitted by then is not run and is counted in ``rollout/failed_episodes``).
 
 An agent that raises, exits non-zero or outlives `timeout_s` ends its episode truncated
 with stop reason ``error`` (an invalid sample; counted as ``rollout/agent_errors``); an
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import signal
@@ -36,12 +43,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from taurl.errors import ConfigError
+from taurl.errors import ConfigError, Error
 from taurl.proxy.capture import Call, Chain
 from taurl.proxy.server import ProxyEpisode, ProxyLimits, ProxyServer
 from taurl.trajectory import POLICY_SOURCE, Segment, StopReason, Trajectory, Turn
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ADMISSION_PATIENCE_S = 600.0  # the most the runner waits for an episode's admission
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class AgentConfig:
     max_calls: int = 8  # model calls per episode
     expert: str = ""  # "module:function": expert replies for SFT demos (default: the env's, see experts.py)
     name: str = field(default="", compare=False)
+    tools: dict[str, Any] = field(default_factory=dict, compare=False)  # `taurl.proxy.tools` (mcp_servers, allow, ...)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> AgentConfig:
@@ -63,7 +72,7 @@ class AgentConfig:
         cmd = tuple(cmd.split()) if isinstance(cmd, str) else tuple(cmd)
         return AgentConfig(d.get("callable", ""), cmd, float(d.get("timeout_s", 120.0)),
                            int(d.get("max_calls", 8)), d.get("expert", ""),
-                           d.get("callable") or " ".join(cmd))
+                           d.get("callable") or " ".join(cmd), dict(d.get("tools") or {}))
 
 
 def agent_problems(d: Any) -> list[str]:
@@ -71,7 +80,7 @@ def agent_problems(d: Any) -> list[str]:
     if not isinstance(d, dict):
         return ["agent must be a mapping with 'callable' or 'command' (README: Train your own agent)"]
     out = []
-    known = {"callable", "command", "timeout_s", "max_calls", "expert"}
+    known = {"callable", "command", "timeout_s", "max_calls", "expert", "tools"}
     if unknown := sorted(set(d) - known):
         out.append(f"agent: unknown key(s) {unknown}; known: {sorted(known)}")
     if bool(d.get("callable")) == bool(d.get("command")):
@@ -85,6 +94,10 @@ def agent_problems(d: Any) -> list[str]:
     m = d.get("max_calls", 1)
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         out.append(f"agent.max_calls must be an integer >= 1 (got {m!r})")
+    if "tools" in d:
+        from taurl.proxy.tools import tools_problems
+
+        out += tools_problems(d["tools"])
     return out
 
 
@@ -147,18 +160,29 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
     """(answer, error) of one agent run against the episode's base URL."""
     base = proxy.base_url(episode_id)
     retriever = f"{proxy.url}/rollouts/{episode_id}/retriever"
+    tools = f"{proxy.url}/rollouts/{episode_id}/tools" if proxy.tools is not None else None
     try:
         if fn is not None:
-            answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever)), agent.timeout_s)
+            kw = {"tools_url": tools} if tools and _takes(fn, "tools_url") else {}
+            answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
         else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
-                   "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id}
+                   "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id,
+                   **({"TAURL_TOOLS_URL": tools} if tools else {})}
             answer = await _run_command(agent.command, env, agent.timeout_s)
         return (None if answer is None else str(answer)), None
     except asyncio.TimeoutError:
         return None, f"agent timed out after {agent.timeout_s:g} s"
     except Exception as e:  # noqa: BLE001 — the agent's failure ends its episode, not the run
         return None, f"agent failed: {type(e).__name__}: {e}"
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,7 +196,7 @@ def final_answer(content: str | None) -> str:
     return (m[-1] if m else text).strip()
 
 
-def _turns(chain: Chain, receipts: list) -> list[Turn]:
+def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
     turns = []
     for j, call in enumerate(chain.calls):
         nxt: Call | None = chain.calls[j + 1] if j + 1 < len(chain.calls) else None
@@ -184,8 +208,9 @@ def _turns(chain: Chain, receipts: list) -> list[Turn]:
             action = {"kind": "invalid", "parse": call.parse}
         else:
             action = {"kind": "answer", "answer": final_answer(call.content)}
-        mine = [r for n, r in receipts if n == call.index + 1]
-        turns.append(Turn(index=j, action_text=call.text, action=action,
+        mine = [r for n, r in receipts if n == call.index + 1]  # the tools run after this call, before the next
+        errors = [e for n, e in tool_errors if n == call.index + 1]
+        turns.append(Turn(index=j, action_text=call.text, action=action, error="; ".join(errors) or None,
                           observation_text=chain.codec.decode(chain.segments[obs].token_ids) if obs is not None else "",
                           action_segment=call.action_segment, observation_segment=obs,
                           finish_reason=call.finish_reason, invalid=action["kind"] == "invalid",
@@ -200,13 +225,18 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
     chains = [c for c in ep.capture.chains if c.calls]
     if ep.engine_error and error is None:
         error = ep.engine_error
+    agent_error = error
+    if ep.gate_stop is not None:
+        error = None
     out = []
     for k, chain in enumerate(chains):
         last = k == len(chains) - 1
         segs = tuple(s if source == POLICY_SOURCE or s.kind != "action" else Segment(s.kind, s.token_ids)
                      for s in chain.segments)
-        turns = _turns(chain, ep.receipts)
-        if error:
+        turns = _turns(chain, ep.receipts, ep.tool_errors)
+        if ep.gate_stop is not None and last:  # the gate ended it; the agent's failure after that is expected
+            stop, terminated = StopReason(ep.gate_stop[0]), False
+        elif error:
             stop, terminated = StopReason.ERROR, False
         elif not last:
             stop, terminated = StopReason("history_rewritten"), False
@@ -224,6 +254,9 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
             terminated=terminated, truncated=not terminated, stop_reason=stop,
             timings={"wall_s": wall_s, "generate_s": sum(c.generate_s for c in chain.calls)},
             metadata={"answers": list(task.answers), "error": error, "agent": agent_name, "agent_answer": answer,
+                      "agent_error": agent_error, "gate_stop": ep.gate_stop[2] if ep.gate_stop else None,
+                      "throttled_calls": ep.throttled, "admission_waits": ep.admission_waits,
+                      "admission_wait_s": ep.admission_wait_s,
                       "chain": k, "chains": len(chains), "chain_started_by": chain.reason,
                       "chain_abandoned_by": reason, "malformed_calls": ep.capture.malformed_calls,
                       **{key: v for key, v in task.metadata.items() if key in ("family", "hops")}},
@@ -238,6 +271,8 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
         comps, version = {"outcome": 0.0}, getattr(verifier, "version", "none")
     else:
         comps, version = {"outcome": float(verifier(out[-1], task))}, verifier.version
+    if ep.gate_stop is not None and ep.reward is None:  # the host gate's penalty (a forbidden tool, a budget)
+        comps["constraint"] = ep.gate_stop[1]
     return [replace(t, reward=sum(comps.values()), reward_components=comps, verifier_version=version) for t in out]
 
 
@@ -246,14 +281,27 @@ async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable
                             engine: Any = None, source: str = POLICY_SOURCE) -> list[Trajectory]:
     """Open `spec`'s episode in the proxy, run the agent on its task, return its records."""
     t0 = time.perf_counter()
-    proxy.open(spec.episode_id, seed=spec.seed, engine=engine)
+    ep = proxy.open(spec.episode_id, seed=spec.seed, engine=engine)
     try:
+        await admitted(proxy, ep)
         answer, error = await run_agent(agent, fn, proxy, spec.episode_id, spec.task.prompt)
     finally:
         ep = proxy.pop(spec.episode_id)
     return episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id, env_name=env_name,
                            env_version=env_version, verifier=verifier, error=error, agent_name=agent.name,
                            answer=answer, source=source, wall_s=time.perf_counter() - t0)
+
+
+async def admitted(proxy: ProxyServer, ep: ProxyEpisode) -> None:
+    """Wait until the proxy's admission policy lets `ep` start (module docstring)."""
+    waited = 0.0
+    while (wait := proxy.admit(ep, ep.engine or proxy.engine)) is not None:
+        if waited + wait > ADMISSION_PATIENCE_S:
+            raise Error(f"episode {ep.episode_id!r} was not admitted within {ADMISSION_PATIENCE_S:g} s")
+        ep.admission_waits += 1
+        ep.admission_wait_s += wait
+        waited += wait
+        await asyncio.sleep(wait)
 
 
 def proxy_limits(agent: AgentConfig, rollout: Any) -> ProxyLimits:

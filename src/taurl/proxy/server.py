@@ -8,6 +8,9 @@ names its trajectory without any change to the agent):
     GET  /rollouts/{id}/v1/models             the served policy, as one model
     POST /rollouts/{id}/retriever/search      {"query", "k"}: the episode's retriever (a tool
                                               receipt is recorded for every search)
+    GET  /rollouts/{id}/tools                 the tools taurl runs for the agent (MCP servers'),
+    POST /rollouts/{id}/tools/call            and one OpenAI tool call through the host gate
+                                              (`taurl.proxy.tools`)
     POST /rollouts/{id}/reward                {"reward": float, "components": {...}}
     POST /rollouts/{id}/end                   the agent says the episode is over
     GET  /rollouts/{id}                       what was captured (chains, calls, status)
@@ -21,8 +24,10 @@ Streaming: the engine protocol returns a whole completion, so a streamed answer 
 as SSE chunks once the completion is sampled. Both forms are built from the same
 `Call` record, so streaming never changes what is captured.
 
-Not here yet: HTTP 429 with Retry-After for the async pipeline's staleness bound — that
-pipeline does not exist yet (the recipe is synchronous), so there is no bound to enforce.
+Admission (`taurl.proxy.admission`): with an `Admission` policy (the async schedule's
+staleness bound), a model call the policy refuses is answered 429 with ``Retry-After``
+and counted (`ProxyServer.throttled`); the agent's SDK retries it after that delay.
+Without one every call is admitted (the synchronous recipe needs none).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 from taurl.errors import Error
 from taurl.policy.engine import SamplingParams
+from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
 from taurl.trajectory import ToolReceipt
 
@@ -68,15 +74,26 @@ class ProxyEpisode:
     budget_hit: bool = False
     engine_error: str | None = None
     calls: int = 0
+    gate: Any = None  # the episode's host gate for `tools/call` (budgets per episode)
+    gate_stop: tuple[str, float, str] | None = None  # (stop reason, penalty, why): a refusal that truncated it
+    tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (calls so far, error): failed tool runs
+    admitted: bool = False  # the admission policy let the episode start (its first call, or the runner)
+    throttled: int = 0  # calls answered 429 (admission refused them)
+    admission_waits: int = 0  # times the runner waited before starting the agent
+    admission_wait_s: float = 0.0
 
 
 class ProxyServer:
     """The proxy in a background thread (uvicorn on its own event loop), on loopback."""
 
     def __init__(self, engine: Any, tokenizer: Any, *, limits: ProxyLimits | None = None,
-                 retriever: Any = None, max_doc_chars: int | None = 400, host: str = "127.0.0.1", port: int = 0):
+                 retriever: Any = None, max_doc_chars: int | None = 400, tools: Any = None,
+                 admission: Any = None, host: str = "127.0.0.1", port: int = 0):
         self.engine, self.tok, self.limits = engine, tokenizer, limits or ProxyLimits()
         self.retriever, self.max_doc_chars = retriever, max_doc_chars
+        self.tools = tools  # taurl.proxy.tools.ProxyTools, or None: no tools/ endpoints
+        self.admission = admission  # taurl.proxy.admission.Admission, or None: admit every call
+        self.throttled = 0  # 429s answered, over all episodes
         self.host, self.port = host, port
         self.episodes: dict[str, ProxyEpisode] = {}
         self.lock = threading.Lock()
@@ -156,7 +173,7 @@ class ProxyServer:
             ep = self.open(episode_id)
         if ep.status != "open":
             raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not recorded", 409,
-                             "episode_ended")
+                             "episode_ended", {"x-should-retry": "false"})  # the openai SDK retries 409s unless told
         return ep
 
     # -- the model call -------------------------------------------------------------
@@ -176,13 +193,30 @@ class ProxyServer:
                               stop=stop_strings, stop_token_ids=stop_ids,
                               seed=(ep.seed * 1_000_003 + ep.calls) % 2**31)
 
+    def admit(self, ep: ProxyEpisode, engine: Any) -> float | None:
+        """None when the admission policy admits `ep`'s next call, else the seconds to wait."""
+        if self.admission is None:
+            return None
+        kind = "call" if ep.admitted else "episode"
+        wait = checked_delay(self.admission(AdmissionRequest(ep.episode_id, kind, ep.calls,
+                                                             int(getattr(engine, "version", 0)))))
+        if wait is None:
+            ep.admitted = True
+        return wait
+
     async def call(self, episode_id: str, body: dict, chat: bool) -> Call:
         ep = self.episode(episode_id)
+        engine = ep.engine or self.engine
+        if (wait := self.admit(ep, engine)) is not None:
+            ep.throttled += 1
+            with self.lock:
+                self.throttled += 1
+            raise ProxyError(f"not admitted now (the pipeline's staleness bound); retry after {wait:.3g} s", 429,
+                             "staleness_bound", retry_after_headers(wait))
         if ep.calls >= self.limits.max_calls:
             ep.budget_hit = True
             raise ProxyError(f"episode {episode_id!r} used its {self.limits.max_calls} model calls", 400,
                              "budget_exceeded")
-        engine = ep.engine or self.engine
         tools = body.get("tools") or None
         if chat:
             chain, obs = ep.capture.chat_prompt(body.get("messages"), tools)
@@ -221,6 +255,28 @@ class ProxyServer:
         ep.receipts.append((ep.calls, ToolReceipt("search", {"query": query}, "allowed", "ok",
                                                   latency_s=time.perf_counter() - t0, output_chars=len(text))))
         return {"text": text, "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
+
+
+    async def tool_call(self, episode_id: str, body: dict) -> dict:
+        """One OpenAI tool call through the episode's gate (`taurl.proxy.tools`)."""
+        from taurl.proxy.tools import receipt_json
+
+        ep = self.episode(episode_id, create=False)
+        if self.tools is None:
+            raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
+        if ep.gate is None:
+            ep.gate = self.tools.new_gate()
+        gated = await self.tools.call(body, ep.gate)
+        out = gated.outcome
+        if out.receipt is not None:
+            ep.receipts.append((ep.calls, out.receipt))
+        if out.error:
+            ep.tool_errors.append((ep.calls, out.error))
+        d = out.decision
+        if d is not None and not d.allowed and d.truncate:
+            ep.gate_stop = (d.stop_reason, d.penalty, f"{d.rule}: {d.reason}")
+            self.end(episode_id)
+        return {"message": gated.message, "receipt": receipt_json(gated), "episode_ended": ep.gate_stop is not None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -273,7 +329,8 @@ def _build_app(proxy: ProxyServer) -> Any:
     from starlette.routing import Route
 
     def error(e: ProxyError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(e), "type": e.code, "code": e.code}}, status_code=e.status)
+        return JSONResponse({"error": {"message": str(e), "type": e.code, "code": e.code}}, status_code=e.status,
+                            headers=e.headers or None)
 
     async def read(request: Request) -> dict:
         try:
@@ -325,6 +382,21 @@ def _build_app(proxy: ProxyServer) -> Any:
         except ProxyError as e:
             return error(e)
 
+    async def tools(request: Request) -> Any:
+        try:
+            proxy.episode(request.path_params["episode_id"], create=False)
+            if proxy.tools is None:
+                raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
+        except ProxyError as e:
+            return error(e)
+        return JSONResponse({"tools": proxy.tools.declarations})
+
+    async def tool_call(request: Request) -> Any:
+        try:
+            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"], await read(request)))
+        except ProxyError as e:
+            return error(e)
+
     async def reward(request: Request) -> Any:
         try:
             ep = proxy.episode(request.path_params["episode_id"], create=False)
@@ -363,6 +435,8 @@ def _build_app(proxy: ProxyServer) -> Any:
         Route(p + "/v1/completions", complete, methods=["POST"]),
         Route(p + "/v1/models", models, methods=["GET"]),
         Route(p + "/retriever/search", search, methods=["POST"]),
+        Route(p + "/tools", tools, methods=["GET"]),
+        Route(p + "/tools/call", tool_call, methods=["POST"]),
         Route(p + "/reward", reward, methods=["POST"]),
         Route(p + "/end", end, methods=["POST"]),
         Route(p, show, methods=["GET"]),
