@@ -40,7 +40,13 @@ from taurl.monitor.alarms import Watch
 from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
 from taurl.policy.model import load_policy_meta
 from taurl.rollout import run_episode
-from taurl.schedule.admission import capacity, group_age, split_fresh, stale_token_keep, staleness_stats
+from taurl.schedule.admission import (
+    capacity,
+    group_age,
+    split_fresh,
+    stale_token_keep,
+    staleness_stats,
+)
 from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
 from taurl.trajectory import Trajectory
 
