@@ -246,8 +246,9 @@ def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_
     cfg_path.write_text(yaml.safe_dump(KILL_CFG))
     run_dir = tmp_path / "run"
     argv = ["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]
-    # SIGKILL inside the learner's second update (gradients computed, before AdamW.step)
-    assert run_cli(argv, kill_at="learner_step@step=2") == -9
+    # SIGKILL inside the learner's second update (gradients computed, before AdamW.step): the
+    # learner process dies there, and the run stops with the error that says to rerun it
+    assert run_cli(argv, kill_at="learner_step@step=2") not in (0, -9)
     run = RunDir(run_dir)
     assert run.versions()[-1] == 2  # the SFT policy (v1) and update 1 (v2); update 2 never finished
     with Ledger(run.ledger) as ledger:

@@ -44,10 +44,10 @@ from taurl.schedule.admission import (
     capacity,
     group_age,
     split_fresh,
-    stale_token_keep,
     staleness_stats,
 )
-from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
+from taurl.schedule.learner_proc import LearnerProcess
+from taurl.train.checkpoint import prune_checkpoints
 from taurl.trajectory import Trajectory
 
 log = logging.getLogger("taurl.schedule")
@@ -135,6 +135,8 @@ class AsyncSchedule:
         for g, ids in sorted(stored.items()):
             group = self._group(g)
             group.episodes = {e: self.r.ledger.get(e) for e in ids}
+            versions = [v for t in group.episodes.values() for v in t.policy_versions]
+            group.oldest = min(versions, default=None)
             self.counts["reused_episodes"] += len(ids)
             if group.done:
                 self.ready[g] = group
@@ -282,8 +284,9 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
-    if cfg.mask_stale:
-        learner.token_keep = stale_token_keep
+    # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
+    # `learner` of this process are not used here
+    proc = LearnerProcess(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())
     sched = AsyncSchedule(r, collector, version, seed)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
@@ -304,14 +307,10 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                             f"versions old (η = {cfg.staleness_eta})")
             in_flight = len(sched.running)
             r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
-            lstats = await asyncio.to_thread(learner.update, batch)
-            t1 = time.perf_counter()
-            version += 1
             meta = {k: list(v) for k, v in sched.done_ids.items()}
-            await asyncio.to_thread(save_checkpoint, r.run, version, model, tok, learner.optimizer, phase="rl",
-                                    update=update, write_extra=learner.save_state, async_groups=meta,
-                                    **r.checkpoint_meta())
-            drop_optimizer_state(r.run.checkpoint(version - 1))
+            t1 = time.perf_counter()
+            lstats = await proc.update(update, version, batch, meta)  # learns, writes checkpoint v+1
+            version += 1
             r.hook("checkpoint_saved", {"version": version})
             prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
             await sched.swap(r.run.checkpoint(version), version)
@@ -327,7 +326,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "run/reused_episodes": float(sched.counts["reused_episodes"] if update == first else 0),
                    "rollout/carried_groups": float(in_flight + len(sched.ready)),
                    "time/learner_idle_s": t_idle, "time/rollout_s": roll_s,
-                   "time/learn_s": lstats.get("learn/learn_s", 0.0), "time/checkpoint_s": time.perf_counter() - t1,
+                   "time/learn_s": lstats.get("learn/learn_s", 0.0),
+                   "time/checkpoint_s": time.perf_counter() - t1 - lstats.get("learn/learn_s", 0.0),
                    "time/update_s": time.perf_counter() - t0}
             fired = watch.observe(row)
             r.metrics.write(update, row)
@@ -344,6 +344,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                 r.save_state(rl_stopped_early=update)
                 break
     finally:
+        proc.close()
         left = await sched.close()
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
