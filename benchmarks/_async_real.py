@@ -40,7 +40,7 @@ def _config(args: Any, schedule: str, eta: int, policy: str) -> Any:
         # async: room for the η + 1 batches (+ k groups) the admission rule lets run at once
         concurrency=64 * (eta + 1) + 8 * args.overprovision if schedule == "async" else 64,
         schedule=schedule, staleness_eta=eta, overprovision=args.overprovision if schedule == "async" else 0,
-        interrupt=args.interrupt, objective="decoupled_ppo" if schedule == "async" else "ppo",
+        interrupt=args.interrupt, objective=args.async_objective if schedule == "async" else "ppo",
         seed=args.seed, alarms={"enabled": False}, torch_threads=1, keep_checkpoints=1)
 
 
@@ -74,13 +74,16 @@ def run_real(args: Any) -> list[dict[str, Any]]:
     register_latency_env()
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(args.keep or tmp)
         policy = root / "policy"
         shutil.copytree(args.policy, policy)  # the demo's run stays read-only
-        for schedule, eta in [("sync", 0)] + [("async", e) for e in args.etas]:
+        for schedule, eta in ([("sync", 0)] if not args.no_sync else []) + [("async", e) for e in args.etas]:
             row = _one(args, schedule, eta, str(policy), root)
             base = out[0]["trained_tokens_per_s"] if out else row["trained_tokens_per_s"]
+            if args.no_sync:
+                base = args.sync_tokens_per_s or float("nan")
             row["speedup_vs_sync"] = row["trained_tokens_per_s"] / base
+            row["objective"] = "ppo" if schedule == "sync" else args.async_objective
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
@@ -95,3 +98,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--overprovision", type=int, default=2, help="async: extra groups in flight")
     p.add_argument("--interrupt", default="finish", choices=["finish", "interrupt"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--async-objective", default="decoupled_ppo", help="the async runs' objective (sync: ppo)")
+    p.add_argument("--keep", default="", help="keep the run directories under this directory")
+    p.add_argument("--no-sync", action="store_true", help="skip the sync run (speedup against --sync-tokens-per-s)")
+    p.add_argument("--sync-tokens-per-s", type=float, default=0.0)

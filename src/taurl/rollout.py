@@ -23,6 +23,13 @@ as given (``"goal"``, ``"fell"``, …) with the env's terminated/truncated flag 
 that breaks this contract — a name that is not snake_case, or one of the loop's reasons
 with the other kind — gets a record too: truncated, ``"error"``, the violation in words.
 
+Partial rollouts (``RolloutConfig.resume_aborted``, the async schedule's ``interrupt:
+interrupt``): an action the engine aborts at a weight update is not ended; its ids stay
+(old version) and sampling goes on from them on the new weights, appended as a further
+action segment with the new version (`_Episode.append_piece`: one segment per version; the
+turn names the first, `taurl.credit.tokens` gives it the rest). The action's token budget
+counts every piece. A stop string split across the cut is not seen (stop ids are).
+
 Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.synth.ScriptedEngine`:
 ``"scripted"``, ``"expert"``) did not sample from a policy, so its actions are recorded
 without logprobs or version and the trajectory says ``source``. ``info["provenance"]``

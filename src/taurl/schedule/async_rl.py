@@ -287,6 +287,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here
     proc = LearnerProcess(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())
+    proc.start()  # its start-up overlaps the first batch's rollouts
     sched = AsyncSchedule(r, collector, version, seed)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)

@@ -51,6 +51,11 @@ class LearnerProcess:
                                      env=env)
         self.args = (cfg, str(run_root), version, v_sft, seed, meta)
         self.conn: Any = None
+        self.connecting: asyncio.Future | None = None  # `start()`: the child builds while producers run
+
+    def start(self) -> None:
+        """Connect and build the learner in the background (call inside the running loop)."""
+        self.connecting = asyncio.ensure_future(self._connect())
 
     async def _connect(self) -> None:
         accept = asyncio.ensure_future(asyncio.to_thread(self.listener.accept))
@@ -83,13 +88,18 @@ class LearnerProcess:
     async def update(self, update: int, version: int, batch: list[Any], async_groups: dict[str, list[int]]
                      ) -> dict[str, float]:
         """Train `batch` as update `update` and write checkpoint `version` + 1."""
-        if self.conn is None:
-            await self._connect()
+        if self.connecting is None:
+            self.start()
+        await self.connecting
         self.conn.send((update, version, batch, async_groups))
         return await asyncio.to_thread(self._recv)
 
     def close(self) -> None:
-        if self.conn is not None and self.proc.poll() is None:
+        if self.connecting is not None:
+            self.connecting.cancel()
+        if self.conn is None:  # never connected (the run ended first): nothing to finish
+            self.proc.kill()
+        elif self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.conn.send(None)
         try:
