@@ -49,7 +49,7 @@ def sim_rows(workload: Workload, schedules: list[Schedule], updates: int, seed: 
 
 
 def load_real(path: Path | None = None) -> Any:
-    """`run_real` from `path` (default `REAL`), or an Error saying the harness is not there."""
+    """The harness module at `path` (default `REAL`), or an Error saying it is not there."""
     path = path or REAL
     if not path.exists():
         raise Error(f"{path} does not exist in this checkout: --real needs the real async pipeline's harness "
@@ -61,7 +61,20 @@ def load_real(path: Path | None = None) -> Any:
     spec.loader.exec_module(module)
     if not callable(getattr(module, "run_real", None)):
         raise Error(f"{path} has no function run_real(args) -> list[dict]")
-    return module.run_real
+    return module
+
+
+def real_rows(module: Any, argv: list[str] | None, rest: list[str]) -> list[dict[str, Any]]:
+    """Run the harness: with its own options (``add_arguments``) parsed from `argv`, else
+    with the arguments this script does not know as ``args.rest``. It prints its rows as
+    each run ends (a run takes minutes), so they are not printed again here."""
+    if not hasattr(module, "add_arguments"):
+        return module.run_real(argparse.Namespace(rest=rest))
+    rp = argparse.ArgumentParser(prog="async.py --real")
+    rp.add_argument("--real", action="store_true")
+    module.add_arguments(rp)
+    rows = module.run_real(rp.parse_args(argv))
+    return [] if rows is None else rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     args.rest = rest
     try:
         if args.real:
-            rows = load_real()(args)
+            module = load_real()
+            rows = real_rows(module, argv if argv is not None else sys.argv[1:], rest)
+            if hasattr(module, "add_arguments"):
+                return 0  # printed by the harness as it went
         else:
             if rest:
                 p.error(f"unknown arguments for --sim: {' '.join(rest)}")

@@ -142,6 +142,11 @@ class TrainConfig:
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    schedule: str = "sync"  # sync (collect a batch, then learn) | async (rollouts run ahead of the learner, staleness <= staleness_eta; README: Async schedule)
+    staleness_eta: int = 1  # async: η, the most policy versions an episode trained on may lag the learner (0: on-policy)
+    overprovision: int = 0  # async: groups started beyond the staleness rule, so a batch takes the first complete ones (the rest carry or are aborted)
+    interrupt: str = "finish"  # async, at a weight update: finish (in-flight actions end on the old weights) | interrupt (they are cut and continue on the new ones)
+    mask_stale: bool = False  # async: leave the older versions' part of a partial rollout out of the loss
     alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (README: Health alarms): enabled, disable, stop_on, thresholds
     trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
     generate_timeout_s: float = 600.0  # an engine call longer than this ends its episode as an error (counted)
@@ -223,6 +228,7 @@ class TrainConfig:
                        "max_batch_size and seed come from concurrency and seed)")
         elif self.engine == "vllm" and self.temperature <= 0:
             out.append("engine: vllm trains at temperature > 0 (greedy behaviour logprobs are not a policy's)")
+        out += self.schedule_problems()
         from taurl.scale import backend_problems
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine)
@@ -272,6 +278,23 @@ class TrainConfig:
 
             out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
                                        {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
+        return out
+
+    def schedule_problems(self) -> list[str]:
+        """Problems with the schedule options (taurl.schedule)."""
+        out = []
+        if self.schedule not in ("sync", "async"):
+            out.append(f"schedule must be sync or async (got {self.schedule!r})")
+        if self.staleness_eta < 0 or self.overprovision < 0:
+            out.append(f"staleness_eta and overprovision must be >= 0 (got {self.staleness_eta}, {self.overprovision})")
+        if self.interrupt not in ("finish", "interrupt"):
+            out.append(f"interrupt must be finish or interrupt (got {self.interrupt!r})")
+        if self.schedule == "async" and (self.backend != "local" or self.agent):
+            out.append("schedule: async runs with backend: local and the built-in agent loop; drop backend/agent "
+                       "or use schedule: sync")
+        if self.schedule == "async" and self.concurrency < self.group_size:
+            out.append(f"schedule: async needs concurrency >= group_size (a group runs at once); got "
+                       f"{self.concurrency} < {self.group_size}")
         return out
 
     def monitor_problems(self) -> list[str]:

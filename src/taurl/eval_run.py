@@ -43,7 +43,7 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
     with tempfile.TemporaryDirectory() as tmp:  # a checkpoint outside a run keeps its episodes in a scratch ledger
         own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
         try:
-            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger or own,
+            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger if ledger is not None else own,
                                            run_id=run_id, concurrency=ecfg.concurrency, bar=bar,
                                            agent=agent, all_chains=False))
         finally:

@@ -228,8 +228,11 @@ def reinforce(r: Run) -> None:
         seed_rng(episode_seed(seed, "rl-rng"))
     chaos.on_optimizer_step(learner.optimizer)
     chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
+    loop = _rl_loop
+    if cfg.schedule == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.schedule)
+        from taurl.schedule.async_rl import async_rl_loop as loop
     try:
-        _rl_loop(r, model, tok, learner, collector, version, first, seed)
+        loop(r, model, tok, learner, collector, version, first, seed)
     finally:
         collector.close()
 

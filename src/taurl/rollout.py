@@ -23,6 +23,13 @@ as given (``"goal"``, ``"fell"``, …) with the env's terminated/truncated flag 
 that breaks this contract — a name that is not snake_case, or one of the loop's reasons
 with the other kind — gets a record too: truncated, ``"error"``, the violation in words.
 
+Partial rollouts (``RolloutConfig.resume_aborted``, the async schedule's ``interrupt:
+interrupt``): an action the engine aborts at a weight update is not ended; its ids stay
+(old version) and sampling goes on from them on the new weights, appended as a further
+action segment with the new version (`_Episode.append_piece`: one segment per version; the
+turn names the first, `taurl.credit.tokens` gives it the rest). The action's token budget
+counts every piece. A stop string split across the cut is not seen (stop ids are).
+
 Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.synth.ScriptedEngine`:
 ``"scripted"``, ``"expert"``) did not sample from a policy, so its actions are recorded
 without logprobs or version and the trajectory says ``source``. ``info["provenance"]``
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -69,6 +77,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
+    resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
 
 
 class ChatCodec:
@@ -126,6 +135,18 @@ class _Episode:
         self.text += text
         return len(self.segments) - 1, text
 
+    def append_piece(self, ids: list[int], logprobs, version) -> tuple[int, str]:
+        """Append one more piece of the current action: into the last segment when the same
+        version sampled it, else as a new action segment (one segment per version)."""
+        last = self.segments[-1]
+        if last.kind != "action" or last.policy_version != version:
+            return self.append("action", ids, logprobs, version)
+        text = self.codec.decode(ids)
+        self.segments[-1] = Segment("action", last.token_ids + tuple(ids), last.logprobs + tuple(logprobs), version)
+        self.ids.extend(ids)
+        self.text += text
+        return len(self.segments) - 1, text
+
     def add_to_assistant(self, text: str) -> None:
         if self.messages[-1]["role"] != "assistant":
             self.messages.append({"role": "assistant", "content": ""})
@@ -174,8 +195,24 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=budget,
                                   stop=stop_strings, stop_token_ids=stop_ids, seed=_derive_seed(seed, t))
         t0 = time.perf_counter()
+        pieces: list[tuple[int, str]] = []  # (segment, text) of an action split by version changes
         try:
             gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), config.generate_timeout_s)
+            # partial rollout: an action aborted by a weight update keeps its ids (old
+            # version) and goes on from them on the new weights, as a new action segment
+            # with the new version; the action's token budget counts both pieces
+            while config.resume_aborted and gen.finish_reason == "abort" and policy:
+                if gen.token_ids:
+                    pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version) if pieces
+                                  else ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version))
+                sampled += len(gen.token_ids)
+                budget -= len(gen.token_ids)
+                if budget < 1:  # the budget ran out at the cut: the action ended by length
+                    gen = dataclasses.replace(gen, token_ids=[], logprobs=[], finish_reason="length")
+                    break
+                sampling = dataclasses.replace(sampling, max_tokens=budget,
+                                               seed=_derive_seed(seed, t * 1000 + len(pieces) + 1))
+                gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), config.generate_timeout_s)
         except Error as e:
             stop, info = StopReason.ERROR, {"error": f"engine: {e}"}
             break
@@ -185,8 +222,12 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
             break
         gen_s += time.perf_counter() - t0
         sampled += len(gen.token_ids)
-        a_idx, action_text = ep.append("action", gen.token_ids, gen.logprobs if policy else None,
-                                       gen.policy_version if policy else None)
+        if pieces and gen.token_ids:
+            pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version))
+        elif not pieces:
+            pieces.append(ep.append("action", gen.token_ids, gen.logprobs if policy else None,
+                                    gen.policy_version if policy else None))
+        a_idx, action_text = pieces[0][0], "".join(text for _, text in pieces)
         # a sampled end-of-turn token belongs to the stream, not to the message content
         env_text = action_text
         if gen.finish_reason == "eos" and eos_text and action_text.endswith(eos_text):

@@ -1,9 +1,14 @@
 """From turns to tokens and back: where each turn's action tokens are in the token stream.
 
-Estimators give one advantage per turn; the loss needs one per token. Each turn owns exactly
+Estimators give one advantage per turn; the loss needs one per token. Each turn owns
 one action segment (`Turn.action_segment`), so the map token -> turn is fixed by the record:
 action tokens get their turn's advantage, every other token (prompt, observation,
 template, padding) gets 0 and is masked out of the loss anyway.
+
+A partial rollout (`RolloutConfig.resume_aborted`) splits one action where the policy
+version changed: the turn's `action_segment` is the first piece and the pieces that follow
+it directly (action segments no turn names, each of a newer version than the one before)
+continue the same action. Any other action segment no turn names is refused.
 """
 
 from __future__ import annotations
@@ -23,8 +28,25 @@ def turn_spans(traj: Trajectory) -> np.ndarray:
     reads V(s_t)).
     """
     starts = np.cumsum([0] + [len(s.token_ids) for s in traj.segments])
-    return np.array([[starts[t.action_segment], starts[t.action_segment + 1]] for t in traj.turns],
+    return np.array([[starts[t.action_segment], starts[_action_end(traj, t.action_segment)]] for t in traj.turns],
                     dtype=np.int64).reshape(-1, 2)
+
+
+def _action_end(traj: Trajectory, first: int) -> int:
+    """One past the last segment of the action that starts at segment `first` (its pieces)."""
+    owned = {t.action_segment for t in traj.turns}
+    end = first + 1
+    while end < len(traj.segments) and end not in owned and _continues(traj, end):
+        end += 1
+    return end
+
+
+def _continues(traj: Trajectory, i: int) -> bool:
+    """Segment `i` is a later piece of the action before it: an action right after an
+    action, sampled by a newer policy version (a partial rollout's split)."""
+    seg, prev = traj.segments[i], traj.segments[i - 1] if i > 0 else None
+    return (seg.kind == "action" and prev is not None and prev.kind == "action" and seg.policy_version is not None
+            and prev.policy_version is not None and seg.policy_version > prev.policy_version)
 
 
 def token_turn_index(traj: Trajectory) -> np.ndarray:
@@ -39,6 +61,8 @@ def token_turn_index(traj: Trajectory) -> np.ndarray:
         if seg.kind != "action":
             continue
         k = owner.get(i, -1)
+        if k < 0 and _continues(traj, i):  # a later piece of the same action
+            k = per_segment[i - 1]
         if k < 0 and seg.token_ids:
             raise ContractError("untracked_action", f"episode {traj.episode_id}: action segment {i} belongs to no "
                                 "turn; record a Turn for every model action")

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,8 +167,11 @@ class Rows:
 
 
 def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int,
-              device: torch.device | str | None = None) -> Rows:
-    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT)."""
+              device: torch.device | str | None = None,
+              token_keep: Callable[[Trajectory], Sequence[float]] | None = None) -> Rows:
+    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT).
+    token_keep(traj): per-token weights multiplied into the action mask (e.g. the async
+    schedule's ``mask_stale``: 0 on the older versions' part of a partial rollout)."""
     width = max(t.num_tokens for t in trajs)
     n = len(trajs)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -180,6 +183,8 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
         ids[i, :k] = torch.tensor(t.token_ids)
         attn[i, :k] = 1
         mask[i, :k] = torch.tensor(t.action_mask, dtype=torch.float32)
+        if token_keep is not None:
+            mask[i, :k] *= torch.tensor(token_keep(t), dtype=torch.float32)
         # an RL row forms a ratio: a record no policy sampled (a demonstration) has no
         # behaviour logprobs and is refused here (ContractError) instead of reading zeros
         beh[i, :k] = torch.tensor(t.behaviour_logprobs if advantages is not None else t.logprobs,
@@ -286,6 +291,8 @@ class Learner:
         self.model = model
         self.config = config
         self.pad_id = pad_id
+        # per-token loss weights on top of the action mask (`make_rows`); None: the mask alone
+        self.token_keep: Callable[[Trajectory], Sequence[float]] | None = None
         self.reference = reference if config.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.eval().requires_grad_(False)
@@ -368,7 +375,7 @@ class Learner:
             return stats
         chunks = micro_batches(kept, cfg.micro_batch_tokens)
         device = model_device(self.model)
-        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device) for c in chunks]
+        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
         denom = n_tok if cfg.aggregation == "token-mean" else float(len(kept))
         prox = None

@@ -1,0 +1,355 @@
+"""The asynchronous schedule (``schedule: async``): rollouts run ahead of the learner, staleness ≤ η.
+
+    producers (asyncio tasks on the engine, in this process):
+        while capacity(running, accepted, v) > 0:            # admission (taurl.schedule.admission)
+            start group g: G episodes of task rl[g], ids a<g>-<j>, seeds fixed by (seed, g, j)
+        every episode runs on whatever weights the engine serves, and is stored in the
+        ledger the moment it ends (one action segment per policy version)
+    learner:
+        for update u:
+            wait for B complete groups, oldest first         # group-complete batches
+            drop (and count) any group older than η            # the check at consumption
+            learner.update(batch) → checkpoint v+1 (it records the groups it consumed)
+            swap weights: finish (in-flight actions end on the old weights) |
+                          interrupt (pause "abort"; the actions go on on the new weights)
+            abort (and count) in-flight groups that can no longer be fresh
+
+Crash safety as in the sync loop: episode ids and seeds are fixed by the group index, every
+episode is in the ledger as it ends, and a checkpoint records the groups trained (and
+dropped, aborted) up to it. A restarted run takes every other stored complete group as
+ready, resumes partial groups with their missing ids only, and starts new groups after the
+highest index seen, so no stored episode is lost or stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from taurl import chaos
+from taurl.episodes import EpisodeError, EpisodeSpec, episode_seed, store_episode
+from taurl.errors import Error
+from taurl.monitor.alarms import Watch
+from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
+from taurl.policy.model import load_policy_meta
+from taurl.rollout import run_episode
+from taurl.schedule.admission import (
+    capacity,
+    group_age,
+    split_fresh,
+    staleness_stats,
+)
+from taurl.schedule.learner_proc import LearnerProcess
+from taurl.train.checkpoint import prune_checkpoints
+from taurl.trajectory import Trajectory
+
+log = logging.getLogger("taurl.schedule")
+EPISODE_ID = re.compile(r"^a(\d{5})-(\d{2})$")
+
+
+def episode_id(group: int, j: int) -> str:
+    return f"a{group:05d}-{j:02d}"
+
+
+class _Tap:
+    """The engine, as one episode sees it: records the oldest version that served it, so a
+    group that can no longer be fresh is known while it still runs."""
+
+    def __init__(self, engine: Any, group: _Group):
+        self._engine, self._group = engine, group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_ids: Any, sampling: Any) -> Any:
+        gen = await self._engine.generate(prompt_ids, sampling)
+        if gen.token_ids:
+            g = self._group
+            g.oldest = gen.policy_version if g.oldest is None else min(g.oldest, gen.policy_version)
+        return gen
+
+
+@dataclass
+class _Group:
+    index: int
+    specs: list[EpisodeSpec]
+    episodes: dict[str, Trajectory] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    oldest: int | None = None  # oldest policy version that sampled any of its tokens so far
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return len(self.episodes) + len(self.failed) >= len(self.specs)
+
+    def trajectories(self) -> list[Trajectory]:
+        return [self.episodes[s.episode_id] for s in self.specs if s.episode_id in self.episodes]
+
+
+class AsyncSchedule:
+    """Producers and the learner's batch intake of one RL phase (module docstring)."""
+
+    def __init__(self, r: Any, collector: Any, version: int, seed: int):
+        cfg = self.cfg = r.cfg
+        self.r, self.engine, self.seed = r, collector.engine, seed
+        self.tokenizer, self.make_env, self.run_id = collector.tokenizer, collector.make_env, collector.run_id
+        self.rollout = dataclasses.replace(collector.config, resume_aborted=cfg.interrupt == "interrupt")
+        self.version = version
+        self.v_sft = r.state["sft_version"]
+        self.B, self.G, self.eta = cfg.tasks_per_update, cfg.group_size, cfg.staleness_eta
+        self.max_groups = max(1, cfg.concurrency // cfg.group_size)
+        self.ready: dict[int, _Group] = {}
+        self.running: dict[int, _Group] = {}
+        self.done_ids: dict[str, list[int]] = {"consumed": [], "dropped": [], "aborted": []}
+        self.counts = {"dropped_groups": 0, "dropped_episodes": 0, "aborted_groups": 0, "failed_episodes": 0,
+                       "failed_groups": 0, "reused_episodes": 0}
+        self.accepted = 0  # groups finished and kept: trained, or ready to be
+        self.next_group = 0
+        self.changed = asyncio.Event()  # a group finished or was aborted, or the version changed
+        self.stopping = False
+        self.error: Error | None = None  # set when nothing usable can be produced
+        self._restore()
+
+    # -- restart ------------------------------------------------------------------------
+    def _restore(self) -> None:
+        """What the newest checkpoint recorded, and the stored episodes no batch took yet."""
+        meta = load_policy_meta(self.r.run.checkpoint(self.version)).get("async_groups", {})
+        for k in self.done_ids:
+            self.done_ids[k] = [int(i) for i in meta.get(k, [])]
+        closed = {i for v in self.done_ids.values() for i in v}
+        self.accepted = len(self.done_ids["consumed"])
+        stored: dict[int, list[str]] = {}
+        for eid in self.r.ledger.episode_ids():
+            if (m := EPISODE_ID.match(eid)) and (g := int(m.group(1))) not in closed:
+                stored.setdefault(g, []).append(eid)
+        self.next_group = max([*closed, *stored, -1]) + 1
+        for g, ids in sorted(stored.items()):
+            group = self._group(g)
+            group.episodes = {e: self.r.ledger.get(e) for e in ids}
+            versions = [v for t in group.episodes.values() for v in t.policy_versions]
+            group.oldest = min(versions, default=None)
+            self.counts["reused_episodes"] += len(ids)
+            if group.done:
+                self.ready[g] = group
+                self.accepted += 1
+            else:
+                self._launch(group)
+
+    # -- producers ----------------------------------------------------------------------
+    def _group(self, g: int) -> _Group:
+        tasks = self.r.plan.rl
+        task = tasks[g % len(tasks)]
+        specs = [EpisodeSpec(episode_id(g, j), task, episode_seed(self.seed, "rl-async", g, j), f"a{g:05d}:{task.task_id}")
+                 for j in range(self.G)]
+        return _Group(g, specs)
+
+    def _launch(self, group: _Group) -> None:
+        group.t_start = time.perf_counter()
+        self.running[group.index] = group
+        tap = _Tap(self.engine, group)
+        group.tasks = [asyncio.create_task(self._episode(group, s, tap)) for s in group.specs
+                       if s.episode_id not in group.episodes]
+
+    async def _episode(self, group: _Group, s: EpisodeSpec, tap: _Tap) -> None:
+        try:
+            traj = await run_episode(tap, self.make_env(), self.tokenizer, s.task, seed=s.seed, config=self.rollout,
+                                     group_id=s.group_id, run_id=self.run_id, episode_id=s.episode_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
+            group.failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
+        else:
+            on_stored = lambda event, t: self.r.hook(event, {"episode_id": t.episode_id})  # noqa: E731
+            if store_episode(traj, self.r.ledger, group.episodes, group.failed, on_stored):
+                chaos.point("episode_stored", f"episode_id={s.episode_id}")
+        if group.done and group.index in self.running:
+            self._finished(group)
+
+    def _finished(self, group: _Group) -> None:
+        del self.running[group.index]
+        group.t_end = time.perf_counter()
+        for why in group.failed:
+            log.warning("episode produced no record: %s", why)
+        self.counts["failed_episodes"] += len(group.failed)
+        if len(group.episodes) < 2:  # no group to compare within: nothing to train on
+            self.counts["failed_groups"] += 1
+            self.done_ids["dropped"].append(group.index)
+            if self.counts["failed_groups"] >= self.B and self.accepted == 0:
+                self.stopping = True
+                self.error = EpisodeError(f"{self.counts['failed_groups']} groups in a row produced no usable "
+                                          f"records; the first failure: {(group.failed or ['?'])[0]}. Fix the cause "
+                                          "and run the same command again (stored episodes are kept)")
+        else:
+            self.ready[group.index] = group
+            self.accepted += 1
+        self.changed.set()
+
+    def admit(self) -> int:
+        """Start as many new groups as `capacity` allows; returns how many."""
+        n = capacity(max_concurrent=self.max_groups, running=len(self.running), accepted=self.accepted,
+                     version=self.version - self.v_sft, eta=self.eta, batch=self.B, overprovision=self.cfg.overprovision)
+        for _ in range(n):
+            self._launch(self._group(self.next_group))
+            self.next_group += 1
+        return n
+
+    async def produce(self) -> None:
+        while not self.stopping:
+            self.admit()
+            await self.changed.wait()
+            self.changed.clear()
+            await asyncio.sleep(0)  # let the learner see the same change
+
+    def abort(self, group: _Group, why: str) -> None:
+        for t in group.tasks:
+            t.cancel()
+        self.running.pop(group.index, None)
+        self.done_ids["aborted"].append(group.index)
+        self.counts["aborted_groups"] += 1
+        log.debug("group %d aborted: %s", group.index, why)
+        self.changed.set()
+
+    # -- the learner's intake -------------------------------------------------------------
+    async def take(self) -> list[_Group]:
+        """The next B fresh complete groups, oldest first; stale ones dropped and counted."""
+        while True:
+            if self.error is not None:
+                raise self.error
+            order = sorted(self.ready)
+            _, stale = split_fresh([self.ready[g].trajectories() for g in order], self.version, self.eta)
+            for g in order:
+                if group_age(self.ready[g].trajectories(), self.version) > self.eta:
+                    group = self.ready.pop(g)
+                    self.accepted -= 1  # a dropped group frees its place (it was never trained)
+                    self.done_ids["dropped"].append(g)
+                    self.counts["dropped_groups"] += 1
+                    self.counts["dropped_episodes"] += len(group.episodes)
+            if stale:
+                self.changed.set()
+            if len(self.ready) >= self.B:
+                batch = [self.ready.pop(g) for g in sorted(self.ready)[:self.B]]
+                self.done_ids["consumed"].extend(g.index for g in batch)
+                return batch
+            await self.changed.wait()
+            self.changed.clear()
+            await asyncio.sleep(0)
+
+    def doom(self) -> None:
+        """Abort in-flight groups that some token already makes older than η (counted)."""
+        for g in list(self.running.values()):
+            if g.oldest is not None and self.version - g.oldest > self.eta:
+                self.abort(g, f"older than η={self.eta} at version {self.version}")
+
+    async def swap(self, checkpoint: Any, version: int) -> None:
+        """Serve `version`: in-flight actions finish on the old weights, or are cut and go on."""
+        if self.cfg.interrupt == "interrupt":
+            await self.engine.pause("abort")
+            try:
+                await self.engine.load_weights(checkpoint, version)
+            finally:
+                await self.engine.resume()
+        else:
+            await self.engine.load_weights(checkpoint, version)
+        self.version = version
+        self.doom()
+        self.changed.set()
+
+    async def close(self) -> int:
+        """Abort what still runs after the last update; returns how many groups that was."""
+        self.stopping = True
+        left = list(self.running.values())
+        for g in left:
+            self.abort(g, "the run ended")
+        await asyncio.gather(*(t for g in left for t in g.tasks), return_exceptions=True)
+        return len(left)
+
+
+def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
+                  seed: int) -> None:
+    """The RL phase of the recipe with ``schedule: async`` (module docstring)."""
+    if not hasattr(collector, "engine"):
+        raise Error("schedule: async runs with backend: local only")
+    asyncio.run(_loop(r, model, tok, learner, collector, version, first, seed))
+
+
+async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
+                seed: int) -> None:
+    cfg, v_sft = r.cfg, r.state["sft_version"]
+    # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
+    # `learner` of this process are not used here
+    proc = LearnerProcess(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())
+    proc.start()  # its start-up overlaps the first batch's rollouts
+    sched = AsyncSchedule(r, collector, version, seed)
+    bar = r.bar(cfg.updates, "rl", "update")
+    bar.update(first - 1)
+    # the staleness alarm checks the bound this run promises (unless alarms set their own)
+    watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read())
+    producer = asyncio.create_task(sched.produce())
+    t_start = time.perf_counter()
+    try:
+        for update in range(first, cfg.updates + 1):
+            t0 = time.perf_counter()
+            before = dict(sched.counts)
+            groups = await sched.take()
+            t_idle = time.perf_counter() - t0
+            batch = [t for g in groups for t in g.trajectories()]
+            stale = staleness_stats(batch, version)
+            if stale["rollout/staleness_max"] > cfg.staleness_eta:  # split_fresh makes this impossible
+                raise Error(f"update {update} would train on an episode {stale['rollout/staleness_max']:g} "
+                            f"versions old (η = {cfg.staleness_eta})")
+            in_flight = len(sched.running)
+            r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
+            meta = {k: list(v) for k, v in sched.done_ids.items()}
+            t1 = time.perf_counter()
+            lstats = await proc.update(update, version, batch, meta)  # learns, writes checkpoint v+1
+            version += 1
+            r.hook("checkpoint_saved", {"version": version})
+            prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
+            await sched.swap(r.run.checkpoint(version), version)
+            delta = {k: sched.counts[k] - before[k] for k in before}
+            roll_s = max(g.t_end for g in groups) - min(g.t_start for g in groups)
+            row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, roll_s),
+                   **lstats, "rollout/groups_same_reward": same_reward_share(batch), **stale,
+                   "rollout/trained_action_tokens": float(sum(t.num_action_tokens for t in batch)),
+                   "rollout/dropped_stale_groups": float(delta["dropped_groups"]),
+                   "rollout/dropped_stale_episodes": float(delta["dropped_episodes"]),
+                   "rollout/aborted_groups": float(delta["aborted_groups"]),
+                   "rollout/failed_episodes": float(delta["failed_episodes"]),
+                   "run/reused_episodes": float(sched.counts["reused_episodes"] if update == first else 0),
+                   "rollout/carried_groups": float(in_flight + len(sched.ready)),
+                   "time/learner_idle_s": t_idle, "time/rollout_s": roll_s,
+                   "time/learn_s": lstats.get("learn/learn_s", 0.0),
+                   "time/checkpoint_s": time.perf_counter() - t1 - lstats.get("learn/learn_s", 0.0),
+                   "time/update_s": time.perf_counter() - t0}
+            fired = watch.observe(row)
+            r.metrics.write(update, row)
+            bar.update(1)
+            tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
+            r.hook("update_done", {"update": update, "version": version})
+            r.phase_done("rl", time.perf_counter() - t0)
+            if (stop := watch.stops(fired)) and update < cfg.updates:
+                log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
+                            ", ".join(stop))
+                r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
+                break
+            if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
+                r.save_state(rl_stopped_early=update)
+                break
+    finally:
+        proc.close()
+        left = await sched.close()
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        bar.close()
+    if left:
+        log.info("async schedule: %d group(s) still running at the end were aborted (their stored episodes "
+                 "stay in the ledger)", left)

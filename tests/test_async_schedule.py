@@ -1,0 +1,285 @@
+"""The async schedule (`taurl.schedule`): admission rule, staleness ≤ η under adversarial
+timing, partial rollouts split by version, and a SIGKILLed async run that loses nothing.
+
+The staleness tests drive `AsyncSchedule` itself with a real `LocalEngine` (a tiny policy),
+the real search env behind `ToolLatency` (heavy-tailed random waits on every tool call),
+a real ledger and real weight swaps from a checkpoint; the learner is a random sleep (a
+slow learner against fast producers: the timing is the adversary, the gradient step is not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import functools
+import json
+import random
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from taurl import envs
+from taurl.config import TrainConfig
+from taurl.credit.tokens import token_turn_index, turn_spans
+from taurl.envs.search import generate_tasks
+from taurl.ledger import Ledger
+from taurl.policy.engine import LocalEngine
+from taurl.policy.model import build_default_policy, save_policy
+from taurl.rollout import RolloutConfig, run_episode
+from taurl.runs import RunDir
+from taurl.schedule.admission import capacity, episode_age, stale_token_keep, staleness_stats
+from taurl.schedule.async_rl import AsyncSchedule
+from taurl.schedule.latency import ToolLatency
+from taurl.trajectory import validate_trajectory
+
+# --------------------------------------------------------------------------------------
+# the admission rule
+
+
+def test_capacity_formula_by_hand():
+    # min(64 − 3, (1 + 0 + 1)·4 − (5 + 3)) = min(61, 0) = 0: two batches are already started
+    assert capacity(max_concurrent=64, running=3, accepted=5, version=0, eta=1, batch=4) == 0
+    # one update later the window moves by B = 4: min(61, 12 − 8) = 4
+    assert capacity(max_concurrent=64, running=3, accepted=5, version=1, eta=1, batch=4) == 4
+    # the concurrency limit binds: min(5 − 3, (4 + 2 + 1)·4 − 3) = 2
+    assert capacity(max_concurrent=5, running=3, accepted=0, version=2, eta=4, batch=4) == 2
+    # η = 0 is the synchronous window: exactly one batch, plus k = 2 over-provisioned
+    assert capacity(max_concurrent=99, running=0, accepted=0, version=0, eta=0, batch=4, overprovision=2) == 6
+    assert capacity(max_concurrent=99, running=7, accepted=0, version=0, eta=0, batch=4) == 0  # never negative
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 4])
+def test_admission_never_starts_more_than_eta_plus_one_batches_ahead(eta):
+    """A random interleaving of starts, completions, drops and updates: after every admission
+    started ≤ (η + v + 1)·B + k and running ≤ max_concurrent (the docstring's guarantee)."""
+    rng = random.Random(eta)
+    B, k, max_c = 4, 1, 9
+    running = accepted = consumed = v = 0
+    for _ in range(3000):
+        n = capacity(max_concurrent=max_c, running=running, accepted=accepted, version=v, eta=eta, batch=B,
+                     overprovision=k)
+        running += n
+        assert running <= max_c
+        assert accepted + running <= (eta + v + 1) * B + k
+        event = rng.random()
+        if event < 0.5 and running:  # a group finishes (kept) ...
+            running -= 1
+            accepted += 1
+        elif event < 0.6 and running:  # ... or is aborted (frees its place)
+            running -= 1
+        elif event < 0.65 and accepted > consumed:  # a ready group is dropped as stale
+            accepted -= 1
+        elif accepted - consumed >= B:  # the learner takes a batch: one more version
+            consumed += B
+            v += 1
+    assert v > 10  # the walk really went through many updates
+
+
+# --------------------------------------------------------------------------------------
+# staleness <= eta under adversarial timing
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tasks = generate_tasks("train", n=40, seed=0)
+    env = envs.make("search-v0")
+    path = tmp_path_factory.mktemp("policy")
+    model, tok = build_default_policy([t.prompt for t in tasks] + [env.system_prompt] * 5, path / "tmp",
+                                      size="tiny", seed=0)
+    save_policy(model, tok, path / "v", {"policy_version": 0})
+    return SimpleNamespace(tasks=tasks, model=model, tok=tok, ckpt=path / "v")
+
+
+def _schedule(tiny, tmp_path, eta: int, interrupt: str, overprovision: int, B: int = 2, G: int = 2):
+    cfg = TrainConfig(tasks_per_update=B, group_size=G, concurrency=16, staleness_eta=eta, interrupt=interrupt,
+                      overprovision=overprovision, schedule="async")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    r = SimpleNamespace(cfg=cfg, state={"sft_version": 1}, run=RunDir.create(tmp_path / "run"), ledger=ledger,
+                        plan=SimpleNamespace(rl=tiny.tasks), hook=lambda e, i: None)
+    engine = LocalEngine(tiny.model, tiny.tok, version=1, max_batch_size=16, seed=0)
+
+    def make_env():  # heavy-tailed tool waits: mean 30 ms, up to 0.6 s
+        return ToolLatency(envs.make("search-v0", max_turns=3), mean_s=0.03, sigma=1.5, max_s=0.6)
+
+    collector = SimpleNamespace(engine=engine, tokenizer=tiny.tok, make_env=make_env, run_id="t",
+                                config=RolloutConfig(max_turns=3, max_action_tokens=16, max_episode_tokens=48))
+    return AsyncSchedule(r, collector, version=1, seed=0), ledger
+
+
+async def _drive(sched: AsyncSchedule, ckpt: Path, updates: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    producer = asyncio.create_task(sched.produce())
+    rows = []
+    try:
+        for _ in range(updates):
+            groups = await sched.take()
+            batch = [t for g in groups for t in g.trajectories()]
+            rows.append({**staleness_stats(batch, sched.version), "groups": len(groups),
+                         "complete": all(len(g.trajectories()) == len(g.specs) for g in groups),
+                         "window": sched.accepted + len(sched.running) - (sched.version - 1) * sched.B,
+                         "ages": [episode_age(t, sched.version) for t in batch]})
+            await asyncio.sleep(rng.choice([0.0, 0.05, 0.3]))  # the slow learner
+            await sched.swap(ckpt, sched.version + 1)
+    finally:
+        await sched.close()
+        producer.cancel()
+    return rows
+
+
+@pytest.mark.parametrize("eta,interrupt", [(0, "finish"), (1, "interrupt"), (2, "finish")])
+def test_max_staleness_never_exceeds_eta_under_adversarial_timing(tiny, tmp_path, eta, interrupt):
+    sched, ledger = _schedule(tiny, tmp_path, eta, interrupt, overprovision=1)
+    with ledger:
+        rows = asyncio.run(_drive(sched, tiny.ckpt, updates=6, seed=eta))
+        assert len(rows) == 6
+        for row in rows:
+            assert row["rollout/staleness_max"] <= eta
+            assert max(row["ages"]) <= eta
+            assert row["groups"] == 2 and row["complete"]  # group-complete batches of B groups
+            assert row["window"] <= (eta + 1) * 2 + 1  # admission: at most η + 1 batches (+ k) ahead
+        if eta > 0:  # the producers really ran ahead: some batch was trained off-policy
+            assert max(r["rollout/staleness_max"] for r in rows) >= 1
+        # every stored episode is trained, dropped, aborted or still ready/unfinished: counted
+        trained = {g for g in sched.done_ids["consumed"]}
+        assert len(trained) == len(sched.done_ids["consumed"]) == 12  # no group trained twice
+        assert not ledger.rejections()
+
+
+# --------------------------------------------------------------------------------------
+# partial rollouts
+
+
+def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_path):
+    """pause("abort") mid-action, new weights loaded, resume: the action goes on from its
+    cut ids on version 8, as a second action segment; one turn owns both; the ledger
+    accepts it; the budget counts both pieces; mask_stale keeps only the new part."""
+    tasks, tok = tiny.tasks, tiny.tok
+    model = copy.deepcopy(tiny.model)
+    env = envs.make("search-v0")
+    env.stop = ()  # no stop string: the action ends by its budget, EOS or the abort
+    reached, release = threading.Event(), threading.Event()
+    calls = {"n": 0}
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def gated(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the second decode step: two tokens are already sampled
+            reached.set()
+            release.wait(30)
+        return forward(*args, **kwargs)
+
+    model.forward = gated
+    engine = LocalEngine(model, tok, version=7, seed=0)
+    new_state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+                 for k, v in model.state_dict().items()}
+    config = RolloutConfig(temperature=1.0, max_action_tokens=12, max_turns=1, resume_aborted=True)
+
+    async def main():
+        episode = asyncio.create_task(run_episode(engine, env, tok, tasks[0], seed=1, config=config,
+                                                  episode_id="e1", group_id="g"))
+        await asyncio.to_thread(reached.wait, 30)
+        pausing = asyncio.create_task(engine.pause("abort"))
+        while not engine._abort:
+            await asyncio.sleep(0.001)
+        release.set()
+        await pausing
+        await engine.update_weights(new_state, 8)
+        await engine.resume()
+        return await episode
+
+    tr = asyncio.run(main())
+    validate_trajectory(tr)
+    actions = [s for s in tr.segments if s.kind == "action"]
+    assert [s.policy_version for s in actions] == [7, 8]
+    assert len(actions[0].token_ids) == 3  # the cut ids (the gated step still samples its token), old version
+    assert len(tr.turns) == 1 and tr.turns[0].action_segment == 1
+    assert sum(len(s.token_ids) for s in actions) <= 12  # the resumed action's budget counted both pieces
+    assert tr.policy_versions == [7, 8] and episode_age(tr, 8) == 1
+    # both pieces belong to the one turn: its span covers them, every action token is owned
+    owner = token_turn_index(tr)
+    n = sum(len(s.token_ids) for s in actions)
+    assert (owner >= 0).sum() == n and set(owner[owner >= 0].tolist()) == {0}
+    (start, end), = turn_spans(tr).tolist()
+    assert end - start == n
+    # the text the env saw and the stream agree (token-exact, nothing re-encoded)
+    assert tr.turns[0].action_text == tok.decode(list(actions[0].token_ids) + list(actions[1].token_ids),
+                                                 skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        assert not ledger.append_many([tr]).rejected
+        assert ledger.get("e1").to_dict() == tr.to_dict()
+    # mask_stale: only version 8's tokens stay in the loss
+    keep = stale_token_keep(tr)
+    versions = tr.token_versions
+    assert [k for k, v in zip(keep, versions, strict=True) if v >= 0] == [0.0] * 3 + [1.0] * (n - 3)
+    # the second piece's logprobs are version 8's (the new weights), recomputed here
+    from taurl.policy.logprobs import sequence_logprobs
+
+    model.forward = forward
+    model.load_state_dict(new_state)
+    lp = sequence_logprobs(model.eval(), tr.token_ids, temperature=1.0)
+    start2 = sum(len(s.token_ids) for s in tr.segments[:2])
+    assert torch.allclose(lp[start2:start2 + n - 3], torch.tensor(actions[1].logprobs), atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------
+# crash safety: SIGKILL mid-update, restart, nothing lost or stored twice
+
+TASKS = Path(__file__).parent / "fixtures" / "chaos_tasks.jsonl"
+KILL_CFG = dict(tasks=str(TASKS), demos=16, sft_batch_size=16, sft_epochs=1, updates=4, tasks_per_update=2,
+                group_size=3, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
+                warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=12,
+                schedule="async", staleness_eta=1, overprovision=1, drop_zero_variance=False)
+
+
+@pytest.mark.timeout(600)
+def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_path):
+    import yaml
+
+    from taurl.chaos import run_cli
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(KILL_CFG))
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]
+    # SIGKILL inside the learner's second update (gradients computed, before AdamW.step): the
+    # learner process dies there, and the run stops with the error that says to rerun it
+    assert run_cli(argv, kill_at="learner_step@step=2") not in (0, -9)
+    run = RunDir(run_dir)
+    assert run.versions()[-1] == 2  # the SFT policy (v1) and update 1 (v2); update 2 never finished
+    with Ledger(run.ledger) as ledger:
+        before = {e: ledger.get(e).to_dict() for e in ledger.episode_ids() if e.startswith("a")}
+    meta = json.loads((run.checkpoint(2) / "taurl.json").read_text())["async_groups"]
+    groups_before = {int(e[1:6]) for e in before}
+    untrained = groups_before - set(meta["consumed"]) - set(meta["dropped"]) - set(meta["aborted"])
+    assert len(meta["consumed"]) == 2 and untrained  # a batch was in the learner, more were stored
+
+    assert run_cli(argv) == 0
+    with Ledger(run.ledger) as ledger:
+        assert not ledger.rejections()  # no episode was offered twice
+        ids = [e for e in ledger.episode_ids() if e.startswith("a")]
+        assert len(ids) == len(set(ids)) == ledger.count() - sum(not e.startswith("a") for e in ledger.episode_ids())
+        for e, d in before.items():  # what was stored before the kill is there, unchanged
+            assert ledger.get(e).to_dict() == d
+    final = json.loads((run.checkpoint(run.versions()[-1]) / "taurl.json").read_text())
+    assert final["update"] == 4
+    done = final["async_groups"]
+    assert len(done["consumed"]) == len(set(done["consumed"])) == 4 * 2  # each group trained at most once
+    # every group stored before the kill and not yet trained was trained or dropped (counted) after it
+    assert untrained <= set(done["consumed"]) | set(done["dropped"]) | set(done["aborted"])
+    rows = [json.loads(x) for x in run.metrics.read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert [r["update"] for r in rl] == [1, 2, 3, 4]
+    assert all(r["rollout/staleness_max"] <= 1 for r in rl)
+    assert rl[1]["run/reused_episodes"] > 0  # the restart took the stored episodes, not new ones
+
+
+def test_config_problems_name_the_async_options():
+    bad = dataclasses.replace(TrainConfig(), schedule="later", staleness_eta=-1, interrupt="never")
+    text = " ".join(bad.schedule_problems())
+    assert "schedule must be sync or async" in text and "staleness_eta" in text and "interrupt must be" in text
+    assert not TrainConfig(schedule="async").schedule_problems()
