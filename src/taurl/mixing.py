@@ -45,11 +45,11 @@ class BatchMix:
               v_sft: int) -> BatchMix:
         cur = Curriculum(curriculum_config(cfg.curriculum), pool, seed) if cfg.curriculum else None
         rep = ReplayBuffer(ReplayConfig(**cfg.replay), seed) if cfg.replay else None
-        if (cur or rep) and first > 1:
+        if (cur is not None or rep is not None) and first > 1:
             for update, trajs in rl_history(ledger, run_id, first).items():
-                if cur:
+                if cur is not None:
                     cur.observe(trajs)
-                if rep:
+                if rep is not None:  # (an empty buffer is falsy: it has a length)
                     rep.rebuild([(v_sft + update - 1, trajs)])
         return cls(cur, rep)
 
