@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from taurl.credit.batch import TurnBatch
 from taurl.credit import prm as prm_math  # by module: the mutation check patches its function
+from taurl.credit.batch import TurnBatch
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.prm import ImplicitPRM, PRMConfig

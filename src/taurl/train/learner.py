@@ -361,6 +361,7 @@ class Learner:
             stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
             return stats
         chunks = micro_batches(kept, cfg.micro_batch_tokens)
+        newest = max((v for t in kept for v in t.policy_versions), default=0)  # the fresh rows' version
         device = model_device(self.model)
         rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
@@ -380,9 +381,11 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(rows):
                 lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
-                if epoch == 0:
-                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask, clip_low=cfg.eps_low,
-                                                  clip_high=cfg.eps_high))
+                if epoch == 0:  # on-policy rows only: a replayed row (older version) differs by design
+                    fresh = torch.tensor([max(kept[i].policy_versions, default=newest) == newest for i in chunks[j]],
+                                         dtype=r.mask.dtype, device=r.mask.device)
+                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask * fresh[:, None],
+                                                  clip_low=cfg.eps_low, clip_high=cfg.eps_high))
                 old = prox[j] if prox is not None else r.behaviour
                 extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
                 loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
