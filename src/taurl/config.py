@@ -281,7 +281,8 @@ class TrainConfig:
         from taurl.replay import replay_problems
         from taurl.train.prm import step_scorer_problems
 
-        return (step_scorer_problems(self.step_scorer, self.step_scorer_options) + replay_problems(self.replay)
+        return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
+                + replay_problems(self.replay)
                 + curriculum_problems(self.curriculum))
 
     def monitor_problems(self) -> list[str]:

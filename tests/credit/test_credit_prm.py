@@ -63,3 +63,6 @@ def test_step_scorer_config_problems_are_reported_before_work():
     assert "drop them" in step_scorer_problems("none", {"weight": 1.0})[0]
     assert "unknown option" in step_scorer_problems("implicit_prm", {"wieght": 1.0})[0]
     assert "clip must be < 0.5" in step_scorer_problems("implicit_prm", {"clip": 0.5})[0]
+    # a scorer whose shaping an estimator cannot see is refused, not silently ignored
+    assert "has no effect with estimator grpo" in step_scorer_problems("implicit_prm", {}, "grpo")[0]
+    assert step_scorer_problems("implicit_prm", {}, "gigpo") == []

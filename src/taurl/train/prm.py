@@ -80,12 +80,20 @@ class PRMConfig:
         return out
 
 
-def step_scorer_problems(name: str, options: dict[str, Any]) -> list[str]:
+# estimators that read episode totals only: a shaping that sums to 0 per episode cannot move them
+EPISODE_TOTAL_ESTIMATORS = frozenset({"grpo", "dr_grpo", "grpo_batch_std", "rloo", "orm"})
+
+
+def step_scorer_problems(name: str, options: dict[str, Any], estimator: str = "istar") -> list[str]:
     """Every problem with ``step_scorer`` / ``step_scorer_options``, before any work."""
     if name not in STEP_SCORERS:
         return [f"step_scorer must be one of {', '.join(STEP_SCORERS)} (got {name!r})"]
     if name == "none":
         return ["step_scorer_options are set but step_scorer is none; drop them"] if options else []
+    if estimator in EPISODE_TOTAL_ESTIMATORS:
+        return [f"step_scorer: {name} has no effect with estimator {estimator} (it compares episode totals, and "
+                "the shaping sums to 0 per episode); use estimator istar (GRPO + the step term), "
+                "reinforce_pp_baseline, gigpo, segment_grpo or gae"]
     unknown = sorted(set(options) - set(PRMConfig.__dataclass_fields__))
     if unknown:
         return [f"step_scorer_options: unknown option(s) {unknown}; options: "
