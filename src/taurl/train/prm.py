@@ -19,8 +19,9 @@ failure in some group has no pair: φ is not stepped and still scores.
 
 Everything it produces is shaping only: ``process_rewards`` (per turn, summing to 0 per
 episode), ``learn/prm_*`` metrics, and one line per scored episode in ``shaping.jsonl`` of
-the run directory (episode id, outcome score, per-turn shaping and log-ratios). The ledger's
-rewards are never changed. φ's weights are saved in ``checkpoints/v<N>/prm/`` and restored
+the run directory (episode id, outcome score, per-turn shaping and step rewards; an update
+redone after a crash appends its lines again, and a replayed episode is scored again in
+each update that trains on it). The ledger's rewards are never changed. φ's weights are saved in ``checkpoints/v<N>/prm/`` and restored
 on resume (its optimizer state is not kept: a resumed φ restarts its AdamW moments).
 """
 
@@ -106,7 +107,8 @@ def step_scorer_problems(name: str, options: dict[str, Any], estimator: str = "i
 
 class ImplicitPRM:
     """φ, its optimizer and the shaping it gives; call it as the learner's shaper:
-    ``batch, stats = prm(valid_trajs, batch)`` (module docstring)."""
+    ``batch, stats = prm(valid_trajs, batch)`` (module docstring). Each call trains φ
+    first (its DPO steps), so call it once per policy update."""
 
     def __init__(self, policy: torch.nn.Module, config: PRMConfig, *, pad_id: int = 0, temperature: float = 1.0,
                  micro_batch_tokens: int = 6144, log_path: str | Path | None = None):
