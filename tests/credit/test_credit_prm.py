@@ -42,13 +42,15 @@ def test_istar_is_grpo_plus_the_group_normalized_step_term():
     # one group of two 2-turn episodes, outcomes [1, 0]; shaping p = [[+0.1, -0.1], [-0.05, +0.05]]
     p = np.array([[0.1, -0.1], [-0.05, 0.05]])
     b = TurnBatch.build([1.0, 0.0], ["g", "g"], num_turns=[2, 2], process_rewards=p)
-    a = istar(b, alpha=0.5, eps=1e-12).advantages
+    a = istar(b, alpha=0.5, scale="std", eps=1e-12).advantages
     # A^E = [+1, -1]; the four p have mean 0 and std sqrt((0.01+0.01+0.0025+0.0025)/4) = 0.0790569
     std = np.sqrt((0.01 + 0.01 + 0.0025 + 0.0025) / 4)
     np.testing.assert_allclose(a, [[1 + 0.5 * 0.1 / std, 1 - 0.5 * 0.1 / std],
                                    [-1 - 0.5 * 0.05 / std, -1 + 0.5 * 0.05 / std]], rtol=1e-9)
     # every episode's step term sums to 0: no advantage mass is bought by length
     np.testing.assert_allclose((a - a.mean(axis=1, keepdims=True)).sum(axis=1), 0, atol=1e-12)
+    # the default keeps the shaping's own units: A = A^E + α · (p − 0)
+    np.testing.assert_allclose(istar(b, alpha=0.5).advantages, [[1.05, 0.95], [-1.025, -0.975]], atol=1e-5)
 
 
 def test_istar_without_a_scorer_is_exactly_grpo():

@@ -99,25 +99,32 @@ def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, 
     return shaped, stats
 
 
-def istar(batch: TurnBatch, *, alpha: float = 1.0, eps: float = 1e-6) -> Credit:
+def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none", eps: float = 1e-6) -> Credit:
     """A_{i,t} = A^E_i + α · A^S_{i,t}: GRPO on the episode plus iStar's step term.
 
         A^E_i     = (S_i − mean_g S) / (std_g S + eps)                 (GRPO on the outcome)
-        A^S_{i,t} = (p_{i,t} − mean_g p) / (std_g p + eps)             over every real turn of group g
+        A^S_{i,t} = (p_{i,t} − mean_g p) [/ (std_g p + eps)]           over every real turn of group g
 
     Source: iStar, arXiv 2509.19199, Eq. 6–8 (episode- and step-level advantages, summed).
     p = ``batch.process_rewards`` (the step scorer's shaping; without one A^S = 0 and this
     is exactly ``grpo``). With the episode-neutral shaping above, mean_g p = 0 and every
     episode's A^S sums to 0 over its turns, so padding buys no advantage mass either.
+
+    Departure: scale="none" (the default) keeps A^S in the shaping's own units, so the
+    scorer's small weight and clip bound it; the paper's scale="std" divides by the group's
+    step-reward std, which turns even a near-zero, untrained scorer's noise into unit-scale
+    advantages (measured: BENCHMARKS.md, "Learned step scorer").
     """
     if not alpha >= 0:
         raise ConfigError(f"istar alpha (step-advantage weight) must be >= 0, got {alpha!r}")
+    if scale not in ("std", "none"):
+        raise ConfigError(f"istar scale must be 'std' or 'none', got {scale!r}")
     check_positive("eps", eps)
     ep, st = normalize_in_groups(batch.scores, batch.group, batch.num_groups, scale="std", eps=eps)
     mask = batch.turn_mask
     a_s = np.zeros(mask.shape)
     turn_group = np.broadcast_to(batch.group[:, None], mask.shape)[mask]
-    a_s[mask], _ = normalize_in_groups(batch.process_rewards[mask], turn_group, batch.num_groups, scale="std",
+    a_s[mask], _ = normalize_in_groups(batch.process_rewards[mask], turn_group, batch.num_groups, scale=scale,
                                        eps=eps)
     adv = np.where(mask, broadcast_rows(ep, mask) + alpha * a_s, 0.0)
     stats = {**group_counts(st), "learn/adv_step_abs_mean": float(np.abs(a_s[mask]).mean()) if mask.any() else 0.0}
