@@ -17,6 +17,9 @@ or config can switch a protection off by accident):
   enforced by the host, stay.
 * ``no-detection``: the code verifier's cheat detection returns "no violation" (its
   flags are dropped before the verdict; the hidden-test run itself is unchanged).
+* ``no-centering``: the learned step scorer's shaping is no longer centred per episode
+  (`taurl.credit.prm.episode_neutral_shaping` with ``center=False``: the clipped step
+  rewards are summed as they are), so padding and repetition can pay (the PRM canary).
 
 Each mutation runs its suites' tests with its marker (``attack``: isolation and cheats;
 ``limits``: resource limits) and requires every one to fail.
@@ -42,6 +45,7 @@ MUTATIONS = {  # name: (marker, suites)
     "no-isolation": ("attack", ("tests/test_sandbox_security.py", "tests/test_sandbox.py")),
     "no-limits": ("limits", ("tests/test_sandbox_security.py",)),
     "no-detection": ("attack", ("tests/test_cheats.py",)),
+    "no-centering": ("attack", ("tests/train/test_prm_canary.py",)),
 }
 
 
@@ -56,6 +60,8 @@ def apply(name: str, mp) -> None:
         _no_limits(mp)
     elif name == "no-detection":
         _no_detection(mp)
+    elif name == "no-centering":
+        _no_centering(mp)
     else:
         raise SystemExit(f"{ENV}={name!r}: unknown mutation; use one of {sorted(MUTATIONS)}")
 
@@ -101,6 +107,19 @@ def _no_detection(mp) -> None:
         return verdict(self, score, detail, (), **kwargs)
 
     mp.setattr(HiddenTestVerifier, "_verdict", undetected)
+
+
+def _no_centering(mp) -> None:
+    from taurl.credit import prm as prm_math
+    from taurl.train import prm
+
+    shaping = prm_math.episode_neutral_shaping
+
+    def uncentred(*args, **kwargs):
+        return shaping(*args, **{**kwargs, "center": False})
+
+    mp.setattr(prm_math, "episode_neutral_shaping", uncentred)
+    mp.setattr(prm, "episode_neutral_shaping", uncentred)
 
 
 # --- the runner ----------------------------------------------------------------------

@@ -155,6 +155,10 @@ class TrainConfig:
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
     critic_lr: float = 1e-3  # critic AdamW learning rate (estimator gae: a separate value model, taurl.train.critic)
     vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
+    step_scorer: str = "none"  # learned step scorer used as shaping only: none | implicit_prm (README: Learned step scorer)
+    step_scorer_options: dict[str, Any] = field(default_factory=dict)  # its options: weight, clip, beta, lr, steps, pairs, label_smoothing, grad_clip
+    replay: dict[str, Any] = field(default_factory=dict)  # experience replay of stored groups (README: Replay and curriculum): capacity, max_age, fraction; {}: off
+    curriculum: dict[str, Any] = field(default_factory=dict)  # tasks by online success-rate bucket (README: Replay and curriculum): mix, easy, hard, min_seen; {}: off
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
     objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
     eps_low: float = 0.2  # PPO clip range below 1
@@ -202,7 +206,7 @@ class TrainConfig:
         from taurl.promote import promotion_problems
 
         out = (self.learner_config().problems() + self.eval_config().problems()
-               + promotion_problems(self.promotion) + self.monitor_problems())
+               + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
                      "tasks_per_update"):
@@ -295,7 +299,20 @@ class TrainConfig:
         if self.schedule == "async" and self.concurrency < self.group_size:
             out.append(f"schedule: async needs concurrency >= group_size (a group runs at once); got "
                        f"{self.concurrency} < {self.group_size}")
+        if self.schedule == "async" and (self.step_scorer != "none" or self.replay or self.curriculum):
+            out.append("schedule: async does not take step_scorer, replay or curriculum yet (they hook the "
+                       "synchronous loop); drop them or use schedule: sync")
         return out
+
+    def mixing_problems(self) -> list[str]:
+        """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.replay, taurl.curriculum)."""
+        from taurl.curriculum import curriculum_problems
+        from taurl.replay import replay_problems
+        from taurl.train.prm import step_scorer_problems
+
+        return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
+                + replay_problems(self.replay)
+                + curriculum_problems(self.curriculum))
 
     def monitor_problems(self) -> list[str]:
         """Problems with the alarms and trackers options (taurl.monitor)."""

@@ -46,6 +46,7 @@ from taurl.errors import ConfigError, Error
 from taurl.eval_run import evaluate_policy
 from taurl.evaluate import paired_difference
 from taurl.ledger import Ledger
+from taurl.mixing import BatchMix
 from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
@@ -204,7 +205,8 @@ def reinforce(r: Run) -> None:
         return
     model, tok = load_policy(r.run.checkpoint(version))
     reference = load_policy(r.run.checkpoint(v_sft))[0] if cfg.kl_coef > 0 else None
-    learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference)
+    learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
+                      shaper=make_step_scorer(r, model, tok))
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     if learner.load_state(r.run.checkpoint(version)):
@@ -237,16 +239,29 @@ def reinforce(r: Run) -> None:
         collector.close()
 
 
+def make_step_scorer(r: Run, model: Any, tok: Any) -> Any:
+    """The learned step scorer of `step_scorer` (taurl.train.prm), or None; shaping only."""
+    if r.cfg.step_scorer == "none":
+        return None
+    from taurl.train.prm import ImplicitPRM, PRMConfig
+
+    return ImplicitPRM(model, PRMConfig(**r.cfg.step_scorer_options), pad_id=tok.pad_token_id,
+                       temperature=r.cfg.temperature or 1.0, micro_batch_tokens=r.cfg.micro_batch_tokens,
+                       log_path=r.run.root / "shaping.jsonl")
+
+
 def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collector, version: int, first: int,
              seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
+    # optional curriculum (which tasks) and replay (what else is trained on); both off: no-ops
+    mix = BatchMix.start(cfg, r.plan.rl, seed, r.ledger, r.run.root.name, first, v_sft)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
     watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
-        tasks = r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update]
+        tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update])
         specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
         batch, cstats = collector.collect(specs, ledger=r.ledger,
@@ -256,7 +271,9 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
-        lstats = learner.update(batch, version=version)
+        train_batch, rstats = mix.batch(batch, update, version)
+        lstats = learner.update(train_batch, version=version)
+        mix.observe(batch)
         t1 = time.perf_counter()
         version += 1
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
@@ -266,7 +283,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
         collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
-               **cstats, **lstats, "rollout/groups_same_reward": same_reward_share(batch),
+               **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
                "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
                "rollout/staleness_max": staleness_max(batch, version - 1)}

@@ -27,6 +27,7 @@ from taurl.credit.outcome import (
     reinforce_pp_baseline,
     rloo,
 )
+from taurl.credit.prm import istar
 from taurl.credit.segments import segment_grpo
 from taurl.errors import ConfigError
 
@@ -46,6 +47,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "gigpo": gigpo,
     "segment_grpo": segment_grpo,
     "salt": salt,
+    "istar": istar,  # GRPO + the learned step scorer's step term (taurl.credit.prm)
 }
 
 # estimators that read a learned value function: the learner trains a critic for them

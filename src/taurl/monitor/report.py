@@ -54,6 +54,16 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "eval/tokens_per_success, eval/tool_calls_per_success, eval/wall_s_per_success": "Σ over recorded episodes / verified successes (absent: no success)",
     "alarm/<name>": "1 when the health alarm <name> fires at this RL update, else 0 (taurl.monitor.alarms)",
     "rollout/staleness_max": "max over the batch's episodes of (sampling version − the oldest version in the episode)",
+    "learn/prm_pairs, learn/prm_steps": "step_scorer: implicit_prm — (success, failure) pairs of the batch's groups / DPO steps φ took on them",
+    "learn/prm_dpo_loss, learn/prm_dpo_reward_acc": "φ's trajectory-DPO loss and share of pairs with β·Δlog-ratio > 0 (reference π_old)",
+    "learn/prm_step_reward_mean, learn/prm_step_reward_gap": "mean implicit step reward q = β·Σ_turn(log π_φ − log π_old); mean q of successful minus failed episodes' turns",
+    "learn/prm_shaping_abs_per_turn, learn/prm_clip_frac": "mean |p| over real turns of the centred shaping p; share of turns whose w·q hit the clip",
+    "learn/prm_shaping_sum_abs_max": "max over episodes of |Σ_t p_t| (0 up to rounding: the shaping never changes an episode's total)",
+    "replay/groups, replay/episodes, replay/share": "replay — stored groups mixed into this update / their episodes / their share of the trained batch",
+    "replay/age_mean, replay/age_max": "replay — policy versions between the replayed groups' sampling and now",
+    "replay/expired_age, replay/expired_env, replay/evicted_total": "replay — groups dropped this update as older than max_age / of another env version; groups pushed out by capacity (cumulative)",
+    "curriculum/easy, curriculum/medium, curriculum/hard": "curriculum — tasks of each difficulty bucket drawn for this update (the mix)",
+    "curriculum/pool_<bucket>, curriculum/unseen": "curriculum — RL-pool tasks in each bucket before the draw; pool tasks never seen yet",
 }
 
 CURVES: list[tuple[str, list[str]]] = [

@@ -45,6 +45,7 @@ filtered like any other). They are counted as ``learn/invalid_samples_dropped``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -285,7 +286,7 @@ class Learner:
     estimator such as gae); `update(trajs)` is one version."""
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
-                 reference: torch.nn.Module | None = None, critic: Critic | None = None):
+                 reference: torch.nn.Module | None = None, critic: Critic | None = None, shaper: Any = None):
         if problems := config.problems():
             raise ConfigError(problems)
         self.model = model
@@ -304,6 +305,9 @@ class Learner:
         self.critic = critic
         if self.critic is None and needs_values(config.estimator):
             self.critic = Critic.from_policy(model, config.critic_config(), pad_id)
+        # a learned step scorer (taurl.train.prm): ``shaper(valid, batch) -> (batch, stats)`` fills
+        # ``process_rewards`` before the estimator runs; the outcome is never touched
+        self.shaper = shaper
 
     def assign(self, trajs: Sequence[Trajectory]) -> Assigned | None:
         """Credit of the valid trajectories of `trajs` (None when none is valid).
@@ -318,7 +322,11 @@ class Learner:
         if self.critic is not None:
             values, last = self.critic.values(valid, batch.max_turns)
             batch = batch.replace(values=values, bootstrap_values=last)
-        return Assigned(valid, batch, self.estimator(batch), dropped)
+        shaping: dict[str, float] = {}
+        if self.shaper is not None:
+            batch, shaping = self.shaper(valid, batch)
+        credit = self.estimator(batch)
+        return Assigned(valid, batch, dataclasses.replace(credit, stats={**credit.stats, **shaping}), dropped)
 
     def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
         """Per-turn advantages of the valid trajectories kept after the zero-advantage filter."""
@@ -342,10 +350,13 @@ class Learner:
         """Write what the learner keeps beside the policy (the critic) into `checkpoint_dir`."""
         if self.critic is not None:
             self.critic.save(checkpoint_dir)
+        if hasattr(self.shaper, "save"):
+            self.shaper.save(checkpoint_dir)
 
     def load_state(self, checkpoint_dir: Any) -> bool:
         """Restore the critic saved with `checkpoint_dir`; False if there is none to restore."""
-        return self.critic is not None and self.critic.load(checkpoint_dir)
+        shaper = hasattr(self.shaper, "load") and self.shaper.load(checkpoint_dir)
+        return bool(self.critic is not None and self.critic.load(checkpoint_dir)) or bool(shaper)
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
         """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
@@ -374,6 +385,7 @@ class Learner:
             stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
             return stats
         chunks = micro_batches(kept, cfg.micro_batch_tokens)
+        newest = max((v for t in kept for v in t.policy_versions), default=0)  # the fresh rows' version
         device = model_device(self.model)
         rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
@@ -393,9 +405,11 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(rows):
                 lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
-                if epoch == 0:
-                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask, clip_low=cfg.eps_low,
-                                                  clip_high=cfg.eps_high))
+                if epoch == 0:  # on-policy rows only: a replayed row (older version) differs by design
+                    fresh = torch.tensor([max(kept[i].policy_versions, default=newest) == newest for i in chunks[j]],
+                                         dtype=r.mask.dtype, device=r.mask.device)
+                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask * fresh[:, None],
+                                                  clip_low=cfg.eps_low, clip_high=cfg.eps_high))
                 old = prox[j] if prox is not None else r.behaviour
                 extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
                 loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
