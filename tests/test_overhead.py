@@ -78,3 +78,92 @@ def test_ledger_stores_the_same_json():
         assert led.get(t.episode_id) == t
     ref = json.loads(json.dumps({**dataclasses.asdict(t), "stop_reason": str.__str__(t.stop_reason)}))
     assert json.loads(json.dumps(t.to_dict())) == ref
+
+
+# --- the learner's length buckets (an optimal partition instead of a greedy fill) -----------
+
+
+def _greedy_buckets(lens: list[int], max_tokens: int) -> list[list[int]]:
+    """The previous greedy fill, the reference the partition must never lose to."""
+    order = sorted(range(len(lens)), key=lambda i: lens[i])
+    out, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lens[i] > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    return out + [cur] if cur else out
+
+
+def _cost(buckets, lens) -> int:
+    from taurl.train.learner import MICRO_BATCH_COST_TOKENS
+
+    return sum(len(b) * max(lens[i] for i in b) + MICRO_BATCH_COST_TOKENS for b in buckets)
+
+
+class _Len:
+    def __init__(self, n: int):
+        self.num_tokens = n
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("max_tokens", [100, 700, 6144])
+def test_micro_batches_partition_is_valid_and_never_worse_than_greedy(seed, max_tokens):
+    import random
+
+    from taurl.train.learner import micro_batches
+
+    rng = random.Random(seed)
+    # the demo's shape: most rows ~40-60 tokens, a heavy tail to ~250 (and one over the cap)
+    lens = [rng.choice([rng.randint(38, 60), rng.randint(60, 250)]) for _ in range(rng.randint(1, 80))]
+    lens.append(max_tokens + 5)
+    buckets = micro_batches([_Len(n) for n in lens], max_tokens)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lens)))  # every row once
+    for b in buckets:
+        assert len(b) == 1 or len(b) * max(lens[i] for i in b) <= max_tokens
+    assert _cost(buckets, lens) <= _cost(_greedy_buckets(lens, max_tokens), lens)
+
+
+def test_micro_batches_on_a_tail_cut_padding():
+    """The demo's first GRPO batch (64 rows): greedy pads half of it, the partition ~2%."""
+    from taurl.train.learner import micro_batches
+
+    counts = {42: 36, 44: 6, 47: 1, 48: 5, 122: 3, 124: 5, 126: 2, 132: 1, 133: 1, 135: 1, 141: 1, 209: 1, 222: 1}
+    lens = [n for n, k in counts.items() for _ in range(k)]
+    real = sum(lens)
+
+    def padding(buckets):
+        return 1 - real / sum(len(b) * max(lens[i] for i in b) for b in buckets)
+
+    assert padding(_greedy_buckets(lens, 6144)) > 0.4
+    assert padding(micro_batches([_Len(n) for n in lens], 6144)) < 0.05
+
+
+def test_bucketed_logprobs_equal_one_row_at_a_time():
+    """Recomputed logprobs of rows padded into buckets equal each row alone, within 1e-5."""
+    import numpy as np
+    import torch
+    from tests.train.test_learner_invalid import _model, _traj
+
+    from taurl.train.learner import action_logprobs, make_rows, micro_batches
+
+    model = _model()
+    rng = np.random.default_rng(0)
+    trajs = [_traj(model, f"e{i}", [5, 6, 7], [int(x) for x in rng.integers(2, 60, size=n)], float(i % 2))
+             for i, n in enumerate([3, 4, 4, 9, 17, 30, 31, 5, 60, 2])]
+    alone = {}
+    with torch.no_grad():
+        for i, t in enumerate(trajs):
+            r = make_rows([t], np.zeros((1, 1)), 0)
+            alone[i] = action_logprobs(model, r)[0][0, :t.num_tokens]
+        buckets = micro_batches(trajs, 120)
+        assert len(buckets) > 1
+        for b in buckets:
+            r = make_rows([trajs[i] for i in b], np.zeros((len(b), 1)), 0)
+            lp = action_logprobs(model, r)[0]
+            for k, i in enumerate(b):
+                torch.testing.assert_close(lp[k, :trajs[i].num_tokens], alone[i], atol=1e-5, rtol=0)
+                # and both equal the behaviour logprobs the rows were built with
+                beh = torch.tensor(trajs[i].behaviour_logprobs)
+                m = torch.tensor(trajs[i].action_mask, dtype=torch.bool)
+                torch.testing.assert_close(lp[k, :trajs[i].num_tokens][m], beh[m], atol=1e-5, rtol=0)
