@@ -149,7 +149,7 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
             st.add(p)
         st.sort_stats("tottime").print_stats(35)
         s.write("\n--- cumulative ---\n")
-        st.sort_stats("cumulative").print_stats(45)
+        st.sort_stats("cumulative").print_stats(70)
         out["profile"] = s.getvalue()
     return out
 
