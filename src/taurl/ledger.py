@@ -160,6 +160,10 @@ class Rejection:
 # Admission: from whatever the caller gave to a checked Trajectory and its stored JSON
 
 
+_INT_KINDS = frozenset({int, bool})
+_NUM_KINDS = frozenset({int, bool, float})
+
+
 def _json_problem(x: Any, finite: bool, where: str = "record") -> str | None:
     """Why `x` cannot be stored as JSON and read back identical, or None.
 
@@ -177,6 +181,11 @@ def _json_problem(x: Any, finite: bool, where: str = "record") -> str | None:
             return f"{where} holds a lone surrogate; text must be valid Unicode"
         return None
     if isinstance(x, (list, tuple)):
+        # fast path for the common case (token ids, logprobs): exact ints/bools/floats, checked
+        # in C; anything else, or a non-finite float, takes the element walk and its message
+        kinds = set(map(type, x))
+        if kinds <= _INT_KINDS or (kinds <= _NUM_KINDS and (not finite or all(map(math.isfinite, x)))):
+            return None
         return next((p for i, v in enumerate(x) if (p := _json_problem(v, finite, f"{where}[{i}]"))), None)
     if isinstance(x, dict):
         for k, v in x.items():

@@ -246,23 +246,43 @@ def _forward_params(model: torch.nn.Module) -> Any:
     return inspect.signature(inner.forward).parameters
 
 
+# A micro-batch's fixed cost (one forward + backward call), in padded tokens: the partition
+# below trades a little padding for fewer calls. Measured on the demo policy: a call costs
+# about as much as 30-60 padded tokens on one CPU thread.
+MICRO_BATCH_COST_TOKENS = 64
+
+
 def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
     """Indices of `trajs` cut into length buckets of at most `max_tokens` padded tokens.
 
-    Sorted by length, so rows of a micro-batch have similar lengths and padding stays small.
+    Sorted by length, then cut where the padded total is smallest: a bucket of rows
+    sorted ascending costs ``len(bucket) * longest + MICRO_BATCH_COST_TOKENS``, and the
+    cuts minimise the sum over buckets by dynamic programming over the sorted lengths
+    (the optimal partition into contiguous runs; O(n * rows per bucket)). A greedy fill
+    (one bucket until the next row would not fit) put a 220-token row beside 40-token ones
+    on the demo batch: 50% padding, against 9% here. A row longer than `max_tokens` is a
+    bucket of its own.
     """
     order = sorted(range(len(trajs)), key=lambda i: trajs[i].num_tokens)
+    lens = [trajs[i].num_tokens for i in order]
+    n = len(lens)
+    best = [0.0] + [float("inf")] * n  # best[i]: the cheapest cut of the first i sorted rows
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):  # the last bucket is order[j:i]; its widest row is lens[i - 1]
+        width = lens[i - 1]
+        for j in range(i - 1, -1, -1):
+            size = i - j
+            if size > 1 and size * width > max_tokens:
+                break
+            cost = best[j] + size * width + MICRO_BATCH_COST_TOKENS
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
     out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        # rows are sorted ascending, so the newest row sets the padded width
-        if cur and (len(cur) + 1) * trajs[i].num_tokens > max_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
+    i = n
+    while i > 0:
+        out.append(order[cut[i]:i])
+        i = cut[i]
+    return out[::-1]
 
 
 # ---------------------------------------------------------------------------------------
