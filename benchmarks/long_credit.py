@@ -107,6 +107,81 @@ def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, float]]) -> 
     learner.Learner.assign = assign
 
 
+def cell_values(traj: Any, task: Any, n_turns: int, gamma: float) -> tuple[np.ndarray, float]:
+    """The exact critic: V*(s_t) = γ^(d(s_t) − 1) of the cell each turn acted in (the reward
+    1 arrives on the move into G; 0 in a hole), and V* after the last turn."""
+    from taurl.envs.gym.adapter import parse_action
+    from taurl.envs.gym.frozenlake import ACTIONS, FrozenLake
+    from taurl.envs.gym.solve import goal_distances
+
+    P, s, is_success = FrozenLake().planning_model(task)
+    d = goal_distances(P, is_success)
+
+    def v(cell: int) -> float:
+        return 0.0 if is_success(cell) or d.get(cell, math.inf) == math.inf else gamma ** (d[cell] - 1)
+
+    out = np.zeros(n_turns)
+    for t, turn in enumerate(traj.turns[:n_turns]):
+        out[t] = v(s)
+        parsed = parse_action(turn.action_text, ACTIONS)
+        if parsed["kind"] == "move":
+            s = P[s][parsed["id"]][0][1]
+    return out, v(s)
+
+
+def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: float = 0.15, max_turns: int = 20,
+                   seed: int = 0, gamma: float = 0.95) -> dict[str, dict[str, float]]:
+    """Each estimator's `alignment` on the same batches of scripted episodes, no policy: per
+    map, `group` episodes of the expert whose every move is a random suboptimal one with
+    probability `p_random` (the SFT demonstrations' noise), played through the real loop.
+    "gae V=0" is GAE with an untrained critic (= λ-returns of the outcome), "gae V*" with
+    the exact one (`cell_values`): the range a learned critic moves in; with λ = 0 and V*
+    the advantage is δ_t = γV*(s') − V*(s) = Q*(s, a) − V*(s) exactly (0 for an optimal move
+    on a deterministic map, < 0 otherwise)."""
+    import asyncio
+    import dataclasses
+    import random
+
+    from taurl import envs
+    from taurl.credit import TurnBatch, compute_advantages
+    from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
+    from taurl.policy import build_tokenizer
+    from taurl.rollout import RolloutConfig, run_episode
+    from taurl.synth import ScriptedEngine
+
+    tasks = frozenlake_tasks("train", maps, seed=seed, size=size)
+    tok = build_tokenizer([t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))],
+                          vocab_size=400)
+    rc = RolloutConfig(max_turns=max_turns, max_action_tokens=16, max_episode_tokens=4096, max_context=8192)
+    rng, trajs = random.Random(seed), []
+    for gi, task in enumerate(tasks):
+        for _ in range(group):
+            engine = ScriptedEngine(tok, frozenlake_expert(task, rng, p_random=p_random), max_context=8192)
+            tr = asyncio.run(run_episode(engine, envs.make("frozenlake-v0", max_turns=max_turns), tok, task, seed=0,
+                                         config=rc))
+            trajs.append(dataclasses.replace(tr, group_id=f"g{gi}"))
+    by_id = {t.task_id: t for t in tasks}
+    batch = TurnBatch.from_trajectories(trajs, max_turns=max_turns)
+    mask = batch.turn_mask
+    n = mask.sum(axis=1)
+    labels = np.stack([np.pad(optimal_labels(tr, by_id[tr.task_id], int(k)), (0, max_turns - int(k)),
+                              constant_values=np.nan) for tr, k in zip(trajs, n, strict=True)])
+    exact = [cell_values(tr, by_id[tr.task_id], int(k), gamma) for tr, k in zip(trajs, n, strict=True)]
+    v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
+    with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
+    runs = {"grpo": ("grpo", {}, batch), "rloo": ("rloo", {}, batch), "gigpo": ("gigpo", {}, batch),
+            "salt": ("salt", {}, batch),
+            "gae V=0": ("gae", {"gamma": gamma}, batch.replace(values=np.zeros_like(v_star),
+                                                              bootstrap_values=np.zeros(len(trajs)))),
+            "gae V*": ("gae", {"gamma": gamma}, with_v_star),
+            "gae V*, λ=0": ("gae", {"gamma": gamma, "lam": 0.0}, with_v_star)}
+    out = {"batch": {"episodes": float(len(trajs)), "success": float(batch.scores.mean()),
+                     "turns_mean": float(n.mean()), "optimal_share": float(np.nanmean(labels[mask]))}}
+    for name, (est, opts, b) in runs.items():
+        out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
+    return out
+
+
 # -- one run (in a worker process) ------------------------------------------------------------
 
 def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int) -> dict[str, Any]:
@@ -238,7 +313,19 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (separate processes, one torch thread each)")
     ap.add_argument("--report", action="store_true", help="only rebuild the tables and plot from OUT/results.jsonl")
+    ap.add_argument("--probe", action="store_true", help="only the scripted probe (no policy): `scripted_probe`")
+    ap.add_argument("--p-random", type=float, nargs="+", default=[0.15, 0.3], help="the probe's expert noise levels")
     args = ap.parse_args()
+    if args.probe:
+        print("| episodes' p_random | estimator | adv–optimal corr | suboptimal turns with A > 0 | "
+              "optimal turns with A < 0 |\n|---|---|---|---|---|")
+        for p in args.p_random:
+            res = scripted_probe(p_random=p)
+            b = res.pop("batch")
+            for name, a in res.items():
+                print(f"| {p} (success {b['success']:.2f}, {b['turns_mean']:.1f} turns, optimal moves "
+                      f"{b['optimal_share']:.2f}) | {name} | {a['corr']:+.3f} | {a['pos_subopt']:.3f} | {a['neg_opt']:.3f} |")
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
