@@ -83,8 +83,9 @@ def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     a, y = adv[ok], labels[ok]
     out = {"turns": float(len(a)), "optimal_share": float(y.mean()) if len(y) else math.nan}
     out["corr"] = float(np.corrcoef(a, y)[0, 1]) if len(a) > 2 and a.std() > 0 and 0 < y.mean() < 1 else math.nan
-    out["pos_subopt"] = float((a[y == 0] > 0).mean()) if (y == 0).any() else math.nan
-    out["neg_opt"] = float((a[y == 1] < 0).mean()) if (y == 1).any() else math.nan
+    tol = 1e-9  # float round-off (γV*(s') − V*(s) of an optimal move is 0 up to ~1e-17) is no sign
+    out["pos_subopt"] = float((a[y == 0] > tol).mean()) if (y == 0).any() else math.nan
+    out["neg_opt"] = float((a[y == 1] < -tol).mean()) if (y == 1).any() else math.nan
     return out
 
 
