@@ -145,6 +145,7 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
 
     from taurl import envs
     from taurl.credit import TurnBatch, compute_advantages
+    from taurl.credit.gigpo import gigpo_components
     from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
     from taurl.policy import build_tokenizer
     from taurl.rollout import RolloutConfig, run_episode
@@ -171,7 +172,7 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
     v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
     with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
     runs = {"grpo": ("grpo", {}, batch), "rloo": ("rloo", {}, batch), "gigpo": ("gigpo", {}, batch),
-            "salt": ("salt", {}, batch),
+            "salt": ("salt", {}, batch), "salt merge=state": ("salt", {"merge": "state"}, batch),
             "gae V=0": ("gae", {"gamma": gamma}, batch.replace(values=np.zeros_like(v_star),
                                                               bootstrap_values=np.zeros(len(trajs)))),
             "gae V*": ("gae", {"gamma": gamma}, with_v_star),
@@ -180,6 +181,8 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
                      "turns_mean": float(n.mean()), "optimal_share": float(np.nanmean(labels[mask]))}}
     for name, (est, opts, b) in runs.items():
         out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
+    # GiGPO's step part alone (A^S of Eq. 7, without the episode part A^E)
+    out["gigpo A^S only"] = alignment(gigpo_components(batch)[1][mask], labels[mask])
     return out
 
 
