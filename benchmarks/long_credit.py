@@ -225,12 +225,12 @@ def _mean(xs: list[float]) -> float:
 
 
 def seed_interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval over seeds (each seed one number)."""
+    """Mean and 95% t-interval over seeds (each seed one number), clipped to [0, 1]."""
     m = statistics.mean(xs)
     if len(xs) < 2:
         return m, math.nan, math.nan
     h = t_quantile(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
+    return m, max(0.0, m - h), min(1.0, m + h)
 
 
 def pooled_interval(runs: list[dict], split: str) -> tuple[float, float, float]:
