@@ -36,7 +36,7 @@ from taurl.errors import ConfigError
 
 NAME = "frozenlake-v0"
 VERSION = "1"
-SIZES = (4, 8)
+SIZES = (4, 8, 12, 16)  # 12 and 16: longer horizons (22 and 30 moves on the shortest path)
 FRACTIONS = (0.8, 0.1, 0.1)  # train / validation / holdout share of the map space
 ACTIONS = ("left", "down", "right", "up")  # Gymnasium's action ids 0..3
 SYSTEM_PROMPT = (
@@ -68,7 +68,7 @@ def describe_cell(rows: list[str], r: int, c: int) -> str:
 def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery: bool = False,
                      p_frozen: float = 0.8) -> list[Task]:
     """`n` tasks of `split` ("train" | "validation" | "holdout"): random `size` x `size` maps
-    (4 or 8), each cell frozen with probability `p_frozen`, deterministic in `seed`."""
+    (4, 8, 12 or 16), each cell frozen with probability `p_frozen`, deterministic in `seed`."""
     problems = []
     if size not in SIZES:
         problems.append(f"size must be one of {SIZES}, got {size!r}")

@@ -18,21 +18,27 @@ import random
 from dataclasses import dataclass
 
 from taurl.envs.core import Task
+from taurl.envs.search.distractors import distractor_actions
 from taurl.errors import ConfigError
 
 
 def search_expert(task: Task, rng: random.Random, p_skip_search: float = 0.0,
-                  p_guess_right: float = 0.5) -> list[str]:
+                  p_guess_right: float = 0.5, p_first_distractor: float = 0.0) -> list[str]:
     """The expert's actions for `task`, one string per turn (Search-R1 format).
 
     Draws from `rng` in a fixed order (skip?, then right guess?), so a seeded rng gives
-    the same demonstrations every time.
+    the same demonstrations every time. A ``city_distractors_capital`` task gets the
+    distractor procedure instead (`taurl.envs.search.distractors.distractor_actions`: with
+    probability `p_first_distractor` the first search is a distractor and the answer wrong).
     """
     problems = [f"{name} must be a probability in [0, 1], got {p!r}"
-                for name, p in (("p_skip_search", p_skip_search), ("p_guess_right", p_guess_right))
+                for name, p in (("p_skip_search", p_skip_search), ("p_guess_right", p_guess_right),
+                                ("p_first_distractor", p_first_distractor))
                 if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1]
     if problems:
         raise ConfigError(problems)
+    if task.metadata.get("distractors"):
+        return distractor_actions(task, rng, p_first_distractor)
     subject = task.metadata.get("subject", task.prompt)
     answer = task.answers[0]
     if rng.random() < p_skip_search:

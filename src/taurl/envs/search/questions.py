@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from taurl.envs.core import Task, task_request_problems
+from taurl.envs.search import distractors as distractors_family
 from taurl.envs.search.corpus import Geo, city_text, fold, load_geo
 from taurl.envs.search.retriever import tokenize
 from taurl.errors import ConfigError
@@ -272,24 +273,36 @@ def _names_any(words: list[str], phrases: set[str], prefixes: set[str]) -> bool:
     return False
 
 
+@functools.cache
+def _distractor_pool(split_by: str, split: str, k: int) -> tuple[Task, ...]:
+    """The split's ``city_distractors_capital`` tasks with `k` distractors each."""
+    return tuple(distractors_family.distractor_tasks(_task_pool(split_by)[split][distractors_family.BASE_FAMILY], k))
+
+
 def generate_tasks(split: str, n: int | None = None, seed: int = 0,
-                   families: Iterable[str] | None = None, split_by: str = "country") -> list[Task]:
+                   families: Iterable[str] | None = None, split_by: str = "country",
+                   distractors: int = 8) -> list[Task]:
     """Up to `n` tasks of `split` (all when n is None), balanced across `families`;
     `split_by` is the holdout granularity, "country" or "city" (module docstring).
+    `distractors`: cities named beside the subject by the opt-in family
+    ``city_distractors_capital`` (`taurl.envs.search.distractors`; None picks `FAMILIES` only).
 
     Each family's tasks are shuffled with `seed` and the families are interleaved round
     robin, so any prefix is balanced until a family runs out (the country families hold
     ~200 tasks each, the city families thousands). Same arguments, same list.
     """
-    names, problems = task_request_problems(split, SPLITS, families, FAMILIES, n, n_may_be_none=True)
+    names, problems = task_request_problems(split, SPLITS, list(FAMILIES) if families is None else families,
+                                            [*FAMILIES, distractors_family.FAMILY], n, n_may_be_none=True)
     if split_by not in SPLIT_BY:
         problems.append(f"split_by {split_by!r} is unknown; use one of {SPLIT_BY}")
+    if distractors_family.FAMILY in names:
+        problems += distractors_family.check_distractors(distractors)
     if problems:
         raise ConfigError(problems)
     pool = _task_pool(split_by)[split]
     queues = []
     for f in names:
-        tasks = list(pool[f])
+        tasks = list(pool[f] if f != distractors_family.FAMILY else _distractor_pool(split_by, split, distractors))
         random.Random(f"{seed}:{f}").shuffle(tasks)
         queues.append(tasks)
     out: list[Task] = []

@@ -1,0 +1,357 @@
+"""Step-level credit on a long-horizon task: GRPO, RLOO, GiGPO, the graph estimator (SALT)
+and PPO + GAE from one SFT policy, several seeds each, the same budget of sampled episodes.
+
+    taurl train --config configs/frozenlake8.yaml --updates 1 --run-dir runs/fl8_sft   # the SFT policy
+    python benchmarks/long_credit.py --from runs/fl8_sft --out runs/long_credit \
+        --estimators grpo rloo gigpo salt gae --seeds 0 1 2 3 4 --updates 4 --jobs 2
+
+Every run starts from the SAME SFT checkpoint (the `--from` run's version after SFT: one
+SFT policy for all seeds and estimators) and keeps its config and task plan
+(`estimators.sft_task_overlap` refuses a variant whose RL pool meets the demonstrations);
+only the estimator and the RL seed (rollout sampling) change. Each (estimator, seed) is an
+ordinary taurl run directory under OUT, run `--jobs` at a time in separate processes.
+
+Besides the runs' own figures (validation and holdout success at the end, the
+``rollout/*`` and ``learn/*`` metrics of every update), each run records how well the
+advantages it trained on point at the optimal action — FrozenLake has an exact solver
+(`taurl.envs.gym.solve.goal_distances`): an action is optimal at cell s when it moves to a
+cell one step closer to G, d(s') = d(s) − 1. Per update, over every real turn of the batch
+the learner credited (`Learner.assign`, wrapped here to observe, not to change):
+
+* ``corr``: Pearson correlation of the turn's advantage with 1[the action was optimal];
+* ``pos_subopt``: share of suboptimal turns (a detour, a wall bump, an invalid action, a
+  step into a hole) that got a positive advantage — the "lucky detour" an outcome-level
+  estimator rewards when the episode still reached G;
+* ``neg_opt``: share of optimal turns that got a negative advantage.
+
+Writes OUT/results.jsonl (one line per finished run, so a partial comparison survives),
+OUT/curves.png (training success vs sampled episodes, mean ± std over seeds) and prints the
+Markdown tables for BENCHMARKS.md. ``--report`` rebuilds them from OUT/results.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import multiprocessing as mp
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from taurl.config import TrainConfig, load_config
+from taurl.errors import ConfigError
+from taurl.evaluate import cluster_wilson_interval, t_quantile
+
+DIAGNOSTICS = {"reward_std": "rollout/reward_std", "same_reward": "rollout/groups_same_reward",
+               "entropy": "learn/entropy", "turns": "rollout/turns_mean", "invalid": "rollout/invalid_rate"}
+
+
+# -- the advantage probe (FrozenLake's exact solver) ----------------------------------------
+
+def optimal_labels(traj: Any, task: Any, n_turns: int) -> np.ndarray:
+    """1.0 where turn t's action was optimal at its cell (d(s') = d(s) − 1), else 0.0; NaN
+    after a terminal move (none should follow). Deterministic (non-slippery) maps only."""
+    from taurl.envs.gym.adapter import parse_action
+    from taurl.envs.gym.frozenlake import ACTIONS, FrozenLake
+    from taurl.envs.gym.solve import goal_distances
+
+    P, s, is_success = FrozenLake().planning_model(task)
+    d = goal_distances(P, is_success)
+    out = np.full(n_turns, np.nan)
+    for t, turn in enumerate(traj.turns[:n_turns]):
+        parsed = parse_action(turn.action_text, ACTIONS)
+        if parsed["kind"] != "move":
+            out[t] = 0.0
+            continue
+        _, s2, _, terminated = P[s][parsed["id"]][0]
+        out[t] = float(d.get(s2, math.inf) == d[s] - 1)
+        s = s2
+        if terminated:
+            break
+    return out
+
+
+def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """corr, pos_subopt, neg_opt of turn advantages `adv` against optimal-action `labels`
+    (flat arrays of real turns; module docstring)."""
+    ok = ~np.isnan(labels)
+    a, y = adv[ok], labels[ok]
+    out = {"turns": float(len(a)), "optimal_share": float(y.mean()) if len(y) else math.nan}
+    out["corr"] = float(np.corrcoef(a, y)[0, 1]) if len(a) > 2 and a.std() > 0 and 0 < y.mean() < 1 else math.nan
+    tol = 1e-9  # float round-off (γV*(s') − V*(s) of an optimal move is 0 up to ~1e-17) is no sign
+    out["pos_subopt"] = float((a[y == 0] > tol).mean()) if (y == 0).any() else math.nan
+    out["neg_opt"] = float((a[y == 1] < -tol).mean()) if (y == 1).any() else math.nan
+    return out
+
+
+def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, float]]) -> None:
+    """Wrap `Learner.assign` so that each update's credited batch is scored (observe only)."""
+    from taurl.train import learner
+
+    inner = learner.Learner.assign
+
+    def assign(self, trajs):
+        a = inner(self, trajs)
+        if a is not None:
+            mask = a.batch.turn_mask
+            labels = np.stack([np.pad(optimal_labels(tr, tasks_by_id[tr.task_id], int(m.sum())),
+                                      (0, mask.shape[1] - int(m.sum())), constant_values=np.nan)
+                               for tr, m in zip(a.trajs, mask, strict=True)])
+            sink.append(alignment(a.credit.advantages[mask], labels[mask]))
+        return a
+
+    learner.Learner.assign = assign
+
+
+def cell_values(traj: Any, task: Any, n_turns: int, gamma: float) -> tuple[np.ndarray, float]:
+    """The exact critic: V*(s_t) = γ^(d(s_t) − 1) of the cell each turn acted in (the reward
+    1 arrives on the move into G; 0 in a hole), and V* after the last turn."""
+    from taurl.envs.gym.adapter import parse_action
+    from taurl.envs.gym.frozenlake import ACTIONS, FrozenLake
+    from taurl.envs.gym.solve import goal_distances
+
+    P, s, is_success = FrozenLake().planning_model(task)
+    d = goal_distances(P, is_success)
+
+    def v(cell: int) -> float:
+        return 0.0 if is_success(cell) or d.get(cell, math.inf) == math.inf else gamma ** (d[cell] - 1)
+
+    out = np.zeros(n_turns)
+    for t, turn in enumerate(traj.turns[:n_turns]):
+        out[t] = v(s)
+        parsed = parse_action(turn.action_text, ACTIONS)
+        if parsed["kind"] == "move":
+            s = P[s][parsed["id"]][0][1]
+    return out, v(s)
+
+
+def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: float = 0.15, max_turns: int = 20,
+                   seed: int = 0, gamma: float = 0.95) -> dict[str, dict[str, float]]:
+    """Each estimator's `alignment` on the same batches of scripted episodes, no policy: per
+    map, `group` episodes of the expert whose every move is a random suboptimal one with
+    probability `p_random` (the SFT demonstrations' noise), played through the real loop.
+    "gae V=0" is GAE with an untrained critic (= λ-returns of the outcome), "gae V*" with
+    the exact one (`cell_values`): the range a learned critic moves in; with λ = 0 and V*
+    the advantage is δ_t = γV*(s') − V*(s) = Q*(s, a) − V*(s) exactly (0 for an optimal move
+    on a deterministic map, < 0 otherwise)."""
+    import asyncio
+    import dataclasses
+    import random
+
+    from taurl import envs
+    from taurl.credit import TurnBatch, compute_advantages
+    from taurl.credit.gigpo import gigpo_components
+    from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
+    from taurl.policy import build_tokenizer
+    from taurl.rollout import RolloutConfig, run_episode
+    from taurl.synth import ScriptedEngine
+
+    tasks = frozenlake_tasks("train", maps, seed=seed, size=size)
+    tok = build_tokenizer([t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))],
+                          vocab_size=400)
+    rc = RolloutConfig(max_turns=max_turns, max_action_tokens=16, max_episode_tokens=4096, max_context=8192)
+    rng, trajs = random.Random(seed), []
+    for gi, task in enumerate(tasks):
+        for _ in range(group):
+            engine = ScriptedEngine(tok, frozenlake_expert(task, rng, p_random=p_random), max_context=8192)
+            tr = asyncio.run(run_episode(engine, envs.make("frozenlake-v0", max_turns=max_turns), tok, task, seed=0,
+                                         config=rc))
+            trajs.append(dataclasses.replace(tr, group_id=f"g{gi}"))
+    by_id = {t.task_id: t for t in tasks}
+    batch = TurnBatch.from_trajectories(trajs, max_turns=max_turns)
+    mask = batch.turn_mask
+    n = mask.sum(axis=1)
+    labels = np.stack([np.pad(optimal_labels(tr, by_id[tr.task_id], int(k)), (0, max_turns - int(k)),
+                              constant_values=np.nan) for tr, k in zip(trajs, n, strict=True)])
+    exact = [cell_values(tr, by_id[tr.task_id], int(k), gamma) for tr, k in zip(trajs, n, strict=True)]
+    v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
+    with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
+    runs = {"grpo": ("grpo", {}, batch), "rloo": ("rloo", {}, batch), "gigpo": ("gigpo", {}, batch),
+            "salt": ("salt", {}, batch), "salt merge=state": ("salt", {"merge": "state"}, batch),
+            "gae V=0": ("gae", {"gamma": gamma}, batch.replace(values=np.zeros_like(v_star),
+                                                              bootstrap_values=np.zeros(len(trajs)))),
+            "gae V*": ("gae", {"gamma": gamma}, with_v_star),
+            "gae V*, λ=0": ("gae", {"gamma": gamma, "lam": 0.0}, with_v_star)}
+    out = {"batch": {"episodes": float(len(trajs)), "success": float(batch.scores.mean()),
+                     "turns_mean": float(n.mean()), "optimal_share": float(np.nanmean(labels[mask]))}}
+    for name, (est, opts, b) in runs.items():
+        out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
+    # GiGPO's step part alone (A^S of Eq. 7, without the episode part A^E)
+    out["gigpo A^S only"] = alignment(gigpo_components(batch)[1][mask], labels[mask])
+    return out
+
+
+# -- one run (in a worker process) ------------------------------------------------------------
+
+def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int) -> dict[str, Any]:
+    import estimators as bench  # benchmarks/estimators.py (this script's directory is on sys.path)
+    from taurl.recipe import train
+
+    src_p, run = Path(src), Path(out) / f"{est}-s{seed}"
+    base = load_config(TrainConfig, path=src_p / "config.yaml")
+    sft_version = json.loads((src_p / "state.json").read_text())["sft_version"]
+    bench.seed_run(src_p, run, sft_version)
+    data = {**json.loads(json.dumps(base.__dict__)), "estimator": est, "estimator_options": options,
+            "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
+    cfg = load_config(TrainConfig, data=data)
+    if overlap := bench.sft_task_overlap(base, cfg):
+        raise ConfigError(f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
+                          f"(e.g. {overlap[0]!r})")
+    probe: list[dict[str, float]] = []
+    if cfg.env == "frozenlake-v0" and not cfg.task_options.get("slippery"):
+        install_probe({t.task_id: t for t in bench.task_plan(cfg).rl}, probe)
+    t0 = time.perf_counter()
+    summary = train(cfg, str(run), progress=False)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["phase"] == "rl"]
+    return {"estimator": est, "seed": seed, "wall_s": time.perf_counter() - t0,
+            "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
+            "validation": summary["validation"], "holdout": summary["holdout"],
+            "curve": [r.get("rollout/success", r.get("rollout/reward_mean")) for r in rows],
+            "diagnostics": {k: [r.get(key) for r in rows] for k, key in DIAGNOSTICS.items()},
+            "alignment": probe}
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.mean(xs) if xs else math.nan
+
+
+def seed_interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval over seeds (each seed one number), clipped to [0, 1]."""
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    h = t_quantile(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, max(0.0, m - h), min(1.0, m + h)
+
+
+def pooled_interval(runs: list[dict], split: str) -> tuple[float, float, float]:
+    """Success pooled over seeds with the task-clustered interval (`cluster_wilson_interval`):
+    each task one cluster of seeds × trials episodes."""
+    per_task: dict[str, list[int]] = {}
+    for r in runs:
+        final = r[split]["final"]
+        for task, k in final["task_successes"].items():
+            per_task.setdefault(task, [0, 0])
+            per_task[task][0] += k
+            per_task[task][1] += final["trials"]
+    succ, sizes = [v[0] for v in per_task.values()], [v[1] for v in per_task.values()]
+    lo, hi = cluster_wilson_interval(succ, sizes)
+    return sum(succ) / max(1, sum(sizes)), lo, hi
+
+
+def tables(results: list[dict]) -> str:
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["estimator"], []).append(r)
+    sft = results[0]["holdout"]["sft"]["success"], results[0]["validation"]["sft"]["success"]
+    lines = [f"SFT policy (all runs): validation {sft[1]:.3f}, holdout {sft[0]:.3f}", "",
+             "| estimator | seeds | validation (choose) | holdout, mean over seeds [95% t-interval] | "
+             "holdout pooled [task-clustered 95%] | per-seed holdout |", "|---|---|---|---|---|---|"]
+    for est, rs in by.items():
+        val = seed_interval([r["validation"]["final"]["success"] for r in rs])
+        hold = [r["holdout"]["final"]["success"] for r in rs]
+        m, lo, hi = seed_interval(hold)
+        p, plo, phi = pooled_interval(rs, "holdout")
+        lines.append(f"| {est} | {len(rs)} | {val[0]:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {p:.3f} [{plo:.3f}, "
+                     f"{phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} |")
+    lines += ["", "| estimator | reward std | identical-reward groups | entropy | turns | invalid rate | "
+              "adv–optimal corr | suboptimal turns with A > 0 | optimal turns with A < 0 | wall s / run |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for est, rs in by.items():
+        d = {k: _mean([_mean(r["diagnostics"][k]) for r in rs]) for k in DIAGNOSTICS}
+        al = {k: _mean([_mean([u.get(k, math.nan) for u in r["alignment"]]) for r in rs])
+              for k in ("corr", "pos_subopt", "neg_opt")}
+        lines.append(f"| {est} | {d['reward_std']:.3f} | {d['same_reward']:.3f} | {d['entropy']:.3f} | "
+                     f"{d['turns']:.1f} | {d['invalid']:.3f} | {al['corr']:+.3f} | {al['pos_subopt']:.3f} | "
+                     f"{al['neg_opt']:.3f} | {_mean([r['wall_s'] for r in rs]):.0f} |")
+    n = min(len(r["curve"]) for r in results)
+    epu = results[0]["episodes_per_update"]
+    lines += ["", "Training success (sampled episodes) vs episodes, mean over seeds:", "",
+              "| estimator | " + " | ".join(str(epu * (i + 1)) for i in range(n)) + " |",
+              "|---|" + "---|" * n]
+    for est, rs in by.items():
+        lines.append(f"| {est} | " + " | ".join(f"{_mean([r['curve'][i] for r in rs]):.3f}" for i in range(n)) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["estimator"], []).append(r)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for est, rs in by.items():
+        n = min(len(r["curve"]) for r in rs)
+        ys = np.array([r["curve"][:n] for r in rs], dtype=float)
+        xs = rs[0]["episodes_per_update"] * np.arange(1, n + 1)
+        ax.plot(xs, ys.mean(0), marker="o", label=f"{est} ({len(rs)} seeds)")
+        ax.fill_between(xs, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.15)
+    ax.set_xlabel("sampled episodes")
+    ax.set_ylabel("training success")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from", dest="src", default="runs/fl8_sft", help="a run whose SFT policy is the start")
+    ap.add_argument("--out", default="runs/long_credit")
+    ap.add_argument("--estimators", nargs="+", default=["grpo", "rloo", "gigpo", "salt", "gae"])
+    ap.add_argument("--options", default="{}", help='JSON estimator -> its options, e.g. \'{"gigpo": {"omega": 1}}\'')
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--updates", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (separate processes, one torch thread each)")
+    ap.add_argument("--report", action="store_true", help="only rebuild the tables and plot from OUT/results.jsonl")
+    ap.add_argument("--probe", action="store_true", help="only the scripted probe (no policy): `scripted_probe`")
+    ap.add_argument("--p-random", type=float, nargs="+", default=[0.15, 0.3], help="the probe's expert noise levels")
+    args = ap.parse_args()
+    if args.probe:
+        print("| episodes' p_random | estimator | adv–optimal corr | suboptimal turns with A > 0 | "
+              "optimal turns with A < 0 |\n|---|---|---|---|---|")
+        for p in args.p_random:
+            res = scripted_probe(p_random=p)
+            b = res.pop("batch")
+            for name, a in res.items():
+                print(f"| {p} (success {b['success']:.2f}, {b['turns_mean']:.1f} turns, optimal moves "
+                      f"{b['optimal_share']:.2f}) | {name} | {a['corr']:+.3f} | {a['pos_subopt']:.3f} | {a['neg_opt']:.3f} |")
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "results.jsonl"
+    if not args.report:
+        options = json.loads(args.options)
+        done = {(r["estimator"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+        jobs = [(est, s) for s in args.seeds for est in args.estimators if (est, s) not in done]
+        with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(run_one, args.src, args.out, est, options.get(est, {}), s, args.updates): (est, s)
+                    for est, s in jobs}
+            for f in cf.as_completed(futs):
+                r = f.result()
+                with log.open("a") as fh:
+                    fh.write(json.dumps(r) + "\n")
+                print(f"{r['estimator']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} "
+                      f"holdout {r['holdout']['final']['success']:.3f} ({r['wall_s']:.0f} s)", flush=True)
+    results = [json.loads(x) for x in log.read_text().splitlines()]
+    order = {e: i for i, e in enumerate(args.estimators)}
+    results.sort(key=lambda r: (order.get(r["estimator"], 99), r["seed"]))
+    plot(results, out / "curves.png")
+    print(tables(results))
+
+
+if __name__ == "__main__":
+    main()
