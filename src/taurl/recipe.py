@@ -287,22 +287,32 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
                "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
                "rollout/staleness_max": staleness_max(batch, version - 1)}
-        fired = watch.observe(row)  # adds alarm/<name> to the row, logs a warning per alarm
-        r.metrics.write(update, row)
-        bar.update(1)
-        tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
-        r.hook("update_done", {"update": update, "version": version})
-        r.phase_done("rl", time.perf_counter() - t0)
-        if (stop := watch.stops(fired)) and update < cfg.updates:
-            log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
-                        ", ".join(stop))
-            r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
-            break
-        if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
-            log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
-            r.save_state(rl_stopped_early=update)
+        if end_update(r, watch, bar, row, update, version, t0, t_start):
             break
     bar.close()
+
+
+def end_update(r: Run, watch: Watch, bar: Any, row: dict[str, Any], update: int, version: int, t0: float,
+               t_start: float) -> bool:
+    """Alarms, metrics row, progress line and hooks of a finished update (every schedule);
+    True when RL stops here (an alarm in ``alarms.stop_on``, or the ``rl_max_seconds`` budget)."""
+    cfg = r.cfg
+    fired = watch.observe(row)  # adds alarm/<name> to the row, logs a warning per alarm
+    r.metrics.write(update, row)
+    bar.update(1)
+    tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
+    r.hook("update_done", {"update": update, "version": version})
+    r.phase_done("rl", time.perf_counter() - t0)
+    if (stop := watch.stops(fired)) and update < cfg.updates:
+        log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
+                    ", ".join(stop))
+        r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
+        return True
+    if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
+        log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
+        r.save_state(rl_stopped_early=update)
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,13 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from taurl import chaos
 from taurl.episodes import EpisodeError, EpisodeSpec, episode_seed, store_episode
 from taurl.errors import Error
 from taurl.monitor.alarms import Watch
-from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
+from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.policy.model import load_policy_meta
 from taurl.rollout import run_episode
 from taurl.schedule.admission import (
@@ -283,6 +281,8 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
+    from taurl.recipe import end_update  # the recipe imports this module when schedule: async
+
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here
@@ -330,19 +330,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "time/learn_s": lstats.get("learn/learn_s", 0.0),
                    "time/checkpoint_s": time.perf_counter() - t1 - lstats.get("learn/learn_s", 0.0),
                    "time/update_s": time.perf_counter() - t0}
-            fired = watch.observe(row)
-            r.metrics.write(update, row)
-            bar.update(1)
-            tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
-            r.hook("update_done", {"update": update, "version": version})
-            r.phase_done("rl", time.perf_counter() - t0)
-            if (stop := watch.stops(fired)) and update < cfg.updates:
-                log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
-                            ", ".join(stop))
-                r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
-                break
-            if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
-                r.save_state(rl_stopped_early=update)
+            if end_update(r, watch, bar, row, update, version, t0, t_start):
                 break
     finally:
         proc.close()

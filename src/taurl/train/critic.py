@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from taurl.credit.tokens import turn_spans
-from taurl.errors import Error
 from taurl.train.objectives.value import ValueModel, value_loss
+from taurl.train.weights import load_weights, save_weights
 from taurl.trajectory import Trajectory
 
 CRITIC_DIR = "critic"
@@ -157,8 +156,7 @@ class Critic:
         """Write the critic into ``checkpoint_dir/critic/`` (weights, optimizer, critic.json)."""
         d = Path(checkpoint_dir) / CRITIC_DIR
         d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        save_file(state, str(d / WEIGHTS_FILE))
+        save_weights(self.model, d / WEIGHTS_FILE)
         torch.save(self.optimizer.state_dict(), d / OPTIMIZER_FILE)
         (d / "critic.json").write_text(json.dumps({
             "backbone": type(self.model.backbone).__name__, "hidden_size": self.model.head.in_features,
@@ -170,12 +168,7 @@ class Critic:
         d = Path(checkpoint_dir) / CRITIC_DIR
         if not (d / WEIGHTS_FILE).exists():
             return False
-        state = load_file(str(d / WEIGHTS_FILE))
-        device = next(self.model.parameters()).device
-        missing, unexpected = self.model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False)
-        if missing or unexpected:
-            raise Error(f"the critic in {d} does not fit this policy's backbone (missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]}); resume with the model it was trained with")
+        load_weights(self.model, d / WEIGHTS_FILE, f"the critic in {d}")
         if (d / OPTIMIZER_FILE).exists():
             self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
         return True

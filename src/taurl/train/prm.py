@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from taurl.credit.batch import TurnBatch
 from taurl.credit.filters import preference_pairs
 from taurl.credit.prm import episode_neutral_shaping, implicit_step_rewards
 from taurl.credit.tokens import padded_token_turn_index, turn_sums
-from taurl.errors import ConfigError, Error
+from taurl.errors import ConfigError
 from taurl.train.objectives.dpo import dpo_loss
+from taurl.train.weights import load_weights, save_weights
 from taurl.trajectory import Trajectory
 
 PRM_DIR = "prm"
@@ -210,8 +210,7 @@ class ImplicitPRM:
     def save(self, checkpoint_dir: str | Path) -> Path:
         d = Path(checkpoint_dir) / PRM_DIR
         d.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
-                  str(d / WEIGHTS_FILE))
+        save_weights(self.model, d / WEIGHTS_FILE)
         (d / "prm.json").write_text(json.dumps({"scorer": "implicit_prm", **self.config.__dict__}, indent=1))
         return d
 
@@ -219,10 +218,5 @@ class ImplicitPRM:
         d = Path(checkpoint_dir) / PRM_DIR
         if not (d / WEIGHTS_FILE).exists():
             return False
-        state = load_file(str(d / WEIGHTS_FILE))
-        device = next(self.model.parameters()).device
-        missing, unexpected = self.model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False)
-        if missing or unexpected:
-            raise Error(f"the step scorer in {d} does not fit this policy (missing {missing[:3]}, unexpected "
-                        f"{unexpected[:3]}); resume with the model it was trained with")
+        load_weights(self.model, d / WEIGHTS_FILE, f"the step scorer in {d}")
         return True
