@@ -9,15 +9,16 @@ Two guards bound staleness, and both are needed:
    order (a slow group started early can finish late), so admission alone can leak.
 
 An episode's age is ``learner version − the oldest policy version among its action
-segments`` (a partial rollout has several; the oldest one counts).
+segments`` (a partial rollout has several; the oldest one counts): `taurl.train.staleness`,
+which also gives the batch's mean / p95 / max.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-import numpy as np
-
+from taurl.train import staleness
+from taurl.train.staleness import episode_age
 from taurl.trajectory import Trajectory
 
 
@@ -49,34 +50,25 @@ def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, 
     return max(0, min(max_concurrent - running, (eta + version + 1) * batch + overprovision - (accepted + running)))
 
 
-def episode_age(traj: Trajectory, version: int) -> int:
-    """Learner `version` − the oldest policy version of `traj`'s actions (0 without actions)."""
-    versions = traj.policy_versions
-    return version - versions[0] if versions else 0
-
-
 def group_age(group: Sequence[Trajectory], version: int) -> int:
-    """The oldest episode's age: a group is as stale as its stalest member."""
-    return max((episode_age(t, version) for t in group), default=0)
+    """The oldest episode's age (`taurl.train.staleness.episode_age`): a group is as stale as
+    its stalest member; episodes without actions count as age 0."""
+    return max((episode_age(t, version) or 0 for t in group), default=0)
 
 
-def split_fresh(groups: Sequence[Sequence[Trajectory]], version: int, eta: int
-                ) -> tuple[list[Sequence[Trajectory]], list[Sequence[Trajectory]]]:
-    """(groups whose every episode is at most `eta` versions old, the others) — the learner's
-    check at consumption; the second list is dropped and counted, never trained."""
+def split_fresh(groups: Mapping[int, Sequence[Trajectory]], version: int, eta: int) -> tuple[list[int], list[int]]:
+    """(ids of the groups whose every episode is at most `eta` versions old, ids of the others)
+    — the learner's check at consumption; the second list is dropped and counted, never trained."""
     fresh, stale = [], []
-    for g in groups:
-        (fresh if group_age(g, version) <= eta else stale).append(g)
+    for g, trajs in groups.items():
+        (fresh if group_age(trajs, version) <= eta else stale).append(g)
     return fresh, stale
 
 
 def staleness_stats(trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
-    """Mean, p95 and max age of the episodes of a trained batch (`rollout/staleness_*`)."""
-    ages = np.array([episode_age(t, version) for t in trajs], dtype=np.float64)
-    if ages.size == 0:
-        return {"rollout/staleness_mean": 0.0, "rollout/staleness_p95": 0.0, "rollout/staleness_max": 0.0}
-    return {"rollout/staleness_mean": float(ages.mean()), "rollout/staleness_p95": float(np.percentile(ages, 95)),
-            "rollout/staleness_max": float(ages.max())}
+    """Mean, p95 (nearest rank) and max age of a trained batch, as ``rollout/staleness_*``."""
+    s = staleness.staleness_stats(trajs, version)
+    return {"rollout/staleness_mean": s.mean, "rollout/staleness_p95": s.p95, "rollout/staleness_max": s.max}
 
 
 def stale_token_keep(traj: Trajectory) -> list[float]:

@@ -40,7 +40,6 @@ from taurl.policy.model import load_policy_meta
 from taurl.rollout import run_episode
 from taurl.schedule.admission import (
     capacity,
-    group_age,
     split_fresh,
     staleness_stats,
 )
@@ -222,15 +221,14 @@ class AsyncSchedule:
         while True:
             if self.error is not None:
                 raise self.error
-            order = sorted(self.ready)
-            _, stale = split_fresh([self.ready[g].trajectories() for g in order], self.version, self.eta)
-            for g in order:
-                if group_age(self.ready[g].trajectories(), self.version) > self.eta:
-                    group = self.ready.pop(g)
-                    self.accepted -= 1  # a dropped group frees its place (it was never trained)
-                    self.done_ids["dropped"].append(g)
-                    self.counts["dropped_groups"] += 1
-                    self.counts["dropped_episodes"] += len(group.episodes)
+            _, stale = split_fresh({g: self.ready[g].trajectories() for g in sorted(self.ready)}, self.version,
+                                   self.eta)
+            for g in stale:
+                group = self.ready.pop(g)
+                self.accepted -= 1  # a dropped group frees its place (it was never trained)
+                self.done_ids["dropped"].append(g)
+                self.counts["dropped_groups"] += 1
+                self.counts["dropped_episodes"] += len(group.episodes)
             if stale:
                 self.changed.set()
             if len(self.ready) >= self.B:
