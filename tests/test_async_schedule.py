@@ -275,6 +275,8 @@ def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_
     rl = [r for r in rows if r["phase"] == "rl"]
     assert [r["update"] for r in rl] == [1, 2, 3, 4]
     assert all(r["rollout/staleness_max"] <= 1 for r in rl)
+    # the learner measures the batch against its own version, as the schedule does
+    assert all(r[f"learn/staleness_{k}"] == r[f"rollout/staleness_{k}"] for r in rl for k in ("mean", "p95", "max"))
     assert rl[1]["run/reused_episodes"] > 0  # the restart took the stored episodes, not new ones
 
 

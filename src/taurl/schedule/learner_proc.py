@@ -156,7 +156,7 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     while (msg := conn.recv()) is not None:
         update, v, batch, groups = msg
         try:
-            stats = learner.update(batch)
+            stats = learner.update(batch, version=v)  # its staleness is against the learner's version
             save_checkpoint(run, v + 1, model, tok, learner.optimizer, phase="rl", update=update,
                             write_extra=learner.save_state, async_groups=groups, **meta)
             drop_optimizer_state(run.checkpoint(v))  # a restart needs only the newest
