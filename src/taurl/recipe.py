@@ -210,7 +210,7 @@ def reinforce(r: Run) -> None:
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     if learner.load_state(r.run.checkpoint(version)):
-        log.info("restored the critic saved with version %d", version)
+        log.info("restored the learner's state (critic, step scorer) saved with version %d", version)
     # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}

@@ -252,8 +252,11 @@ def scan(rows: Sequence[Row], cfg: AlarmConfig) -> list[Alarm]:
 
 
 def staleness_max(trajs: Sequence[Any], version: int) -> float:
-    """Largest `version` − (oldest policy version in an episode): how stale the batch is."""
-    return float(max((version - min(t.policy_versions) for t in trajs if t.policy_versions), default=0))
+    """Largest `version` − (oldest policy version in an episode): how stale the batch is
+    (`taurl.train.staleness`, the one definition of an episode's age)."""
+    from taurl.train.staleness import staleness_stats
+
+    return staleness_stats(trajs, version).max
 
 
 __all__ = ["ALARMS", "Alarm", "AlarmConfig", "alarm_config", "alarm_metrics", "check", "rl_rows", "scan",

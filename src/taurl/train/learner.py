@@ -374,9 +374,10 @@ class Learner:
             self.shaper.save(checkpoint_dir)
 
     def load_state(self, checkpoint_dir: Any) -> bool:
-        """Restore the critic saved with `checkpoint_dir`; False if there is none to restore."""
-        shaper = hasattr(self.shaper, "load") and self.shaper.load(checkpoint_dir)
-        return bool(self.critic is not None and self.critic.load(checkpoint_dir)) or bool(shaper)
+        """Restore the critic and the step scorer saved with `checkpoint_dir`; False if neither was there."""
+        shaper = bool(hasattr(self.shaper, "load") and self.shaper.load(checkpoint_dir))
+        critic = bool(self.critic is not None and self.critic.load(checkpoint_dir))
+        return critic or shaper
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
         """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
