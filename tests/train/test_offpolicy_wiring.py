@@ -162,3 +162,37 @@ def test_train_config_reports_importance_option_problems_together():
                                   {"is_level": "geometric", "is_cap": 1.5}])
 def test_the_documented_options_are_accepted(opts):
     assert _decoupled(**opts).problems() == []
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_proximal_policy_costs_no_extra_forward_and_is_the_pre_update_policy(epochs):
+    # π_prox = the weights before the update's first optimizer step; epoch 0's own forward
+    # is that policy, so decoupled PPO runs exactly as many forwards as PPO, and every
+    # epoch's ratio is taken against the same pre-update logprobs
+    model = _model()
+    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, 0.3), _on_policy(model, "b", [20, 21], 0.0, 0.3)]
+    before = [sequence_logprobs(model, [5, 6, 7] + a)[3:] for a in ([10, 11, 12], [20, 21])]
+    counts = {}
+    for objective in ("ppo", "decoupled_ppo"):
+        m = copy.deepcopy(model)
+        calls = []
+        m.register_forward_hook(lambda *_, _calls=calls: _calls.append(1))
+        learner = Learner(m, dataclasses.replace(_decoupled(), objective=objective, epochs=epochs))
+        olds = []
+        inner = learner.loss_fn
+
+        def spy(lp, old, *args, _inner=inner, _olds=olds, **kw):
+            _olds.append(old.detach().clone())
+            return _inner(lp, old, *args, **kw)
+
+        learner.loss_fn = spy
+        learner.update(batch)
+        counts[objective] = len(calls)
+        if objective == "decoupled_ppo":
+            assert len(olds) == epochs  # one micro-batch per epoch
+            for old in olds:  # rows sorted by length: "b" (2 actions) may come first; match by length
+                for ref in before:
+                    n = len(ref)
+                    rows = [row[row != 0][:n] for row in old if int((row != 0).sum()) == n]
+                    assert rows and torch.allclose(rows[0], ref, atol=1e-5)
+    assert counts["decoupled_ppo"] == counts["ppo"] == epochs

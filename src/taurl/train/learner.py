@@ -15,8 +15,8 @@ The estimator and the objective are chosen by name (`taurl.credit.ESTIMATORS`,
 π_old is the behaviour policy recorded at sampling (``Trajectory.logprobs``): with a
 staleness bound η = 0 and one epoch it is the current policy, so the ratio starts at 1.
 The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour μ and the
-proximal policy π_prox recomputed here once per batch (before the first epoch, with the
-current weights); its metrics per update: ``learn/is_bounded_frac`` (share of action
+proximal policy π_prox (the weights before the update: the first epoch's own forward,
+detached, since the optimizer steps only after a whole epoch); its metrics per update: ``learn/is_bounded_frac`` (share of action
 tokens whose weight π_prox/μ was truncated or masked), ``learn/behaviour_kl`` (k3 estimate
 of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` / ``learn/is_weight_max_raw``. Every update
 also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour logprobs,
@@ -411,10 +411,10 @@ class Learner:
         rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
         denom = n_tok if cfg.aggregation == "token-mean" else float(len(kept))
-        prox = None
-        if cfg.objective == "decoupled_ppo":
-            with torch.no_grad():
-                prox = [action_logprobs(self.model, r, cfg.temperature)[0] for r in rows]
+        # π_prox is the policy before this update's first optimizer step, and the steps come
+        # after a whole epoch of micro-batches: so epoch 0's forward IS π_prox — its logprobs,
+        # detached, are kept as they are computed (no extra forward over the batch)
+        prox: list[torch.Tensor] | None = [] if cfg.objective == "decoupled_ppo" else None
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -431,6 +431,8 @@ class Learner:
                                          dtype=r.mask.dtype, device=r.mask.device)
                     drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask * fresh[:, None],
                                                   clip_low=cfg.eps_low, clip_high=cfg.eps_high))
+                if prox is not None and epoch == 0:
+                    prox.append(lp.detach())
                 old = prox[j] if prox is not None else r.behaviour
                 extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
                 loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
