@@ -46,7 +46,12 @@ TAURL_SETTINGS = {  # rollout on one thread; the learner on one or two (passive 
     "1": (["--threads", "1"], {}),
     "1+learn2": (["--threads", "1", "--learn-threads", "2"], {}),
     "1+learn2-active": (["--threads", "1", "--learn-threads", "2"], {"OMP_WAIT_POLICY": "ACTIVE"}),
+    # the async pipeline (benchmarks/async_step.py): engine and learner in two processes, one
+    # thread each, staleness ≤ η; timed per update in the steady state (first update excluded)
+    "async-eta1": (["--eta", "1"], {}),
+    "async-eta2": (["--eta", "2"], {}),
 }
+SYNC_SETTINGS = ["1", "1+learn2", "1+learn2-active"]
 TRL_SETTINGS = {
     "1": (["--threads", "1"], {}),
     "2-default": (["--threads", "0"], {}),
@@ -71,7 +76,8 @@ def trl_script(peers: Path, out_dir: Path) -> Path:
 def run_taurl(src: Path, steps: int, setting: str, timeout: float) -> dict:
     args, extra_env = TAURL_SETTINGS[setting]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_WAIT_POLICY": "PASSIVE", **extra_env}
-    cmd = [sys.executable, str(HERE / "grpo_step.py"), "--from", str(src), "--steps", str(steps), *args]
+    script = "async_step.py" if setting.startswith("async") else "grpo_step.py"
+    cmd = [sys.executable, str(HERE / script), "--from", str(src), "--steps", str(steps), *args]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise SystemExit(f"taurl run failed:\n{out.stderr[-3000:]}")
@@ -107,7 +113,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="GRPO steps per run (the first is warm-up, excluded)")
     ap.add_argument("--rounds", type=int, default=2, help="alternations of every setting, per load")
     ap.add_argument("--loads", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
-    ap.add_argument("--taurl-settings", nargs="+", default=list(TAURL_SETTINGS), choices=list(TAURL_SETTINGS))
+    ap.add_argument("--taurl-settings", nargs="+", default=SYNC_SETTINGS, choices=list(TAURL_SETTINGS),
+                    help="taurl's thread settings (default: the sync ones; add async-eta1 async-eta2 for the pipeline)")
     ap.add_argument("--trl-settings", nargs="+", default=list(TRL_SETTINGS), choices=list(TRL_SETTINGS))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is abandoned")
     ap.add_argument("--json", default="", help="write every run and the summary here")
@@ -152,6 +159,12 @@ def main() -> None:
         summary[load] = summarize([r for r in runs if r["load"] == load])
         print(json.dumps({"load": load, **summary[load]}), flush=True)
     for load, s in summary.items():
+        if "taurl_async" in s:
+            a_ = s["taurl_async"]
+            print(f"{load}: taurl async {a_['s_per_step']:.2f} s/update ({a_['setting']}), "
+                  f"{a_['trained_tokens_per_s']:.0f} tok/s | taurl async/TRL {s['ratio_async_tokens_per_s']:.2f}x")
+        if "taurl" not in s:
+            continue
         print(f"{load}: taurl {s['taurl']['s_per_step']:.2f} s/step ({s['taurl']['setting']} thread), "
               f"{s['taurl']['trained_tokens_per_s']:.0f} tok/s | TRL {s['trl']['s_per_step']:.2f} s/step "
               f"({s['trl']['setting']}), {s['trl']['trained_tokens_per_s']:.0f} tok/s | "
@@ -161,21 +174,29 @@ def main() -> None:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Each side at its best setting (highest mean trained tokens/s over its rounds)."""
+    """Each side at its best setting (highest mean trained tokens/s over its rounds); taurl's
+    synchronous step and its async pipeline (``taurl_async``) are taken apart."""
     best = {}
-    for side in ("taurl", "trl"):
+    for side in ("taurl", "taurl_async", "trl"):
         by: dict[str, list[dict]] = {}
         for r in runs:
-            if r["side"] == side:
+            is_async = r["setting"].startswith("async")
+            if r["side"] == side.removesuffix("_async") and (side == "taurl_async") == is_async:
                 by.setdefault(r["setting"], []).append(r)
+        if not by:
+            continue
         means = {s: {"setting": s, "runs": len(rs),
                      "s_per_step": sum(r["s_per_step"] for r in rs) / len(rs),
                      "trained_tokens_per_s": sum(r["trained_tokens_per_s"] for r in rs) / len(rs)}
                  for s, rs in by.items()}
         best[side] = max(means.values(), key=lambda m: m["trained_tokens_per_s"])
         best[f"{side}_settings"] = means
-    best["ratio_tokens_per_s"] = best["taurl"]["trained_tokens_per_s"] / best["trl"]["trained_tokens_per_s"]
-    best["ratio_step"] = best["trl"]["s_per_step"] / best["taurl"]["s_per_step"]
+    if "taurl" in best:
+        best["ratio_tokens_per_s"] = best["taurl"]["trained_tokens_per_s"] / best["trl"]["trained_tokens_per_s"]
+        best["ratio_step"] = best["trl"]["s_per_step"] / best["taurl"]["s_per_step"]
+    if "taurl_async" in best:
+        best["ratio_async_tokens_per_s"] = (best["taurl_async"]["trained_tokens_per_s"]
+                                            / best["trl"]["trained_tokens_per_s"])
     return best
 
 
