@@ -72,7 +72,7 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
             return env
 
         engine = make_engine("local", run.checkpoint(version), tok, version=version,
-                             max_batch_size=cfg.concurrency, seed=cfg.seed)
+                             max_batch_size=cfg.concurrency, seed=cfg.seed, **cfg.engine_options)
         collector = LocalCollector(engine, tok, make_env, cfg.rollout_config(), "bench", cfg.concurrency)
         ledger = Ledger(run.root / "ledger.sqlite")
         # CPU time, not wall: per-thread timers, so a loaded machine's waits do not count, and the

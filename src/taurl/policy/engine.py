@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -40,6 +41,9 @@ import torch
 
 from taurl.errors import EngineError
 from taurl.policy.kv_cache import BatchKV
+from taurl.policy.slim_decode import SlimDecoder, agrees
+
+log = logging.getLogger("taurl.engine")
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
     """The engine named `kind` serving the checkpoint at `checkpoint_dir` as `version`.
 
     kind "local": `LocalEngine` in this process over its own copy of the weights; options
-      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens).
+      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens, slim_decode).
     kind "vllm": `VLLMEngine` over a vLLM OpenAI-compatible server; options are
       `VLLMEngine.from_options`'s (url, or python to start a local server; ...). The
       server is made to serve `checkpoint_dir` as `version` before this returns.
@@ -186,7 +190,7 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         from taurl.policy.model import load_policy
 
         model, _ = load_policy(checkpoint_dir)
-        allowed = {"max_batch_size", "seed", "max_context", "prefix_cache_tokens"}
+        allowed = {"max_batch_size", "seed", "max_context", "prefix_cache_tokens", "slim_decode"}
         if unknown := sorted(set(options) - allowed):
             raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "
                               f"it takes {sorted(allowed)}")
@@ -221,7 +225,7 @@ class LocalEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
                  max_batch_size: int = 64, seed: int = 0, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536):
+                 prefix_cache_tokens: int = 65536, slim_decode: bool = True):
         self.model = model.eval()  # no dropout: the behaviour logprobs are those of the plain forward
         self.tokenizer = tokenizer
         # inputs follow the model (cpu, cuda, ...); sampling draws its uniforms on the CPU so a
@@ -259,6 +263,11 @@ class LocalEngine:
         self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0,
                       "prefill_tokens": 0, "prefix_tokens_reused": 0}
         self._prefixes = PrefixCache(prefix_cache_tokens)
+        # decode steps without transformers' per-call Python (taurl.policy.slim_decode), for the
+        # architectures it knows; the first decode step checks it against the model's forward
+        self._slim = SlimDecoder.for_model(model) if slim_decode else None
+        self._slim_checked = False
+        self.stats["slim_decode"] = 0.0
 
     @property
     def version(self) -> int:
@@ -306,6 +315,8 @@ class LocalEngine:
                                   "Pause with 'wait' or 'abort' before a weight update.")
             with torch.no_grad():
                 self.model.load_state_dict(state_dict)
+            if self._slim is not None:
+                self._slim.refresh()  # its fused weights are copies of the old ones
             self._prefixes.clear()  # keys/values of the old weights must not serve the new ones
             self._version = version
         finally:
@@ -448,12 +459,29 @@ class LocalEngine:
         ids = torch.tensor([[r.out_ids[-1]] for r in batch], dtype=torch.long, device=self.device)
         positions = torch.tensor([[n] for n in kv.lengths], dtype=torch.long, device=self.device)
         mask = kv.extend_mask()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, **{self._cache_kw: kv.cache})
+        if self._slim is not None and self._slim_checked:
+            logits = self._slim(ids, positions[:, 0], mask, kv.cache)
+        else:
+            trial = kv.clone() if self._slim is not None else None  # the slim step's own copy
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                use_cache=True, **{self._cache_kw: kv.cache}).logits[:, -1, :]
+            if trial is not None:
+                self._check_slim(self._slim(ids, positions[:, 0], trial.mask, trial.cache), logits)
         kv.advance()
         self.stats["steps"] += 1
         self.stats["batch_size_sum"] += len(batch)
-        return out.logits[:, -1, :].float()
+        return logits.float()
+
+    def _check_slim(self, slim_logits: torch.Tensor, logits: torch.Tensor) -> None:
+        """Keep the slim decode path only if it computes what the model's forward does."""
+        diff = agrees(slim_logits, logits)
+        self._slim_checked = True
+        if diff is None:
+            log.warning("the slim decode path disagrees with %s's forward; decoding with the "
+                        "model's own forward", type(self.model).__name__)
+            self._slim = None
+        else:
+            self.stats["slim_decode"] = 1.0
 
     def _sample_and_finish(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
         """Sample one token per row, append it, return the rows that are finished."""

@@ -135,6 +135,11 @@ class BatchKV:
             mask[i, width - w:] = 1
         return cls(Cache(layers=layers), mask, widths)
 
+    def clone(self) -> BatchKV:
+        """An independent copy (keys, values, mask, lengths) that writes do not share."""
+        layers = [GrowLayer.from_tensors(*(t.clone() for t in layer.used())) for layer in self.cache.layers]
+        return BatchKV(Cache(layers=layers), self.mask.clone(), list(self.lengths))
+
     def select(self, rows: list[int]) -> BatchKV:
         """Keep `rows`, dropping leading columns that are padding for all of them."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)

@@ -1,0 +1,146 @@
+"""One decode step of a Llama-family decoder, without transformers' per-call machinery.
+
+On a small policy a decode forward through ``model(...)`` is mostly Python: the output
+dataclasses, keyword plumbing and decorators of every module, the causal-mask builder and
+the rotary module run for each of the thousands of one-token steps a rollout takes
+(BENCHMARKS.md: "Rollout and learner overhead"). `SlimDecoder` runs the same modules'
+weights through the same arithmetic for the decode case only (one new token per row, a
+left-padded cache, explicit positions), per layer:
+
+    h = x + o_proj(attention(rope(q_proj(n1(x))), rope(k_proj(n1(x))), v_proj(n1(x))))
+    x = h + mlp(n2(h))                                       # n1, n2: the layers' RMSNorms
+    logits = lm_head(norm(x))
+
+with rope(t) = t·cos + rotate_half(t)·sin at each row's own position, from the model's own
+``rotary_emb.inv_freq`` and ``attention_scaling`` (so scaled RoPE variants such as Llama 3's
+are what the model computes), and attention = softmax(q·Kᵀ·scale + mask) · V over the
+cache, grouped-query heads shared (``enable_gqa``).
+
+It covers the architectures whose decoder layer is exactly that (Qwen2, Llama, Mistral:
+`SUPPORTED`), with full attention in every layer, up to `MAX_PARAMS`; `for_model` returns
+None for anything else, and the engine keeps the model's own forward. It is also verified, not trusted: the
+engine's first decode step runs both and keeps the slim path only if the logprobs agree
+(`agrees`), because a transformers release may change a layer's computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = frozenset({"qwen2", "llama", "mistral"})
+TOLERANCE = 1e-4  # max |Δ log-softmax| between the slim step and the model's forward
+MAX_PARAMS = 200_000_000  # larger policies are compute-bound: the slim path would gain little
+
+
+class SlimDecoder:
+    """``decoder(ids (B, 1), positions (B,), mask (B, W), cache) -> logits (B, V)``; writes
+    the new keys/values through ``cache.layers[i].update`` as the model's forward would.
+
+    Fewer ops per layer than the modules called one by one (on a small policy each op's
+    dispatch, not its arithmetic, is the cost): q, k and v in one matmul, gate and up in
+    one, RoPE applied to q and k together, RMSNorm as the one fused ``F.rms_norm``. The
+    fused weights are copies: `refresh()` rebuilds them after the model's weights change
+    (the engine calls it on every weight load), and they cost a second copy of the
+    projection weights, so the path is only offered to policies up to `MAX_PARAMS`.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        inner = model.model
+        cfg = model.config
+        self.layers = list(inner.layers)
+        self.embed = inner.embed_tokens
+        self.norm = inner.norm
+        self.lm_head = model.get_output_embeddings()
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.rotary = inner.rotary_emb
+        self.scale = float(self.layers[0].self_attn.scaling)
+        self.fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        self.refresh()
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> SlimDecoder | None:
+        """A slim decoder for `model`, or None when its architecture is not one it knows."""
+        cfg = getattr(model, "config", None)
+        if getattr(cfg, "model_type", None) not in SUPPORTED:
+            return None
+        if sum(p.numel() for p in model.parameters()) > MAX_PARAMS:
+            return None  # compute-bound: little to gain, and the fused copies would cost memory
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner.rotary_emb, "inv_freq"):
+            return None
+        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
+            return None  # sliding-window layers mask differently
+        if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None):
+            return None
+        needed = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+        if not all(all(hasattr(layer, n) for n in needed) for layer in inner.layers):
+            return None
+        if not all(hasattr(layer.mlp, n) for layer in inner.layers for n in ("gate_proj", "up_proj", "down_proj")):
+            return None
+        return cls(model)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild the fused q|k|v and gate|up weights from the model's current ones."""
+        self.fused = []
+        for layer in self.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            biases = [m.bias for m in (a.q_proj, a.k_proj, a.v_proj)]
+            qkv_b = None
+            if any(b is not None for b in biases):
+                qkv_b = torch.cat([b if b is not None else m.weight.new_zeros(m.weight.shape[0])
+                                   for b, m in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            self.fused.append((qkv_w, qkv_b, gate_up))
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+        b = ids.shape[0]
+        x = self.embed(ids)  # (B, 1, hidden)
+        inv = self.rotary.inv_freq.to(x.device)
+        freqs = positions.to(inv.dtype)[:, None] * inv[None, :]  # (B, D/2), fp32 as the model's rotary
+        emb = torch.cat([freqs, freqs], dim=-1)
+        scaling = float(getattr(self.rotary, "attention_scaling", 1.0))
+        cos = (emb.cos() * scaling).to(x.dtype)[:, None, None, :]  # (B, 1, 1, D)
+        sin = (emb.sin() * scaling).to(x.dtype)[:, None, None, :]
+        # additive mask: 0 where the row attends, the dtype's minimum on its padding
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(mask == 0, torch.finfo(x.dtype).min)
+        bias = bias[:, None, None, :]
+        d, h, kvh = self.head_dim, self.n_heads, self.n_kv
+        for i, layer in enumerate(self.layers):
+            qkv_w, qkv_b, gate_up = self.fused[i]
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            hs = F.rms_norm(x, n1.weight.shape, n1.weight, n1.variance_epsilon)
+            qkv = F.linear(hs, qkv_w, qkv_b).view(b, h + 2 * kvh, d)
+            qk = qkv[:, :h + kvh, None, :]  # (B, h + kvh, 1, D): rotated together
+            qk = qk * cos + _rotate_half(qk) * sin
+            q = qk[:, :h]
+            k = qk[:, h:]
+            v = qkv[:, h + kvh:, None, :]
+            keys, values = cache.layers[i].update(k, v)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale,
+                                               enable_gqa=kvh != h)
+            x = x + layer.self_attn.o_proj(o.reshape(b, 1, h * d))
+            hs = F.rms_norm(x, n2.weight.shape, n2.weight, n2.variance_epsilon)
+            gate, up = F.linear(hs, gate_up).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        return self.lm_head(self.norm(x))[:, -1, :]
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    half = t.shape[-1] // 2
+    return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+
+
+def agrees(slim_logits: torch.Tensor, model_logits: torch.Tensor, tolerance: float = TOLERANCE) -> float | None:
+    """max |Δ log-softmax| when within `tolerance` (the slim path may serve), else None."""
+    diff = float((torch.log_softmax(slim_logits.float(), -1) - torch.log_softmax(model_logits.float(), -1))
+                 .abs().max())
+    return diff if diff <= tolerance else None
