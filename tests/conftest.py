@@ -66,3 +66,31 @@ def pytest_collection_modifyitems(config, items):
         for mark in item.iter_markers("mutation_exempt"):
             if mark.args[0] == MUTATION:
                 item.add_marker(pytest.mark.skip(reason=EXEMPT + mark.args[1]))
+
+
+@pytest.fixture
+def gate_forward():
+    """``gate(model, at_call) -> (reached, release)``: the model's `at_call`-th forward sets
+    `reached` and blocks until `release` is set (30 s at most), so a test can act while an
+    engine is inside a decode step. An engine over a gated model needs ``slim_decode=False``:
+    its slim path decodes without calling the model's forward."""
+    import functools
+    import threading
+
+    def gate(model, at_call: int):
+        reached, release = threading.Event(), threading.Event()
+        calls = {"n": 0}
+        forward = model.forward
+
+        @functools.wraps(forward)
+        def gated(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == at_call:
+                reached.set()
+                release.wait(30)
+            return forward(*args, **kwargs)
+
+        model.forward = gated
+        return reached, release
+
+    return gate

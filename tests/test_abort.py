@@ -9,8 +9,6 @@ step until the test has asked the real `LocalEngine` to abort.
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
 
 import torch
 
@@ -23,25 +21,13 @@ from taurl.rollout import RolloutConfig, run_episode
 from taurl.trajectory import StopReason, validate_trajectory
 
 
-def test_aborted_action_keeps_its_tokens_and_ends_the_episode(tmp_path):
+def test_aborted_action_keeps_its_tokens_and_ends_the_episode(tmp_path, gate_forward):
     tasks = generate_tasks("train", n=50, seed=0)
     env = envs.make("search-v0")
     model, tok = build_default_policy([t.prompt for t in tasks] + [env.system_prompt] * 5, tmp_path / "v0",
                                       size="tiny", seed=0)
-    reached, release = threading.Event(), threading.Event()
-    calls = {"n": 0}
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def gated(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:  # the first decode step: one token is already sampled
-            reached.set()
-            release.wait(30)
-        return forward(*args, **kwargs)
-
-    model.forward = gated
-    engine = LocalEngine(model, tok, version=7, seed=0)
+    reached, release = gate_forward(model, 2)  # the first decode step: one token is already sampled
+    engine = LocalEngine(model, tok, version=7, seed=0, slim_decode=False)  # the gate counts forwards
     # no stop string: the first action can only end by length (64 tokens), EOS or the abort
     env.stop = ()
 
@@ -64,7 +50,7 @@ def test_aborted_action_keeps_its_tokens_and_ends_the_episode(tmp_path):
     assert len(action.token_ids) == 2 and action.policy_version == 7  # the partial ids, kept
     validate_trajectory(tr)
     # the kept logprobs are the real behaviour logprobs of those two tokens
-    model.forward = forward
+    del model.forward  # the gate off: the class's own forward again
     lp = sequence_logprobs(model.eval(), tr.token_ids, temperature=1.0)
     start = sum(len(s.token_ids) for s in tr.segments[:tr.turns[0].action_segment])
     got = lp[start:start + 2]

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import functools
 import json
 import random
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,7 +151,7 @@ def test_max_staleness_never_exceeds_eta_under_adversarial_timing(tiny, tmp_path
 # partial rollouts
 
 
-def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_path):
+def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_path, gate_forward):
     """pause("abort") mid-action, new weights loaded, resume: the action goes on from its
     cut ids on version 8, as a second action segment; one turn owns both; the ledger
     accepts it; the budget counts both pieces; mask_stale keeps only the new part."""
@@ -161,20 +159,8 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
     model = copy.deepcopy(tiny.model)
     env = envs.make("search-v0")
     env.stop = ()  # no stop string: the action ends by its budget, EOS or the abort
-    reached, release = threading.Event(), threading.Event()
-    calls = {"n": 0}
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def gated(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the second decode step: two tokens are already sampled
-            reached.set()
-            release.wait(30)
-        return forward(*args, **kwargs)
-
-    model.forward = gated
-    engine = LocalEngine(model, tok, version=7, seed=0)
+    reached, release = gate_forward(model, 3)  # the second decode step: two tokens are already sampled
+    engine = LocalEngine(model, tok, version=7, seed=0, slim_decode=False)  # the gate counts forwards
     new_state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
                  for k, v in model.state_dict().items()}
     config = RolloutConfig(temperature=1.0, max_action_tokens=12, max_turns=1, resume_aborted=True)
@@ -219,7 +205,7 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
     # the second piece's logprobs are version 8's (the new weights), recomputed here
     from taurl.policy.logprobs import sequence_logprobs
 
-    model.forward = forward
+    del model.forward  # the gate off: the class's own forward again
     model.load_state_dict(new_state)
     lp = sequence_logprobs(model.eval(), tr.token_ids, temperature=1.0)
     start2 = sum(len(s.token_ids) for s in tr.segments[:2])
