@@ -569,6 +569,74 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
 
 @pytest.mark.vllm
 @needs_vllm
+def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tmp_path):
+    # the async schedule's `interrupt: interrupt` on the real server: every swap is
+    # pause("abort") → reload (v0 and v1 alternate as versions 1, 2, 3) → resume; cut
+    # actions go on on the new version as further segments, staleness stays ≤ η
+    from types import SimpleNamespace
+
+    from taurl import envs
+    from taurl.config import TrainConfig
+    from taurl.envs.search import generate_tasks
+    from taurl.ledger import Ledger
+    from taurl.rollout import RolloutConfig
+    from taurl.runs import RunDir
+    from taurl.schedule.admission import staleness_stats
+    from taurl.schedule.async_rl import AsyncSchedule
+    from taurl.schedule.latency import ToolLatency
+    from taurl.trajectory import validate_trajectory
+
+    tok, (p0, p1) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    cfg = TrainConfig(tasks_per_update=2, group_size=2, concurrency=8, staleness_eta=1, interrupt="interrupt",
+                      schedule="async", engine="vllm", temperature=1.0)
+    assert not cfg.schedule_problems() and not cfg.problems()
+    r = SimpleNamespace(cfg=cfg, state={"sft_version": 0}, run=RunDir.create(tmp_path / "run"),
+                        ledger=Ledger(tmp_path / "ledger.sqlite"),
+                        plan=SimpleNamespace(rl=generate_tasks("train", n=40, seed=0)), hook=lambda e, i: None)
+
+    def make_env():
+        env = envs.make("search-v0", max_turns=2)
+        env.stop = ()  # actions end by length or EOS, so a swap finds them mid-action
+        return ToolLatency(env, mean_s=0.03, sigma=1.0, max_s=0.3)
+
+    collector = SimpleNamespace(engine=real, tokenizer=tok, make_env=make_env, run_id="t",
+                                config=RolloutConfig(temperature=1.0, max_turns=2, max_action_tokens=96,
+                                                     max_episode_tokens=192, max_context=512))
+    sched = AsyncSchedule(r, collector, version=0, seed=0)
+
+    async def drive():
+        producer = asyncio.create_task(sched.produce())
+        batches = []
+        try:
+            for v in (1, 2, 3):
+                batches.append([t for g in await sched.take() for t in g.trajectories()])
+                await sched.swap(p1 if v % 2 else p0, v)
+        finally:
+            await sched.close()
+            producer.cancel()
+        return batches
+
+    batches = asyncio.run(drive())
+    split = 0
+    for i, batch in enumerate(batches):
+        assert len(batch) == 4 and staleness_stats(batch, i)["rollout/staleness_max"] <= 1
+        for tr in batch:
+            validate_trajectory(tr)
+            for turn in tr.turns:
+                k = turn.action_segment
+                versions = [tr.segments[k].policy_version]
+                while k + 1 < len(tr.segments) and tr.segments[k + 1].kind == "action":
+                    k += 1
+                    versions.append(tr.segments[k].policy_version)
+                assert versions == sorted(set(versions))  # one segment per version, in order
+                split += len(versions) > 1
+    print(f"async interrupt on vLLM: {split} action(s) split by a swap; engine stats {real.stats}")
+    assert real.version == 3 and split >= 1
+
+
+@pytest.mark.vllm
+@needs_vllm
 def test_real_killed_server_fails_in_flight_requests(real):
     # last in the module: it kills the shared server (SIGKILL: a crash, no clean shutdown)
     async def go():
