@@ -571,8 +571,9 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
 @needs_vllm
 def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tmp_path):
     # the async schedule's `interrupt: interrupt` on the real server: every swap is
-    # pause("abort") → reload (v0 and v1 alternate as versions 1, 2, 3) → resume; cut
-    # actions go on on the new version as further segments, staleness stays ≤ η
+    # pause("abort") → reload (v1, then v0 again as version 2) → resume; cut actions go
+    # on on the new version as further segments, staleness stays ≤ η. Over-provisioned
+    # groups (k = 2) are still running when the learner takes a batch, so swaps cut them
     from types import SimpleNamespace
 
     from taurl import envs
@@ -588,8 +589,8 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
 
     tok, (p0, p1) = ckpts
     asyncio.run(real.load_weights(p0, 0))
-    cfg = TrainConfig(tasks_per_update=2, group_size=2, concurrency=8, staleness_eta=1, interrupt="interrupt",
-                      schedule="async", engine="vllm", temperature=1.0)
+    cfg = TrainConfig(tasks_per_update=2, group_size=2, concurrency=12, overprovision=2, staleness_eta=1,
+                      interrupt="interrupt", schedule="async", engine="vllm", temperature=1.0)
     assert not cfg.schedule_problems() and not cfg.problems()
     r = SimpleNamespace(cfg=cfg, state={"sft_version": 0}, run=RunDir.create(tmp_path / "run"),
                         ledger=Ledger(tmp_path / "ledger.sqlite"),
@@ -601,17 +602,18 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
         return ToolLatency(env, mean_s=0.03, sigma=1.0, max_s=0.3)
 
     collector = SimpleNamespace(engine=real, tokenizer=tok, make_env=make_env, run_id="t",
-                                config=RolloutConfig(temperature=1.0, max_turns=2, max_action_tokens=96,
-                                                     max_episode_tokens=192, max_context=512))
+                                config=RolloutConfig(temperature=1.0, max_turns=2, max_action_tokens=160,
+                                                     max_episode_tokens=320, max_context=512))
     sched = AsyncSchedule(r, collector, version=0, seed=0)
 
     async def drive():
         producer = asyncio.create_task(sched.produce())
         batches = []
         try:
-            for v in (1, 2, 3):
+            for v in (1, 2):
                 batches.append([t for g in await sched.take() for t in g.trajectories()])
                 await sched.swap(p1 if v % 2 else p0, v)
+            batches.append([t for g in await sched.take() for t in g.trajectories()])
         finally:
             await sched.close()
             producer.cancel()
@@ -632,7 +634,7 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
                 assert versions == sorted(set(versions))  # one segment per version, in order
                 split += len(versions) > 1
     print(f"async interrupt on vLLM: {split} action(s) split by a swap; engine stats {real.stats}")
-    assert real.version == 3 and split >= 1
+    assert real.version == 2 and split >= 1
 
 
 @pytest.mark.vllm
