@@ -28,6 +28,19 @@ Exactness rules this engine keeps:
 - retries never draw a second sample: a request that was never sent is retried; one that
   may have reached the server is aborted there by its request id first, then re-sent
   with the same seed (every request carries a seed), so the retry is the same draw;
+- partial rollouts (``pause("abort")``, then a reload, then ``resume``): vLLM 0.32.0's
+  /pause?mode=abort ends every request it holds with finish_reason "abort", and a
+  non-streamed answer then carries all the ids and logprobs sampled before the cut (the
+  output processor accumulates them, `RequestState.make_request_output`), so the
+  `Generation` is "abort" with those ids, as LocalEngine's; the rollout continues from
+  them on the new weights by a new request that prefills them again (exact). Not used:
+  mode "keep" then a reload would let the frozen requests continue on the new weights
+  over KV computed by the old ones (neither policy's distribution), so `_load` refuses it;
+  the per-token ``weight_versions`` spans vLLM records are only on its scale-out
+  /inference/v1/generate route, not /v1/completions;
+- a request that reaches the server after its /pause (it passed this client's gate just
+  before) is queued there unsampled until /resume; `_drain` aborts it by id and
+  `generate` sends it again after the resume, recorded as the version then served;
 - ``top_p < 1`` is refused (``allow_top_p=True`` for evaluation only): processed
   logprobs are then renormalized over the nucleus, which the learner's full softmax
   does not reproduce, so the importance ratio would be biased.
