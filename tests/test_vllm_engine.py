@@ -57,6 +57,12 @@ class FakeVLLM:
         self.hang_next = 0  # completions to hold until the client gives up
         self.weight_version = None
         self.paused = False
+        # as vLLM 0.32 (PAUSED_NEW): a completion arriving while paused waits, unsampled,
+        # until /resume or until /abort_requests names it (then it ends "abort", no tokens)
+        self.queue_when_paused = False
+        self.aborted: set[str] = set()
+        self.running = 0  # completions being sampled; /pause?mode=wait answers when none is
+        self._cond = threading.Condition()
         self._engine = self._local(model_dir)
         fake = self
 
@@ -107,7 +113,21 @@ class FakeVLLM:
                 self.hang_next -= 1
                 time.sleep(1.0)
                 return
-            out = self.complete(body)
+            with self._cond:
+                rid = f"cmpl-{body['request_id']}-0"
+                while self.queue_when_paused and self.paused and rid not in self.aborted:
+                    self._cond.wait()
+                self.running += rid not in self.aborted
+            if rid in self.aborted:
+                out = {"choices": [{"token_ids": [], "logprobs": {"token_logprobs": []},
+                                    "finish_reason": "abort", "stop_reason": None}]}
+            else:
+                try:
+                    out = self.complete(body)
+                finally:
+                    with self._cond:
+                        self.running -= 1
+                        self._cond.notify_all()
         elif path == "/v1/models":
             out = {"data": [{"id": "policy", "root": str(self.root), "max_model_len": 512}]}
         elif path == "/collective_rpc":
@@ -121,8 +141,17 @@ class FakeVLLM:
         elif path == "/weight_info":
             out = {"weight_version": self.weight_version}
         elif path in ("/pause", "/resume"):
-            self.paused = path == "/pause"
+            with self._cond:
+                self.paused = path == "/pause"
+                self._cond.notify_all()
+                while "mode=wait" in h.path and self.running:
+                    self._cond.wait()
             out = {"status": path[1:] + "d"}
+        elif path == "/abort_requests":
+            with self._cond:
+                self.aborted.update(body["request_ids"])
+                self._cond.notify_all()
+            out = {}
         else:  # /health, /abort_requests, /reset_prefix_cache
             out = {}
         data = json.dumps(out).encode()
@@ -207,6 +236,39 @@ def test_timeout_aborts_and_retries_then_gives_up(fake, ckpts):
     server.hang_next = 2
     with pytest.raises(EngineError, match="after 2 attempt"):
         asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_tokens=3, seed=1)))
+
+
+@pytest.mark.parametrize("mode", ["wait", "abort"])
+def test_a_request_reaching_the_server_after_the_pause_is_resent_on_the_new_version(fake, ckpts, mode):
+    # the race: a request passes the client's gate just before pause() and reaches the
+    # server after its /pause, which queues it unsampled until /resume; waiting for it
+    # would hang the update. The drain aborts it by id and it is sent again after resume.
+    tok, (p0, p1) = ckpts
+    server = fake()
+    engine = _engine(server, ckpts)
+    server.queue_when_paused = True
+    prompt, sp = [5, 6, 7, 8], SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+
+    async def go():
+        server.paused = True  # the server's pause landed first
+        task = asyncio.create_task(engine.generate(prompt, sp))
+        while not engine._live:
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(engine.pause(mode), 5)  # hangs without the drain's abort
+        await engine.load_weights(p1, 1)
+        await engine.resume()
+        return await task
+
+    g = asyncio.run(go())
+    sent = [b for b in server.completions() if b["prompt"] == prompt]
+    assert len(sent) == 2 and sent[0]["seed"] == sent[1]["seed"] == 3
+    assert [b for p, b in server.calls if p == "/abort_requests"][0] == {
+        "request_ids": [f"cmpl-{sent[0]['request_id']}-0"]}
+    assert g.finish_reason != "abort" and len(g.token_ids) == 6 and g.policy_version == 1
+    model, _ = load_policy(p1)
+    lp = sequence_logprobs(model, prompt + g.token_ids, 1.0)[len(prompt):]
+    assert torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)  # served by v1
+    assert engine.stats["resent_after_pause"] == 1 and not engine._live and not engine._late
 
 
 def test_reload_records_the_version_and_serves_the_new_weights(fake, ckpts):
@@ -441,6 +503,138 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
     action = tr.segments[tr.turns[0].action_segment]
     assert 0 < len(action.token_ids) < 400 and action.policy_version == 0
     validate_trajectory(tr)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(real, ckpts):
+    # pause("abort") mid-action, load v1, resume: each cut action goes on from its ids on
+    # v1, as a second action segment (version 1) after the first (version 0)
+    from taurl.envs.search import generate_tasks
+    from taurl.rollout import RolloutConfig, run_episode
+    from taurl.trajectory import validate_trajectory
+
+    tok, (p0, p1) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    n, budget, temp = 8, 200, 1.0
+    tasks = generate_tasks("train", n=n, seed=0)
+    cfg = RolloutConfig(temperature=temp, max_turns=1, max_action_tokens=budget, max_context=512,
+                        max_episode_tokens=budget, resume_aborted=True)
+
+    async def go():
+        eps = [asyncio.create_task(run_episode(real, _search_env(), tok, t, seed=i, config=cfg))
+               for i, t in enumerate(tasks)]
+        while real._in_flight < n:  # every first action is on the server
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        await real.pause("abort")
+        await real.load_weights(p1, 1)
+        await real.resume()
+        return await asyncio.gather(*eps)
+
+    trs = asyncio.run(go())
+    m0, m1 = load_policy(p0)[0], load_policy(p1)[0]
+    cut, worst, gap, pieces = 0, 0.0, 0.0, []
+    for tr in trs:
+        validate_trajectory(tr)
+        turn = tr.turns[0]
+        acts = [s for s in tr.segments[turn.action_segment:] if s.kind == "action"]
+        assert [s.policy_version for s in acts] in ([0], [1], [0, 1])
+        if [s.policy_version for s in acts] != [0, 1]:
+            continue  # ended before the pause, or was cut before its first token
+        cut += 1
+        old, new = acts
+        k = tr.segments.index(new)
+        start = sum(len(s.token_ids) for s in tr.segments[:k])
+        # the action's budget (the rollout's rule), counted over both pieces
+        cap = min(budget, cfg.max_context - (start - len(old.token_ids)) - 8)
+        used = len(old.token_ids) + len(new.token_ids)
+        pieces.append((len(old.token_ids), len(new.token_ids), turn.finish_reason))
+        assert used <= cap
+        if turn.finish_reason == "length":
+            assert used == cap
+        ids = tr.token_ids[:start + len(new.token_ids)]
+        lp1 = sequence_logprobs(m1, ids, temp)[start:]
+        lp0 = sequence_logprobs(m0, ids[:start], temp)[start - len(old.token_ids):]
+        worst = max(worst, float((lp1 - torch.tensor(new.logprobs)).abs().max()),
+                    float((lp0 - torch.tensor(old.logprobs)).abs().max()))
+        # the continuation is v1's: v0 scores it differently (the check can tell them apart)
+        gap = max(gap, float((sequence_logprobs(m0, ids, temp)[start:] - lp1).abs().max()))
+    by_length = sum(tr.turns[0].finish_reason == "length" for tr in trs)
+    print(f"{cut}/{n} actions cut and continued ({by_length} ended by length); max |logprob - fp32 forward "
+          f"of the segment's version| {worst:.2e}; v0 vs v1 on the continuation {gap:.2e}; "
+          f"(v0 tokens, v1 tokens, finish) {pieces}")
+    assert cut >= 1 and worst <= 1e-4 and gap > 1e-2
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tmp_path):
+    # the async schedule's `interrupt: interrupt` on the real server: every swap is
+    # pause("abort") → reload (v1, then v0 again as version 2) → resume; cut actions go
+    # on on the new version as further segments, staleness stays ≤ η. Over-provisioned
+    # groups (k = 2) are still running when the learner takes a batch, so swaps cut them
+    from types import SimpleNamespace
+
+    from taurl import envs
+    from taurl.config import TrainConfig
+    from taurl.envs.search import generate_tasks
+    from taurl.ledger import Ledger
+    from taurl.rollout import RolloutConfig
+    from taurl.runs import RunDir
+    from taurl.schedule.admission import staleness_stats
+    from taurl.schedule.async_rl import AsyncSchedule
+    from taurl.schedule.latency import ToolLatency
+    from taurl.trajectory import validate_trajectory
+
+    tok, (p0, p1) = ckpts
+    asyncio.run(real.load_weights(p0, 0))
+    cfg = TrainConfig(tasks_per_update=2, group_size=2, concurrency=12, overprovision=2, staleness_eta=1,
+                      interrupt="interrupt", schedule="async", engine="vllm", temperature=1.0)
+    assert not cfg.schedule_problems() and not cfg.problems()
+    r = SimpleNamespace(cfg=cfg, state={"sft_version": 0}, run=RunDir.create(tmp_path / "run"),
+                        ledger=Ledger(tmp_path / "ledger.sqlite"),
+                        plan=SimpleNamespace(rl=generate_tasks("train", n=40, seed=0)), hook=lambda e, i: None)
+
+    def make_env():
+        env = envs.make("search-v0", max_turns=2)
+        env.stop = ()  # actions end by length or EOS, so a swap finds them mid-action
+        return ToolLatency(env, mean_s=0.03, sigma=1.0, max_s=0.3)
+
+    collector = SimpleNamespace(engine=real, tokenizer=tok, make_env=make_env, run_id="t",
+                                config=RolloutConfig(temperature=1.0, max_turns=2, max_action_tokens=160,
+                                                     max_episode_tokens=320, max_context=512))
+    sched = AsyncSchedule(r, collector, version=0, seed=0)
+
+    async def drive():
+        producer = asyncio.create_task(sched.produce())
+        batches = []
+        try:
+            for v in (1, 2):
+                batches.append([t for g in await sched.take() for t in g.trajectories()])
+                await sched.swap(p1 if v % 2 else p0, v)
+            batches.append([t for g in await sched.take() for t in g.trajectories()])
+        finally:
+            await sched.close()
+            producer.cancel()
+        return batches
+
+    batches = asyncio.run(drive())
+    split = 0
+    for i, batch in enumerate(batches):
+        assert len(batch) == 4 and staleness_stats(batch, i)["rollout/staleness_max"] <= 1
+        for tr in batch:
+            validate_trajectory(tr)
+            for turn in tr.turns:
+                k = turn.action_segment
+                versions = [tr.segments[k].policy_version]
+                while k + 1 < len(tr.segments) and tr.segments[k + 1].kind == "action":
+                    k += 1
+                    versions.append(tr.segments[k].policy_version)
+                assert versions == sorted(set(versions))  # one segment per version, in order
+                split += len(versions) > 1
+    print(f"async interrupt on vLLM: {split} action(s) split by a swap; engine stats {real.stats}")
+    assert real.version == 2 and split >= 1
 
 
 @pytest.mark.vllm

@@ -28,6 +28,19 @@ Exactness rules this engine keeps:
 - retries never draw a second sample: a request that was never sent is retried; one that
   may have reached the server is aborted there by its request id first, then re-sent
   with the same seed (every request carries a seed), so the retry is the same draw;
+- partial rollouts (``pause("abort")``, then a reload, then ``resume``): vLLM 0.32.0's
+  /pause?mode=abort ends every request it holds with finish_reason "abort", and a
+  non-streamed answer then carries all the ids and logprobs sampled before the cut (the
+  output processor accumulates them, `RequestState.make_request_output`), so the
+  `Generation` is "abort" with those ids, as LocalEngine's; the rollout continues from
+  them on the new weights by a new request that prefills them again (exact). Not used:
+  mode "keep" then a reload would let the frozen requests continue on the new weights
+  over KV computed by the old ones (neither policy's distribution), so `_load` refuses it;
+  the per-token ``weight_versions`` spans vLLM records are only on its scale-out
+  /inference/v1/generate route, not /v1/completions;
+- a request that reaches the server after its /pause (it passed this client's gate just
+  before) is queued there unsampled until /resume; `_drain` aborts it by id and
+  `generate` sends it again after the resume, recorded as the version then served;
 - ``top_p < 1`` is refused (``allow_top_p=True`` for evaluation only): processed
   logprobs are then renormalized over the nucleus, which the learner's full softmax
   does not reproduce, so the importance ratio would be biased.
@@ -112,7 +125,9 @@ class VLLMEngine:
         self._last_probe: dict[str, Any] | None = None  # the served policy's probe answer
         self._weights_hash: str | None = None
         self.stats = {"requests": 0, "tokens": 0, "retries": 0, "aborted_on_retry": 0,
-                      "reloads": 0, "reload_s": 0.0, "verify_s": 0.0}
+                      "reloads": 0, "reload_s": 0.0, "verify_s": 0.0, "resent_after_pause": 0}
+        self._live: set[str] = set()  # request ids on their way to or on the server
+        self._late: set[str] = set()  # of those, the ones `_drain` aborted after the pause
 
     # -- construction from a config ----------------------------------------------------
     @classmethod
@@ -194,14 +209,22 @@ class VLLMEngine:
         if len(prompt) >= self.max_context:
             raise EngineError(f"prompt has {len(prompt)} tokens; the server's context is {self.max_context}")
         t_submit = time.perf_counter()
-        await self._enter()
-        version = self._version  # no reload runs while this request is in flight
-        t_start = time.perf_counter()
-        try:
-            choice = await self._complete(prompt, sampling)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
+        seed = sampling.seed if sampling.seed is not None else self._rng.randrange(2**31)
+        while True:
+            await self._enter()
+            version = self._version  # no reload runs while this request is in flight
+            t_start = time.perf_counter()
+            try:
+                choice, late = await self._complete(prompt, sampling, seed=seed)
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+            if not late:
+                break
+            # it reached the server after the pause and sat in its queue, unsampled, until
+            # `_drain` aborted it: sent again after `resume`, with the same seed, on (and
+            # recorded as) the version then served, as LocalEngine serves a queued request
+            self.stats["resent_after_pause"] += 1
         ids = [int(t) for t in choice.get("token_ids") or []]
         lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
         if len(lps) != len(ids) or any(x is None for x in lps):
@@ -254,8 +277,24 @@ class VLLMEngine:
             await asyncio.sleep(0.002)
 
     async def _drain(self) -> None:
+        """Wait until no request of this client is in flight, the server being paused.
+
+        vLLM 0.32.0's pause (abort or wait) only covers the requests it holds when it is
+        called; one that arrives later (it passed `_enter` just before the pause) is queued,
+        unsampled, until /resume (`Scheduler.schedule` admits no waiting request while
+        PAUSED_NEW), so waiting for it would hang the update. Once the server answered
+        /pause nothing runs there, so such a request is aborted by id (it has sampled
+        nothing) and `generate` sends it again after the resume.
+        """
+        t0 = time.perf_counter()
         while self._in_flight:
             await asyncio.sleep(0.002)
+            if time.perf_counter() - t0 > 0.05 and self._live:  # answers in transit had time to land
+                with self._lock:
+                    stuck = sorted(self._live)
+                    self._late.update(stuck)
+                await self._call("POST", "/abort_requests", {"request_ids": [f"cmpl-{r}-0" for r in stuck]}, 10)
+                t0 = time.perf_counter()
 
     def _body(self, prompt: list[int], sampling: SamplingParams, seed: int, request_id: str,
               max_tokens: int, ignore_eos: bool = False) -> dict[str, Any]:
@@ -266,20 +305,25 @@ class VLLMEngine:
                 "skip_special_tokens": False, "spaces_between_special_tokens": False,
                 "ignore_eos": ignore_eos, "request_id": request_id, "n": 1, "stream": False}
 
-    async def _complete(self, prompt: list[int], sampling: SamplingParams, *,
-                        ignore_eos: bool = False) -> dict[str, Any]:
-        """One completion choice; retried on transport failures without a second sample."""
+    async def _complete(self, prompt: list[int], sampling: SamplingParams, *, ignore_eos: bool = False,
+                        seed: int | None = None) -> tuple[dict[str, Any], bool]:
+        """One completion choice, and whether `_drain` aborted it unsampled after a pause
+        (then it must be sent again); retried on transport failures without a second sample."""
         # a seed on every request: a re-send after an abort is the same draw, not a new one
-        seed = sampling.seed if sampling.seed is not None else self._rng.randrange(2**31)
+        if seed is None:
+            seed = sampling.seed if sampling.seed is not None else self._rng.randrange(2**31)
         max_tokens = min(sampling.max_tokens, self.max_context - len(prompt))
         base = uuid.uuid4().hex
         for attempt in range(self.retries + 1):
             rid = f"taurl-{base}-{attempt}"
             body = self._body(prompt, sampling, seed, rid, max_tokens, ignore_eos)
+            with self._lock:
+                self._live.add(rid)
             try:
                 r = await request("POST", self.url + "/v1/completions", body, timeout_s=self.timeout_s,
                                   connect_timeout_s=self.connect_timeout_s)
             except HTTPError as e:
+                self._forget(rid)
                 if attempt == self.retries:
                     raise EngineError(self._dead(f"completion failed after {attempt + 1} attempt(s): {e}")) from e
                 self.stats["retries"] += 1
@@ -287,6 +331,7 @@ class VLLMEngine:
                     await self._abort_quietly(rid)
                 await asyncio.sleep(self.retry_wait_s * (attempt + 1))
                 continue
+            aborted_late = self._forget(rid)
             if r.status in (429, 503) and attempt < self.retries:  # refused before any sampling
                 self.stats["retries"] += 1
                 await asyncio.sleep(self.retry_wait_s * (attempt + 1))
@@ -298,8 +343,17 @@ class VLLMEngine:
             choices = r.body.get("choices") if isinstance(r.body, dict) else None
             if not choices:
                 raise EngineError(f"/v1/completions answered without choices: {_short(r.body)}")
-            return choices[0]
+            late = aborted_late and choices[0].get("finish_reason") == "abort" and not choices[0].get("token_ids")
+            return choices[0], late
         raise AssertionError("unreachable")
+
+    def _forget(self, rid: str) -> bool:
+        """Take `rid` off the live set; True when `_drain` aborted it after a pause."""
+        with self._lock:
+            self._live.discard(rid)
+            late = rid in self._late
+            self._late.discard(rid)
+        return late
 
     async def _abort_quietly(self, request_id: str) -> None:
         # vLLM names the engine request "cmpl-{request_id}-{choice}"
@@ -384,7 +438,7 @@ class VLLMEngine:
             return
         prompt = self._probe_prompt()
         sampling = SamplingParams(temperature=1.0, max_tokens=self.probe_tokens, seed=1234)
-        choice = await self._complete(prompt, sampling, ignore_eos=True)
+        choice, _ = await self._complete(prompt, sampling, ignore_eos=True)
         ids = [int(t) for t in choice.get("token_ids") or []]
         lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         probe = {"ids": ids, "logprobs": lps}
