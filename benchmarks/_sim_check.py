@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 
 from taurl.errors import Error
-from taurl.sim import Schedule, Workload, simulate
+from taurl.sim import Schedule, Simulation, Workload, simulate
 from taurl.sim.calibrate import DecodeProbe, SyncObservations, calibrate, fit_line
 
 HERE = Path(__file__).parent
@@ -96,14 +96,18 @@ def observations(run: dict[str, Any]) -> SyncObservations:
 def measured(run: dict[str, Any]) -> dict[str, float]:
     """The real run's figures (module docstring), and its first batch's wait and steady state:
     first_batch_wait_s = the learner's wait for its first batch (async: update 1's
-    time/learner_idle_s; sync: update 1's rollout); steady_* over updates 2.. (time/update_s)."""
+    time/learner_idle_s; sync: update 1's rollout); steady_* over updates 2.. (time/update_s);
+    generated_tokens_per_s = action tokens of every stored RL episode (trained, dropped or
+    waiting) / RL wall s — what the generator delivered."""
     rl, rl_s = run["rl"], run["rl_s"]
 
     def tokens(r: dict[str, Any]) -> float:
         return r.get("rollout/trained_action_tokens", r["rollout/episodes"] * r.get("rollout/action_tokens_mean", 0.0))
 
     steady_s = sum(r["time/update_s"] for r in rl[1:])
-    return {"trained_tokens_per_s": sum(map(tokens, rl)) / rl_s,
+    generated = sum(sum(len(sg["token_ids"]) for sg in e["segments"] if sg["kind"] == "action") for e in run["episodes"])
+    return {"generated_tokens_per_s": generated / rl_s,
+            "trained_tokens_per_s": sum(map(tokens, rl)) / rl_s,
             "max_staleness": max(r.get("rollout/staleness_max", 0.0) for r in rl),
             "learner_idle_frac": 1 - sum(r["time/learn_s"] for r in rl) / rl_s, "rl_wall_s": rl_s,
             "updates": len(rl), "first_batch_wait_s": rl[0].get("time/learner_idle_s", rl[0]["time/rollout_s"]),
@@ -157,13 +161,15 @@ def probe_decode(policy_dir: str, prompts: list[list[int]], batches: tuple[int, 
 def predict(w: Workload, schedule: Schedule, updates: int, seeds: int) -> dict[str, float]:
     """The simulator's figures, averaged over `seeds`; the first batch's wait and the steady
     state from the same run stopped after one update (the events up to then are the same)."""
-    rs = [simulate(w, schedule, updates=updates, seed=s) for s in range(seeds)]
+    sims = [Simulation(w, schedule, updates, seed=s) for s in range(seeds)]
+    rs = [sim.run() for sim in sims]
     r1 = [simulate(w, schedule, updates=1, seed=s) for s in range(seeds)]
     dt = [r.sim_time_s - q.sim_time_s for r, q in zip(rs, r1, strict=True)]
     return {"trained_tokens_per_s": float(np.mean([r.trained_tokens_per_s for r in rs])),
             "max_staleness": float(max(r.max_staleness for r in rs)),
             "learner_idle_frac": float(np.mean([r.learner_idle_frac for r in rs])),
             "sim_time_s": float(np.mean([r.sim_time_s for r in rs])),
+            "generated_tokens_per_s": float(np.mean([sim.dec.tokens / r.sim_time_s for sim, r in zip(sims, rs, strict=True)])),
             "first_batch_wait_s": float(np.mean([q.learner_idle_frac * q.sim_time_s for q in r1])),
             "steady_update_s": float(np.mean(dt)) / max(updates - 1, 1),
             "steady_trained_tokens_per_s": float(np.mean([(r.trained_tokens - q.trained_tokens) / d
@@ -186,10 +192,11 @@ def compare_rows(w: Workload, schedules: list[tuple[str, Schedule, Workload, dic
         meas = {**meas, "speedup_vs_sync": meas["trained_tokens_per_s"] / base_m}
         row: dict[str, Any] = {"mode": "check", "schedule": label, "eta": sched.bound, "interrupt": sched.interrupt}
         for k in ("trained_tokens_per_s", "speedup_vs_sync", "max_staleness", "learner_idle_frac",
-                  "first_batch_wait_s", "steady_update_s", "steady_trained_tokens_per_s"):
+                  "first_batch_wait_s", "steady_update_s", "steady_trained_tokens_per_s", "generated_tokens_per_s"):
             row[f"predicted_{k}"], row[f"measured_{k}"] = pred[k], meas[k]
             row[f"ratio_{k}"] = _ratio(pred[k], meas[k])
-        row.update({"predicted_time_s": pred["sim_time_s"], "measured_rl_wall_s": meas["rl_wall_s"],
+        row.update({"decode_capacity_tokens_per_s_at_64": 64 / (wl.decode_a_s + 64 * wl.decode_b_s),
+                    "predicted_time_s": pred["sim_time_s"], "measured_rl_wall_s": meas["rl_wall_s"],
                     "learn_fixed_s": wl.learn_fixed_s, "learn_s_per_token": wl.learn_s_per_token,
                     "updates": updates, "sim_seeds": seeds})
         rows.append(row)
