@@ -206,6 +206,9 @@ def compare_rows(w: Workload, schedules: list[tuple[str, Schedule, Workload, dic
 def run_check(args: Any) -> list[dict[str, Any]]:
     if len(args.etas) != 1:
         raise Error(f"--check compares sync with one async schedule: pass one --etas value, got {args.etas}")
+    if not args.from_runs and args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
+        raise Error(f"--keep {args.keep} is not empty: pass a new directory, or --from-runs {args.keep} "
+                    "to re-read the runs it holds")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.from_runs or args.keep or tmp)
         if not args.from_runs:

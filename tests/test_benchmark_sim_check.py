@@ -104,9 +104,12 @@ def test_check_prints_predicted_vs_measured_per_schedule(runs, monkeypatch, caps
     assert sync["predicted_speedup_vs_sync"] == 1.0
 
 
-def test_check_refuses_several_etas_and_missing_runs(tmp_path, capsys):
+def test_check_refuses_several_etas_missing_runs_and_a_used_keep_dir(tmp_path, capsys):
     bench = _load("async")
     assert bench.main(["--check", "--etas", "1", "4", "--from-runs", str(tmp_path)]) == 2
     assert "pass one --etas value" in capsys.readouterr().err
     assert bench.main(["--check", "--from-runs", str(tmp_path)]) == 2
     assert "not a finished run directory" in capsys.readouterr().err
+    (tmp_path / "sync-0").mkdir()
+    assert bench.main(["--check", "--keep", str(tmp_path)]) == 2  # refused before any run starts
+    assert "is not empty: pass a new directory, or --from-runs" in capsys.readouterr().err
