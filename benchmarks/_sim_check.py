@@ -180,7 +180,7 @@ def _ratio(p: float, m: float) -> float | None:
     return p / m if m else None
 
 
-def compare_rows(w: Workload, schedules: list[tuple[str, Schedule, Workload, dict[str, float]]], updates: int,
+def compare_rows(schedules: list[tuple[str, Schedule, Workload, dict[str, float]]], updates: int,
                  seeds: int) -> list[dict[str, Any]]:
     """One row per (label, schedule, workload, measured); speedups against the first (sync)."""
     rows, base_p, base_m = [], None, None
@@ -230,7 +230,7 @@ def run_check(args: Any) -> list[dict[str, Any]]:
         a_fixed, a_per = fit_line([r["rollout/episodes"] * r["rollout/tokens_mean"] for r in asy["rl"]],
                                   [r["time/learn_s"] for r in asy["rl"]])
         w_diag = dataclasses.replace(w, learn_fixed_s=a_fixed, learn_s_per_token=a_per)
-        rows = compare_rows(w, [("sync", Schedule("sync"), w, m_sync), (sched.label, sched, w, m_async),
+        rows = compare_rows([("sync", Schedule("sync"), w, m_sync), (sched.label, sched, w, m_async),
                                 (f"{sched.label}[learner cost of the async run: diagnostic]", sched, w_diag, m_async)],
                             updates, args.sim_seeds)
     for row in rows:
