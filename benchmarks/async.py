@@ -4,6 +4,7 @@
     python benchmarks/async.py --sim --sweep-learn 5e-4 1e-3 2e-3   # learner cost sweep
     python benchmarks/async.py --sim --workload '{"gen_sigma": 1.0}' --eta 2
     python benchmarks/async.py --real ...                     # the real pipeline (benchmarks/_async_real.py)
+    python benchmarks/async.py --check                        # the simulator vs the real pipeline (_sim_check.py)
 
 Prints one JSON object per line per schedule, with at least ``schedule``, ``eta``,
 ``trained_tokens_per_s``, ``speedup_vs_sync`` and ``max_staleness``.
@@ -18,6 +19,10 @@ waits (rollout plus weight sync), which bounds what any overlap can gain.
 ``--real`` runs ``run_real(args)`` from ``benchmarks/_async_real.py`` (the real async
 pipeline's harness, written with the async pipeline) and prints its rows the same way;
 arguments this script does not know are passed on to it as ``args.rest``.
+
+``--check`` runs ``run_check(args)`` from ``benchmarks/_sim_check.py``: a real sync and
+async run (or ``--from-runs DIR``), a `Workload` calibrated from the sync run, and per
+schedule the simulator's prediction vs the measurement.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from taurl.errors import Error
 from taurl.sim import Schedule, Workload, compare, standard_schedules
 
 REAL = Path(__file__).with_name("_async_real.py")
+CHECK = Path(__file__).with_name("_sim_check.py")
 
 
 def _round(v: Any) -> Any:
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sim", action="store_true", help="the discrete-event simulator (taurl.sim)")
     mode.add_argument("--real", action="store_true", help="the real pipeline (benchmarks/_async_real.py)")
+    mode.add_argument("--check", action="store_true", help="the simulator vs the real pipeline (benchmarks/_sim_check.py)")
     p.add_argument("--updates", type=int, default=30, help="learner steps per schedule (sim)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (sim)")
     p.add_argument("--eta", type=int, default=4, help="staleness bound of the async schedules (sim)")
@@ -92,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every schedule at each learner cost (learn_s_per_token)")
     args, rest = p.parse_known_args(argv)
     args.rest = rest
+    if args.check:
+        return check(argv if argv is not None else sys.argv[1:])
     try:
         if args.real:
             module = load_real()
@@ -119,6 +128,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for row in rows:
         print(json.dumps({k: _round(v) for k, v in row.items()}), flush=True)
+    return 0
+
+
+def check(argv: list[str]) -> int:
+    """``--check``: parse `_sim_check.py`'s options and run it (it prints its rows)."""
+    spec = importlib.util.spec_from_file_location("_sim_check", CHECK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cp = argparse.ArgumentParser(prog="async.py --check")
+    cp.add_argument("--check", action="store_true")
+    module.add_arguments(cp)
+    try:
+        module.run_check(cp.parse_args(argv))
+    except Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

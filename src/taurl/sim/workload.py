@@ -11,6 +11,9 @@ Shape of an episode (all drawn independently):
   histograms of DAPO, arXiv 2503.14476 Fig. 7, and Kimi k1.5, arXiv 2501.12599 §2.6.2 —
   the reason for partial rollouts); the cap is the generation budget, as in training;
 * turns T ~ Uniform{1, …, max_turns}; L is split as evenly as possible over the T turns;
+  with ``single_turn_prob`` p > 0, an episode is first made single-turn with probability p
+  (a policy that answers without a tool in most episodes: P(T = 1) = p + (1 − p)/max_turns;
+  p = 0 draws nothing extra, so the episodes are those of the default workload);
 * between turns, T − 1 tool calls; latency ~ LogNormal(ln tool_median_s, tool_sigma);
   with probability tool_fail_prob the call fails fast (tool_fail_s, an error observation
   the agent reads and goes on from); a call longer than tool_timeout_s is cut there
@@ -50,6 +53,7 @@ class Workload:
     gen_sigma: float = 1.6  # σ of ln(generated tokens); 0 gives constant lengths
     max_gen_tokens: int = 32768  # generation budget of an episode (the lognormal is cut here)
     max_turns: int = 4  # turns T ~ Uniform{1..max_turns}
+    single_turn_prob: float = 0.0  # extra probability that an episode is one turn, no tool call (module docstring)
     prompt_tokens: int = 256  # prompt tokens (learner cost only)
     obs_tokens: int = 128  # tokens of each tool observation (learner cost and re-prefill)
     tool_median_s: float = 0.2  # median tool latency
@@ -86,6 +90,8 @@ class Workload:
             out.append("workload.decode_a_s + decode_b_s must be > 0 (a decode step takes time)")
         if self.group_size > self.max_concurrent:
             out.append(f"workload.max_concurrent ({self.max_concurrent}) must hold one group ({self.group_size})")
+        if not 0 <= self.single_turn_prob <= 1:
+            out.append(f"workload.single_turn_prob must be in [0, 1], got {self.single_turn_prob!r}")
         if not 0 <= self.tool_fail_prob <= 1:
             out.append(f"workload.tool_fail_prob must be in [0, 1], got {self.tool_fail_prob!r}")
         return out
@@ -126,6 +132,8 @@ def draw_episode(w: Workload, seed: int, group: int, member: int) -> EpisodePlan
     n = float(np.exp(math.log(w.gen_median_tokens) + w.gen_sigma * rng.standard_normal()))
     length = int(min(max(round(n), 1), w.max_gen_tokens))
     turns = int(rng.integers(1, w.max_turns + 1))
+    if w.single_turn_prob > 0 and rng.random() < w.single_turn_prob:
+        turns = 1
     turns = min(turns, length)  # every turn generates at least one token
     base, extra = divmod(length, turns)
     turn_tokens = tuple(base + (1 if i < extra else 0) for i in range(turns))
