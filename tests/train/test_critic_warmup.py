@@ -95,3 +95,15 @@ def test_warmup_needs_a_critic():
         Learner(_model(), LearnerConfig(estimator="grpo", critic_warmup_updates=1))
     with pytest.raises(ConfigError, match="critic_warmup_updates"):
         Learner(_model(), LearnerConfig(estimator="gae", critic_warmup_updates=-1))
+
+
+def test_critic_epochs_sets_the_critics_steps_per_batch():
+    policy = _model()
+    batch = [_traj(policy, "s", [[10, 11], [30, 31]], 1.0), _traj(policy, "f", [[20, 21], [30, 31]], 0.0)]
+    learner = Learner(policy, LearnerConfig(estimator="gae", critic_epochs=3, critic_warmup_updates=1))
+    learner.update(batch)
+    steps = {int(s["step"]) for s in learner.critic.optimizer.state.values()}
+    assert steps == {3}  # three AdamW steps of the critic on the one batch, the policy's epochs being 1
+    assert LearnerConfig(estimator="gae").critic_config().epochs == 1  # 0: the policy's epochs
+    with pytest.raises(ConfigError, match="critic_epochs"):
+        Learner(_model(), LearnerConfig(estimator="gae", critic_epochs=-1))
