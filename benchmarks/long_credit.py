@@ -188,7 +188,8 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
 
 # -- one run (in a worker process) ------------------------------------------------------------
 
-def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int) -> dict[str, Any]:
+def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int,
+            overrides: dict | None = None) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py (this script's directory is on sys.path)
     from taurl.recipe import train
 
@@ -197,7 +198,7 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
     sft_version = json.loads((src_p / "state.json").read_text())["sft_version"]
     bench.seed_run(src_p, run, sft_version)
     data = {**json.loads(json.dumps(base.__dict__)), "estimator": est, "estimator_options": options,
-            "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
+            "updates": updates, "rl_max_seconds": 0, "rl_seed": seed, **(overrides or {})}
     cfg = load_config(TrainConfig, data=data)
     if overlap := bench.sft_task_overlap(base, cfg):
         raise ConfigError(f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
@@ -209,7 +210,8 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
     summary = train(cfg, str(run), progress=False)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["phase"] == "rl"]
-    return {"estimator": est, "seed": seed, "wall_s": time.perf_counter() - t0,
+    return {"estimator": est, "seed": seed, "wall_s": time.perf_counter() - t0, "overrides": overrides or {},
+            "lr": cfg.lr, "critic_warmup_updates": cfg.critic_warmup_updates,
             "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
             "validation": summary["validation"], "holdout": summary["holdout"],
             "curve": [r.get("rollout/success", r.get("rollout/reward_mean")) for r in rows],
@@ -313,6 +315,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/long_credit")
     ap.add_argument("--estimators", nargs="+", default=["grpo", "rloo", "gigpo", "salt", "gae"])
     ap.add_argument("--options", default="{}", help='JSON estimator -> its options, e.g. \'{"gigpo": {"omega": 1}}\'')
+    ap.add_argument("--overrides", default="{}",
+                    help='JSON estimator (or "all") -> TrainConfig fields, e.g. \'{"gae": {"lr": 0.003}}\'')
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (separate processes, one torch thread each)")
@@ -334,11 +338,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
     if not args.report:
-        options = json.loads(args.options)
+        options, overrides = json.loads(args.options), json.loads(args.overrides)
         done = {(r["estimator"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
         jobs = [(est, s) for s in args.seeds for est in args.estimators if (est, s) not in done]
         with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, args.src, args.out, est, options.get(est, {}), s, args.updates): (est, s)
+            futs = {pool.submit(run_one, args.src, args.out, est, options.get(est, {}), s, args.updates,
+                                {**overrides.get("all", {}), **overrides.get(est, {})}): (est, s)
                     for est, s in jobs}
             for f in cf.as_completed(futs):
                 r = f.result()

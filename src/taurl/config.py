@@ -155,6 +155,8 @@ class TrainConfig:
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
     critic_lr: float = 1e-3  # critic AdamW learning rate (estimator gae: a separate value model, taurl.train.critic)
     vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
+    critic_epochs: int = 0  # estimator gae: critic optimizer steps on each batch (0: epochs, the policy's)
+    critic_warmup_updates: int = 0  # estimator gae: the first updates fit only the critic on their batches, no policy step (they count in the episode budget)
     step_scorer: str = "none"  # learned step scorer used as shaping only: none | implicit_prm (README: Learned step scorer)
     step_scorer_options: dict[str, Any] = field(default_factory=dict)  # its options: weight, clip, beta, lr, steps, pairs, label_smoothing, grad_clip
     replay: dict[str, Any] = field(default_factory=dict)  # experience replay of stored groups (README: Replay and curriculum): capacity, max_age, fraction; {}: off

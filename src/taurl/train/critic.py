@@ -75,6 +75,7 @@ class Critic:
         self.config = config
         self.pad_id = pad_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        self.updates = 0  # `update` calls so far (saved with the critic): the learner's warm-up counts them
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module, config: CriticConfig, pad_id: int = 0) -> Critic:
@@ -149,6 +150,7 @@ class Critic:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
         self.model.eval()
+        self.updates += 1
         return {**sums, "learn/vf_grad_norm": float(norm)}
 
     # -- checkpoint ---------------------------------------------------------------------
@@ -160,7 +162,7 @@ class Critic:
         torch.save(self.optimizer.state_dict(), d / OPTIMIZER_FILE)
         (d / "critic.json").write_text(json.dumps({
             "backbone": type(self.model.backbone).__name__, "hidden_size": self.model.head.in_features,
-            "lr": self.config.lr, "vf_clip": self.config.vf_clip}, indent=1))
+            "lr": self.config.lr, "vf_clip": self.config.vf_clip, "updates": self.updates}, indent=1))
         return d
 
     def load(self, checkpoint_dir: str | Path) -> bool:
@@ -169,6 +171,8 @@ class Critic:
         if not (d / WEIGHTS_FILE).exists():
             return False
         load_weights(self.model, d / WEIGHTS_FILE, f"the critic in {d}")
+        if (d / "critic.json").exists():  # older critics did not count their updates
+            self.updates = int(json.loads((d / "critic.json").read_text()).get("updates", 0))
         if (d / OPTIMIZER_FILE).exists():
             self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
         return True

@@ -101,6 +101,8 @@ class LearnerConfig:
     norm_constant: float | None = None  # C of seq-mean-token-sum-norm (Dr. GRPO): a constant, e.g. the generation budget in tokens
     critic_lr: float = 1e-3  # AdamW learning rate of the critic (estimators that need values: gae)
     vf_clip: float | None = 0.2  # PPO value-loss clip around the critic's old values (None: plain MSE)
+    critic_epochs: int = 0  # critic optimizer steps on each batch (0: `epochs`, the policy's)
+    critic_warmup_updates: int = 0  # the critic's first updates train only the critic, no policy step (its values are fitted before they shape advantages)
 
     def problems(self) -> list[str]:
         out = estimator_problems(self.estimator, self.estimator_options)
@@ -114,6 +116,11 @@ class LearnerConfig:
                 out.append(f"critic_lr must be > 0 (got {self.critic_lr!r})")
             if self.vf_clip is not None and not self.vf_clip > 0:
                 out.append(f"vf_clip must be > 0 or null (got {self.vf_clip!r})")
+        if self.critic_epochs < 0:
+            out.append(f"critic_epochs must be >= 0 (0: the policy's epochs); got {self.critic_epochs!r}")
+        if self.critic_warmup_updates < 0 or (self.critic_warmup_updates and not needs_values(self.estimator)):
+            out.append(f"critic_warmup_updates must be >= 0 and needs an estimator with a critic (gae); got "
+                       f"{self.critic_warmup_updates!r} with estimator {self.estimator!r}")
         try:
             if objective_family(self.objective) != "policy_gradient":
                 out.append(f"objective {self.objective!r} is not a policy-gradient loss; use ppo, "
@@ -137,7 +144,8 @@ class LearnerConfig:
         return None if c is None else float(c)
 
     def critic_config(self) -> CriticConfig:
-        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip, epochs=self.epochs, grad_clip=self.grad_clip,
+        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip, epochs=self.critic_epochs or self.epochs,
+                            grad_clip=self.grad_clip,
                             micro_batch_tokens=self.micro_batch_tokens)
 
     def _objective_kwargs(self) -> dict[str, Any]:
@@ -398,7 +406,13 @@ class Learner:
             kept, adv, stats = self._filter(assigned)
             # the critic learns from every valid row, filtered or not
             if self.critic is not None and assigned.credit.returns is not None and assigned.batch.values is not None:
+                warming = self.critic.updates < cfg.critic_warmup_updates  # counted before this one
                 stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
+                if warming:  # the values are not fitted yet: no policy step on their advantages
+                    stats.update(self._idle_metrics(assigned.trajs))
+                    stats.update({**age, "learn/rows": 0.0, "learn/skipped": 1.0, "learn/critic_warmup": 1.0,
+                                  "learn/learn_s": time.perf_counter() - t0})
+                    return stats
         stats.update(age)
         stats["learn/rows"] = float(len(kept))
         if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
