@@ -76,6 +76,15 @@ def _get(row: dict, key: str, default: float = 0.0) -> float:
     return default if v is None else float(v)
 
 
+def sampled_episodes(run_dir: Path) -> int:
+    """Training episodes stored in the run's ledger: trained, dropped, aborted, and those still
+    in flight (or ready) when the last update was taken — what the run sampled."""
+    from taurl.ledger import Ledger
+
+    with Ledger(run_dir / "ledger.sqlite") as ledger:
+        return ledger.count(split="train")
+
+
 def run_one(src: str, out: str, arm: str, seed: int, updates: int) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py
     from taurl.config import TrainConfig, load_config
@@ -104,7 +113,7 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int) -> dict[str, 
     return {"arm": arm, "seed": seed, "schedule": cfg.schedule, "eta": cfg.staleness_eta if cfg.schedule == "async"
             else 0, "objective": cfg.objective, "updates": len(rl),
             "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
-            "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl),
+            "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
             "validation": summary["validation"], "holdout": summary["holdout"],
             "staleness_mean": statistics.mean(age("mean")) if rl else math.nan,
             "staleness_p95": max(age("p95"), default=math.nan), "staleness_max": max(age("max"), default=math.nan),
@@ -158,6 +167,10 @@ def _mean(xs: list[Any]) -> float:
     return statistics.mean(xs) if xs else math.nan
 
 
+def _num(x: float, f: str) -> str:
+    return "–" if math.isnan(x) else format(x, f)  # – : the objective does not compute it
+
+
 def tables(results: list[dict]) -> str:
     """The Markdown tables for BENCHMARKS.md: success per arm, differences vs sync, the
     asynchrony figures. Arms in `ARMS` order, seeds ascending."""
@@ -191,15 +204,19 @@ def tables(results: list[dict]) -> str:
                          f"{_fmt(*per_task, sign=True)} | {_fmt(*paired_difference(dv), sign=True)} |")
     lines += ["", "| arm | staleness mean | staleness p95 (max over updates) | staleness max | dropped stale groups "
               "(per run) | aborted groups (per run) | PPO clip frac | IS-bounded frac | behaviour KL | "
-              "last-3 train success | wall s / run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "last-3 train success | trained / sampled episodes (per run) | wall s / run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, rs in by.items():
         c = {k: _mean([_mean(r["curves"][k]) for r in rs]) for k in PER_UPDATE}
         last3 = _mean([_mean(r["curves"]["rollout/success"][-3:]) for r in rs])
         lines.append(f"| {arm} | {_mean([r['staleness_mean'] for r in rs]):.2f} | "
                      f"{max(r['staleness_p95'] for r in rs):.0f} | {max(r['staleness_max'] for r in rs):.0f} | "
                      f"{_mean([r['dropped_stale_groups'] for r in rs]):.1f} | {_mean([r['aborted_groups'] for r in rs]):.1f} | "
-                     f"{c['learn/clip_frac']:.3f} | {c['learn/is_bounded_frac']:.3f} | {c['learn/behaviour_kl']:.4f} | "
-                     f"{last3:.3f} | {_mean([r['wall_s'] for r in rs]):.0f} |")
+                     f"{c['learn/clip_frac']:.3f} | {_num(c['learn/is_bounded_frac'], '.3f')} | "
+                     f"{_num(c['learn/behaviour_kl'], '.4f')} | "
+                     f"{last3:.3f} | {_mean([r['trained_episodes'] for r in rs]):.0f} / "
+                     f"{_mean([r.get('sampled_episodes', math.nan) for r in rs]):.0f} | "
+                     f"{_mean([r['wall_s'] for r in rs]):.0f} |")
     return "\n".join(lines)
 
 
@@ -229,7 +246,11 @@ def main() -> None:
                 print(f"{r['arm']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} holdout "
                       f"{r['holdout']['final']['success']:.3f} staleness max {r['staleness_max']:.0f} "
                       f"({r['wall_s']:.0f} s)", flush=True)
-    print(tables([json.loads(x) for x in log.read_text().splitlines()]))
+    results = [json.loads(x) for x in log.read_text().splitlines()]
+    for r in results:  # a result written before the field existed: count it in its run's ledger
+        if "sampled_episodes" not in r and (run := out / f"{r['arm']}-s{r['seed']}" / "ledger.sqlite").exists():
+            r["sampled_episodes"] = sampled_episodes(run.parent)
+    print(tables(results))
 
 
 if __name__ == "__main__":

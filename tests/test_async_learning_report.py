@@ -39,7 +39,7 @@ def _run(arm: str, seed: int, hold: dict[str, int], val: float = 0.5) -> dict:
             "validation": {"sft": {"success": 0.21}, "final": {"success": val, "task_successes": {}, "trials": 3}},
             "staleness_mean": 0.0 if arm == "sync" else 1.5, "staleness_p95": 0 if arm == "sync" else 4,
             "staleness_max": 0 if arm == "sync" else 4, "dropped_stale_groups": 0, "aborted_groups": 0,
-            "wall_s": 10.0, "curves": {k: [0.1, 0.2] for k in bench.PER_UPDATE}}
+            "trained_episodes": 128, "sampled_episodes": 192, "wall_s": 10.0, "curves": {k: [0.1, 0.2] for k in bench.PER_UPDATE}}
 
 
 def test_task_paired_difference_pools_seeds_per_task():
@@ -65,7 +65,7 @@ def test_tables_pair_by_seed_and_keep_arm_order():
     m, lo, hi = bench.paired_difference([1 / 6, 2 / 6, 0.0])
     assert f"+{m:.3f} [{lo:+.3f}, {hi:+.3f}]" in text  # the seed-paired holdout Δ
     assert "0.333 0.667 0.500" in text  # async's per-seed holdout, seeds ascending
-    assert "| async-eta4 | 1.50 | 4 | 4 |" in text
+    assert "| async-eta4 | 1.50 | 4 | 4 |" in text and "| 128 / 192 |" in text
 
 
 def test_arm_configs_are_valid_on_the_demo_config():
