@@ -63,7 +63,11 @@ def test_tables_pair_by_seed_and_keep_arm_order():
     rows = [line for line in text.splitlines() if line.startswith("| sync") or line.startswith("| async")]
     assert rows[0].startswith("| sync | 3 |") and rows[1].startswith("| async-eta4 | 3 |")
     m, lo, hi = bench.paired_difference([1 / 6, 2 / 6, 0.0])
-    assert f"+{m:.3f} [{lo:+.3f}, {hi:+.3f}]" in text  # the seed-paired holdout Δ
+    assert f"| async-eta4 − sync | 3 | +{m:.3f} [{lo:+.3f}, {hi:+.3f}] |" in text  # the seed-paired holdout Δ
+    assert "async-eta4-ppo − async-eta4" not in text  # no naive arm in these results
+    naive = [_run("async-eta4-ppo", s, {"a": 2, "b": 0}) for s in range(2)]  # 2/6 both seeds
+    m, lo, hi = bench.paired_difference([2 / 6 - 2 / 6, 2 / 6 - 4 / 6])  # vs async-eta4 seeds 0, 1
+    assert f"| async-eta4-ppo − async-eta4 | 2 | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] |" in bench.tables(asy + sync + naive)
     assert "0.333 0.667 0.500" in text  # async's per-seed holdout, seeds ascending
     assert "| async-eta4 | 1.50 | 4 | 4 |" in text and "| 128 / 192 |" in text
 
