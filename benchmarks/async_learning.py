@@ -1,8 +1,8 @@
 """Learning with asynchrony: holdout success of sync vs async (η = 1, 4) and naive PPO vs
 decoupled PPO at η = 4, from one SFT policy, several RL seeds, the same update budget.
 
-    python benchmarks/async_learning.py --from /work/main/runs/demo --out runs/async_learning \
-        --seeds 0 1 2 --updates 12 --jobs 1
+    python benchmarks/async_learning.py --from runs/demo --out runs/async_learning \
+        --seeds 0 1 2 --updates 16 --jobs 1
     python benchmarks/async_learning.py --out runs/async_learning --report      # the tables again
 
 Every run starts from the SAME SFT checkpoint: the `--from` run's version after SFT (the
@@ -229,11 +229,11 @@ def tables(results: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="src", default="/work/main/runs/demo", help="a finished run (its SFT policy is the start)")
+    ap.add_argument("--from", dest="src", default="runs/demo", help="a finished run (its SFT policy is the start)")
     ap.add_argument("--out", default="runs/async_learning")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--updates", type=int, default=12)
+    ap.add_argument("--updates", type=int, default=16, help="per run, every arm (the demo has 30)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
     ap.add_argument("--report", action="store_true", help="only print the tables from OUT/results.jsonl")
     args = ap.parse_args()
