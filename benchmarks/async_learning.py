@@ -4,6 +4,8 @@ decoupled PPO at η = 4, from one SFT policy, several RL seeds, the same update 
     python benchmarks/async_learning.py --from runs/demo --out runs/async_learning \
         --seeds 0 1 2 --updates 16 --jobs 1
     python benchmarks/async_learning.py --out runs/async_learning --report      # the tables again
+    python benchmarks/async_learning.py --out runs/async_lr1e-3 --arms async-eta4 async-eta4-ppo \
+        --override '{"lr": 0.001}'      # more policy change per version: naive vs decoupled again
 
 Every run starts from the SAME SFT checkpoint: the `--from` run's version after SFT (the
 demo's v1; one SFT policy shared by all seeds and arms, copied, the source stays
@@ -85,7 +87,7 @@ def sampled_episodes(run_dir: Path) -> int:
         return ledger.count(split="train")
 
 
-def run_one(src: str, out: str, arm: str, seed: int, updates: int) -> dict[str, Any]:
+def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dict | None = None) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py
     from taurl.config import TrainConfig, load_config
     from taurl.errors import ConfigError
@@ -94,7 +96,7 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int) -> dict[str, 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
     bench.seed_run(src_p, run, json.loads((src_p / "state.json").read_text())["sft_version"])
-    data = {**json.loads(json.dumps(base.__dict__)), **arm_overrides(arm),
+    data = {**json.loads(json.dumps(base.__dict__)), **(override or {}), **arm_overrides(arm),
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
     cfg = load_config(TrainConfig, data=data)
     if overlap := bench.sft_task_overlap(base, cfg):
@@ -113,7 +115,7 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int) -> dict[str, 
     return {"arm": arm, "seed": seed, "schedule": cfg.schedule, "eta": cfg.staleness_eta if cfg.schedule == "async"
             else 0, "objective": cfg.objective, "updates": len(rl),
             "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
-            "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
+            "override": override or {}, "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
             "validation": summary["validation"], "holdout": summary["holdout"],
             "staleness_mean": statistics.mean(age("mean")) if rl else math.nan,
             "staleness_p95": max(age("p95"), default=math.nan), "staleness_max": max(age("max"), default=math.nan),
@@ -194,7 +196,8 @@ def tables(results: list[dict]) -> str:
     first = next(iter(by.values()))[0]
     lines = [f"SFT policy (every run): validation {first['validation']['sft']['success']:.3f}, holdout "
              f"{first['holdout']['sft']['success']:.3f}; {first['updates']} updates × "
-             f"{first['episodes_per_update']} episodes per run", "",
+             f"{first['episodes_per_update']} episodes per run"
+             + (f"; every arm with {json.dumps(first['override'])}" if first.get("override") else ""), "",
              "| arm | seeds | holdout, mean over seeds [95% t] | holdout pooled [task-clustered 95%] | per-seed holdout | "
              "validation, mean [95% t] | per-seed validation |", "|---|---|---|---|---|---|---|"]
     for arm, rs in by.items():
@@ -235,6 +238,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=16, help="per run, every arm (the demo has 30)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
+    ap.add_argument("--override", default="{}", help='JSON of other config keys for every arm, e.g. \'{"lr": 1e-3}\'')
     ap.add_argument("--report", action="store_true", help="only print the tables from OUT/results.jsonl")
     args = ap.parse_args()
     out = Path(args.out)
@@ -245,7 +249,7 @@ def main() -> None:
         # seed-major order: a partial comparison has every arm at the first seeds
         jobs = [(arm, s) for s in args.seeds for arm in args.arms if (arm, s) not in done]
         with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, args.src, args.out, arm, s, args.updates): (arm, s) for arm, s in jobs}
+            futs = {pool.submit(run_one, args.src, args.out, arm, s, args.updates, json.loads(args.override)): (arm, s) for arm, s in jobs}
             for f in cf.as_completed(futs):
                 r = f.result()
                 with log.open("a") as fh:
