@@ -196,3 +196,18 @@ def test_proximal_policy_costs_no_extra_forward_and_is_the_pre_update_policy(epo
                     rows = [row[row != 0][:n] for row in old if int((row != 0).sum()) == n]
                     assert rows and torch.allclose(rows[0], ref, atol=1e-5)
     assert counts["decoupled_ppo"] == counts["ppo"] == epochs
+
+
+def test_mismatch_counts_only_rows_sampled_by_the_learners_own_version():
+    # async: the learner trains version 3 on rows of versions 3, 2 and a partial rollout 2→3;
+    # only the all-version-3 row is on-policy, so a stale μ elsewhere is not a "mismatch"
+    model = _model()
+    fresh = _on_policy(model, "a", [10, 11, 12], 1.0, version=3)
+    stale = _on_policy(model, "b", [20, 21], 0.0, shift=0.5, version=2)
+    lp = sequence_logprobs(model, [5, 6, 7, 30, 31])[3:].tolist()
+    resumed = _traj("c", [([30], [lp[0] - 0.5], 2), ([31], [lp[1]], 3)], 0.0)
+    stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update([fresh, stale, resumed], version=3)
+    assert stats["mismatch/abs_max"] < 1e-4 and stats["mismatch/tokens"] == 3
+    # every row older than the learner (the batch's newest is 2, the learner is at 3): none is fresh
+    stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update([stale, stale], version=3)
+    assert stats["mismatch/tokens"] == 0 and stats["mismatch/abs_mean"] == 0.0

@@ -409,18 +409,17 @@ class Learner:
                 warming = self.critic.updates < cfg.critic_warmup_updates  # counted before this one
                 stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
                 if warming:  # the values are not fitted yet: no policy step on their advantages
-                    stats.update(self._idle_metrics(assigned.trajs))
+                    stats.update(self._idle_metrics(assigned.trajs, version))
                     stats.update({**age, "learn/rows": 0.0, "learn/skipped": 1.0, "learn/critic_warmup": 1.0,
                                   "learn/learn_s": time.perf_counter() - t0})
                     return stats
         stats.update(age)
         stats["learn/rows"] = float(len(kept))
         if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
-            stats.update(self._idle_metrics(drop_invalid(trajs)[0]))
+            stats.update(self._idle_metrics(drop_invalid(trajs)[0], version))
             stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
             return stats
         chunks = micro_batches(kept, cfg.micro_batch_tokens)
-        newest = max((v for t in kept for v in t.policy_versions), default=0)  # the fresh rows' version
         device = model_device(self.model)
         rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
@@ -440,9 +439,10 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(rows):
                 lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
-                if epoch == 0:  # on-policy rows only: a replayed row (older version) differs by design
-                    fresh = torch.tensor([max(kept[i].policy_versions, default=newest) == newest for i in chunks[j]],
-                                         dtype=r.mask.dtype, device=r.mask.device)
+                if epoch == 0:  # on-policy rows only: every action sampled by the weights being trained
+                    # (`version`, the learner's); a stale or replayed row differs by design, and
+                    # counting it would report staleness as an engine/learner mismatch
+                    fresh = _fresh_rows([kept[i] for i in chunks[j]], version, r.mask)
                     drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask * fresh[:, None],
                                                   clip_low=cfg.eps_low, clip_high=cfg.eps_high))
                 if prox is not None and epoch == 0:
@@ -480,7 +480,7 @@ class Learner:
         })
         return stats
 
-    def _idle_metrics(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+    def _idle_metrics(self, trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
         """The per-update metrics of an update that took no step (entropy is still measured)."""
         ent_sum = tok = 0.0
         device = model_device(self.model)
@@ -496,10 +496,17 @@ class Learner:
                 lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
                 ent_sum += float((ent * r.mask).sum()) if ent is not None else 0.0
                 tok += float(r.mask.sum())
-                drift.append(logprob_mismatch(lp, r.behaviour, r.mask, clip_low=cfg.eps_low, clip_high=cfg.eps_high))
+                keep = r.mask * _fresh_rows(part, version, r.mask)[:, None]
+                drift.append(logprob_mismatch(lp, r.behaviour, keep, clip_low=cfg.eps_low, clip_high=cfg.eps_high))
         return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
                 "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
                 "learn/tokens_per_s": 0.0, **combine_mismatch(drift).as_stats()}
+
+
+def _fresh_rows(trajs: Sequence[Trajectory], version: int, like: torch.Tensor) -> torch.Tensor:
+    """(N,) 1.0 where every action of the row was sampled by `version` (the learner's weights)."""
+    return torch.tensor([min(t.policy_versions, default=-1) == version for t in trajs],
+                        dtype=like.dtype, device=like.device)
 
 
 # ---------------------------------------------------------------------------------------
