@@ -183,3 +183,28 @@ def test_next_turn_reuses_the_finished_sequence_and_stays_exact(model, tok):
     for (f1, p2, s1), (f2, _, s2) in zip(with_cache, without, strict=True):
         assert f1.token_ids == f2.token_ids and s1.token_ids == s2.token_ids
         _check_logprobs(model, p2, s1)
+
+
+def test_a_groups_identical_prompts_are_prefilled_once_and_stay_exact(model, tok):
+    """G rollouts of one task share their first prompt: one prefill row serves all of them."""
+    engine = LocalEngine(model, tok, max_batch_size=16)
+    shared, other = _prompts(2, seed=5)
+    prompts = [shared] * 6 + [other] * 2
+
+    async def main():  # paused while they arrive, so they are admitted in one wave
+        await engine.pause()
+        calls = [asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=6, seed=i, temperature=1.0)))
+                 for i, p in enumerate(prompts)]
+        await asyncio.sleep(0.05)
+        await engine.resume()
+        return await asyncio.gather(*calls)
+
+    outs = asyncio.run(main())
+    assert engine.stats["prefills"] == 1 and engine.stats["prefill_rows_shared"] == 6
+    assert engine.stats["prefill_tokens"] == len(shared) + len(other)
+    for p, g in zip(prompts, outs, strict=True):
+        _check_logprobs(model, p, g)
+    assert len({tuple(g.token_ids) for g in outs[:6]}) > 1  # each row still samples its own tokens
+    alone = LocalEngine(model, tok)  # a seeded row samples what it samples alone
+    solo = asyncio.run(alone.generate(shared, SamplingParams(max_tokens=6, seed=3, temperature=1.0)))
+    assert solo.token_ids == outs[3].token_ids

@@ -261,7 +261,7 @@ class LocalEngine:
         self._idle.set()
         self._frozen = threading.Event()  # the worker holds its rows for pause("keep")
         self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0,
-                      "prefill_tokens": 0, "prefix_tokens_reused": 0}
+                      "prefill_tokens": 0, "prefix_tokens_reused": 0, "prefill_rows_shared": 0}
         self._prefixes = PrefixCache(prefix_cache_tokens)
         # decode steps without transformers' per-call Python (taurl.policy.slim_decode), for the
         # architectures it knows; the first decode step checks it against the model's forward
@@ -424,7 +424,28 @@ class LocalEngine:
                 batch, kv = [], None
 
     def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
-        """Prefill new rows; a row whose prompt extends a finished sequence reuses its KV.
+        """Prefill new rows; identical prompts (a GRPO group's first turn: G rollouts of one
+        task) are computed once and their keys/values copied to every row that asked."""
+        slot: dict[tuple[int, ...], int] = {}  # prompt -> its row among the unique ones
+        unique: list[_Request] = []
+        inverse = []  # reqs[i] takes row inverse[i] of the unique prefill
+        for r in reqs:
+            if (key := tuple(r.prompt)) not in slot:
+                slot[key] = len(unique)
+                unique.append(r)
+            inverse.append(slot[key])
+        now = time.perf_counter()
+        for r in reqs:
+            r.admitted = now
+        kv, logits = self._prefill_unique(unique)
+        if len(unique) == len(reqs):
+            return kv, logits
+        self.stats["prefill_rows_shared"] += len(reqs) - len(unique)
+        return kv.select(inverse), logits[inverse]
+
+    def _prefill_unique(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
+        """Prefill rows of distinct prompts; a row whose prompt extends a finished sequence
+        reuses its KV.
 
         Layout per row: [padding][reused prefix][padding][new tokens]; the mask hides the
         padding and positions are explicit, so the holes change nothing.
@@ -441,7 +462,6 @@ class LocalEngine:
             ids[i, width - n:] = torch.tensor(r.prompt[s:])
             mask[i, width - n:] = 1
             positions[i, width - n:] = torch.arange(s, len(r.prompt))
-            r.admitted = time.perf_counter()
         ids, mask, positions = (x.to(self.device) for x in (ids, mask, positions))
         if past is None:
             kv = BatchKV.empty(mask, [len(r.prompt) for r in reqs])
