@@ -9,7 +9,8 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from _tiny_lm import tiny_lm
+from transformers import Qwen2ForCausalLM
 
 from taurl.config import TrainConfig
 from taurl.errors import ConfigError, Error
@@ -22,11 +23,7 @@ V = 64
 
 
 def _model() -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=128,
-                      pad_token_id=0, eos_token_id=1)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_lm(V, max_positions=128)
 
 
 def _traj(name: str, actions: list[tuple[list[int], list[float], int]], reward: float = 0.0,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from _tiny_lm import tiny_lm
+from transformers import Qwen2ForCausalLM
 
 from taurl.credit import prm as prm_math  # by module: the mutation check patches its function
 from taurl.credit.batch import TurnBatch
@@ -32,11 +32,7 @@ END = [30, 31]  # the answer action
 
 
 def _model() -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256,
-                      pad_token_id=0, eos_token_id=1)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_lm(V, max_positions=256)
 
 
 def _traj(model, name: str, actions: list[list[int]], reward: float, group: str = "t1") -> Trajectory:
