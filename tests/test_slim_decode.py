@@ -123,3 +123,19 @@ def test_after_a_weight_update_the_slim_path_serves_the_new_weights(tok):
     for p, g in zip(prompts, _generate(engine, prompts), strict=True):
         ref = sequence_logprobs(new, p + g.token_ids, 0.9)[len(p):]
         assert g.policy_version == 1 and torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+
+
+def test_a_request_gives_the_same_numbers_on_the_checked_step_and_after(tok, monkeypatch):
+    # the first decode step (checked against the model's forward) is served by the slim path
+    # too, so a seeded request repeated later returns the same logprobs bit for bit. The slim
+    # path is tilted by a tiny known amount (within the check's 1e-4) so the two paths differ
+    model = create_policy(tok, "tiny", seed=0)
+    real = SlimDecoder.__call__
+    monkeypatch.setattr(SlimDecoder, "__call__", lambda self, *a: (lambda x: x + 1e-7 * torch.arange(
+        x.shape[-1], dtype=x.dtype))(real(self, *a)))
+    engine = LocalEngine(model, tok, seed=0)
+    p = _prompts(1, seed=4)[0]
+    first = _generate(engine, [p])[0]
+    again = _generate(engine, [p])[0]
+    assert engine.stats["slim_decode"] == 1.0
+    assert first.token_ids == again.token_ids and first.logprobs == again.logprobs

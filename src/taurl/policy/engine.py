@@ -481,18 +481,24 @@ class LocalEngine:
         mask = kv.extend_mask()
         if self._slim is not None and self._slim_checked:
             logits = self._slim(ids, positions[:, 0], mask, kv.cache)
+        elif self._slim is not None:  # the first decode step: the model's forward on a copy checks it
+            trial = kv.clone()
+            ref = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             use_cache=True, **{self._cache_kw: trial.cache}).logits[:, -1, :]
+            logits = self._slim(ids, positions[:, 0], mask, kv.cache)
+            # agreed: this step is served by the slim path like every later one (the same
+            # request gives the same numbers whenever it runs); else the model's step stands
+            if not self._check_slim(logits, ref):
+                logits, kv.cache = ref, trial.cache
         else:
-            trial = kv.clone() if self._slim is not None else None  # the slim step's own copy
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 use_cache=True, **{self._cache_kw: kv.cache}).logits[:, -1, :]
-            if trial is not None:
-                self._check_slim(self._slim(ids, positions[:, 0], trial.mask, trial.cache), logits)
         kv.advance()
         self.stats["steps"] += 1
         self.stats["batch_size_sum"] += len(batch)
         return logits.float()
 
-    def _check_slim(self, slim_logits: torch.Tensor, logits: torch.Tensor) -> None:
+    def _check_slim(self, slim_logits: torch.Tensor, logits: torch.Tensor) -> bool:
         """Keep the slim decode path only if it computes what the model's forward does."""
         diff = agrees(slim_logits, logits)
         self._slim_checked = True
@@ -500,8 +506,9 @@ class LocalEngine:
             log.warning("the slim decode path disagrees with %s's forward; decoding with the "
                         "model's own forward", type(self.model).__name__)
             self._slim = None
-        else:
-            self.stats["slim_decode"] = 1.0
+            return False
+        self.stats["slim_decode"] = 1.0
+        return True
 
     def _sample_and_finish(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
         """Sample one token per row, append it, return the rows that are finished."""
