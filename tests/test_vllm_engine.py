@@ -573,7 +573,12 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
     # the async schedule's `interrupt: interrupt` on the real server: every swap is
     # pause("abort") → reload (v1, then v0 again as version 2) → resume; cut actions go
     # on on the new version as further segments, staleness stays ≤ η. Over-provisioned
-    # groups (k = 2) are still running when the learner takes a batch, so swaps cut them
+    # groups (k = 2) may still be running when the learner takes a batch, and then a swap
+    # cuts them; whether one is mid-action at that instant depends on the machine's speed
+    # (6 were on the loaded development machine, 0 on an idle CI machine), so this test
+    # asserts the invariants on whatever splits happen; the cut-and-continue itself is
+    # asserted by test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights,
+    # which pauses once every action is on the server
     from types import SimpleNamespace
 
     from taurl import envs
@@ -634,7 +639,7 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
                 assert versions == sorted(set(versions))  # one segment per version, in order
                 split += len(versions) > 1
     print(f"async interrupt on vLLM: {split} action(s) split by a swap; engine stats {real.stats}")
-    assert real.version == 2 and split >= 1
+    assert real.version == 2
 
 
 @pytest.mark.vllm
