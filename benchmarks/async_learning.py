@@ -48,7 +48,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from long_credit import pooled_interval, seed_interval  # benchmarks/ (this script's directory)
+from long_credit import (  # benchmarks/ (this script's directory)
+    pooled_interval,
+    seed_interval,
+    task_counts,
+)
 from taurl.evaluate import t_quantile
 
 # arm -> (schedule, η, objective)
@@ -146,14 +150,7 @@ def task_paired_difference(runs: list[dict], base: list[dict], split: str) -> tu
     (both evaluated on the same tasks), then `paired_difference` over tasks. It holds the
     trained policies fixed: evaluation noise only, no seed-to-seed training variance."""
     def rates(rs: list[dict]) -> dict[str, float]:
-        k: dict[str, list[int]] = {}
-        for r in rs:
-            final = r[split]["final"]
-            for task, s in final["task_successes"].items():
-                k.setdefault(task, [0, 0])
-                k[task][0] += s
-                k[task][1] += final["trials"]
-        return {t: s / n for t, (s, n) in k.items()}
+        return {t: s / n for t, (s, n) in task_counts(rs, split).items()}
 
     a, b = rates(runs), rates(base)
     return paired_difference([a[t] - b[t] for t in sorted(a.keys() & b.keys())])

@@ -235,9 +235,8 @@ def seed_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, max(0.0, m - h), min(1.0, m + h)
 
 
-def pooled_interval(runs: list[dict], split: str) -> tuple[float, float, float]:
-    """Success pooled over seeds with the task-clustered interval (`cluster_wilson_interval`):
-    each task one cluster of seeds × trials episodes."""
+def task_counts(runs: list[dict], split: str) -> dict[str, list[int]]:
+    """Per evaluation task: [successes, episodes] summed over the runs' final evaluations."""
     per_task: dict[str, list[int]] = {}
     for r in runs:
         final = r[split]["final"]
@@ -245,6 +244,13 @@ def pooled_interval(runs: list[dict], split: str) -> tuple[float, float, float]:
             per_task.setdefault(task, [0, 0])
             per_task[task][0] += k
             per_task[task][1] += final["trials"]
+    return per_task
+
+
+def pooled_interval(runs: list[dict], split: str) -> tuple[float, float, float]:
+    """Success pooled over seeds with the task-clustered interval (`cluster_wilson_interval`):
+    each task one cluster of seeds × trials episodes."""
+    per_task = task_counts(runs, split)
     succ, sizes = [v[0] for v in per_task.values()], [v[1] for v in per_task.values()]
     lo, hi = cluster_wilson_interval(succ, sizes)
     return sum(succ) / max(1, sum(sizes)), lo, hi

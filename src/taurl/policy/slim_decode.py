@@ -48,7 +48,6 @@ class SlimDecoder:
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model
         inner = model.model
         cfg = model.config
         self.layers = list(inner.layers)
