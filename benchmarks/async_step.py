@@ -30,7 +30,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt",
+def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt", engine_options: dict | None = None,
               objective: str = "decoupled_ppo", threads: int = 1) -> dict:
     from taurl.config import TrainConfig, load_config
     from taurl.recipe import train
@@ -48,7 +48,8 @@ def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt
                 # room for the η + 1 batches (+ k groups) the admission rule lets run at once
                 "concurrency": base.tasks_per_update * base.group_size * (eta + 1) + base.group_size * overprovision,
                 "eval_tasks": 1, "eval_trials": 1, "rl_max_seconds": 0, "keep_checkpoints": 1,
-                "alarms": {"enabled": False}, "expert_options": {}, "warmup_options": {}}
+                "alarms": {"enabled": False}, "expert_options": {}, "warmup_options": {},
+                "engine_options": {**base.engine_options, **(engine_options or {})}}
         cfg = load_config(TrainConfig, data=data)
         run_dir = tmp / "run"
         c0 = time.process_time()

@@ -50,6 +50,7 @@ TAURL_SETTINGS = {  # rollout on one thread; the learner on one or two (passive 
     # thread each, staleness ≤ η; timed per update in the steady state (first update excluded)
     "async-eta1": (["--eta", "1"], {}),
     "async-eta2": (["--eta", "2"], {}),
+    "async-eta4": (["--eta", "4"], {}),
 }
 SYNC_SETTINGS = ["1", "1+learn2", "1+learn2-active"]
 TRL_SETTINGS = {

@@ -208,3 +208,29 @@ def test_a_groups_identical_prompts_are_prefilled_once_and_stay_exact(model, tok
     alone = LocalEngine(model, tok)  # a seeded row samples what it samples alone
     solo = asyncio.run(alone.generate(shared, SamplingParams(max_tokens=6, seed=3, temperature=1.0)))
     assert solo.token_ids == outs[3].token_ids
+
+
+def test_waiting_requests_are_served_lowest_priority_first_and_stay_exact(model, tok):
+    """With the batch full, a request of lower priority value jumps the queue (the async
+    schedule ranks by group age); equal priorities keep arrival order."""
+    engine = LocalEngine(model, tok, max_batch_size=1)
+    prompts = _prompts(6, seed=5)
+    priorities = [0, 5, 3, 3, 1, 9]
+    served: list[int] = []
+
+    async def main():
+        async def one(i):
+            g = await engine.generate(prompts[i], SamplingParams(max_tokens=4, seed=i, priority=priorities[i]))
+            served.append(i)
+            return g
+        await engine.pause("wait")  # every request waits in the queue before any is served
+        tasks = [asyncio.create_task(one(i)) for i in range(6)]
+        while (await engine.health()).in_flight < 6:
+            await asyncio.sleep(0)
+        await engine.resume()
+        return await asyncio.gather(*tasks)
+
+    outs = asyncio.run(main())
+    assert served == [0, 4, 2, 3, 1, 5]
+    for p, g in zip(prompts, outs, strict=True):
+        _check_logprobs(model, p, g)

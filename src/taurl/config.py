@@ -229,9 +229,10 @@ class TrainConfig:
             out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
         if self.engine not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine!r})")
-        elif self.engine == "local" and (bad := sorted(set(self.engine_options) - {"prefix_cache_tokens", "slim_decode"})):
-            out.append(f"engine_options {bad} are not options of engine 'local' (it takes prefix_cache_tokens, slim_decode; "
-                       "max_batch_size and seed come from concurrency and seed)")
+        elif self.engine == "local" and (bad := sorted(set(self.engine_options)
+                                                       - {"prefix_cache_tokens", "slim_decode", "max_batch_size"})):
+            out.append(f"engine_options {bad} are not options of engine 'local' (it takes prefix_cache_tokens, slim_decode, "
+                       "max_batch_size; seed comes from seed)")
         elif self.engine == "vllm" and self.temperature <= 0:
             out.append("engine: vllm trains at temperature > 0 (greedy behaviour logprobs are not a policy's)")
         out += self.schedule_problems()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny_lm import tiny_lm
+from tests.train._tiny_lm import tiny_lm
 from transformers import Qwen2ForCausalLM
 
 from taurl.errors import ConfigError

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from _tiny_lm import tiny_lm
+from tests.train._tiny_lm import tiny_lm
 from transformers import Qwen2ForCausalLM
 
 from taurl.errors import ContractError

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _tiny_lm import tiny_lm
+from tests.train._tiny_lm import tiny_lm
 from transformers import Qwen2ForCausalLM
 
 from taurl.credit import prm as prm_math  # by module: the mutation check patches its function

@@ -27,11 +27,13 @@ the version that produced every one of its tokens.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
+import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,9 @@ class SamplingParams:
     stop: strings that end the completion once the decoded new text contains one.
     stop_token_ids: ids that end the completion (the engine's EOS always does).
     seed: makes the draw reproducible for this request (None: the engine's generator).
+    priority: lower is served first when requests wait for a place in the running batch
+        (vLLM's convention); equal priorities are first come, first served. `LocalEngine`
+        honours it; the vLLM client does not send it (a server runs first come, first served).
     """
 
     temperature: float = 1.0
@@ -62,6 +67,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -248,7 +254,10 @@ class LocalEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         # prefill needs the last position's logits only; a forward without the option gives all
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._pending: deque[_Request] = deque()
+        # requests waiting for a row: a heap of (priority, arrival, request), so the oldest
+        # of the most urgent goes first (the async schedule ranks by group age)
+        self._pending: list[tuple[int, int, _Request]] = []
+        self._arrivals = itertools.count()
         self._lock = threading.Lock()  # guards _pending and the worker flag
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
@@ -292,7 +301,7 @@ class LocalEngine:
         req = _Request(prompt, sampling, loop.create_future(), loop, gen, time.perf_counter())
         req.max_new = min(sampling.max_tokens, self._max_context - len(prompt))
         with self._lock:
-            self._pending.append(req)
+            heapq.heappush(self._pending, (sampling.priority, next(self._arrivals), req))
             self._idle.clear()
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._serve, name="taurl-engine")
@@ -366,7 +375,7 @@ class LocalEngine:
             self._serve_loop()
         finally:  # whatever ended the loop, no caller may wait forever
             with self._lock:
-                stranded = list(self._pending) if self._worker is threading.current_thread() else []
+                stranded = [r for _, _, r in self._pending] if self._worker is threading.current_thread() else []
                 if stranded:
                     self._pending.clear()
                     self._worker = None
@@ -384,7 +393,7 @@ class LocalEngine:
                 frozen = self._paused and self._mode == "keep"
                 if not self._paused:
                     while self._pending and len(batch) + len(admitted) < self.max_batch_size:
-                        admitted.append(self._pending.popleft())
+                        admitted.append(heapq.heappop(self._pending)[2])
                 if abort:  # end the running rows now, with what they have sampled so far
                     for r in batch:
                         self._resolve(r, reason="abort")
@@ -553,10 +562,10 @@ class LocalEngine:
         for i in done:  # keep what was computed: the agent's next turn extends this sequence
             r = batch[i]
             self._prefixes.put(r.prompt + r.out_ids[:-1], kv.row(i))
-        keep = [i for i in range(len(batch)) if i not in set(done)]
-        if not keep:
+        if len(done) == len(batch):
             return [], None
-        return [batch[i] for i in keep], kv.select(keep)
+        order = kv.remove(done)  # in place; the last rows take the finished rows' places
+        return [batch[i] for i in order], kv
 
     def _resolve(self, r: _Request, reason: str = "", matched: Any = None, exc: Exception | None = None) -> None:
         if r.future.done():

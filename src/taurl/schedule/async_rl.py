@@ -66,6 +66,9 @@ class _Tap:
         return getattr(self._engine, name)
 
     async def generate(self, prompt_ids: Any, sampling: Any) -> Any:
+        # older groups first: a batch completes as soon as the engine can finish it, instead
+        # of every batch in flight sharing the engine and completing late together
+        sampling = dataclasses.replace(sampling, priority=self._group.index)
         gen = await self._engine.generate(prompt_ids, sampling)
         if gen.token_ids:
             g = self._group
