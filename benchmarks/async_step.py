@@ -30,8 +30,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt", engine_options: dict | None = None,
-              objective: str = "decoupled_ppo", threads: int = 1) -> dict:
+def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt",
+              objective: str = "decoupled_ppo", threads: int = 1, engine_options: dict | None = None) -> dict:
     from taurl.config import TrainConfig, load_config
     from taurl.recipe import train
 

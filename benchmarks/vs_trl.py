@@ -51,6 +51,7 @@ TAURL_SETTINGS = {  # rollout on one thread; the learner on one or two (passive 
     "async-eta1": (["--eta", "1"], {}),
     "async-eta2": (["--eta", "2"], {}),
     "async-eta4": (["--eta", "4"], {}),
+    "async-eta4-finish": (["--eta", "4", "--interrupt", "finish"], {}),
 }
 SYNC_SETTINGS = ["1", "1+learn2", "1+learn2-active"]
 TRL_SETTINGS = {

@@ -126,7 +126,7 @@ class TrainConfig:
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; README: Engines)
-    engine_options: dict[str, Any] = field(default_factory=dict)  # its options (vllm: url, or python to start one; verify; ...)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode; vllm: url, or python to start one; verify; ...)
     backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; README: Scale out on Ray)
     backend_options: dict[str, Any] = field(default_factory=dict)  # ray: workers, num_cpus, max_restarts, max_attempts
     sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none

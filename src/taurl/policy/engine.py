@@ -45,6 +45,8 @@ from taurl.errors import EngineError
 from taurl.policy.kv_cache import BatchKV
 from taurl.policy.slim_decode import SlimDecoder, agrees
 
+PREFILL_PAD_WASTE = 0.25  # padding a prefill forward may add, as a share of its real tokens
+
 log = logging.getLogger("taurl.engine")
 
 
@@ -418,7 +420,7 @@ class LocalEngine:
             try:
                 with torch.no_grad():
                     if admitted:
-                        new_kv, logits = self._prefill(admitted)
+                        new_kv, logits, admitted = self._prefill(admitted)
                         offset = len(batch)  # admitted rows sit after the running ones
                         batch, kv = batch + admitted, new_kv if kv is None else kv.merge(new_kv)
                         done = self._sample_and_finish(admitted, logits)
@@ -432,9 +434,10 @@ class LocalEngine:
                     self._resolve(r, exc=EngineError(f"engine step failed: {type(e).__name__}: {e}"))
                 batch, kv = [], None
 
-    def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
+    def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor, list[_Request]]:
         """Prefill new rows; identical prompts (a GRPO group's first turn: G rollouts of one
-        task) are computed once and their keys/values copied to every row that asked."""
+        task) are computed once and their keys/values copied to every row that asked.
+        Returns the cache, the last logits and the requests in the order of its rows."""
         slot: dict[tuple[int, ...], int] = {}  # prompt -> its row among the unique ones
         unique: list[_Request] = []
         inverse = []  # reqs[i] takes row inverse[i] of the unique prefill
@@ -446,21 +449,52 @@ class LocalEngine:
         now = time.perf_counter()
         for r in reqs:
             r.admitted = now
-        kv, logits = self._prefill_unique(unique)
+        kv, logits, order = self._prefill_unique(unique)
+        askers: dict[int, list[_Request]] = {}
+        for r, u in zip(reqs, inverse, strict=True):
+            askers.setdefault(u, []).append(r)
+        rows = [row for row, u in enumerate(order) for _ in askers[u]]
+        placed = [r for u in order for r in askers[u]]
         if len(unique) == len(reqs):
-            return kv, logits
+            return kv, logits, placed
         self.stats["prefill_rows_shared"] += len(reqs) - len(unique)
-        return kv.select(inverse), logits[inverse]
+        return kv.select(rows), logits[rows], placed
 
-    def _prefill_unique(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor]:
+    def _prefill_unique(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor, list[int]]:
         """Prefill rows of distinct prompts; a row whose prompt extends a finished sequence
-        reuses its KV.
+        reuses its KV. Returns the cache, the last logits and which request each row is.
+
+        Rows of very different new lengths are prefilled in separate forwards (longest first,
+        a chunk grows while its padding stays under `PREFILL_PAD_WASTE` of its real tokens):
+        one forward pads every row to the longest, and after a weight swap, when whole
+        contexts are prefilled again, that padding was most of the prefill's work.
+        """
+        prefixes = [self._prefixes.take(r.prompt) for r in reqs]
+        starts = [0 if p is None else p[0][0].shape[2] for p in prefixes]
+        new = [len(r.prompt) - s for r, s in zip(reqs, starts, strict=True)]
+        order = sorted(range(len(reqs)), key=lambda i: -new[i])
+        chunks: list[list[int]] = []
+        for i in order:
+            c = chunks[-1] if chunks else None
+            if c is not None and (len(c) + 1) * new[c[0]] <= (1 + PREFILL_PAD_WASTE) * (sum(new[j] for j in c) + new[i]):
+                c.append(i)
+            else:
+                chunks.append([i])
+        kv, logits = None, []
+        for c in chunks:
+            part, lg = self._prefill_rows([reqs[i] for i in c], [prefixes[i] for i in c], [starts[i] for i in c])
+            kv = part if kv is None else kv.merge(part)
+            logits.append(lg)
+        self.stats["prefill_tokens"] += sum(new)
+        self.stats["prefix_tokens_reused"] += sum(starts)
+        return kv, torch.cat(logits), [i for c in chunks for i in c]
+
+    def _prefill_rows(self, reqs: list[_Request], prefixes: list, starts: list[int]) -> tuple[BatchKV, torch.Tensor]:
+        """One forward over `reqs` (their cached prefixes given).
 
         Layout per row: [padding][reused prefix][padding][new tokens]; the mask hides the
         padding and positions are explicit, so the holes change nothing.
         """
-        prefixes = [self._prefixes.take(r.prompt) for r in reqs]
-        starts = [0 if p is None else p[0][0].shape[2] for p in prefixes]
         past = BatchKV.from_prefixes(prefixes)
         width = max(len(r.prompt) - s for r, s in zip(reqs, starts, strict=True))
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
@@ -480,8 +514,6 @@ class LocalEngine:
                          use_cache=True, **self._last_only, **{self._cache_kw: kv.cache})
         kv.zero_padding()
         self.stats["prefills"] += 1
-        self.stats["prefix_tokens_reused"] += sum(starts)
-        self.stats["prefill_tokens"] += sum(len(r.prompt) - s for r, s in zip(reqs, starts, strict=True))
         return kv, out.logits[:, -1, :].float()
 
     def _decode(self, batch: list[_Request], kv: BatchKV) -> torch.Tensor:

@@ -10,9 +10,11 @@
             wait for B complete groups, oldest first         # group-complete batches
             drop (and count) any group older than η            # the check at consumption
             learner.update(batch) → checkpoint v+1 (it records the groups it consumed)
-            swap weights: finish (in-flight actions end on the old weights) |
-                          interrupt (pause "abort"; the actions go on on the new weights)
-            abort (and count) in-flight groups that can no longer be fresh
+            version v+1 now counts for admission and freshness; abort (and count)
+                in-flight groups that can no longer be fresh
+            swap weights in the background, while the learner takes its next batch:
+                finish (in-flight actions end on the old weights) |
+                interrupt (pause "abort"; the actions go on on the new weights)
 
 Crash safety as in the sync loop: episode ids and seeds are fixed by the group index, every
 episode is in the ledger as it ends, and a checkpoint records the groups trained (and
@@ -248,8 +250,16 @@ class AsyncSchedule:
             if g.oldest is not None and self.version - g.oldest > self.eta:
                 self.abort(g, f"older than η={self.eta} at version {self.version}")
 
+    def advance(self, version: int) -> None:
+        """The learner is at `version`: admission and freshness count from it at once, while
+        the engine may still serve an older one (that lag is staleness, bounded by η)."""
+        self.version = version
+        self.doom()
+        self.changed.set()
+
     async def swap(self, checkpoint: Any, version: int) -> None:
         """Serve `version`: in-flight actions finish on the old weights, or are cut and go on."""
+        self.advance(max(self.version, version))
         if self.cfg.interrupt == "interrupt":
             await self.engine.pause("abort")
             try:
@@ -258,8 +268,6 @@ class AsyncSchedule:
                 await self.engine.resume()
         else:
             await self.engine.load_weights(checkpoint, version)
-        self.version = version
-        self.doom()
         self.changed.set()
 
     async def close(self) -> int:
@@ -295,6 +303,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     # the staleness alarm checks the bound this run promises (unless alarms set their own)
     watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read())
     producer = asyncio.create_task(sched.produce())
+    swapping: asyncio.Task | None = None  # the engine loading the newest version, behind the learner
     t_start = time.perf_counter()
     try:
         for update in range(first, cfg.updates + 1):
@@ -314,8 +323,13 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             lstats = await proc.update(update, version, batch, meta)  # learns, writes checkpoint v+1
             version += 1
             r.hook("checkpoint_saved", {"version": version})
+            if swapping is not None:
+                await swapping  # one load at a time, in version order (and its errors surface here)
             prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
-            await sched.swap(r.run.checkpoint(version), version)
+            # the learner goes on to the next batch while the engine drains (finish) or cuts
+            # (interrupt) its in-flight actions and loads the new weights
+            sched.advance(version)
+            swapping = asyncio.create_task(sched.swap(r.run.checkpoint(version), version))
             delta = {k: sched.counts[k] - before[k] for k in before}
             roll_s = max(g.t_end for g in groups) - min(g.t_start for g in groups)
             row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, roll_s),
@@ -334,6 +348,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             if end_update(r, watch, bar, row, update, version, t0, t_start):
                 break
     finally:
+        if swapping is not None:
+            await asyncio.gather(swapping, return_exceptions=True)
         proc.close()
         left = await sched.close()
         producer.cancel()
