@@ -450,15 +450,14 @@ class LocalEngine:
         for r in reqs:
             r.admitted = now
         kv, logits, order = self._prefill_unique(unique)
+        if len(unique) == len(reqs):
+            return kv, logits, [unique[u] for u in order]
         askers: dict[int, list[_Request]] = {}
         for r, u in zip(reqs, inverse, strict=True):
             askers.setdefault(u, []).append(r)
         rows = [row for row, u in enumerate(order) for _ in askers[u]]
-        placed = [r for u in order for r in askers[u]]
-        if len(unique) == len(reqs):
-            return kv, logits, placed
         self.stats["prefill_rows_shared"] += len(reqs) - len(unique)
-        return kv.select(rows), logits[rows], placed
+        return kv.select(rows), logits[rows], [r for u in order for r in askers[u]]
 
     def _prefill_unique(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor, list[int]]:
         """Prefill rows of distinct prompts; a row whose prompt extends a finished sequence
@@ -474,12 +473,14 @@ class LocalEngine:
         new = [len(r.prompt) - s for r, s in zip(reqs, starts, strict=True)]
         order = sorted(range(len(reqs)), key=lambda i: -new[i])
         chunks: list[list[int]] = []
-        for i in order:
-            c = chunks[-1] if chunks else None
-            if c is not None and (len(c) + 1) * new[c[0]] <= (1 + PREFILL_PAD_WASTE) * (sum(new[j] for j in c) + new[i]):
-                c.append(i)
+        real = 0  # real new tokens of the last chunk
+        for i in order:  # a chunk's first row is its longest: every row is padded to it
+            if chunks and (len(chunks[-1]) + 1) * new[chunks[-1][0]] <= (1 + PREFILL_PAD_WASTE) * (real + new[i]):
+                chunks[-1].append(i)
+                real += new[i]
             else:
                 chunks.append([i])
+                real = new[i]
         kv, logits = None, []
         for c in chunks:
             part, lg = self._prefill_rows([reqs[i] for i in c], [prefixes[i] for i in c], [starts[i] for i in c])

@@ -259,7 +259,8 @@ class AsyncSchedule:
 
     async def swap(self, checkpoint: Any, version: int) -> None:
         """Serve `version`: in-flight actions finish on the old weights, or are cut and go on."""
-        self.advance(max(self.version, version))
+        if version > self.version:  # the async loop advanced already, before starting the swap
+            self.advance(version)
         if self.cfg.interrupt == "interrupt":
             await self.engine.pause("abort")
             try:
@@ -348,8 +349,12 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             if end_update(r, watch, bar, row, update, version, t0, t_start):
                 break
     finally:
-        if swapping is not None:
-            await asyncio.gather(swapping, return_exceptions=True)
+        if swapping is not None:  # the last load: training is done, so a failure is only reported
+            (res,) = await asyncio.gather(swapping, return_exceptions=True)
+            if isinstance(res, Exception):
+                log.warning("the engine could not load the last version after the final update "
+                            "(%s: %s); the checkpoint is written and the evaluations load it themselves",
+                            type(res).__name__, res)
         proc.close()
         left = await sched.close()
         producer.cancel()
