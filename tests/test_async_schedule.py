@@ -271,3 +271,38 @@ def test_config_problems_name_the_async_options():
     text = " ".join(bad.schedule_problems())
     assert "schedule must be sync or async" in text and "staleness_eta" in text and "interrupt must be" in text
     assert not TrainConfig(schedule="async").schedule_problems()
+
+
+@pytest.mark.timeout(600)
+def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_version(tmp_path, monkeypatch):
+    """The weight load runs behind the learner: the load of update u's checkpoint is held
+    until the learner has been handed batch u + 1, which a loop that awaited the load before
+    taking its next batch could never do (the hold then runs out, and the test fails)."""
+    import time
+
+    from taurl.config import load_config
+    from taurl.recipe import train
+    from taurl.schedule.learner_proc import LearnerProcess
+
+    sent: list[int] = []
+    held: list[bool] = []
+    real_update, real_load = LearnerProcess.update, LocalEngine.load_weights
+
+    async def update(self, update, version, batch, groups):
+        sent.append(update)
+        return await real_update(self, update, version, batch, groups)
+
+    async def load_weights(self, checkpoint_dir, version):
+        u, t = version - 1, time.monotonic()  # the SFT policy is v1: v(u + 1) is update u's
+        last = u == KILL_CFG["updates"]
+        while len(sent) <= u and not last and time.monotonic() - t < 30:
+            await asyncio.sleep(0.01)
+        held.append(len(sent) > u or last)
+        return await real_load(self, checkpoint_dir, version)
+
+    monkeypatch.setattr(LearnerProcess, "update", update)
+    monkeypatch.setattr(LocalEngine, "load_weights", load_weights)
+    cfg = load_config(TrainConfig, data={**KILL_CFG, "interrupt": "finish"})
+    train(cfg, str(tmp_path / "run"), progress=False)
+    assert sent == [1, 2, 3, 4] and len(held) == 4
+    assert all(held)  # every load but the last overlapped the learner's next update
