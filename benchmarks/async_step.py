@@ -71,7 +71,9 @@ def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt
             "rollout_s": round(statistics.mean(r.get("rollout/wall_s", 0.0) for r in rl[1:]), 4),
             "learn_s": round(statistics.mean(r.get("time/learn_s", 0.0) for r in rl[1:]), 4),
             "learner_idle_s": round(statistics.mean(r.get("time/learner_idle_s", 0.0) for r in rl[1:]), 4),
-            "checkpoint_s": 0.0, "cpu_s": round(cpu_main / max(len(rl), 1), 4),
+            "checkpoint_s": round(statistics.mean(r.get("time/checkpoint_s", 0.0) for r in rl[1:]), 4),
+            "update_s": round(statistics.mean(r.get("time/update_s", 0.0) for r in rl[1:]), 4),
+            "cpu_s": round(cpu_main / max(len(rl), 1), 4),
             "max_staleness": max(r.get("rollout/staleness_max", 0.0) for r in rl),
             "dropped_stale_groups": sum(r.get("rollout/dropped_stale_groups", 0.0) for r in rl),
             "reward": [round(r.get("rollout/reward_mean", float("nan")), 3) for r in rl]}

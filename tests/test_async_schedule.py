@@ -306,3 +306,78 @@ def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_
     train(cfg, str(tmp_path / "run"), progress=False)
     assert sent == [1, 2, 3, 4] and len(held) == 4
     assert all(held)  # every load but the last overlapped the learner's next update
+
+
+
+# A sitecustomize for the learner process. The write of checkpoint v waits until the
+# learner has begun the next update (at most 3 s: the last update has none), then 1 s more,
+# in which a step that did not wait would happen. Every checkpoint keeps its optimizer state
+# (the learner drops all but the newest's).
+SLOW_SAVE = """import time
+
+import taurl.train.checkpoint as _checkpoint
+import taurl.train.learner as _learner
+
+_begun = [-1]  # the version of the newest update begun
+_real_save, _real_update = _checkpoint.save_policy, _learner.Learner.update
+
+
+def _update(self, trajs, version=None):
+    _begun.append(version)
+    return _real_update(self, trajs, version=version)
+
+
+def _save(model, tokenizer, path, extra=None, **kwargs):
+    t = time.monotonic()
+    while _begun[-1] < (extra or {}).get("policy_version", 0) and time.monotonic() - t < 3:
+        time.sleep(0.01)
+    time.sleep(1.0)
+    return _real_save(model, tokenizer, path, extra, **kwargs)
+
+
+_learner.Learner.update = _update
+_checkpoint.save_policy = _save  # (the name the checkpoint writer calls)
+_checkpoint.drop_optimizer_state = lambda path: None
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoint_holds_its_update(
+        tmp_path, monkeypatch):
+    """The learner process writes update u's checkpoint in a thread while it trains batch
+    u + 1, and the optimizer step of u + 1 waits for that write. Made visible by holding
+    every checkpoint write there until the next update has begun, and 1 s more (a
+    sitecustomize on the learner process's path, SLOW_SAVE):
+    - the parent gets each update's answer before its checkpoint is written (a learner that
+      wrote the checkpoint first would answer ≥ 4 s late: ``time/checkpoint_s``);
+    - each checkpoint holds bitwise the optimizer state the next optimizer step started from
+      (the kill-point trace's digest, taken inside that step): without the wait, step u + 1
+      changes it before the delayed write of u reads it, and they differ. (The weights are
+      not compared: this tiny run's advantages are mostly 0, so a step may leave them.)"""
+    from taurl.chaos import TRACE_ENV, optimizer_digest
+    from taurl.config import load_config
+    from taurl.recipe import train
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SAVE)
+    monkeypatch.syspath_prepend(str(site))  # the learner process's PYTHONPATH is this sys.path
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    cfg = load_config(TrainConfig, data={**KILL_CFG, "updates": 3, "overprovision": 0, "keep_checkpoints": 4})
+    run = RunDir(tmp_path / "run")
+    train(cfg, str(run.root), progress=False)
+
+    rl = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
+    assert [r["update"] for r in rl] == [1, 2, 3]
+    assert all(r["time/checkpoint_s"] < 1.0 for r in rl), [r["time/checkpoint_s"] for r in rl]
+    before_step = {}  # optimizer step k → digest of the optimizer state inside it, before it changes it
+    for line in trace.read_text().splitlines():
+        name, _, facts = line.partition(" ")
+        if name.startswith("learner_step@step="):
+            before_step[int(name.rsplit("=", 1)[1])] = json.loads(facts)["optimizer"]
+    assert sorted(before_step) == [1, 2, 3]  # one optimizer step per update
+    v_sft = json.loads((run.root / "state.json").read_text())["sft_version"]
+    for u in (1, 2):  # (the moments and the step count: they change at every step)
+        saved = optimizer_digest(torch.load(run.checkpoint(v_sft + u) / "optimizer.pt", weights_only=True))
+        assert saved == before_step[u + 1], f"checkpoint of update {u} is not the state after it"

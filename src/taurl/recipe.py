@@ -301,23 +301,36 @@ def end_update(r: Run, watch: Watch, bar: Any, row: dict[str, Any], update: int,
                t_start: float) -> bool:
     """Alarms, metrics row, progress line and hooks of a finished update (every schedule);
     True when RL stops here (an alarm in ``alarms.stop_on``, or the ``rl_max_seconds`` budget)."""
+    stop = judge_update(r, watch, row, update, t_start)
+    record_update(r, bar, row, update, version, t0)
+    if stop is not None:
+        r.save_state(**stop)
+    return stop is not None
+
+
+def judge_update(r: Run, watch: Watch, row: dict[str, Any], update: int, t_start: float) -> dict[str, Any] | None:
+    """The alarms of an update (each adds alarm/<name> to `row` and logs a warning); the run
+    state to save if RL stops after it (an alarm in ``alarms.stop_on``, the ``rl_max_seconds``
+    budget), else None."""
     cfg = r.cfg
-    fired = watch.observe(row)  # adds alarm/<name> to the row, logs a warning per alarm
-    r.metrics.write(update, row)
-    bar.update(1)
-    tqdm.write(console_line(row, cfg.updates)) if r.progress else log.info(console_line(row, cfg.updates))
-    r.hook("update_done", {"update": update, "version": version})
-    r.phase_done("rl", time.perf_counter() - t0)
+    fired = watch.observe(row)
     if (stop := watch.stops(fired)) and update < cfg.updates:
         log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
                     ", ".join(stop))
-        r.save_state(rl_stopped_early=update, rl_stopped_by=stop)
-        return True
+        return {"rl_stopped_early": update, "rl_stopped_by": stop}
     if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
         log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
-        r.save_state(rl_stopped_early=update)
-        return True
-    return False
+        return {"rl_stopped_early": update}
+    return None
+
+
+def record_update(r: Run, bar: Any, row: dict[str, Any], update: int, version: int, t0: float) -> None:
+    """The metrics row, progress line and ``update_done`` hook of an update whose checkpoint is written."""
+    r.metrics.write(update, row)
+    bar.update(1)
+    tqdm.write(console_line(row, r.cfg.updates)) if r.progress else log.info(console_line(row, r.cfg.updates))
+    r.hook("update_done", {"update": update, "version": version})
+    r.phase_done("rl", time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------

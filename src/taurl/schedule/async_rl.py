@@ -281,6 +281,25 @@ class AsyncSchedule:
         return len(left)
 
 
+async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any], update: int, version: int,
+                    t0: float, v_sft: int) -> None:
+    """Once checkpoint `version` is whole on disk: its hook, the update's metrics row (so a
+    row is never ahead of the checkpoints: a killed run resumes at the first update without
+    one), and the retention of old checkpoints."""
+    from taurl.recipe import record_update
+
+    await proc.saved(version)
+    r.hook("checkpoint_saved", {"version": version})
+    record_update(r, bar, row, update, version, t0)
+    prune_checkpoints(r.run, r.cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
+
+
+async def _swapped(sched: AsyncSchedule, saving: asyncio.Task, checkpoint: Any, version: int) -> None:
+    """The engine loads `version` once its checkpoint is written (the engine reads the files)."""
+    await saving
+    await sched.swap(checkpoint, version)
+
+
 def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                   seed: int) -> None:
     """The RL phase of the recipe with ``schedule: async`` (module docstring)."""
@@ -291,7 +310,7 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
-    from taurl.recipe import end_update  # the recipe imports this module when schedule: async
+    from taurl.recipe import judge_update  # the recipe imports this module when schedule: async
 
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
@@ -304,7 +323,9 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     # the staleness alarm checks the bound this run promises (unless alarms set their own)
     watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read())
     producer = asyncio.create_task(sched.produce())
+    saving: asyncio.Task | None = None  # the newest checkpoint being written, then its row recorded
     swapping: asyncio.Task | None = None  # the engine loading the newest version, behind the learner
+    ended = False  # the loop ran to its end (no error is on its way out)
     t_start = time.perf_counter()
     try:
         for update in range(first, cfg.updates + 1):
@@ -320,17 +341,10 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             in_flight = len(sched.running)
             r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
             meta = {k: list(v) for k, v in sched.done_ids.items()}
+            await proc.ready()  # (only the first update can wait here: the learner process starts)
             t1 = time.perf_counter()
-            lstats = await proc.update(update, version, batch, meta)  # learns, writes checkpoint v+1
+            lstats = await proc.update(update, version, batch, meta)  # learns; checkpoint v+1 is written behind
             version += 1
-            r.hook("checkpoint_saved", {"version": version})
-            if swapping is not None:
-                await swapping  # one load at a time, in version order (and its errors surface here)
-            prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
-            # the learner goes on to the next batch while the engine drains (finish) or cuts
-            # (interrupt) its in-flight actions and loads the new weights
-            sched.advance(version)
-            swapping = asyncio.create_task(sched.swap(r.run.checkpoint(version), version))
             delta = {k: sched.counts[k] - before[k] for k in before}
             roll_s = max(g.t_end for g in groups) - min(g.t_start for g in groups)
             row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, roll_s),
@@ -344,14 +358,29 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "rollout/carried_groups": float(in_flight + len(sched.ready)),
                    "time/learner_idle_s": t_idle, "time/rollout_s": roll_s,
                    "time/learn_s": lstats.get("learn/learn_s", 0.0),
+                   # the batch's way to the learner and back (the checkpoint is written behind)
                    "time/checkpoint_s": time.perf_counter() - t1 - lstats.get("learn/learn_s", 0.0),
                    "time/update_s": time.perf_counter() - t0}
-            if end_update(r, watch, bar, row, update, version, t0, t_start):
+            stop = judge_update(r, watch, row, update, t_start)
+            if swapping is not None:
+                await swapping  # one load at a time, in version order (and its errors surface here)
+            # the learner goes on to the next batch at once; behind it, its checkpoint is
+            # written, the row recorded, and the engine drains (finish) or cuts (interrupt)
+            # its in-flight actions and loads the new weights
+            sched.advance(version)
+            saving = asyncio.create_task(_recorded(r, proc, bar, row, update, version, t0, v_sft))
+            swapping = asyncio.create_task(_swapped(sched, saving, r.run.checkpoint(version), version))
+            if stop is not None:
+                await saving  # the state says RL stopped after an update that is on disk
+                r.save_state(**stop)
                 break
+        ended = True
     finally:
+        # the last checkpoint: its failure is the run's (raised below, unless another error is on its way)
+        (save_error,) = await asyncio.gather(saving, return_exceptions=True) if saving is not None else (None,)
         if swapping is not None:  # the last load: training is done, so a failure is only reported
             (res,) = await asyncio.gather(swapping, return_exceptions=True)
-            if isinstance(res, Exception):
+            if isinstance(res, Exception) and not isinstance(save_error, BaseException):
                 log.warning("the engine could not load the last version after the final update "
                             "(%s: %s); the checkpoint is written and the evaluations load it themselves",
                             type(res).__name__, res)
@@ -360,6 +389,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
         bar.close()
+    if ended and isinstance(save_error, BaseException):
+        raise save_error
     if left:
         log.info("async schedule: %d group(s) still running at the end were aborted (their stored episodes "
                  "stay in the ledger)", left)

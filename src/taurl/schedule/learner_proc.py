@@ -7,9 +7,13 @@ a fraction of its speed. In its own process it has a core's worth of interpreter
 
 The child builds the learner as `taurl.recipe.reinforce` does (weights, optimizer, critic
 and RNG states of the newest checkpoint; the same kill point inside every optimizer step),
-then per update: receives the batch, updates, writes checkpoint v+1 (whole or not at all,
-with the async bookkeeping in its taurl.json), drops the previous optimizer state, and sends
-the learn/* metrics back. It dies with its parent (Linux: PR_SET_PDEATHSIG), so an orphan
+then per update: receives the batch, updates, and sends the learn/* metrics back
+("learned"); a thread of the child then writes checkpoint v+1 (whole or not at all, with
+the async bookkeeping in its taurl.json), drops the previous optimizer state and says
+("saved", v+1), while the learner already takes the next batch. The next optimizer step
+waits for that write, so a checkpoint is the state after its update, bitwise, and a kill
+loses at most the update in flight (a critic or step scorer is saved in the foreground).
+The parent records an update's metrics row and loads its weights only once it is saved. It dies with its parent (Linux: PR_SET_PDEATHSIG), so an orphan
 never writes a checkpoint after the run was killed; if it dies, the parent's next read
 fails and the run stops with an error that says to run the command again (it resumes).
 """
@@ -17,12 +21,15 @@ fails and the run stops with an error that says to run the command again (it res
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
 from typing import Any
@@ -52,6 +59,11 @@ class LearnerProcess:
         self.args = (cfg, str(run_root), version, v_sft, seed, meta)
         self.conn: Any = None
         self.connecting: asyncio.Future | None = None  # `start()`: the child builds while producers run
+        self.reader: asyncio.Future | None = None  # `_read`, from "ready" on
+        self.learned: collections.deque[asyncio.Future] = collections.deque()  # `update` calls, oldest first
+        self.saves: dict[int, asyncio.Future] = {}  # version → its checkpoint is written
+        self.failure: BaseException | None = None
+        self.closing = False  # `close()`: the end of the connection is expected
 
     def start(self) -> None:
         """Connect and build the learner in the background (call inside the running loop)."""
@@ -70,6 +82,7 @@ class LearnerProcess:
             raise self._died() from None
         self.conn.send(self.args)
         await asyncio.to_thread(self._recv)  # "ready": the learner is built
+        self.reader = asyncio.ensure_future(self._read())
 
     def _died(self) -> LearnerDied:
         code = self.proc.wait(5)
@@ -77,24 +90,67 @@ class LearnerProcess:
                            "resumes from its newest checkpoint, stored episodes kept")
 
     def _recv(self) -> Any:
+        return self._recv_kind()[1]
+
+    async def _read(self) -> None:
+        """The one reader of the connection after "ready": "learned" answers the oldest
+        `update`, ("saved", v) answers `saved(v)`; an error or a death fails every waiter."""
+        while True:
+            try:
+                kind, value = await asyncio.to_thread(self._recv_kind)
+            except BaseException as e:  # noqa: BLE001 — handed to every waiter
+                if self.closing:
+                    return
+                self.failure = e
+                for f in [*self.learned, *self.saves.values()]:
+                    if not f.done():
+                        f.set_exception(e)
+                return
+            if kind == "learned":
+                self.learned.popleft().set_result(value)
+            else:
+                self._saved_future(value).set_result(None)
+
+    def _recv_kind(self) -> tuple[str, Any]:
         try:
             kind, value = self.conn.recv()
         except (EOFError, OSError):
             raise self._died() from None
         if kind == "error":
             raise Error(value)
-        return value
+        return kind, value
+
+    def _saved_future(self, version: int) -> asyncio.Future:
+        if version not in self.saves:
+            self.saves[version] = asyncio.get_running_loop().create_future()
+            if self.failure is not None:
+                self.saves[version].set_exception(self.failure)
+        return self.saves[version]
 
     async def update(self, update: int, version: int, batch: list[Any], async_groups: dict[str, list[int]]
                      ) -> dict[str, float]:
-        """Train `batch` as update `update` and write checkpoint `version` + 1."""
+        """Train `batch` as update `update`; returns once the weights are updated (and
+        snapshotted): checkpoint `version` + 1 is written behind, `await saved(version + 1)`."""
+        await self.ready()
+        if self.failure is not None:
+            raise self.failure
+        answer = asyncio.get_running_loop().create_future()
+        self.learned.append(answer)
+        self.conn.send((update, version, batch, async_groups))
+        return await answer
+
+    async def ready(self) -> None:
+        """Return once the learner is built (its start-up overlaps the first rollouts)."""
         if self.connecting is None:
             self.start()
         await self.connecting
-        self.conn.send((update, version, batch, async_groups))
-        return await asyncio.to_thread(self._recv)
+
+    async def saved(self, version: int) -> None:
+        """Return once checkpoint `version` is whole on disk (raises what the learner raised)."""
+        await self._saved_future(version)
 
     def close(self) -> None:
+        self.closing = True
         if self.connecting is not None:
             self.connecting.cancel()
         if self.conn is None:  # never connected (the run ended first): nothing to finish
@@ -130,6 +186,7 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         drop_optimizer_state,
         load_optimizer_state,
         load_trainer_state,
+        rng_state,
         save_checkpoint,
         seed_rng,
     )
@@ -148,22 +205,65 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
             learner.token_keep = stale_token_keep
         if not load_trainer_state(run.checkpoint(version)):
             seed_rng(episode_seed(seed, "rl-rng"))
-        chaos.on_optimizer_step(learner.optimizer)
     except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
         conn.send(("error", f"the learner process could not start: {type(e).__name__}: {e}"))
         return
-    conn.send(("ready", None))
+    send = _locked(conn.send)  # the writer thread sends too
+    send(("ready", None))
+    # A checkpoint is written by a thread of its own while the learner takes its next batch:
+    # the forward and backward passes change no weight and no optimizer state, and the next
+    # optimizer step waits until the checkpoint is on disk (a pre-hook, registered before the
+    # kill point's), so the files are exactly the state after the update, and a kill loses at
+    # most the one update in flight. A critic or a step scorer (their own models and
+    # optimizers) is saved in the foreground.
+    background = learner.critic is None and not hasattr(learner.shaper, "save")
+    writer = ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background else None
+    pending: list[Future] = []  # the checkpoint being written
+
+    def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]]) -> None:
+        try:
+            save_checkpoint(run, v + 1, model, tok, learner.optimizer, phase="rl", update=update,
+                            write_extra=learner.save_state, rng=rng, async_groups=groups, **meta)
+            drop_optimizer_state(run.checkpoint(v))  # a restart needs only the newest
+        except Exception as e:  # the parent hears of it at once; the next step raises it again
+            send(("error", f"update {update}: writing checkpoint v{v + 1}: {type(e).__name__}: {e}"))
+            raise
+        send(("saved", v + 1))
+
+    def wait_for_checkpoint(*_: Any) -> None:
+        while pending:
+            pending.pop().result()  # a failed write raises here, inside the learner's update
+
+    learner.optimizer.register_step_pre_hook(wait_for_checkpoint)
+    chaos.on_optimizer_step(learner.optimizer)
+
     while (msg := conn.recv()) is not None:
         update, v, batch, groups = msg
         try:
             stats = learner.update(batch, version=v)  # its staleness is against the learner's version
-            save_checkpoint(run, v + 1, model, tok, learner.optimizer, phase="rl", update=update,
-                            write_extra=learner.save_state, async_groups=groups, **meta)
-            drop_optimizer_state(run.checkpoint(v))  # a restart needs only the newest
-        except Exception as e:  # noqa: BLE001
-            conn.send(("error", f"update {update}: {type(e).__name__}: {e}"))
+            wait_for_checkpoint()  # (an update that took no optimizer step)
+            if writer is None:
+                write(update, v, rng_state(), groups)
+            else:
+                pending.append(writer.submit(write, update, v, rng_state(), groups))
+        except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
+            send(("error", f"update {update}: {type(e).__name__}: {e}"))
             return
-        conn.send(("ok", stats))
+        send(("learned", stats))
+    try:
+        wait_for_checkpoint()  # the last checkpoint is written before the process ends
+    except Exception as e:  # noqa: BLE001
+        send(("error", f"writing the last checkpoint: {type(e).__name__}: {e}"))
+
+
+def _locked(fn: Any) -> Any:
+    lock = threading.Lock()
+
+    def call(*args: Any) -> Any:
+        with lock:
+            return fn(*args)
+
+    return call
 
 
 if __name__ == "__main__":

@@ -45,11 +45,14 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 
 def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any,
                     optimizer: torch.optim.Optimizer | None = None, *, scheduler: Any = None,
-                    write_extra: Callable[[Path], None] | None = None, **meta: Any) -> Path:
+                    write_extra: Callable[[Path], None] | None = None, rng: dict[str, Any] | None = None,
+                    **meta: Any) -> Path:
     """Write policy `version` (and, with an optimizer, the trainer state) atomically; returns its directory.
 
     write_extra(dir) adds what the learner keeps beside the policy (the critic) before the
-    fsync and rename, so it is part of the same whole-or-nothing checkpoint.
+    fsync and rename, so it is part of the same whole-or-nothing checkpoint. rng: the RNG
+    states to store (`rng_state()` taken when the update ended), for a checkpoint written
+    in a background thread while the learner already runs; None takes them now.
     """
     final = run.checkpoint(version)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
@@ -59,7 +62,7 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
         chaos.point("checkpoint_files", f"version={version}")
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            torch.save({"rng": rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None},
+            torch.save({"rng": rng if rng is not None else rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None},
                        tmp / TRAINER_STATE_FILE)
         if write_extra is not None:
             write_extra(tmp)
