@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="workload seed (sim)")
     p.add_argument("--eta", type=int, default=4, help="staleness bound of the async schedules (sim)")
     p.add_argument("--overprovision", type=float, default=0.25, help="extra groups of the overprovision schedule")
+    p.add_argument("--max-batch", type=int, default=None, metavar="K",
+                   help="row cap of the capped async rows (sim; default: one batch of episodes, the real "
+                        "pipeline's engine_options.max_batch_size; 0 leaves those rows out)")
     p.add_argument("--workload", default="{}", help="JSON of Workload fields to override (sim)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table instead of JSON lines")
     p.add_argument("--sweep-learn", type=float, nargs="*", default=None, metavar="S_PER_TOKEN",
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise Error(f"--workload must be a JSON object of Workload fields; unknown: {bad if isinstance(over, dict) else over!r}. "
                             f"Fields: {', '.join(sorted(fields))}")
             base = dataclasses.replace(Workload(), **over).check()
-            scheds = standard_schedules(eta=args.eta, overprovision=args.overprovision)
+            cap = base.batch_episodes if args.max_batch is None else args.max_batch
+            scheds = standard_schedules(eta=args.eta, overprovision=args.overprovision, max_batch=cap)
             rows = []
             for lpt in args.sweep_learn or [base.learn_s_per_token]:
                 rows += sim_rows(dataclasses.replace(base, learn_s_per_token=lpt), scheds, args.updates, args.seed)

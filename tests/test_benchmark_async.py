@@ -24,9 +24,16 @@ def bench():
 def test_sim_prints_one_json_row_per_schedule(bench, capsys):
     rc = bench.main(["--sim", "--updates", "3", "--eta", "2", "--workload", '{"max_gen_tokens": 2048}'])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert rc == 0 and len(rows) == 8 and all(set(r) >= KEYS for r in rows)
+    assert rc == 0 and len(rows) == 10 and all(set(r) >= KEYS for r in rows)  # 8 + 2 capped (one batch: 64)
+    assert [r["schedule"] for r in rows if "cap" in r["schedule"]] == ["async(eta=1,interrupt,cap=64)",
+                                                                       "async(eta=2,interrupt,cap=64)"]
     assert rows[0]["schedule"] == "sync" and rows[0]["speedup_vs_sync"] == 1.0
     assert all(r["max_staleness"] <= r["eta"] for r in rows)
+
+
+def test_sim_max_batch_0_leaves_the_capped_rows_out(bench, capsys):
+    rc = bench.main(["--sim", "--updates", "2", "--max-batch", "0", "--workload", '{"max_gen_tokens": 1024}'])
+    assert rc == 0 and not any("cap" in json.loads(x)["schedule"] for x in capsys.readouterr().out.splitlines())
 
 
 def test_sim_refuses_unknown_workload_fields(bench, capsys):

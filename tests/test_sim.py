@@ -74,7 +74,8 @@ def test_overprovision_trains_the_first_complete_groups_and_counts_the_rest():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("sched", [s for s in standard_schedules(eta=2) if s.kind != "sync"], ids=lambda s: s.label)
+@pytest.mark.parametrize("sched", [s for s in standard_schedules(eta=2, max_batch=16) if s.kind != "sync"],
+                         ids=lambda s: s.label)
 def test_no_trained_token_is_older_than_the_bound(sched, seed):
     # fast learner, slow tools: the adversarial case for staleness (many versions per episode)
     w = dataclasses.replace(TAIL, learn_s_per_token=1e-5, tool_median_s=2.0)
@@ -111,6 +112,29 @@ def test_admission_follows_areals_capacity_rule(max_concurrent):
     assert len(seen) > r.updates and r.max_staleness <= 2
 
 
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_a_row_cap_decodes_at_most_k_sequences_the_oldest_group_first(interrupt):
+    from taurl.sim.simulator import Simulation
+
+    w = dataclasses.replace(TAIL, learn_s_per_token=1e-4)
+    started: list[int] = []  # group of every turn that began decoding while others waited
+
+    class Watched(Simulation):
+        def _decode(self, e):
+            waiting = [g for g, eid in self.waiting if self.eps[eid].state == "waiting"]
+            assert self.dec.n < 16 and (not waiting or e.group <= min(waiting)), "a younger group went first"
+            super()._decode(e)
+            started.append(e.group)
+
+    capped = Watched(w, Schedule("async", eta=2, interrupt=interrupt, max_batch=16), updates=6)
+    r = capped.run()
+    assert capped.dec.peak == 16 and started  # the cap binds
+    free = Simulation(w, Schedule("async", eta=2, interrupt=interrupt), updates=6)
+    free.run()
+    assert free.dec.peak > 16  # (without the cap this workload decodes more at once)
+    assert r.max_staleness <= 2 and r.episodes_trained == 6 * w.batch_episodes
+
+
 def test_sync_is_on_policy_and_async_beats_it_on_a_long_tail():
     scheds = [Schedule("async", eta=4), Schedule("async", eta=4, interrupt=True)]
     rows = {r.schedule: r for r in compare(TAIL, [Schedule("sync"), *scheds], updates=8)}
@@ -127,7 +151,7 @@ def test_tokens_are_conserved():
     from taurl.sim.simulator import Simulation
 
     w = dataclasses.replace(TAIL, learn_s_per_token=1e-4)
-    for sched in standard_schedules(eta=2):
+    for sched in standard_schedules(eta=2, max_batch=16):
         sim = Simulation(w, sched, updates=6)
         r = sim.run()
         partial = sum(sim.eps[eid].plan.turn_tokens[sim.eps[eid].turn] - (f - sim.dec.progress)

@@ -32,6 +32,7 @@ class Decoder:
         self.busy_s = 0.0  # time with at least one sequence decoding (not paused)
         self.slot_s = 0.0  # ∫ n dt: sequence-seconds of decoding
         self.tokens = 0.0  # tokens emitted (fluid; integral at each finish)
+        self.peak = 0  # the most sequences decoding at once
 
     @property
     def n(self) -> int:
@@ -54,6 +55,7 @@ class Decoder:
     def add(self, eid: int, tokens: int) -> None:
         f = self.progress + tokens
         self.finish[eid] = f
+        self.peak = max(self.peak, len(self.finish))
         heapq.heappush(self._heap, (f, eid))
 
     def remove(self, eid: int) -> float:

@@ -20,6 +20,10 @@
   ``stale: mask`` nothing is dropped: the tokens older than η are masked from the loss
   (counted as wasted) and the rest of the episode is trained — the partial-rollout option
   of issue 11; every token's version is tracked (a segment splits where the version changes).
+  With ``max_batch`` = k > 0, at most k sequences decode at once and the other ready turns
+  wait, the oldest group first — the real engine's ``max_batch_size`` with the async
+  schedule's priorities (`taurl.policy.engine`: SamplingParams.priority is the group
+  index); an episode's first token, and so its age, is counted from when it decodes.
 * ``overprovision`` — ``sync`` that starts ⌈(1 + overprovision)·groups⌉ groups and trains
   on the first complete ones; the rest are aborted (tokens counted as wasted).
 """
@@ -41,6 +45,7 @@ class Schedule:
     interrupt: bool = False  # async: interrupt in-flight actions at a version change
     overprovision: float = 0.0  # overprovision: extra groups started, as a share of the batch's groups
     stale: str = "drop"  # async: a group with tokens older than η is dropped, or ("mask") those tokens are masked
+    max_batch: int = 0  # async: sequences decoding at once (0: no cap); the rest wait, oldest group first
 
     @property
     def bound(self) -> int:
@@ -50,7 +55,8 @@ class Schedule:
     @property
     def label(self) -> str:
         if self.kind == "async":
-            return f"async(eta={self.eta}{',interrupt' if self.interrupt else ''}{',mask' if self.stale == 'mask' else ''})"
+            return (f"async(eta={self.eta}{',interrupt' if self.interrupt else ''}"
+                    f"{',mask' if self.stale == 'mask' else ''}{f',cap={self.max_batch}' if self.max_batch else ''})")
         if self.kind == "overprovision":
             return f"overprovision(+{self.overprovision:g})"
         return self.kind
@@ -70,6 +76,10 @@ class Schedule:
             out.append("overprovision applies to kind overprovision only")
         if self.interrupt and self.kind != "async":
             out.append("interrupt applies to kind async only")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 0:
+            out.append(f"schedule max_batch must be an integer >= 0 (0: no cap), got {self.max_batch!r}")
+        elif self.max_batch and self.kind != "async":
+            out.append("max_batch applies to kind async only")
         if self.stale not in ("drop", "mask"):
             out.append(f"schedule stale must be drop or mask, got {self.stale!r}")
         elif self.stale == "mask" and self.kind != "async":
@@ -82,9 +92,13 @@ class Schedule:
         return self
 
 
-def standard_schedules(eta: int = 4, overprovision: float = 0.25) -> list[Schedule]:
-    """The comparison of issue 11: sync, one-step-ahead, async at η with/without interruption, over-provisioning."""
+def standard_schedules(eta: int = 4, overprovision: float = 0.25, max_batch: int = 0) -> list[Schedule]:
+    """The comparison of issue 11: sync, one-step-ahead, async at η with/without interruption, over-provisioning;
+    with `max_batch` > 0 (the real pipeline's default: one batch of sequences) also async at 1 and η with
+    interruption and that row cap."""
+    capped = ([Schedule("async", eta=1, interrupt=True, max_batch=max_batch),
+               Schedule("async", eta=eta, interrupt=True, max_batch=max_batch)] if max_batch else [])
     return [Schedule("sync"), Schedule("one_step"), Schedule("async", eta=1), Schedule("async", eta=1, interrupt=True),
             Schedule("async", eta=eta), Schedule("async", eta=eta, interrupt=True),
-            Schedule("async", eta=eta, interrupt=True, stale="mask"),
+            Schedule("async", eta=eta, interrupt=True, stale="mask"), *capped,
             Schedule("overprovision", overprovision=overprovision)]

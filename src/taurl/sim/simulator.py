@@ -48,7 +48,7 @@ class _Ep:
     turn: int = 0
     start_version: int | None = None  # version of its first token
     decoded: float = 0.0  # tokens decoded so far
-    state: str = "queued"  # queued | decoding | tool | held | done, then trained | masked | dropped | aborted
+    state: str = "queued"  # queued | decoding | waiting | tool | held | done, then trained | masked | dropped | aborted
     segs: list[list[float]] = field(default_factory=list)  # [version, tokens] in order, split where it changes
     cur_v: int = 0  # version decoding the current turn
     turn_done: float = 0.0  # tokens of the current turn already in `segs`
@@ -89,6 +89,7 @@ class Simulation:
         self.next_group = 0
         self.queue: deque[int] = deque()
         self.held: list[int] = []
+        self.waiting: list[tuple[int, int]] = []  # (group, episode) of ready turns over max_batch: a heap
         self.running = 0  # episodes holding a slot
         self.served = self.target = self.pause_version = 0
         self.syncing = self.draining = False
@@ -164,6 +165,14 @@ class Simulation:
             e.state = "held"
             self.held.append(e.eid)
             return
+        if self.s.max_batch:  # ready turns queue for the rows, the oldest group first
+            e.state = "waiting"
+            heapq.heappush(self.waiting, (e.group, e.eid))
+            self._fill_rows()
+            return
+        self._decode(e)
+
+    def _decode(self, e: _Ep) -> None:
         e.cur_v, e.turn_done = self._start_v(), 0.0
         if e.start_version is None:
             e.start_version = e.cur_v
@@ -183,8 +192,16 @@ class Simulation:
                 self._at(self.now + e.plan.tool_s[e.turn - 1], "tool_done", eid)
             else:
                 self._complete(e)
+        self._fill_rows()
         if self.draining and self.dec.n == 0 and not self.syncing:
             self._begin_sync()
+
+    def _fill_rows(self) -> None:
+        """max_batch: waiting turns take the free rows, the oldest group first (not while draining)."""
+        while self.waiting and not self.draining and self.dec.n < self.s.max_batch:
+            _, eid = heapq.heappop(self.waiting)
+            if self.eps[eid].state == "waiting":  # (an aborted one is left in the heap)
+                self._decode(self.eps[eid])
 
     def _on_tool_done(self, eid: int) -> None:
         e = self.eps[eid]
@@ -209,7 +226,7 @@ class Simulation:
             if e.state == "decoding":  # (its turn may have just finished, in this same instant)
                 left = self.dec.remove(eid) if eid in self.dec.finish else 0.0
                 e.decoded += e.plan.turn_tokens[e.turn] - left
-            if e.state in ("decoding", "tool", "held"):
+            if e.state in ("decoding", "tool", "held", "waiting"):
                 self.running -= 1
             if e.state == "queued":
                 self.queue.remove(eid)
@@ -217,6 +234,7 @@ class Simulation:
             self.wasted += e.decoded
             self.aborted += 1
             self.decided_lengths.append(e.plan.gen_tokens)
+        self._fill_rows()
 
     # --- admission ---------------------------------------------------------------------
 
@@ -377,6 +395,7 @@ class Simulation:
         held, self.held = self.held, []
         for eid in held:
             self._start_turn(self.eps[eid])
+        self._fill_rows()
         if self.target > self.served and self.s.kind == "async":  # one_step loads the newest at its next boundary
             self._push()
         if self.s.kind == "async":
