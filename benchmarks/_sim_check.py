@@ -226,7 +226,12 @@ def run_check(args: Any) -> list[dict[str, Any]]:
         w = cal.workload
         m_sync, m_async = measured(sync), measured(asy)
         updates = min(m_sync["updates"], m_async["updates"])
-        sched = Schedule("async", eta=int(acfg["staleness_eta"]), interrupt=acfg["interrupt"] == "interrupt")
+        # the engine's row cap of the async run (taurl.recipe: one batch unless engine_options set it)
+        rows_cap = (acfg.get("engine_options") or {}).get("max_batch_size") or min(
+            int(acfg["concurrency"]), (int(acfg["tasks_per_update"]) + int(acfg.get("overprovision", 0)))
+            * int(acfg["group_size"]))
+        sched = Schedule("async", eta=int(acfg["staleness_eta"]), interrupt=acfg["interrupt"] == "interrupt",
+                         max_batch=int(rows_cap))
         a_fixed, a_per = fit_line([r["rollout/episodes"] * r["rollout/tokens_mean"] for r in asy["rl"]],
                                   [r["time/learn_s"] for r in asy["rl"]])
         w_diag = dataclasses.replace(w, learn_fixed_s=a_fixed, learn_s_per_token=a_per)

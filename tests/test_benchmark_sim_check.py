@@ -89,8 +89,9 @@ def test_check_prints_predicted_vs_measured_per_schedule(runs, monkeypatch, caps
     cal = next(r for r in out if r["mode"] == "calibration")
     assert cal["workload"]["max_turns"] == 2 and cal["tool_call_share"] == 0.25  # 8 of the 32 train episodes
     assert cal["workload"]["max_concurrent"] == 48 and cal["workload"]["tasks_per_batch"] == 2
-    assert [r["schedule"] for r in rows] == ["sync", "async(eta=2,interrupt)",
-                                              "async(eta=2,interrupt)[learner cost of the async run: diagnostic]"]
+    # the async run's engine row cap (one batch: 2 tasks × 4) is simulated too
+    assert [r["schedule"] for r in rows] == ["sync", "async(eta=2,interrupt,cap=8)",
+                                              "async(eta=2,interrupt,cap=8)[learner cost of the async run: diagnostic]"]
     sync, asy = rows[0], rows[1]
     assert sync["measured_trained_tokens_per_s"] == pytest.approx(4 * 8 * 15 / 12.6)
     assert asy["measured_trained_tokens_per_s"] == pytest.approx(4 * 120 / 11.0)
