@@ -381,3 +381,28 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
     for u in (1, 2):  # (the moments and the step count: they change at every step)
         saved = optimizer_digest(torch.load(run.checkpoint(v_sft + u) / "optimizer.pt", weights_only=True))
         assert saved == before_step[u + 1], f"checkpoint of update {u} is not the state after it"
+
+
+def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_first(tmp_path, monkeypatch):
+    """schedule: async spawns the learner's process at the start of the run (its imports
+    overlap SFT); a run that fails before RL must not leave it behind."""
+    from taurl.config import load_config
+    from taurl.recipe import train
+    from taurl.schedule.learner_proc import LearnerProcess
+
+    spawned: list[LearnerProcess] = []
+    real_init = LearnerProcess.__init__
+
+    def init(self):
+        real_init(self)
+        spawned.append(self)
+
+    def hook(event, info):
+        if event == "sft_step":
+            raise RuntimeError("a failure during SFT")
+
+    monkeypatch.setattr(LearnerProcess, "__init__", init)
+    cfg = load_config(TrainConfig, data=KILL_CFG)
+    with pytest.raises(RuntimeError, match="during SFT"):
+        train(cfg, str(tmp_path / "run"), progress=False, hook=hook)
+    assert len(spawned) == 1 and spawned[0].proc.poll() is not None  # spawned, and gone

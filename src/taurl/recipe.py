@@ -89,11 +89,19 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
                                                       dataclasses.asdict(cfg)) as metrics:
         r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
-        prepare_policy(r)
-        if "sft_version" not in r.state:
-            sft(r, sft_data(r))
-        evals = {"sft": evaluate_both(r, "sft", r.state["sft_version"])}
-        reinforce(r)
+        if cfg.schedule == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
+            from taurl.schedule.learner_proc import LearnerProcess
+
+            r.learner_process = LearnerProcess()  # its imports (seconds) overlap SFT and the first evaluation
+        try:
+            prepare_policy(r)
+            if "sft_version" not in r.state:
+                sft(r, sft_data(r))
+            evals = {"sft": evaluate_both(r, "sft", r.state["sft_version"])}
+            reinforce(r)
+        finally:
+            if r.learner_process is not None:  # (RL closed it; here if RL did not run or failed first)
+                r.learner_process.close()
         evals["final"] = evaluate_both(r, "final", run.versions()[-1])
         r.phase_done("total", time.perf_counter() - t0)
         summary = write_summary(r, evals)

@@ -37,6 +37,7 @@ class Run:
     progress: bool = True
     hook: Hook = lambda name, info: None  # noqa: E731 — events for tests and monitors
     state: dict[str, Any] = field(default_factory=dict)
+    learner_process: Any = None  # schedule: async — the learner's process, spawned early (taurl.schedule.learner_proc)
 
     def make_env(self) -> Env:
         env = envs.make(self.cfg.env, **self.cfg.env_kwargs())

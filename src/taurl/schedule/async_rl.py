@@ -315,8 +315,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here
-    proc = LearnerProcess(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())
-    proc.start()  # its start-up overlaps the first batch's rollouts
+    proc = r.learner_process or LearnerProcess()  # (spawned by the recipe before SFT: its imports are done)
+    proc.start(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())  # building it overlaps the first rollouts
     sched = AsyncSchedule(r, collector, version, seed)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)

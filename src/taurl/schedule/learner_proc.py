@@ -50,13 +50,16 @@ class LearnerProcess:
     which would re-run the caller's ``__main__``), connected back over a Unix socket with a
     random key."""
 
-    def __init__(self, cfg: Any, run_root: Path, version: int, v_sft: int, seed: int, meta: dict[str, Any]):
+    def __init__(self) -> None:
+        """Spawn the child now: it imports torch and transformers (seconds) and then waits for
+        `start`; the recipe spawns it before SFT and the first evaluation so the imports overlap them."""
         key = os.urandom(16)
         self.listener = Listener(family="AF_UNIX", authkey=key)
         env = {**os.environ, KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen([sys.executable, "-m", "taurl.schedule.learner_proc", self.listener.address],
                                      env=env)
-        self.args = (cfg, str(run_root), version, v_sft, seed, meta)
+        self.args: tuple | None = None  # `start`
+        self.closed = False
         self.conn: Any = None
         self.connecting: asyncio.Future | None = None  # `start()`: the child builds while producers run
         self.reader: asyncio.Future | None = None  # `_read`, from "ready" on
@@ -65,8 +68,10 @@ class LearnerProcess:
         self.failure: BaseException | None = None
         self.closing = False  # `close()`: the end of the connection is expected
 
-    def start(self) -> None:
-        """Connect and build the learner in the background (call inside the running loop)."""
+    def start(self, cfg: Any, run_root: Path, version: int, v_sft: int, seed: int, meta: dict[str, Any]) -> None:
+        """Connect and build the learner from checkpoint `version` of `run_root`, in the background
+        (call inside the running loop; `ready()` waits for it)."""
+        self.args = (cfg, str(run_root), version, v_sft, seed, meta)
         self.connecting = asyncio.ensure_future(self._connect())
 
     async def _connect(self) -> None:
@@ -142,7 +147,7 @@ class LearnerProcess:
     async def ready(self) -> None:
         """Return once the learner is built (its start-up overlaps the first rollouts)."""
         if self.connecting is None:
-            self.start()
+            raise Error("LearnerProcess.start() was not called")
         await self.connecting
 
     async def saved(self, version: int) -> None:
@@ -150,7 +155,9 @@ class LearnerProcess:
         await self._saved_future(version)
 
     def close(self) -> None:
-        self.closing = True
+        if self.closed:
+            return
+        self.closed = self.closing = True
         if self.connecting is not None:
             self.connecting.cancel()
         if self.conn is None:  # never connected (the run ended first): nothing to finish
@@ -267,5 +274,9 @@ def _locked(fn: Any) -> Any:
 
 
 if __name__ == "__main__":
+    _die_with_parent()
+    import taurl.train.checkpoint
+    import taurl.train.learner  # noqa: F401 — torch and transformers, before the parent needs the learner
+
     _conn = Client(sys.argv[1], family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(KEY_ENV)))
     _child(_conn, *_conn.recv())
