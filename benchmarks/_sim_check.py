@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from taurl.config import async_engine_rows
 from taurl.errors import Error
 from taurl.sim import Schedule, Simulation, Workload, simulate
 from taurl.sim.calibrate import DecodeProbe, SyncObservations, calibrate, fit_line
@@ -227,9 +228,9 @@ def run_check(args: Any) -> list[dict[str, Any]]:
         m_sync, m_async = measured(sync), measured(asy)
         updates = min(m_sync["updates"], m_async["updates"])
         # the engine's row cap of the async run (taurl.recipe: one batch unless engine_options set it)
-        rows_cap = (acfg.get("engine_options") or {}).get("max_batch_size") or min(
-            int(acfg["concurrency"]), (int(acfg["tasks_per_update"]) + int(acfg.get("overprovision", 0)))
-            * int(acfg["group_size"]))
+        rows_cap = (acfg.get("engine_options") or {}).get("max_batch_size") or async_engine_rows(
+            int(acfg["concurrency"]), int(acfg["tasks_per_update"]), int(acfg.get("overprovision", 0)),
+            int(acfg["group_size"]))
         sched = Schedule("async", eta=int(acfg["staleness_eta"]), interrupt=acfg["interrupt"] == "interrupt",
                          max_batch=int(rows_cap))
         a_fixed, a_per = fit_line([r["rollout/episodes"] * r["rollout/tokens_mean"] for r in asy["rl"]],

@@ -329,6 +329,15 @@ ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
 
 
+def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: int, group_size: int) -> int:
+    """The local engine's default ``max_batch_size`` under ``schedule: async``: one batch's
+    worth of rows, (tasks_per_update + overprovision) · group_size, at most `concurrency`.
+    Concurrency admits (η + 1) batches at once; decoding one batch's rows, oldest group first
+    (SamplingParams.priority), makes batches complete one after another instead of all
+    together and late (benchmarks/async_step.py measures both; the simulator's ``max_batch``)."""
+    return min(concurrency, (tasks_per_update + overprovision) * group_size)
+
+
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
     from taurl.rollout import RolloutConfig

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from taurl import chaos, envs
 from taurl.atomic import atomic_write_text
-from taurl.config import TrainConfig, dump_config
+from taurl.config import TrainConfig, async_engine_rows, dump_config
 from taurl.envs.core import Task
 from taurl.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.errors import ConfigError, Error
@@ -223,10 +223,8 @@ def reinforce(r: Run) -> None:
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
     if cfg.schedule == "async" and cfg.engine == "local" and "max_batch_size" not in cfg.engine_options:
-        # concurrency admits (η + 1) batches at once; the engine decodes one batch's worth of rows,
-        # oldest group first (SamplingParams.priority), so batches complete one after another
-        # instead of all together and late (benchmarks/async_step.py measures both)
-        opts["max_batch_size"] = min(cfg.concurrency, (cfg.tasks_per_update + cfg.overprovision) * cfg.group_size)
+        opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update, cfg.overprovision,
+                                                   cfg.group_size)  # one batch of rows (its docstring: why)
     if cfg.engine == "vllm" and "url" not in opts:  # a server of our own: its caches and log in the run
         opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
     if cfg.backend == "ray":  # rollout workers on a Ray cluster; this process stays the learner and ledger writer

@@ -13,9 +13,10 @@ the async bookkeeping in its taurl.json), drops the previous optimizer state and
 ("saved", v+1), while the learner already takes the next batch. The next optimizer step
 waits for that write, so a checkpoint is the state after its update, bitwise, and a kill
 loses at most the update in flight (a critic or step scorer is saved in the foreground).
-The parent records an update's metrics row and loads its weights only once it is saved. It dies with its parent (Linux: PR_SET_PDEATHSIG), so an orphan
-never writes a checkpoint after the run was killed; if it dies, the parent's next read
-fails and the run stops with an error that says to run the command again (it resumes).
+The parent records an update's metrics row and loads its weights only once it is saved.
+The child dies with its parent (Linux: PR_SET_PDEATHSIG), so an orphan never writes a
+checkpoint after the run was killed; if it dies, the parent's next read fails and the run
+stops with an error that says to run the command again (it resumes).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ class LearnerProcess:
 
     async def update(self, update: int, version: int, batch: list[Any], async_groups: dict[str, list[int]]
                      ) -> dict[str, float]:
-        """Train `batch` as update `update`; returns once the weights are updated (and
-        snapshotted): checkpoint `version` + 1 is written behind, `await saved(version + 1)`."""
+        """Train `batch` as update `update`; returns once the weights are updated. Checkpoint
+        `version` + 1 is written behind: `await saved(version + 1)`."""
         await self.ready()
         if self.failure is not None:
             raise self.failure

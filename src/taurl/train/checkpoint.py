@@ -62,8 +62,8 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
         chaos.point("checkpoint_files", f"version={version}")
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            torch.save({"rng": rng if rng is not None else rng_state(), "scheduler": scheduler.state_dict() if scheduler is not None else None},
-                       tmp / TRAINER_STATE_FILE)
+            torch.save({"rng": rng if rng is not None else rng_state(),
+                        "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / TRAINER_STATE_FILE)
         if write_extra is not None:
             write_extra(tmp)
         fsync_tree(tmp)
