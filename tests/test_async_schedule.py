@@ -349,7 +349,8 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
     every checkpoint write there until the next update has begun, and 1 s more (a
     sitecustomize on the learner process's path, SLOW_SAVE):
     - the parent gets each update's answer before its checkpoint is written (a learner that
-      wrote the checkpoint first would answer ≥ 4 s late: ``time/checkpoint_s``);
+      wrote the checkpoint first would answer ≥ 4 s late: ``time/checkpoint_s``), and
+      writes the update's metrics row only after it (the kill-point trace's order);
     - each checkpoint holds bitwise the optimizer state the next optimizer step started from
       (the kill-point trace's digest, taken inside that step): without the wait, step u + 1
       changes it before the delayed write of u reads it, and they differ. (The weights are
@@ -371,13 +372,16 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
     rl = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rl] == [1, 2, 3]
     assert all(r["time/checkpoint_s"] < 1.0 for r in rl), [r["time/checkpoint_s"] for r in rl]
+    v_sft = json.loads((run.root / "state.json").read_text())["sft_version"]
+    names = [line.partition(" ")[0] for line in trace.read_text().splitlines()]
+    for v in (v_sft + 1, v_sft + 2, v_sft + 3):  # each update's row comes after its (delayed) checkpoint
+        assert names.index(f"checkpoint_synced@version={v}") < names.index(f"update_done@version={v}"), v
     before_step = {}  # optimizer step k → digest of the optimizer state inside it, before it changes it
     for line in trace.read_text().splitlines():
         name, _, facts = line.partition(" ")
         if name.startswith("learner_step@step="):
             before_step[int(name.rsplit("=", 1)[1])] = json.loads(facts)["optimizer"]
     assert sorted(before_step) == [1, 2, 3]  # one optimizer step per update
-    v_sft = json.loads((run.root / "state.json").read_text())["sft_version"]
     for u in (1, 2):  # (the moments and the step count: they change at every step)
         saved = optimizer_digest(torch.load(run.checkpoint(v_sft + u) / "optimizer.pt", weights_only=True))
         assert saved == before_step[u + 1], f"checkpoint of update {u} is not the state after it"
