@@ -410,3 +410,40 @@ def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_fir
     with pytest.raises(RuntimeError, match="during SFT"):
         train(cfg, str(tmp_path / "run"), progress=False, hook=hook)
     assert len(spawned) == 1 and spawned[0].proc.poll() is not None  # spawned, and gone
+
+
+FAILING_SAVE = """import taurl.train.checkpoint as _checkpoint
+
+_real = _checkpoint.save_policy
+
+
+def _save(model, tokenizer, path, extra=None, **kwargs):
+    if (extra or {}).get("update") == 2:
+        raise OSError(28, "No space left on device")
+    return _real(model, tokenizer, path, extra, **kwargs)
+
+
+_checkpoint.save_policy = _save
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its_error(tmp_path, monkeypatch):
+    """The learner process's background write of update 2's checkpoint fails (a full disk,
+    in a sitecustomize on its path): the run stops with an error that names the update and
+    the checkpoint, no row or checkpoint of update 2 is left, and update 1's are whole."""
+    from taurl.config import load_config
+    from taurl.errors import Error
+    from taurl.recipe import train
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAILING_SAVE)
+    monkeypatch.syspath_prepend(str(site))
+    cfg = load_config(TrainConfig, data={**KILL_CFG, "updates": 3, "overprovision": 0})
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(Error, match=r"update 2: writing checkpoint v3: .*No space left on device"):
+        train(cfg, str(run.root), progress=False)
+    rl = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
+    assert [r["update"] for r in rl] == [1]
+    assert run.versions()[-1] == 2 and (run.checkpoint(2) / "optimizer.pt").exists()
