@@ -266,6 +266,35 @@ def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_
     assert rl[1]["run/reused_episodes"] > 0  # the restart took the stored episodes, not new ones
 
 
+@pytest.mark.timeout(600)
+def test_a_kill_between_a_checkpoint_and_its_metrics_row_loses_no_row(tmp_path):
+    """SIGKILL after checkpoint v3 (update 2) is whole and before its row is appended: the
+    checkpoint carries the row (the learner process writes what the parent committed), and
+    the resumed run writes it, flagged; without `recover_row` update 2 would have no row."""
+    import yaml
+
+    from taurl.chaos import run_cli
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({**KILL_CFG, "updates": 3}))
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]
+    assert run_cli(argv, kill_at="checkpoint_saved@version=3") == -9
+    run = RunDir(run_dir)
+    assert run.versions()[-1] == 3
+    rows = [json.loads(x) for x in run.metrics.read_text().splitlines()]
+    assert [r["update"] for r in rows if r["phase"] == "rl"] == [1]  # the kill came before update 2's row
+    carried = json.loads((run.checkpoint(3) / "taurl.json").read_text())["metrics_row"]
+    assert carried["update"] == 2 and carried["policy/version"] == 3 and "learn/grad_norm" in carried
+
+    assert run_cli(argv) == 0
+    rl = [json.loads(x) for x in run.metrics.read_text().splitlines()]
+    rl = [r for r in rl if r["phase"] == "rl"]
+    assert [r["update"] for r in rl] == [1, 2, 3]
+    assert rl[1]["run/recovered_row"] == 1.0 and "run/recovered_row" not in rl[0] | rl[2]
+    assert {k: v for k, v in rl[1].items() if k not in ("step", "time", "run/recovered_row")} == carried
+
+
 def test_config_problems_name_the_async_options():
     bad = dataclasses.replace(TrainConfig(), schedule="later", staleness_eta=-1, interrupt="never")
     text = " ".join(bad.schedule_problems())

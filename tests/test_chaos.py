@@ -169,6 +169,10 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
     a, b = load_file(run.checkpoint(final) / "model.safetensors"), load_file(ref_run.checkpoint(final) / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert newest_optimizer_digest(run) == newest_optimizer_digest(ref_run)
+    # every update has its metrics row exactly once (a kill between a checkpoint and its row:
+    # the resumed run writes the row the checkpoint carries, taurl.recipe.recover_row)
+    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+    assert [r["update"] for r in rows] == [r["update"] for r in rl_rows] == list(range(1, CONFIG["updates"] + 1))
     for f in sorted((ref_dir / "evals").glob("*.json")):
         mine, theirs = json.loads((run_dir / "evals" / f.name).read_text()), json.loads(f.read_text())
         assert mine["task_successes"] == theirs["task_successes"], f.name

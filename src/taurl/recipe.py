@@ -51,7 +51,7 @@ from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
 from taurl.policy.engine import make_engine
-from taurl.policy.model import build_default_policy, load_policy
+from taurl.policy.model import build_default_policy, load_policy, load_policy_meta
 from taurl.run_state import Hook, Run
 from taurl.runs import RunDir
 from taurl.tasks import plan_tasks
@@ -208,6 +208,7 @@ def reinforce(r: Run) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     version = r.run.versions()[-1]
     first = version - v_sft + 1
+    recover_row(r, version)
     prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
@@ -287,20 +288,42 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         mix.observe(batch)
         t1 = time.perf_counter()
         version += 1
+        row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
+               **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
+               "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
+               "rollout/staleness_max": staleness_max(batch, version - 1)}
+        # the row goes into the checkpoint too: a kill between the two loses no row (recover_row)
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
-                        write_extra=learner.save_state, **r.checkpoint_meta())
+                        write_extra=learner.save_state, metrics_row=row, **r.checkpoint_meta())
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
         r.hook("checkpoint_saved", {"version": version})
         prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
         collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
-        row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
-               **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
-               "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
-               "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
-               "rollout/staleness_max": staleness_max(batch, version - 1)}
+        row = {**row, "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0}
         if end_update(r, watch, bar, row, update, version, t0, t_start):
             break
     bar.close()
+
+
+def recover_row(r: Run, version: int) -> None:
+    """Write the metrics row of RL checkpoint `version` if metrics.jsonl lacks it.
+
+    A checkpoint carries its update's row (``metrics_row`` in taurl.json; with ``schedule:
+    sync`` without what is measured after the save: its timings and alarms); the row is appended to metrics.jsonl only after the
+    checkpoint is whole, so a kill between the two leaves a checkpoint without its row. The
+    resumed run writes it from the checkpoint, flagged ``run/recovered_row``, and fires the
+    ``update_done`` hook the killed run did not reach."""
+    meta = load_policy_meta(r.run.checkpoint(version))
+    row = meta.get("metrics_row")
+    if meta.get("phase") != "rl" or row is None:
+        return
+    update = row["update"]
+    if any(x.get("phase") == "rl" and x.get("update") == update for x in r.metrics.read()):
+        return
+    log.warning("update %d's metrics row was lost to an interruption after its checkpoint was written; "
+                "written now from checkpoint v%d", update, version)
+    r.metrics.write(update, {**row, "run/recovered_row": 1.0})
+    r.hook("update_done", {"update": update, "version": version})
 
 
 def end_update(r: Run, watch: Watch, bar: Any, row: dict[str, Any], update: int, version: int, t0: float,

@@ -34,6 +34,7 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "sft/invalid_samples_dropped": "the same for SFT: demonstrations ended by an error are not imitated",
     "sft/skipped": "1 when an SFT batch held no valid sample, so no step was taken",
     "run/reused_episodes": "episodes of the round found in the ledger (a resumed run)",
+    "run/recovered_row": "1 on a row a resumed run wrote from its checkpoint (the run was killed between the two; no timings)",
     "ray/workers, ray/worker_deaths, ray/worker_restarts": "backend: ray — live rollout workers after the update / worker processes that died in it / of those, restarted (a new process answered)",
     "ray/rerun_episodes": "backend: ray — episodes sent again (same id and seed) because their worker died before returning them",
     "time/ray_startup_s": "backend: ray — seconds to start the cluster and its rollout workers (first update's row only)",

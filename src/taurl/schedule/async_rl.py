@@ -362,6 +362,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "time/checkpoint_s": time.perf_counter() - t1 - lstats.get("learn/learn_s", 0.0),
                    "time/update_s": time.perf_counter() - t0}
             stop = judge_update(r, watch, row, update, t_start)
+            proc.commit(row)  # the checkpoint carries it (a kill before `_recorded` loses no row)
             if swapping is not None:
                 await swapping  # one load at a time, in version order (and its errors surface here)
             # the learner goes on to the next batch at once; behind it, its checkpoint is

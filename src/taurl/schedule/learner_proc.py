@@ -7,10 +7,12 @@ a fraction of its speed. In its own process it has a core's worth of interpreter
 
 The child builds the learner as `taurl.recipe.reinforce` does (weights, optimizer, critic
 and RNG states of the newest checkpoint; the same kill point inside every optimizer step),
-then per update: receives the batch, updates, and sends the learn/* metrics back
-("learned"); a thread of the child then writes checkpoint v+1 (whole or not at all, with
-the async bookkeeping in its taurl.json), drops the previous optimizer state and says
-("saved", v+1), while the learner already takes the next batch. The next optimizer step
+then per update: receives the batch, updates, sends the learn/* metrics back ("learned")
+and receives the update's metrics row from the parent (`commit`); a thread of the child
+then writes checkpoint v+1 (whole or not at all, with the async bookkeeping and the row in
+its taurl.json, so a kill before the parent appends the row loses none:
+`taurl.recipe.recover_row`), drops the previous optimizer state and says ("saved", v+1),
+while the learner already takes the next batch. The next optimizer step
 waits for that write, so a checkpoint is the state after its update, bitwise, and a kill
 loses at most the update in flight (a critic or step scorer is saved in the foreground).
 The parent records an update's metrics row and loads its weights only once it is saved.
@@ -145,6 +147,11 @@ class LearnerProcess:
         self.conn.send((update, version, batch, async_groups))
         return await answer
 
+    def commit(self, row: dict[str, Any]) -> None:
+        """Hand the metrics row of the update `update` just answered to the learner, which
+        writes it into that update's checkpoint (call it once after every `update`)."""
+        self.conn.send(row)
+
     async def ready(self) -> None:
         """Return once the learner is built (its start-up overlaps the first rollouts)."""
         if self.connecting is None:
@@ -228,10 +235,10 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     writer = ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background else None
     pending: list[Future] = []  # the checkpoint being written
 
-    def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]]) -> None:
+    def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]], row: dict[str, Any]) -> None:
         try:
             save_checkpoint(run, v + 1, model, tok, learner.optimizer, phase="rl", update=update,
-                            write_extra=learner.save_state, rng=rng, async_groups=groups, **meta)
+                            write_extra=learner.save_state, rng=rng, async_groups=groups, metrics_row=row, **meta)
             drop_optimizer_state(run.checkpoint(v))  # a restart needs only the newest
         except Exception as e:  # the parent hears of it at once; the next step raises it again
             send(("error", f"update {update}: writing checkpoint v{v + 1}: {type(e).__name__}: {e}"))
@@ -250,14 +257,23 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         try:
             stats = learner.update(batch, version=v)  # its staleness is against the learner's version
             wait_for_checkpoint()  # (an update that took no optimizer step)
-            if writer is None:
-                write(update, v, rng_state(), groups)
-            else:
-                pending.append(writer.submit(write, update, v, rng_state(), groups))
+            rng = rng_state()
         except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
             send(("error", f"update {update}: {type(e).__name__}: {e}"))
             return
         send(("learned", stats))
+        # the parent answers with the update's metrics row (milliseconds), which the checkpoint
+        # carries; None: the run stops before it recorded this update, which is then not saved
+        if (row := conn.recv()) is None:
+            break
+        try:
+            if writer is None:
+                write(update, v, rng, groups, row)
+            else:
+                pending.append(writer.submit(write, update, v, rng, groups, row))
+        except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
+            send(("error", f"update {update}: {type(e).__name__}: {e}"))
+            return
     try:
         wait_for_checkpoint()  # the last checkpoint is written before the process ends
     except Exception as e:  # noqa: BLE001

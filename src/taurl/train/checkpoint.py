@@ -1,7 +1,8 @@
 """Checkpoints: each policy version is a plain HF directory plus the learner's state.
 
     checkpoints/v<N>/   config.json, model.safetensors, tokenizer files (`save_policy`),
-                        taurl.json (policy_version, phase, update), and in the newest RL
+                        taurl.json (policy_version, phase, update; an RL one also its
+                        update's metrics_row, for `taurl.recipe.recover_row`), and in the newest RL
                         checkpoint only: optimizer.pt (AdamW state) and trainer_state.pt
                         (RNG states of python, numpy and torch, the LR scheduler if any)
 
