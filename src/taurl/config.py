@@ -167,6 +167,7 @@ class TrainConfig:
     eps_high: float = 0.28  # PPO clip range above 1 (clip-higher)
     aggregation: str = "token-mean"  # loss aggregation mode (taurl.train.objectives.AGGREGATIONS)
     lr: float = 5e-4  # RL AdamW learning rate
+    lr_warmup_steps: int = 0  # RL optimizer steps of linear lr warm-up: step n uses lr * min(1, n / lr_warmup_steps); 0: off
     weight_decay: float = 0.0  # RL AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm
     kl_coef: float = 0.0  # beta of the KL to the frozen SFT policy (0: no reference model)

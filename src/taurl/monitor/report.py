@@ -26,6 +26,7 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "learn/kl_k3": "mean k3 estimate of KL(π_θ ‖ π_ref) to the frozen SFT policy (when kl_coef > 0)",
     "learn/entropy": "mean policy entropy H(π(·|x_<t)) over action tokens",
     "learn/grad_norm": "global gradient norm before clipping",
+    "learn/lr": "the learning rate of the update's optimizer step (lr, or less during lr_warmup_steps)",
     "learn/tokens_per_s": "real (non-padding) tokens through forward+backward / learn seconds",
     "learn/padding_frac": "padding tokens / all tokens of the micro-batches",
     "learn/skipped": "1 when every group had identical rewards, so no step was taken",

@@ -89,6 +89,7 @@ class LearnerConfig:
     eps_high: float = 0.28  # PPO clip above ("clip-higher", DAPO): ratio <= 1 + eps_high
     aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     lr: float = 1e-3  # AdamW learning rate
+    lr_warmup_steps: int = 0  # optimizer steps of linear lr warm-up (`warmup_lr`); 0: the full lr from the first step
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm
     kl_coef: float = 0.0  # β of the KL(π_θ ‖ π_ref) loss term; 0 keeps no reference model
@@ -116,6 +117,9 @@ class LearnerConfig:
                 out.append(f"critic_lr must be > 0 (got {self.critic_lr!r})")
             if self.vf_clip is not None and not self.vf_clip > 0:
                 out.append(f"vf_clip must be > 0 or null (got {self.vf_clip!r})")
+        if isinstance(self.lr_warmup_steps, bool) or not isinstance(self.lr_warmup_steps, int) \
+                or self.lr_warmup_steps < 0:
+            out.append(f"lr_warmup_steps must be an integer >= 0 (0: no warm-up); got {self.lr_warmup_steps!r}")
         if self.critic_epochs < 0:
             out.append(f"critic_epochs must be >= 0 (0: the policy's epochs); got {self.critic_epochs!r}")
         if self.critic_warmup_updates < 0 or (self.critic_warmup_updates and not needs_values(self.estimator)):
@@ -466,6 +470,9 @@ class Learner:
                     sums[k] = max(sums.get(k, v), v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + w * v / cfg.epochs
                 sums["learn/loss"] = sums.get("learn/loss", 0.0) + float(loss.detach()) / cfg.epochs
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            lr = warmup_lr(cfg.lr, optimizer_steps(self.optimizer) + 1, cfg.lr_warmup_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
         self.model.eval()
         dt = time.perf_counter() - t0
@@ -474,7 +481,8 @@ class Learner:
         stats.update(sums)
         stats.update(combine_mismatch(drift).as_stats())
         stats.update({
-            "learn/grad_norm": float(norm), "learn/action_tokens": n_tok, "learn/micro_batches": float(len(rows)),
+            "learn/grad_norm": float(norm), "learn/lr": lr, "learn/action_tokens": n_tok,
+            "learn/micro_batches": float(len(rows)),
             "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt, "learn/skipped": 0.0,
             "learn/tokens_per_s": real * cfg.epochs / dt if dt > 0 else 0.0,
         })
@@ -501,6 +509,24 @@ class Learner:
         return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
                 "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
                 "learn/tokens_per_s": 0.0, **combine_mismatch(drift).as_stats()}
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """The learning rate of optimizer step `step` (1-based): lr · min(1, step / warmup_steps).
+
+    Linear warm-up (Goyal et al. 2017, "Accurate, Large Minibatch SGD"; the RL phase of verl
+    and TRL warm up the same way). Why RL needs it here: AdamW's bias-corrected first step is
+    lr · g / |g| per parameter whatever the gradient's size, so a fresh optimizer's first
+    update moves nearly every weight by the full lr on the direction of one small batch
+    (BENCHMARKS.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
+    """
+    return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """Steps `optimizer` has taken, from its own state (so a resumed run's count continues):
+    the largest per-parameter ``step`` of AdamW's state, 0 before the first step."""
+    return max((int(st["step"]) for st in optimizer.state.values() if "step" in st), default=0)
 
 
 def _fresh_rows(trajs: Sequence[Trajectory], version: int, like: torch.Tensor) -> torch.Tensor:
