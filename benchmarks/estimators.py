@@ -35,15 +35,17 @@ from taurl.tasks import plan_tasks
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
 
 
-def seed_run(src: Path, dst: Path, sft_version: int) -> None:
-    """A run directory holding only `src`'s policies up to SFT and its SFT evaluation."""
+def seed_run(src: Path, dst: Path, sft_version: int, evals: Path | None = None, copy_evals: bool = True) -> None:
+    """A run directory holding only `src`'s policies up to SFT and an SFT evaluation: `src`'s
+    own, or the ``{split}-sft.json`` files of directory `evals` (an SFT evaluation made with
+    other evaluation settings); copy_evals False: none (the run evaluates the SFT policy)."""
     shutil.rmtree(dst, ignore_errors=True)
     (dst / "checkpoints").mkdir(parents=True)
     for v in range(sft_version + 1):
         shutil.copytree(src / "checkpoints" / f"v{v}", dst / "checkpoints" / f"v{v}")
     (dst / "evals").mkdir()
-    for split in ("validation", "holdout"):
-        shutil.copy(src / "evals" / f"{split}-sft.json", dst / "evals" / f"{split}-sft.json")
+    for split in ("validation", "holdout") if copy_evals else ():
+        shutil.copy((evals or src / "evals") / f"{split}-sft.json", dst / "evals" / f"{split}-sft.json")
     state = json.loads((src / "state.json").read_text())
     keep = {k: state[k] for k in ("sft_version", "sft_steps", "sft_examples") if k in state}
     (dst / "state.json").write_text(json.dumps(keep))

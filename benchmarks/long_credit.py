@@ -36,6 +36,7 @@ import concurrent.futures as cf
 import json
 import math
 import multiprocessing as mp
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -188,18 +189,26 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
 
 # -- one run (in a worker process) ------------------------------------------------------------
 
+EVAL_KEYS = ("eval_tasks", "eval_trials", "eval_temperature", "eval_seed")
+
+
 def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int,
-            overrides: dict | None = None) -> dict[str, Any]:
+            overrides: dict | None = None, sft_evals: str | None = None) -> dict[str, Any]:
+    """One run from `src`'s SFT policy. When `overrides` change the evaluation settings, the
+    SFT policy's evaluation is not `src`'s: it is `sft_evals`'s (a directory of
+    ``{split}-sft.json`` made with the same settings), or, without one, the run's own."""
     import estimators as bench  # benchmarks/estimators.py (this script's directory is on sys.path)
     from taurl.recipe import train
 
     src_p, run = Path(src), Path(out) / f"{est}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
     sft_version = json.loads((src_p / "state.json").read_text())["sft_version"]
-    bench.seed_run(src_p, run, sft_version)
     data = {**json.loads(json.dumps(base.__dict__)), "estimator": est, "estimator_options": options,
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed, **(overrides or {})}
     cfg = load_config(TrainConfig, data=data)
+    same_evals = all(getattr(cfg, k) == getattr(base, k) for k in EVAL_KEYS)
+    bench.seed_run(src_p, run, sft_version, evals=None if same_evals else Path(sft_evals) if sft_evals else None,
+                   copy_evals=same_evals or sft_evals is not None)
     if overlap := bench.sft_task_overlap(base, cfg):
         raise ConfigError(f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
                           f"(e.g. {overlap[0]!r})")
@@ -315,6 +324,13 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _record(log: Path, r: dict[str, Any]) -> None:
+    with log.open("a") as fh:
+        fh.write(json.dumps(r) + "\n")
+    print(f"{r['estimator']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} "
+          f"holdout {r['holdout']['final']['success']:.3f} ({r['wall_s']:.0f} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="src", default="runs/fl8_sft", help="a run whose SFT policy is the start")
@@ -347,16 +363,24 @@ def main() -> None:
         options, overrides = json.loads(args.options), json.loads(args.overrides)
         done = {(r["estimator"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
         jobs = [(est, s) for s in args.seeds for est in args.estimators if (est, s) not in done]
+        base = load_config(TrainConfig, path=Path(args.src) / "config.yaml")
+        evals = {k: v for k, v in overrides.get("all", {}).items() if k in EVAL_KEYS}
+        if any(k in EVAL_KEYS for est in args.estimators for k in overrides.get(est, {})):
+            raise ConfigError("evaluation settings (eval_*) go under \"all\": every run is compared on the same evaluation")
+        sft_evals = out / "sft-evals"  # the SFT policy evaluated once with the overridden settings
+        if jobs and any(getattr(base, k) != v for k, v in evals.items()) and not (sft_evals / "holdout-sft.json").exists():
+            (est, s), jobs = jobs[0], jobs[1:]  # this run evaluates the SFT policy; the others copy it
+            _record(log, run_one(args.src, args.out, est, options.get(est, {}), s, args.updates,
+                                 {**overrides.get("all", {}), **overrides.get(est, {})}))
+            sft_evals.mkdir(exist_ok=True)
+            for split in ("validation", "holdout"):
+                shutil.copy(out / f"{est}-s{s}" / "evals" / f"{split}-sft.json", sft_evals)
         with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
             futs = {pool.submit(run_one, args.src, args.out, est, options.get(est, {}), s, args.updates,
-                                {**overrides.get("all", {}), **overrides.get(est, {})}): (est, s)
+                                {**overrides.get("all", {}), **overrides.get(est, {})}, str(sft_evals)): (est, s)
                     for est, s in jobs}
             for f in cf.as_completed(futs):
-                r = f.result()
-                with log.open("a") as fh:
-                    fh.write(json.dumps(r) + "\n")
-                print(f"{r['estimator']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} "
-                      f"holdout {r['holdout']['final']['success']:.3f} ({r['wall_s']:.0f} s)", flush=True)
+                _record(log, f.result())
     results = [json.loads(x) for x in log.read_text().splitlines()]
     order = {e: i for i, e in enumerate(args.estimators)}
     results.sort(key=lambda r: (order.get(r["estimator"], 99), r["seed"]))
