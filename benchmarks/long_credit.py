@@ -24,6 +24,10 @@ the learner credited (`Learner.assign`, wrapped here to observe, not to change):
   estimator rewards when the episode still reached G;
 * ``neg_opt``: share of optimal turns that got a negative advantage.
 
+Evaluation settings (eval_temperature, eval_trials, eval_tasks, eval_seed) may be overridden under
+"all" in --overrides; the SFT policy is then evaluated once with them (by the first run) and
+every run copies that evaluation, so the SFT row and the runs are measured alike.
+
 Writes OUT/results.jsonl (one line per finished run, so a partial comparison survives),
 OUT/curves.png (training success vs sampled episodes, mean ± std over seeds) and prints the
 Markdown tables for BENCHMARKS.md. ``--report`` rebuilds them from OUT/results.jsonl.
