@@ -394,7 +394,11 @@ needs_vllm = pytest.mark.skipif(not os.environ.get(PYTHON_ENV),
 @pytest.fixture(scope="module")
 def real(ckpts, tmp_path_factory):
     tok, (p0, _) = ckpts
-    server = VLLMServer(p0, cache_dir=tmp_path_factory.mktemp("vllm-cache"), max_model_len=512)
+    # 2048 (the tiny policy's positions): the abort tests' actions run for seconds, so a pause
+    # sent 0.3-0.5 s in still finds them sampling when this 2-core machine freezes the test
+    # process for a second or two (measured: asyncio loop gaps up to 2.1 s, no CPU used,
+    # while vLLM decodes; 400-token actions then finished before the pause arrived)
+    server = VLLMServer(p0, cache_dir=tmp_path_factory.mktemp("vllm-cache"), max_model_len=2048)
     server.start()
     engine = VLLMEngine(server.url, tok, version=0, server=server, timeout_s=120)
     engine.connect(p0)
@@ -456,7 +460,7 @@ def test_real_reload_serves_the_new_checkpoint_and_version(real, ckpts):
 @needs_vllm
 def test_real_abort_returns_partial_tokens(real):
     async def go():
-        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=400)))
+        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
         await asyncio.sleep(0.5)
         await real.pause("abort")
         out = await task
@@ -464,7 +468,7 @@ def test_real_abort_returns_partial_tokens(real):
         return out
 
     out = asyncio.run(go())
-    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000
     assert len(out.logprobs) == len(out.token_ids)
 
 
@@ -486,7 +490,7 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
     tok, (p0, _) = ckpts
     asyncio.run(real.load_weights(p0, 0))
     task = generate_tasks("train", n=1, seed=0)[0]
-    cfg = RolloutConfig(temperature=0.0, max_action_tokens=400, max_context=512, max_episode_tokens=400)
+    cfg = RolloutConfig(temperature=0.0, max_action_tokens=2000, max_context=2048, max_episode_tokens=2000)
 
     async def go():
         ep = asyncio.create_task(run_episode(real, _search_env(), tok, task, seed=0, config=cfg))
@@ -501,7 +505,7 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
     tr = asyncio.run(go())
     assert tr.stop_reason is StopReason.ABORTED and tr.truncated and len(tr.turns) == 1
     action = tr.segments[tr.turns[0].action_segment]
-    assert 0 < len(action.token_ids) < 400 and action.policy_version == 0
+    assert 0 < len(action.token_ids) < 2000 and action.policy_version == 0
     validate_trajectory(tr)
 
 
@@ -516,9 +520,9 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
 
     tok, (p0, p1) = ckpts
     asyncio.run(real.load_weights(p0, 0))
-    n, budget, temp = 8, 200, 1.0
+    n, budget, temp = 8, 1500, 1.0
     tasks = generate_tasks("train", n=n, seed=0)
-    cfg = RolloutConfig(temperature=temp, max_turns=1, max_action_tokens=budget, max_context=512,
+    cfg = RolloutConfig(temperature=temp, max_turns=1, max_action_tokens=budget, max_context=2048,
                         max_episode_tokens=budget, resume_aborted=True)
 
     async def go():
