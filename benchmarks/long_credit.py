@@ -211,8 +211,8 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed, **(overrides or {})}
     cfg = load_config(TrainConfig, data=data)
     same_evals = all(getattr(cfg, k) == getattr(base, k) for k in EVAL_KEYS)
-    bench.seed_run(src_p, run, sft_version, evals=None if same_evals else Path(sft_evals) if sft_evals else None,
-                   copy_evals=same_evals or sft_evals is not None)
+    shared = Path(sft_evals) if sft_evals and not same_evals else None  # else src's own, or none (below)
+    bench.seed_run(src_p, run, sft_version, evals=shared, copy_evals=same_evals or shared is not None)
     if overlap := bench.sft_task_overlap(base, cfg):
         raise ConfigError(f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
                           f"(e.g. {overlap[0]!r})")

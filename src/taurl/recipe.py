@@ -309,10 +309,11 @@ def recover_row(r: Run, version: int) -> None:
     """Write the metrics row of RL checkpoint `version` if metrics.jsonl lacks it.
 
     A checkpoint carries its update's row (``metrics_row`` in taurl.json; with ``schedule:
-    sync`` without what is measured after the save: its timings and alarms); the row is appended to metrics.jsonl only after the
-    checkpoint is whole, so a kill between the two leaves a checkpoint without its row. The
-    resumed run writes it from the checkpoint, flagged ``run/recovered_row``, and fires the
-    ``update_done`` hook the killed run did not reach."""
+    sync`` without what is measured after the save: its timings and alarms). The row is
+    appended to metrics.jsonl only after the checkpoint is whole, so a kill between the two
+    leaves a checkpoint without its row. The resumed run writes it from the checkpoint,
+    flagged ``run/recovered_row``, and fires the ``update_done`` hook the killed run did not
+    reach."""
     meta = load_policy_meta(r.run.checkpoint(version))
     row = meta.get("metrics_row")
     if meta.get("phase") != "rl" or row is None:
