@@ -114,22 +114,38 @@ def test_verifier_runs_in_a_fresh_sandbox_with_only_the_solution():
 
 
 def test_hidden_tests_are_out_of_the_agents_reach():
+    """Every file the agent can read outside the system's /usr holds no hidden test.
+
+    The probe reads regular files only and lists where symlinks lead instead of reading
+    through them: /etc/alternatives links to 1 MB binaries in /usr, and reading those
+    from a cold page cache ran past the sandbox's 5 s on a fresh CI machine."""
     task = generate_tasks("train", 1, seed=0, families=["run_length"])[0]
     needles = [task.metadata["hidden_sha256"], json.dumps(hidden_cases(task))[:40]]
     probe = (
-        f"import os\nneedles = {needles!r}\nhits = []\n"
+        f"import os, stat\nneedles = {needles!r}\nhits, links = [], set()\n"
         "for top in ('/workspace', '/tmp', '/etc', '/dev/shm', '/proc/self'):\n"
         "    for d, _, files in os.walk(top):\n"
         "        for f in files:\n"
-        "            try:\n                data = open(os.path.join(d, f), errors='replace').read(1 << 20)\n"
+        "            path = os.path.join(d, f)\n"
+        "            try:\n"
+        "                if os.path.islink(path):\n"
+        "                    links.add(os.path.realpath(path).split('/')[1])\n"
+        "                    continue\n"
+        "                if not stat.S_ISREG(os.lstat(path).st_mode):\n"
+        "                    continue\n"
+        "                data = open(path, errors='replace').read(1 << 20)\n"
         "            except OSError:\n                continue\n"
-        "            hits += [os.path.join(d, f) for n in needles if n in data]\n"
+        "            hits += [path for n in needles if n in data]\n"
         "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
-        "print('files', sorted(os.listdir('/workspace')))\nprint('hits', hits)\n")
+        "print('files', sorted(os.listdir('/workspace')))\nprint('hits', hits)\n"
+        "print('links', sorted(links))\n")
     env = CodeEnv()
     env.reset(task, 0)
     obs, *_ = env.step(call("run_python", code=probe))
-    assert "hits []" in obs and "files ['solution.py', 'test_visible.py']" in obs
+    assert "hits []" in obs and "files ['solution.py', 'test_visible.py']" in obs, obs
+    # symlinks lead only into the system, the sandbox's own trees or nowhere readable
+    links = set(json.loads(obs.split("links ")[1].split("\n")[0].replace("'", '"')))
+    assert links <= {"usr", "proc", "dev", "etc", "tmp", "workspace"}, links
     pids = json.loads(obs.split("pids ")[1].split("\n")[0])
     assert max(pids) < 10  # only the sandbox's own processes are visible
     env.close()
