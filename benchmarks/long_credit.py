@@ -229,7 +229,7 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
             "validation": summary["validation"], "holdout": summary["holdout"],
             "curve": [r.get("rollout/success", r.get("rollout/reward_mean")) for r in rows],
             "diagnostics": {k: [r.get(key) for r in rows] for k, key in DIAGNOSTICS.items()},
-            "alignment": probe}
+            "alignment": probe, "rows": [r.get("learn/rows") for r in rows]}
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -237,6 +237,17 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
 def _mean(xs: list[float]) -> float:
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     return statistics.mean(xs) if xs else math.nan
+
+
+def collapse_update(curve: list[float], tail: int = 3) -> int | None:
+    """The 1-based update from which training success stays 0 to the end of the run, when
+    that is at least `tail` updates (a collapse: every later group fails, every estimator
+    here gives an all-failure group zero advantage, so nothing pulls the policy back);
+    None when the run never collapsed."""
+    k = len(curve)
+    while k > 0 and curve[k - 1] == 0:
+        k -= 1
+    return k + 1 if len(curve) - k >= tail else None
 
 
 def seed_interval(xs: list[float]) -> tuple[float, float, float]:
@@ -276,14 +287,22 @@ def tables(results: list[dict]) -> str:
     sft = results[0]["holdout"]["sft"]["success"], results[0]["validation"]["sft"]["success"]
     lines = [f"SFT policy (all runs): validation {sft[1]:.3f}, holdout {sft[0]:.3f}", "",
              "| estimator | seeds | validation (choose) | holdout, mean over seeds [95% t-interval] | "
-             "holdout pooled [task-clustered 95%] | per-seed holdout |", "|---|---|---|---|---|---|"]
+             "holdout pooled [task-clustered 95%] | per-seed holdout | collapsed runs (from update) | "
+             "holdout of the runs that did not collapse [95% t] |", "|---|---|---|---|---|---|---|---|"]
     for est, rs in by.items():
         val = seed_interval([r["validation"]["final"]["success"] for r in rs])
         hold = [r["holdout"]["final"]["success"] for r in rs]
         m, lo, hi = seed_interval(hold)
         p, plo, phi = pooled_interval(rs, "holdout")
+        # collapsed: training success 0 for the last updates, or a final holdout of exactly 0
+        # (a policy that broke at the last update has no zero tail yet)
+        falls = [collapse_update(r["curve"]) or ("end" if h == 0 else None) for r, h in zip(rs, hold, strict=True)]
+        fell = ", ".join(f"s{r['seed']}@{u}" for r, u in zip(rs, falls, strict=True) if u is not None)
+        alive = [h for h, u in zip(hold, falls, strict=True) if u is None]
+        am, alo, ahi = seed_interval(alive) if alive else (math.nan, math.nan, math.nan)
         lines.append(f"| {est} | {len(rs)} | {val[0]:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {p:.3f} [{plo:.3f}, "
-                     f"{phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} |")
+                     f"{phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} | {len(rs) - len(alive)} ({fell or '-'}) | "
+                     f"{am:.3f} [{alo:.3f}, {ahi:.3f}] ({len(alive)}) |")
     lines += ["", "| estimator | reward std | identical-reward groups | entropy | turns | invalid rate | "
               "adv–optimal corr | suboptimal turns with A > 0 | optimal turns with A < 0 | wall s / run |",
               "|---|---|---|---|---|---|---|---|---|---|"]

@@ -57,3 +57,11 @@ def test_seed_interval_and_pooled_interval():
             {"holdout": {"final": {"trials": 1, "task_successes": {"a": 1, "b": 1}}}}]
     p, lo, hi = bench.pooled_interval(runs, "holdout")
     assert p == 0.75 and 0 <= lo < 0.75 < hi <= 1
+
+
+def test_collapse_update_finds_a_zero_tail_of_at_least_three_updates():
+    assert bench.collapse_update([0.2, 0.5, 0.0, 0.0, 0.0]) == 3
+    assert bench.collapse_update([0.0, 0.0, 0.0, 0.0]) == 1  # never succeeded: collapsed from the start
+    assert bench.collapse_update([0.2, 0.0, 0.0]) is None  # two zeros: a hard pair of updates, not yet a collapse
+    assert bench.collapse_update([0.2, 0.0, 0.0, 0.0, 0.1]) is None  # it came back
+    assert bench.collapse_update([]) is None
