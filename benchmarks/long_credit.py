@@ -259,6 +259,13 @@ def seed_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, max(0.0, m - h), min(1.0, m + h)
 
 
+def paired_halfwidth(d: list[float]) -> float:
+    """Half-width of the 95% t-interval of a mean of paired differences (NaN below 2 pairs)."""
+    if len(d) < 2:
+        return math.nan
+    return t_quantile(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+
+
 def task_counts(runs: list[dict], split: str) -> dict[str, list[int]]:
     """Per evaluation task: [successes, episodes] summed over the runs' final evaluations."""
     per_task: dict[str, list[int]] = {}
@@ -303,6 +310,18 @@ def tables(results: list[dict]) -> str:
         lines.append(f"| {est} | {len(rs)} | {val[0]:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {p:.3f} [{plo:.3f}, "
                      f"{phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} | {len(rs) - len(alive)} ({fell or '-'}) | "
                      f"{am:.3f} [{alo:.3f}, {ahi:.3f}] ({len(alive)}) |")
+    base, *others = by
+    if others:  # paired by seed: the same seed's runs share the task order and evaluation maps
+        lines += ["", f"| estimator − {base} | seeds paired | holdout Δ, mean [95% t over seeds] | "
+                  "validation Δ, mean [95% t over seeds] |", "|---|---|---|---|"]
+        for est in others:
+            cells = []
+            for split in ("holdout", "validation"):
+                ref = {r["seed"]: r[split]["final"]["success"] for r in by[base]}
+                d = [r[split]["final"]["success"] - ref[r["seed"]] for r in by[est] if r["seed"] in ref]
+                m, h = (statistics.mean(d), paired_halfwidth(d)) if d else (math.nan, math.nan)
+                cells.append(f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]")
+            lines.append(f"| {est} − {base} | {len(d)} | {cells[0]} | {cells[1]} |")
     lines += ["", "| estimator | reward std | identical-reward groups | entropy | turns | invalid rate | "
               "adv–optimal corr | suboptimal turns with A > 0 | optimal turns with A < 0 | wall s / run |",
               "|---|---|---|---|---|---|---|---|---|---|"]

@@ -65,3 +65,10 @@ def test_collapse_update_finds_a_zero_tail_of_at_least_three_updates():
     assert bench.collapse_update([0.2, 0.0, 0.0]) is None  # two zeros: a hard pair of updates, not yet a collapse
     assert bench.collapse_update([0.2, 0.0, 0.0, 0.0, 0.1]) is None  # it came back
     assert bench.collapse_update([]) is None
+
+
+def test_paired_halfwidth_is_the_t_interval_of_the_differences():
+    assert bench.paired_halfwidth([0.1, 0.1, 0.1]) == 0.0
+    assert math.isnan(bench.paired_halfwidth([0.2]))
+    # two pairs: t(1) = 12.706, stdev of (0, 0.2) = 0.1414, sqrt(2): half-width 1.2706
+    assert abs(bench.paired_halfwidth([0.0, 0.2]) - 12.706 * 0.2 / 2) < 1e-2
