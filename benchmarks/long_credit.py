@@ -241,9 +241,8 @@ def _mean(xs: list[float]) -> float:
 
 def collapse_update(curve: list[float], tail: int = 3) -> int | None:
     """The 1-based update from which training success stays 0 to the end of the run, when
-    that is at least `tail` updates (a collapse: every later group fails, every estimator
-    here gives an all-failure group zero advantage, so nothing pulls the policy back);
-    None when the run never collapsed."""
+    that is at least `tail` updates (a collapse: every later group fails, so the outcome
+    gives no signal that points back to success); None when the run never collapsed."""
     k = len(curve)
     while k > 0 and curve[k - 1] == 0:
         k -= 1
@@ -252,15 +251,15 @@ def collapse_update(curve: list[float], tail: int = 3) -> int | None:
 
 def seed_interval(xs: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval over seeds (each seed one number), clipped to [0, 1]."""
-    m = statistics.mean(xs)
-    if len(xs) < 2:
+    m, h = statistics.mean(xs), paired_halfwidth(xs)
+    if math.isnan(h):
         return m, math.nan, math.nan
-    h = t_quantile(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
     return m, max(0.0, m - h), min(1.0, m + h)
 
 
 def paired_halfwidth(d: list[float]) -> float:
-    """Half-width of the 95% t-interval of a mean of paired differences (NaN below 2 pairs)."""
+    """Half-width of the 95% t-interval of the mean of `d` — seeds' figures or their paired
+    differences (NaN below 2 values)."""
     if len(d) < 2:
         return math.nan
     return t_quantile(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
@@ -314,11 +313,11 @@ def tables(results: list[dict]) -> str:
     if others:  # paired by seed: the same seed's runs share the task order and evaluation maps
         lines += ["", f"| estimator − {base} | seeds paired | holdout Δ, mean [95% t over seeds] | "
                   "validation Δ, mean [95% t over seeds] |", "|---|---|---|---|"]
+        ref = {split: {r["seed"]: r[split]["final"]["success"] for r in by[base]} for split in ("holdout", "validation")}
         for est in others:
             cells = []
             for split in ("holdout", "validation"):
-                ref = {r["seed"]: r[split]["final"]["success"] for r in by[base]}
-                d = [r[split]["final"]["success"] - ref[r["seed"]] for r in by[est] if r["seed"] in ref]
+                d = [r[split]["final"]["success"] - ref[split][r["seed"]] for r in by[est] if r["seed"] in ref[split]]
                 m, h = (statistics.mean(d), paired_halfwidth(d)) if d else (math.nan, math.nan)
                 cells.append(f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]")
             lines.append(f"| {est} − {base} | {len(d)} | {cells[0]} | {cells[1]} |")
