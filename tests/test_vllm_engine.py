@@ -339,6 +339,16 @@ def test_finish_reasons_map_to_taurl_s():
     assert _finish({"finish_reason": "abort"}, sp) == ("abort", None)
 
 
+def test_server_command_serves_metrics_only_when_asked(ckpts, tmp_path):
+    import sys
+
+    _, (p0, _) = ckpts
+    quiet = VLLMServer(p0, python=sys.executable, port=8000, cache_dir=tmp_path).command()
+    loud = VLLMServer(p0, python=sys.executable, port=8000, cache_dir=tmp_path, log_stats=True).command()
+    assert "--disable-log-stats" in quiet and "--disable-log-stats" not in loud
+    assert [a for a in quiet if a != "--disable-log-stats"] == loud
+
+
 # -- LocalEngine: the same contract -------------------------------------------------------
 
 def test_local_engine_contract_load_pause_abort_keep(ckpts):
@@ -394,16 +404,52 @@ needs_vllm = pytest.mark.skipif(not os.environ.get(PYTHON_ENV),
 @pytest.fixture(scope="module")
 def real(ckpts, tmp_path_factory):
     tok, (p0, _) = ckpts
-    # 2048 (the tiny policy's positions): the abort tests' actions run for seconds, so a pause
-    # sent 0.3-0.5 s in still finds them sampling when this 2-core machine freezes the test
-    # process for a second or two (measured: asyncio loop gaps up to 2.1 s, no CPU used,
-    # while vLLM decodes; 400-token actions then finished before the pause arrived)
-    server = VLLMServer(p0, cache_dir=tmp_path_factory.mktemp("vllm-cache"), max_model_len=2048)
+    # 2048 (the tiny policy's positions): the abort tests' actions run for ~13 s here, and
+    # log_stats serves /metrics, so those tests pause once the server reports their actions
+    # sampling (`_until_sampling`), not after a fixed sleep
+    server = VLLMServer(p0, cache_dir=tmp_path_factory.mktemp("vllm-cache"), max_model_len=2048,
+                        log_stats=True)
     server.start()
     engine = VLLMEngine(server.url, tok, version=0, server=server, timeout_s=120)
     engine.connect(p0)
     yield engine
     engine.close()
+
+
+async def _server_gauges(url: str) -> tuple[float, float]:
+    """(requests running, generation tokens so far) from the server's Prometheus /metrics."""
+    from taurl.policy.http import request
+
+    r = await request("GET", url + "/metrics", timeout_s=30)
+    vals = {"vllm:num_requests_running": 0.0, "vllm:generation_tokens_total": 0.0}
+    for line in str(r.body).splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in vals:
+            vals[name] += float(line.rsplit(" ", 1)[1])
+    return vals["vllm:num_requests_running"], vals["vllm:generation_tokens_total"]
+
+
+async def _until_sampling(engine: VLLMEngine, timeout_s: float = 120.0) -> None:
+    """Return once the server runs every request this client has in flight and has sampled
+    tokens for them since: a pause sent then cuts actions mid-way.
+
+    A fixed sleep before the pause raced the server: on CI the pause once landed before the
+    request was running (it was then aborted unsampled and re-sent after the resume) or after
+    the action had ended, so the abort tests saw "length".
+    """
+    t0, base = time.perf_counter(), None
+    while time.perf_counter() - t0 < timeout_s:
+        running, sampled = await _server_gauges(engine.url)
+        want = engine._in_flight
+        if want and running >= want:
+            if base is None:
+                base = sampled
+            elif sampled > base:
+                return
+        else:
+            base = None
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the server did not report {engine._in_flight} request(s) sampling within {timeout_s} s")
 
 
 @pytest.mark.vllm
@@ -461,14 +507,15 @@ def test_real_reload_serves_the_new_checkpoint_and_version(real, ckpts):
 def test_real_abort_returns_partial_tokens(real):
     async def go():
         task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
-        await asyncio.sleep(0.5)
+        await _until_sampling(real)
         await real.pause("abort")
         out = await task
         await real.resume()
         return out
 
     out = asyncio.run(go())
-    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000, \
+        (out.finish_reason, len(out.token_ids), real.stats)
     assert len(out.logprobs) == len(out.token_ids)
 
 
@@ -494,9 +541,9 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
 
     async def go():
         ep = asyncio.create_task(run_episode(real, _search_env(), tok, task, seed=0, config=cfg))
-        while not real._in_flight:  # the first action is on the server
+        while not real._in_flight:  # the first action is sent
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.3)
+        await _until_sampling(real)
         await real.pause("abort")
         tr = await ep
         await real.resume()
@@ -528,9 +575,9 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
     async def go():
         eps = [asyncio.create_task(run_episode(real, _search_env(), tok, t, seed=i, config=cfg))
                for i, t in enumerate(tasks)]
-        while real._in_flight < n:  # every first action is on the server
+        while real._in_flight < n:  # every first action is sent
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.3)
+        await _until_sampling(real)
         await real.pause("abort")
         await real.load_weights(p1, 1)
         await real.resume()
@@ -652,7 +699,7 @@ def test_real_killed_server_fails_in_flight_requests(real):
     # last in the module: it kills the shared server (SIGKILL: a crash, no clean shutdown)
     async def go():
         task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
-        await asyncio.sleep(0.5)
+        await _until_sampling(real)  # killed mid-action, not before the request arrived
         os.killpg(os.getpgid(real.server.proc.pid), signal.SIGKILL)
         return await task
 

