@@ -362,9 +362,14 @@ def test_local_engine_contract_load_pause_abort_keep(ckpts):
     lp = sequence_logprobs(model1, prompt + g.token_ids, 1.0)[len(prompt):]
     assert g.policy_version == 1 and torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)
 
+    async def until_sampled():  # the request is mid-action (a fixed sleep races a loaded machine)
+        base = engine.stats["tokens"]
+        while engine.stats["tokens"] <= base:
+            await asyncio.sleep(0.005)
+
     async def abort_midway():
         task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
-        await asyncio.sleep(0.3)
+        await until_sampled()
         await engine.pause("abort")
         out = await task
         assert not (await engine.health()).in_flight
@@ -380,7 +385,7 @@ def test_local_engine_contract_load_pause_abort_keep(ckpts):
 
     async def keep_then_load():
         task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
-        await asyncio.sleep(0.3)
+        await until_sampled()
         await engine.pause("keep")
         with pytest.raises(EngineError, match="mix two policy versions"):
             await engine.load_weights(p0, 2)
