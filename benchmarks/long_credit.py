@@ -94,8 +94,56 @@ def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return out
 
 
-def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, float]]) -> None:
-    """Wrap `Learner.assign` so that each update's credited batch is scored (observe only)."""
+def action_ids(traj: Any, n_turns: int) -> np.ndarray:
+    """Turn t's move id (0–3), or −1 for an action that is not a move."""
+    from taurl.envs.gym.adapter import parse_action
+    from taurl.envs.gym.frozenlake import ACTIONS
+
+    out = np.full(n_turns, -1, dtype=np.int64)
+    for t, turn in enumerate(traj.turns[:n_turns]):
+        parsed = parse_action(turn.action_text, ACTIONS)
+        if parsed["kind"] == "move":
+            out[t] = parsed["id"]
+    return out
+
+
+def anchor_stats(batch: Any, actions: np.ndarray) -> dict[str, float]:
+    """What GiGPO's anchor groups (the (episode group, state) pairs) can tell apart, on one
+    batch; `actions` (N, T) the move id of every turn (−1 pad or not a move):
+
+    * ``anchor_shared``: share of real turns whose anchor group holds ≥ 2 turns;
+    * ``anchor_contrast``: share of real turns whose anchor group holds ≥ 2 *different*
+      actions — the only groups where comparing returns compares actions; where every visit
+      took the same action, A^S measures the luck that came later;
+    * ``step_nonzero``: share of real turns whose GiGPO step advantage A^S (Eq. 7) is not 0.
+    """
+    from taurl.credit.gigpo import anchor_groups, gigpo_components
+
+    mask = batch.turn_mask
+    ids, k = anchor_groups(batch.group, batch.state_hash, mask)
+    turn_ids, acts = ids[mask], actions[mask]
+    size = np.bincount(turn_ids, minlength=k)
+    distinct = np.zeros(k, dtype=np.int64)
+    for g in range(k):  # a few hundred groups per batch
+        distinct[g] = len(np.unique(acts[turn_ids == g]))
+    a_s = gigpo_components(batch)[1][mask]
+    n = max(1, int(mask.sum()))
+    return {"anchor_shared": float((size[turn_ids] >= 2).sum() / n),
+            "anchor_contrast": float((distinct[turn_ids] >= 2).sum() / n),
+            "step_nonzero": float((np.abs(a_s) > 1e-9).sum() / n)}
+
+
+# Scored on every credited batch besides the run's own estimator: the same batch credited by
+# each, so the alignment gap between estimators is paired within the batch the policy sampled.
+ALSO_SCORED = {"grpo": ("grpo", {}), "gigpo": ("gigpo", {}), "gigpo ω=2": ("gigpo", {"omega": 2.0}),
+               "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}), "salt merge=state": ("salt", {"merge": "state"})}
+
+
+def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, Any]]) -> None:
+    """Wrap `Learner.assign` so that each update's credited batch is scored (observe only):
+    the run's own advantages (`alignment`), the anchor groups (`anchor_stats`), and the
+    alignment of the ALSO_SCORED estimators' advantages on the same batch (``also``)."""
+    from taurl.credit import compute_advantages
     from taurl.train import learner
 
     inner = learner.Learner.assign
@@ -104,10 +152,16 @@ def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, float]]) -> 
         a = inner(self, trajs)
         if a is not None:
             mask = a.batch.turn_mask
+            width = mask.shape[1]
             labels = np.stack([np.pad(optimal_labels(tr, tasks_by_id[tr.task_id], int(m.sum())),
-                                      (0, mask.shape[1] - int(m.sum())), constant_values=np.nan)
+                                      (0, width - int(m.sum())), constant_values=np.nan)
                                for tr, m in zip(a.trajs, mask, strict=True)])
-            sink.append(alignment(a.credit.advantages[mask], labels[mask]))
+            acts = np.stack([np.pad(action_ids(tr, int(m.sum())), (0, width - int(m.sum())), constant_values=-1)
+                             for tr, m in zip(a.trajs, mask, strict=True)])
+            also = {name: alignment(compute_advantages(a.batch, est, **opts).advantages[mask], labels[mask])["corr"]
+                    for name, (est, opts) in ALSO_SCORED.items()}
+            sink.append({**alignment(a.credit.advantages[mask], labels[mask]), **anchor_stats(a.batch, acts),
+                         "also": also})
         return a
 
     learner.Learner.assign = assign
@@ -177,6 +231,7 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
     v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
     with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
     runs = {"grpo": ("grpo", {}, batch), "rloo": ("rloo", {}, batch), "gigpo": ("gigpo", {}, batch),
+            "gigpo ω=2": ("gigpo", {"omega": 2.0}, batch), "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}, batch),
             "salt": ("salt", {}, batch), "salt merge=state": ("salt", {"merge": "state"}, batch),
             "gae V=0": ("gae", {"gamma": gamma}, batch.replace(values=np.zeros_like(v_star),
                                                               bootstrap_values=np.zeros(len(trajs)))),
@@ -188,6 +243,9 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
         out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
     # GiGPO's step part alone (A^S of Eq. 7, without the episode part A^E)
     out["gigpo A^S only"] = alignment(gigpo_components(batch)[1][mask], labels[mask])
+    acts = np.stack([np.pad(action_ids(tr, int(k)), (0, max_turns - int(k)), constant_values=-1)
+                     for tr, k in zip(trajs, n, strict=True)])
+    out["batch"].update(anchor_stats(batch, acts))
     return out
 
 
@@ -331,6 +389,7 @@ def tables(results: list[dict]) -> str:
         lines.append(f"| {est} | {d['reward_std']:.3f} | {d['same_reward']:.3f} | {d['entropy']:.3f} | "
                      f"{d['turns']:.1f} | {d['invalid']:.3f} | {al['corr']:+.3f} | {al['pos_subopt']:.3f} | "
                      f"{al['neg_opt']:.3f} | {_mean([r['wall_s'] for r in rs]):.0f} |")
+    lines += ["", *anchor_table(by)]
     n = min(len(r["curve"]) for r in results)
     epu = results[0]["episodes_per_update"]
     lines += ["", "Training success (sampled episodes) vs episodes, mean over seeds:", "",
@@ -339,6 +398,29 @@ def tables(results: list[dict]) -> str:
     for est, rs in by.items():
         lines.append(f"| {est} | " + " | ".join(f"{_mean([r['curve'][i] for r in rs]):.3f}" for i in range(n)) + " |")
     return "\n".join(lines)
+
+
+def anchor_table(by: dict[str, list[dict]]) -> list[str]:
+    """The anchor diagnostics (`anchor_stats`) and the ALSO_SCORED alignments on each run's own
+    batches, mean over updates and seeds; empty for results recorded before they existed."""
+    rows = []
+    for est, rs in by.items():
+        ups = [u for r in rs for u in r["alignment"] if "also" in u]
+        if not ups:
+            continue
+        m = {k: _mean([u[k] for u in ups]) for k in ("anchor_shared", "anchor_contrast", "step_nonzero")}
+        also = {k: _mean([u["also"][k] for u in ups]) for k in ALSO_SCORED}
+        gap = _mean([u["also"]["gigpo"] - u["also"]["grpo"] for u in ups])
+        rows.append(f"| {est} | {m['anchor_shared']:.3f} | {m['anchor_contrast']:.3f} | {m['step_nonzero']:.3f} | "
+                    + " | ".join(f"{also[k]:+.3f}" for k in ALSO_SCORED) + f" | {gap:+.3f} |")
+    if not rows:
+        return []
+    return ["On each run's own batches (mean over updates and seeds): turns sharing an anchor state, turns whose "
+            "anchor group took ≥ 2 different actions, turns with a non-zero GiGPO step advantage, and the "
+            "adv–optimal corr of each estimator's advantages on the same batches:", "",
+            "| run's estimator | anchor shared | anchor contrast | A^S ≠ 0 | "
+            + " | ".join(f"corr {k}" for k in ALSO_SCORED) + " | gigpo − grpo, same batch |",
+            "|---|---|---|---|" + "---|" * len(ALSO_SCORED) + "---|", *rows]
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -393,6 +475,8 @@ def main() -> None:
         for p in args.p_random:
             res = scripted_probe(p_random=p)
             b = res.pop("batch")
+            print(f"<!-- p_random {p}: anchor shared {b['anchor_shared']:.3f}, anchor contrast "
+                  f"{b['anchor_contrast']:.3f}, A^S != 0 {b['step_nonzero']:.3f} -->")
             for name, a in res.items():
                 print(f"| {p} (success {b['success']:.2f}, {b['turns_mean']:.1f} turns, optimal moves "
                       f"{b['optimal_share']:.2f}) | {name} | {a['corr']:+.3f} | {a['pos_subopt']:.3f} | {a['neg_opt']:.3f} |")

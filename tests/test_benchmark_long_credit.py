@@ -72,3 +72,23 @@ def test_paired_halfwidth_is_the_t_interval_of_the_differences():
     assert math.isnan(bench.paired_halfwidth([0.2]))
     # two pairs: t(1) = 12.706, stdev of (0, 0.2) = 0.1414, sqrt(2): half-width 1.2706
     assert abs(bench.paired_halfwidth([0.0, 0.2]) - 12.706 * 0.2 / 2) < 1e-2
+
+
+def test_anchor_stats_counts_contrast_only_where_actions_differ():
+    from taurl.credit import TurnBatch
+
+    # one episode group of 3: all start in state 1; rollouts 0 and 1 take the same action there
+    # (same later state 2), rollout 2 another (state 3); only rollout 0 succeeds
+    b = TurnBatch.build([1.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
+                        step_rewards=[[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]])
+    acts = np.array([[0, 1], [0, 2], [3, -1]])
+    s = bench.anchor_stats(b, acts)
+    assert s["anchor_shared"] == 1.0  # state 1: 3 visits; state 2: 2 visits
+    assert s["anchor_contrast"] == 1.0  # state 1: actions {0, 3}; state 2: actions {1, 2}
+    same = bench.anchor_stats(b, np.array([[0, 1], [0, 1], [0, -1]]))
+    assert same["anchor_contrast"] == 0.0  # every visit of each state took one action
+    # A^S: returns at state 1 are (0.95, 0, 0), all differ from their mean; at state 2 (1, 0)
+    assert s["step_nonzero"] == 1.0
+    lost = TurnBatch.build([0.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
+                           step_rewards=[[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]])
+    assert bench.anchor_stats(lost, acts)["step_nonzero"] == 0.0  # one outcome: every A^S is 0
