@@ -1,0 +1,184 @@
+"""Pool `long_credit.py` comparisons run from several SFT policies, and apply a pre-registered
+paired decision rule (BENCHMARKS.md: "Sixth pass").
+
+    cd benchmarks && python long_credit_pool.py ../runs/credit6_s0 ../runs/credit6_s1 \
+        --base grpo --other gigpo --figure figures/long_credit_pass6.png
+
+Each OUT directory is one SFT policy's `long_credit.py` output (its ``results.jsonl``). A pair
+is (directory, RL seed): the two estimators' runs that share the SFT policy, the task order
+and the evaluation maps. Prints, as Markdown:
+
+* per SFT policy, each estimator's holdout mean with its 95% t-interval over seeds, and
+  whether the two estimators' intervals overlap (the issue's wording);
+* the decision: `other − base` on holdout (and validation), paired, with the 95% t-interval
+  over all pairs, read by `decide`;
+* the two mechanism checks, on the base arm's own batches (``alignment[i]["also"]``, every
+  estimator scored on the same credited batch): the mean paired alignment gap
+  ``corr(gap_estimator) − corr(base)`` with a t-interval over runs (each run's mean over
+  updates), and its correlation with the update's training success — pooled over every
+  (run, update), and as the mean of each run's own correlation with a t-interval over runs
+  (the clustered one: updates of one run are not independent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from long_credit import paired_halfwidth, seed_interval  # noqa: E402
+
+
+def decide(diffs: list[float]) -> tuple[str, float, float, float]:
+    """The pre-registered rule on paired differences d_i = other_i − base_i: the mean and
+    its 95% t-interval mean ± t_{0.975, n−1} · s / √n; "above" when the interval lies above
+    0 (other beats base), "below" when it lies below, "contains 0" otherwise (not shown)."""
+    m, h = statistics.mean(diffs), paired_halfwidth(diffs)
+    lo, hi = m - h, m + h
+    verdict = "above" if lo > 0 else "below" if hi < 0 else "contains 0"
+    return verdict, m, lo, hi
+
+
+def pearson(x: list[float], y: list[float]) -> float:
+    """Pearson's r = cov(x, y) / (σ_x σ_y); NaN when either side is constant or n < 3."""
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def load(dirs: list[str]) -> dict[str, list[dict]]:
+    """Directory name -> its runs (``results.jsonl``)."""
+    out = {}
+    for d in dirs:
+        p = Path(d) / "results.jsonl"
+        out[Path(d).name] = [json.loads(x) for x in p.read_text().splitlines()]
+    return out
+
+
+def gap_series(run: dict, gap_est: str, base: str) -> tuple[list[float], list[float]]:
+    """Per update of one run: (same-batch alignment gap, training success). Empty when the run
+    has no same-batch scores, or when its alignment records and curve do not line up (an
+    update that credited nothing leaves no record, so they cannot be paired by position)."""
+    ups, curve = run["alignment"], run["curve"]
+    if len(ups) != len(curve) or not all("also" in u for u in ups):
+        return [], []
+    gaps = [u["also"][gap_est] - u["also"][base] for u in ups]
+    ok = [i for i, g in enumerate(gaps) if not math.isnan(g) and curve[i] is not None]
+    return [gaps[i] for i in ok], [curve[i] for i in ok]
+
+
+def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -> str:
+    lines = ["| SFT policy | estimator | runs | SFT holdout | validation | holdout, mean over seeds [95% t] | "
+             "per-seed holdout |", "|---|---|---|---|---|---|---|"]
+    overlap = []
+    for name, runs in by_dir.items():
+        ivs = {}
+        for est in (base, other):
+            rs = sorted((r for r in runs if r["estimator"] == est), key=lambda r: r["seed"])
+            if not rs:
+                continue
+            hold = [r["holdout"]["final"]["success"] for r in rs]
+            val = statistics.mean(r["validation"]["final"]["success"] for r in rs)
+            ivs[est] = seed_interval(hold) if len(hold) > 1 else (hold[0], math.nan, math.nan)
+            m, lo, hi = ivs[est]
+            lines.append(f"| {name} | {est} | {len(rs)} | {rs[0]['holdout']['sft']['success']:.3f} | {val:.3f} | "
+                         f"{m:.3f} [{lo:.3f}, {hi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} |")
+        if len(ivs) == 2:
+            (_, alo, ahi), (_, blo, bhi) = ivs[base], ivs[other]
+            overlap.append(f"{name}: the across-seed intervals {'overlap' if alo <= bhi and blo <= ahi else 'do not overlap'}")
+    lines += ["", "; ".join(overlap) + ".", "",
+              f"| {other} − {base}, paired by (SFT policy, seed) | pairs | mean [95% t over pairs] | decision |",
+              "|---|---|---|---|"]
+    for split in ("holdout", "validation"):
+        diffs = []
+        for runs in by_dir.values():
+            ref = {r["seed"]: r[split]["final"]["success"] for r in runs if r["estimator"] == base}
+            diffs += [r[split]["final"]["success"] - ref[r["seed"]] for r in runs
+                      if r["estimator"] == other and r["seed"] in ref]
+        if len(diffs) < 2:
+            lines.append(f"| {split} | {len(diffs)} | - | too few pairs |")
+            continue
+        verdict, m, lo, hi = decide(diffs)
+        lines.append(f"| {split} | {len(diffs)} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | interval {verdict} |")
+    # the mechanism, on the base arm's own batches
+    run_gaps, run_r, xs, ys, skipped = [], [], [], [], 0
+    for runs in by_dir.values():
+        for r in runs:
+            if r["estimator"] != base:
+                continue
+            g, s = gap_series(r, gap_est, base)
+            if not g:
+                skipped += 1
+                continue
+            run_gaps.append(statistics.mean(g))
+            xs += s
+            ys += g
+            if not math.isnan(rr := pearson(s, g)):
+                run_r.append(rr)
+    lines += ["", f"Mechanism, on the {base} arm's own batches ({len(run_gaps)} runs, {len(xs)} updates"
+              + (f"; {skipped} runs without paired records" if skipped else "") + "):", ""]
+    if len(run_gaps) >= 2:
+        m, h = statistics.mean(run_gaps), paired_halfwidth(run_gaps)
+        lines.append(f"1. same-batch alignment gap corr({gap_est}) − corr({base}): {m:+.3f} [{m - h:+.3f}, "
+                     f"{m + h:+.3f}] (mean of the runs' means, 95% t over runs)")
+    if len(run_r) >= 2:
+        m, h = statistics.mean(run_r), paired_halfwidth(run_r)
+        lines.append(f"2. correlation of that gap with the update's training success: pooled r = "
+                     f"{pearson(xs, ys):+.3f} over {len(xs)} updates; per run, mean r = {m:+.3f} "
+                     f"[{m - h:+.3f}, {m + h:+.3f}] (95% t over {len(run_r)} runs)")
+    return "\n".join(lines)
+
+
+def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> None:
+    """Left: training success vs sampled episodes per (SFT policy, estimator), mean over seeds.
+    Right: the same-batch gap against the update's training success, the base arm's updates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, runs in by_dir.items():
+        for est in sorted({r["estimator"] for r in runs}):
+            rs = [r for r in runs if r["estimator"] == est]
+            n = min(len(r["curve"]) for r in rs)
+            ys = np.array([r["curve"][:n] for r in rs], dtype=float)
+            xs = rs[0]["episodes_per_update"] * np.arange(1, n + 1)
+            ax.plot(xs, ys.mean(0), marker=".", label=f"{name} {est} ({len(rs)} seeds)")
+        g = [gap_series(r, gap_est, base) for r in runs if r["estimator"] == base]
+        bx.scatter([s for _, ss in g for s in ss], [x for gg, _ in g for x in gg], s=8, alpha=0.6, label=name)
+    ax.set_xlabel("sampled episodes")
+    ax.set_ylabel("training success")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)
+    bx.axhline(0, color="k", lw=0.5)
+    bx.set_xlabel(f"training success of the update ({base} runs)")
+    bx.set_ylabel(f"corr({gap_est}) − corr({base}), same batch")
+    bx.legend(fontsize=6)
+    bx.grid(alpha=0.3)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", help="long_credit.py OUT directories, one per SFT policy")
+    ap.add_argument("--base", default="grpo")
+    ap.add_argument("--other", default="gigpo")
+    ap.add_argument("--gap", default="gigpo γ=0.8", help="the same-batch score compared with --base's (long_credit.ALSO_SCORED)")
+    ap.add_argument("--figure", default="", help="write the curves and the gap scatter here (PNG)")
+    args = ap.parse_args()
+    by_dir = load(args.dirs)
+    print(report(by_dir, args.base, args.other, args.gap))
+    if args.figure:
+        plot(by_dir, args.base, args.gap, Path(args.figure))
+
+
+if __name__ == "__main__":
+    main()
