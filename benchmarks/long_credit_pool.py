@@ -144,6 +144,7 @@ def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig.subplots_adjust(wspace=0.3)
     for name, runs in by_dir.items():
         for est in sorted({r["estimator"] for r in runs}):
             rs = [r for r in runs if r["estimator"] == est]
@@ -159,7 +160,7 @@ def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> 
     ax.grid(alpha=0.3)
     bx.axhline(0, color="k", lw=0.5)
     bx.set_xlabel(f"training success of the update ({base} runs)")
-    bx.set_ylabel(f"corr({gap_est}) − corr({base}), same batch")
+    bx.set_ylabel(f"corr({gap_est}) − corr({base})\n(same batch)")
     bx.legend(fontsize=6)
     bx.grid(alpha=0.3)
     fig.savefig(path, dpi=90, bbox_inches="tight")
