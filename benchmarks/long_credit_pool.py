@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from long_credit import paired_halfwidth, seed_interval  # noqa: E402
+from long_credit import DIAGNOSTICS, collapse_update, paired_halfwidth, seed_interval  # noqa: E402
 
 
 def decide(diffs: list[float]) -> tuple[str, float, float, float]:
@@ -135,6 +135,36 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
     return "\n".join(lines)
 
 
+def arms_table(arms: dict[str, tuple[str, list[list[dict]]]], base: str, base_runs: list[list[dict]]) -> str:
+    """More arms against `base`, each a name -> (estimator, the runs of each SFT policy in the
+    positional directories' order): holdout over all its runs with the 95% t-interval, the
+    difference to `base` paired by (SFT policy, seed), collapsed runs (`collapse_update`, or a
+    final holdout of 0) and the diagnostics means. Exploratory: no decision is read here."""
+    def runs_of(est: str, per_policy: list[list[dict]]) -> dict[tuple[int, int], dict]:
+        return {(i, r["seed"]): r for i, rs in enumerate(per_policy) for r in rs if r["estimator"] == est}
+
+    ref = runs_of(base, base_runs)
+    lines = [f"| arm | runs | holdout [95% t over runs] | − {base}, paired [95% t] (pairs) | collapsed | "
+             "adv–optimal corr | invalid rate | entropy |", "|---|---|---|---|---|---|---|---|"]
+    for name, (est, per_policy) in {base: (base, base_runs), **arms}.items():
+        runs = runs_of(est, per_policy)
+        if not runs:
+            continue
+        hold = [r["holdout"]["final"]["success"] for r in runs.values()]
+        m, lo, hi = seed_interval(hold) if len(hold) > 1 else (hold[0], math.nan, math.nan)
+        d = [r["holdout"]["final"]["success"] - ref[k]["holdout"]["final"]["success"] for k, r in runs.items() if k in ref]
+        dm, dh = (statistics.mean(d), paired_halfwidth(d)) if len(d) > 1 else (math.nan, math.nan)
+        fell = sum(collapse_update(r["curve"]) is not None or r["holdout"]["final"]["success"] == 0 for r in runs.values())
+        corr = statistics.mean(statistics.mean(u["corr"] for u in r["alignment"] if not math.isnan(u["corr"]))
+                               for r in runs.values() if r["alignment"])
+        diag = {k: statistics.mean(statistics.mean(x for x in r["diagnostics"][k] if x is not None) for r in runs.values())
+                for k in ("invalid", "entropy") if k in DIAGNOSTICS}
+        paired = "-" if name == base else f"{dm:+.3f} [{dm - dh:+.3f}, {dm + dh:+.3f}] ({len(d)})"
+        lines.append(f"| {name} | {len(runs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {paired} | {fell} | {corr:+.3f} | "
+                     f"{diag['invalid']:.3f} | {diag['entropy']:.3f} |")
+    return "\n".join(lines)
+
+
 def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> None:
     """Left: training success vs sampled episodes per (SFT policy, estimator), mean over seeds.
     Right: the same-batch gap against the update's training success, the base arm's updates."""
@@ -173,10 +203,17 @@ def main() -> None:
     ap.add_argument("--base", default="grpo")
     ap.add_argument("--other", default="gigpo")
     ap.add_argument("--gap", default="gigpo γ=0.8", help="the same-batch score compared with --base's (long_credit.ALSO_SCORED)")
+    ap.add_argument("--arms", default="{}",
+                    help='JSON name -> {"estimator": E, "dirs": [one OUT per SFT policy, in the positional order]}: '
+                         "more arms, compared with --base (exploratory)")
     ap.add_argument("--figure", default="", help="write the curves and the gap scatter here (PNG)")
     args = ap.parse_args()
     by_dir = load(args.dirs)
     print(report(by_dir, args.base, args.other, args.gap))
+    if arms := json.loads(args.arms):
+        spec = {name: (a["estimator"], [list(load([d]).values())[0] if (Path(d) / "results.jsonl").exists() else []
+                                        for d in a["dirs"]]) for name, a in arms.items()}
+        print("\n" + arms_table(spec, args.base, list(by_dir.values())))
     if args.figure:
         plot(by_dir, args.base, args.gap, Path(args.figure))
 

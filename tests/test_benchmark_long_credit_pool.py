@@ -34,7 +34,8 @@ def _run(est, seed, hold, curve=None, gaps=None):
     return {"estimator": est, "seed": seed, "curve": curve, "episodes_per_update": 32,
             "holdout": {"final": {"success": hold}, "sft": {"success": 0.4}},
             "validation": {"final": {"success": hold}, "sft": {"success": 0.4}},
-            "alignment": [{"corr": 0.1, "also": a} for a in also]}
+            "alignment": [{"corr": 0.1, "also": a} for a in also],
+            "diagnostics": {"invalid": [0.01] * len(curve), "entropy": [0.2] * len(curve)}}
 
 
 def test_report_pairs_by_policy_and_seed_and_finds_the_gap_tracking_success(tmp_path):
@@ -58,3 +59,13 @@ def test_gap_series_refuses_records_that_do_not_line_up():
     r = _run("grpo", 0, 0.3, curve=[0.1, 0.2, 0.3])
     r["alignment"] = r["alignment"][:2]  # an update without a credited batch
     assert pool.gap_series(r, "gigpo γ=0.8", "grpo") == ([], [])
+
+
+def test_arms_table_pairs_each_arm_with_the_base_by_policy_and_seed():
+    base = [[_run("grpo", s, 0.30 + 0.1 * p) for s in range(3)] for p in range(2)]
+    other = [[_run("salt", s, 0.28 + 0.1 * p + 0.001 * s) for s in range(3)] for p in range(2)]
+    other[1][2]["curve"] = [0.5, 0.0, 0.0, 0.0]  # collapsed from update 2
+    text = pool.arms_table({"salt": ("salt", other)}, "grpo", base)
+    row = next(line for line in text.splitlines() if line.startswith("| salt |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "6" and cells[3].startswith("-0.019") and cells[3].endswith("(6)") and cells[4] == "1"
