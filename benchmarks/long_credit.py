@@ -94,6 +94,12 @@ def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return out
 
 
+def per_turn(trajs: list[Any], n_turns: list[int], width: int, fn: Any, fill: float) -> np.ndarray:
+    """Stack `fn(traj, n)` (one value per real turn) into an (N, width) array, padded with `fill`."""
+    return np.stack([np.pad(fn(tr, int(n)), (0, width - int(n)), constant_values=fill)
+                     for tr, n in zip(trajs, n_turns, strict=True)])
+
+
 def action_ids(traj: Any, n_turns: int) -> np.ndarray:
     """Turn t's move id (0–3), or −1 for an action that is not a move."""
     from taurl.envs.gym.adapter import parse_action
@@ -123,9 +129,9 @@ def anchor_stats(batch: Any, actions: np.ndarray) -> dict[str, float]:
     ids, k = anchor_groups(batch.group, batch.state_hash, mask)
     turn_ids, acts = ids[mask], actions[mask]
     size = np.bincount(turn_ids, minlength=k)
-    distinct = np.zeros(k, dtype=np.int64)
-    for g in range(k):  # a few hundred groups per batch
-        distinct[g] = len(np.unique(acts[turn_ids == g]))
+    # distinct actions per group: count the distinct (group, action) pairs of each group
+    pairs = np.unique(np.stack([turn_ids, acts]), axis=1)
+    distinct = np.bincount(pairs[0], minlength=k)
     a_s = gigpo_components(batch)[1][mask]
     n = max(1, int(mask.sum()))
     return {"anchor_shared": float((size[turn_ids] >= 2).sum() / n),
@@ -152,12 +158,9 @@ def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, Any]]) -> No
         a = inner(self, trajs)
         if a is not None:
             mask = a.batch.turn_mask
-            width = mask.shape[1]
-            labels = np.stack([np.pad(optimal_labels(tr, tasks_by_id[tr.task_id], int(m.sum())),
-                                      (0, width - int(m.sum())), constant_values=np.nan)
-                               for tr, m in zip(a.trajs, mask, strict=True)])
-            acts = np.stack([np.pad(action_ids(tr, int(m.sum())), (0, width - int(m.sum())), constant_values=-1)
-                             for tr, m in zip(a.trajs, mask, strict=True)])
+            n, width = mask.sum(axis=1), mask.shape[1]
+            labels = per_turn(a.trajs, n, width, lambda tr, k: optimal_labels(tr, tasks_by_id[tr.task_id], k), np.nan)
+            acts = per_turn(a.trajs, n, width, action_ids, -1)
             also = {name: alignment(compute_advantages(a.batch, est, **opts).advantages[mask], labels[mask])["corr"]
                     for name, (est, opts) in ALSO_SCORED.items()}
             sink.append({**alignment(a.credit.advantages[mask], labels[mask]), **anchor_stats(a.batch, acts),
@@ -225,8 +228,7 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
     batch = TurnBatch.from_trajectories(trajs, max_turns=max_turns)
     mask = batch.turn_mask
     n = mask.sum(axis=1)
-    labels = np.stack([np.pad(optimal_labels(tr, by_id[tr.task_id], int(k)), (0, max_turns - int(k)),
-                              constant_values=np.nan) for tr, k in zip(trajs, n, strict=True)])
+    labels = per_turn(trajs, n, max_turns, lambda tr, k: optimal_labels(tr, by_id[tr.task_id], k), np.nan)
     exact = [cell_values(tr, by_id[tr.task_id], int(k), gamma) for tr, k in zip(trajs, n, strict=True)]
     v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
     with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
@@ -243,9 +245,7 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
         out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
     # GiGPO's step part alone (A^S of Eq. 7, without the episode part A^E)
     out["gigpo A^S only"] = alignment(gigpo_components(batch)[1][mask], labels[mask])
-    acts = np.stack([np.pad(action_ids(tr, int(k)), (0, max_turns - int(k)), constant_values=-1)
-                     for tr, k in zip(trajs, n, strict=True)])
-    out["batch"].update(anchor_stats(batch, acts))
+    out["batch"].update(anchor_stats(batch, per_turn(trajs, n, max_turns, action_ids, -1)))
     return out
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from long_credit import DIAGNOSTICS, collapse_update, paired_halfwidth, seed_interval  # noqa: E402
+from long_credit import _mean, collapse_update, paired_halfwidth, seed_interval  # noqa: E402
 
 
 def decide(diffs: list[float]) -> tuple[str, float, float, float]:
@@ -52,13 +52,26 @@ def pearson(x: list[float], y: list[float]) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def read_runs(d: str) -> list[dict]:
+    """One `long_credit.py` OUT directory's runs (its ``results.jsonl``)."""
+    return [json.loads(x) for x in (Path(d) / "results.jsonl").read_text().splitlines()]
+
+
 def load(dirs: list[str]) -> dict[str, list[dict]]:
-    """Directory name -> its runs (``results.jsonl``)."""
-    out = {}
-    for d in dirs:
-        p = Path(d) / "results.jsonl"
-        out[Path(d).name] = [json.loads(x) for x in p.read_text().splitlines()]
-    return out
+    """Directory name -> its runs."""
+    return {Path(d).name: read_runs(d) for d in dirs}
+
+
+def paired_diffs(base_runs: list[list[dict]], base: str, runs: list[list[dict]], est: str,
+                 split: str = "holdout") -> list[float]:
+    """`est`'s final success minus `base`'s on `split`, one value per (SFT policy, seed) that
+    both have; the two lists hold each SFT policy's runs in the same order."""
+    def by_key(per_policy: list[list[dict]], name: str) -> dict[tuple[int, int], float]:
+        return {(i, r["seed"]): r[split]["final"]["success"]
+                for i, rs in enumerate(per_policy) for r in rs if r["estimator"] == name}
+
+    ref = by_key(base_runs, base)
+    return [v - ref[k] for k, v in by_key(runs, est).items() if k in ref]
 
 
 def gap_series(run: dict, gap_est: str, base: str) -> tuple[list[float], list[float]]:
@@ -95,12 +108,9 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
     lines += ["", "; ".join(overlap) + ".", "",
               f"| {other} − {base}, paired by (SFT policy, seed) | pairs | mean [95% t over pairs] | decision |",
               "|---|---|---|---|"]
+    policies = list(by_dir.values())
     for split in ("holdout", "validation"):
-        diffs = []
-        for runs in by_dir.values():
-            ref = {r["seed"]: r[split]["final"]["success"] for r in runs if r["estimator"] == base}
-            diffs += [r[split]["final"]["success"] - ref[r["seed"]] for r in runs
-                      if r["estimator"] == other and r["seed"] in ref]
+        diffs = paired_diffs(policies, base, policies, other, split)
         if len(diffs) < 2:
             lines.append(f"| {split} | {len(diffs)} | - | too few pairs |")
             continue
@@ -140,25 +150,19 @@ def arms_table(arms: dict[str, tuple[str, list[list[dict]]]], base: str, base_ru
     positional directories' order): holdout over all its runs with the 95% t-interval, the
     difference to `base` paired by (SFT policy, seed), collapsed runs (`collapse_update`, or a
     final holdout of 0) and the diagnostics means. Exploratory: no decision is read here."""
-    def runs_of(est: str, per_policy: list[list[dict]]) -> dict[tuple[int, int], dict]:
-        return {(i, r["seed"]): r for i, rs in enumerate(per_policy) for r in rs if r["estimator"] == est}
-
-    ref = runs_of(base, base_runs)
     lines = [f"| arm | runs | holdout [95% t over runs] | − {base}, paired [95% t] (pairs) | collapsed | "
              "adv–optimal corr | invalid rate | entropy |", "|---|---|---|---|---|---|---|---|"]
     for name, (est, per_policy) in {base: (base, base_runs), **arms}.items():
-        runs = runs_of(est, per_policy)
+        runs = [r for rs in per_policy for r in rs if r["estimator"] == est]
         if not runs:
             continue
-        hold = [r["holdout"]["final"]["success"] for r in runs.values()]
+        hold = [r["holdout"]["final"]["success"] for r in runs]
         m, lo, hi = seed_interval(hold) if len(hold) > 1 else (hold[0], math.nan, math.nan)
-        d = [r["holdout"]["final"]["success"] - ref[k]["holdout"]["final"]["success"] for k, r in runs.items() if k in ref]
+        d = paired_diffs(base_runs, base, per_policy, est)
         dm, dh = (statistics.mean(d), paired_halfwidth(d)) if len(d) > 1 else (math.nan, math.nan)
-        fell = sum(collapse_update(r["curve"]) is not None or r["holdout"]["final"]["success"] == 0 for r in runs.values())
-        corr = statistics.mean(statistics.mean(u["corr"] for u in r["alignment"] if not math.isnan(u["corr"]))
-                               for r in runs.values() if r["alignment"])
-        diag = {k: statistics.mean(statistics.mean(x for x in r["diagnostics"][k] if x is not None) for r in runs.values())
-                for k in ("invalid", "entropy") if k in DIAGNOSTICS}
+        fell = sum(collapse_update(r["curve"]) is not None or r["holdout"]["final"]["success"] == 0 for r in runs)
+        corr = _mean([_mean([u["corr"] for u in r["alignment"]]) for r in runs if r["alignment"]])
+        diag = {k: _mean([_mean(r["diagnostics"][k]) for r in runs]) for k in ("invalid", "entropy")}
         paired = "-" if name == base else f"{dm:+.3f} [{dm - dh:+.3f}, {dm + dh:+.3f}] ({len(d)})"
         lines.append(f"| {name} | {len(runs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {paired} | {fell} | {corr:+.3f} | "
                      f"{diag['invalid']:.3f} | {diag['entropy']:.3f} |")
@@ -211,7 +215,7 @@ def main() -> None:
     by_dir = load(args.dirs)
     print(report(by_dir, args.base, args.other, args.gap))
     if arms := json.loads(args.arms):
-        spec = {name: (a["estimator"], [list(load([d]).values())[0] if (Path(d) / "results.jsonl").exists() else []
+        spec = {name: (a["estimator"], [read_runs(d) if (Path(d) / "results.jsonl").exists() else []
                                         for d in a["dirs"]]) for name, a in arms.items()}
         print("\n" + arms_table(spec, args.base, list(by_dir.values())))
     if args.figure:
