@@ -212,9 +212,23 @@ def main() -> None:
                          "more arms, compared with --base (exploratory)")
     ap.add_argument("--figure", default="", help="write the curves and the gap scatter here (PNG)")
     args = ap.parse_args()
+    # check every input before reading any result
+    missing = [d for d in args.dirs if not (Path(d) / "results.jsonl").exists()]
+    if missing:
+        ap.error(f"no results.jsonl in {', '.join(missing)}: give long_credit.py --out directories that hold "
+                 "finished runs")
+    try:
+        arms = json.loads(args.arms)
+    except json.JSONDecodeError as e:
+        ap.error(f"--arms is not JSON ({e}); e.g. '{{\"rloo\": {{\"estimator\": \"rloo\", \"dirs\": [\"A\", \"B\"]}}}}'")
+    bad = [n for n, a in arms.items() if not (isinstance(a, dict) and "estimator" in a
+                                              and isinstance(a.get("dirs"), list) and len(a["dirs"]) == len(args.dirs))]
+    if bad:
+        ap.error(f"--arms {', '.join(bad)}: each needs \"estimator\" and \"dirs\", one directory per positional "
+                 f"directory ({len(args.dirs)}), in the same SFT-policy order")
     by_dir = load(args.dirs)
     print(report(by_dir, args.base, args.other, args.gap))
-    if arms := json.loads(args.arms):
+    if arms:
         spec = {name: (a["estimator"], [read_runs(d) if (Path(d) / "results.jsonl").exists() else []
                                         for d in a["dirs"]]) for name, a in arms.items()}
         print("\n" + arms_table(spec, args.base, list(by_dir.values())))

@@ -69,3 +69,18 @@ def test_arms_table_pairs_each_arm_with_the_base_by_policy_and_seed():
     row = next(line for line in text.splitlines() if line.startswith("| salt |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "6" and cells[3].startswith("-0.019") and cells[3].endswith("(6)") and cells[4] == "1"
+
+
+def test_cli_refuses_bad_input_before_reading_anything(tmp_path):
+    import subprocess
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(BENCH / "long_credit_pool.py"), *args], capture_output=True, text=True)
+
+    r = run(str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "no results.jsonl in" in r.stderr
+    (tmp_path / "results.jsonl").write_text(json.dumps(_run("grpo", 0, 0.3)) + "\n")
+    r = run(str(tmp_path), "--arms", "{not json")
+    assert r.returncode == 2 and "--arms is not JSON" in r.stderr
+    r = run(str(tmp_path), "--arms", '{"rloo": {"estimator": "rloo", "dirs": ["a", "b"]}}')
+    assert r.returncode == 2 and "one directory per positional directory (1)" in r.stderr
