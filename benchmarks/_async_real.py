@@ -1,8 +1,8 @@
 """The real pipeline, sync vs async, on the search env with injected tool latency.
 
-`run_real(args)` runs the recipe (`taurl.recipe.train`) once per schedule from the demo's
+`run_real(args)` runs the recipe (`taurl.recipe.loop.train`) once per schedule from the demo's
 SFT policy (copied; ``--policy``), on ``search-latency-v0``: search-v0 whose every tool
-call waits a heavy-tailed time (`taurl.schedule.latency.ToolLatency`: log-normal, mean
+call waits a heavy-tailed time (`taurl.recipe.schedule.latency.ToolLatency`: log-normal, mean
 ``--latency-ms``, σ ``--latency-sigma``, capped at 5 s, seeded by the episode). Each run
 does ``--updates`` GRPO updates of 8 tasks × 8 rollouts (the demo's batch); what is
 measured is the RL phase only (its wall time from state.json's timings, evaluations and
@@ -28,7 +28,7 @@ DEMO_POLICY = "/work/main/runs/demo/checkpoints/v1"
 
 
 def _config(args: Any, schedule: str, eta: int, policy: str) -> Any:
-    from taurl.config import TrainConfig
+    from taurl.recipe.config import TrainConfig
 
     return TrainConfig(
         model=policy, env="search-latency-v0", sft="none", demos=0, system_prompt="",
@@ -45,7 +45,7 @@ def _config(args: Any, schedule: str, eta: int, policy: str) -> Any:
 
 
 def _one(args: Any, schedule: str, eta: int, policy: str, root: Path) -> dict[str, Any]:
-    from taurl.recipe import train
+    from taurl.recipe.loop import train
 
     run_dir = root / f"{schedule}-{eta}"
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def _one(args: Any, schedule: str, eta: int, policy: str, root: Path) -> dict[st
 
 def run_real(args: Any) -> list[dict[str, Any]]:
     """Sync, then async at each η of ``args.etas``; one dict per run (module docstring)."""
-    from taurl.schedule.latency import register_latency_env
+    from taurl.recipe.schedule.latency import register_latency_env
 
     register_latency_env()
     out: list[dict[str, Any]] = []

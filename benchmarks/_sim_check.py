@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from taurl.config import async_engine_rows
 from taurl.errors import Error
+from taurl.recipe.config import async_engine_rows
 from taurl.sim import Schedule, Simulation, Workload, simulate
 from taurl.sim.calibrate import DecodeProbe, SyncObservations, calibrate, fit_line
 
@@ -227,7 +227,7 @@ def run_check(args: Any) -> list[dict[str, Any]]:
         w = cal.workload
         m_sync, m_async = measured(sync), measured(asy)
         updates = min(m_sync["updates"], m_async["updates"])
-        # the engine's row cap of the async run (taurl.recipe: one batch unless engine_options set it)
+        # the engine's row cap of the async run (taurl.recipe.loop: one batch unless engine_options set it)
         rows_cap = (acfg.get("engine_options") or {}).get("max_batch_size") or async_engine_rows(
             int(acfg["concurrency"]), int(acfg["tasks_per_update"]), int(acfg.get("overprovision", 0)),
             int(acfg["group_size"]))

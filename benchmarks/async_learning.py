@@ -53,7 +53,7 @@ from long_credit import (  # benchmarks/ (this script's directory)
     seed_interval,
     task_counts,
 )
-from taurl.evaluate import t_quantile
+from taurl.eval.evaluate import t_quantile
 
 # arm -> (schedule, η, objective)
 ARMS: dict[str, tuple[str, int, str]] = {
@@ -85,7 +85,7 @@ def _get(row: dict, key: str, default: float = 0.0) -> float:
 def sampled_episodes(run_dir: Path) -> int:
     """Training episodes stored in the run's ledger: trained, dropped, aborted, and those still
     in flight (or ready) when the last update was taken — what the run sampled."""
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
 
     with Ledger(run_dir / "ledger.sqlite") as ledger:
         return ledger.count(split="train")
@@ -93,9 +93,9 @@ def sampled_episodes(run_dir: Path) -> int:
 
 def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dict | None = None) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py
-    from taurl.config import TrainConfig, load_config
     from taurl.errors import ConfigError
-    from taurl.recipe import train
+    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.loop import train
 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")

@@ -3,7 +3,7 @@
 The same workload as `benchmarks/grpo_step.py` (the sync step): the demo's SFT checkpoint
 (copied), the demo's own config (``RUN/config.yaml``: search-v0, 8 tasks x 8 rollouts per
 update, up to 3 actions of 48 tokens, no injected latency), run through the recipe
-(`taurl.recipe.train`) with ``sft: none`` and ``schedule: async``: the engine on one core
+(`taurl.recipe.loop.train`) with ``sft: none`` and ``schedule: async``: the engine on one core
 generates ahead while the learner process trains on the other, staleness ≤ η.
 
     python benchmarks/async_step.py --from runs/demo --steps 8 --eta 1
@@ -32,8 +32,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt",
               objective: str = "decoupled_ppo", threads: int = 1, engine_options: dict | None = None) -> dict:
-    from taurl.config import TrainConfig, load_config
-    from taurl.recipe import train
+    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.loop import train
 
     base = load_config(TrainConfig, path=src / "config.yaml")
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]

@@ -31,8 +31,8 @@ import yaml
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from taurl.ledger import Ledger  # noqa: E402
-from taurl.runs import RunDir  # noqa: E402
+from taurl.data.ledger import Ledger  # noqa: E402
+from taurl.data.runs import RunDir  # noqa: E402
 from test_chaos import (  # noqa: E402
     CONFIG,
     PHASES,

@@ -24,17 +24,17 @@ import time
 import torch
 
 from taurl import envs
-from taurl.config import TrainConfig, load_config
+from taurl.data.trajectory import Trajectory
 from taurl.envs.search import generate_tasks
 from taurl.envs.search.expert import search_expert
 from taurl.envs.search.hooks import SearchPolicyHooks
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.synth import demonstrations
+from taurl.recipe.config import TrainConfig, load_config
+from taurl.rollout.synth import demonstrations
 from taurl.train.copy_warmup import copy_warmup
 from taurl.train.learner import sft_step
 from taurl.train.sft import length_buckets, sft_lr_factor
-from taurl.trajectory import Trajectory
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from taurl.credit import TurnBatch, broadcast_to_tokens, compute_advantages, padded_token_turn_index
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 
 TARGETS_S = {"grpo": 1.0, "gigpo": 5.0}  # the targets, on the 2-core dev machine
 

@@ -26,11 +26,11 @@ import statistics
 import time
 from pathlib import Path
 
-from taurl.config import TrainConfig, load_config
-from taurl.episodes import episode_seed
+from taurl.envs.tasks import plan_tasks
 from taurl.errors import ConfigError
-from taurl.recipe import train
-from taurl.tasks import plan_tasks
+from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.loop import train
+from taurl.rollout.episodes import episode_seed
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
 
@@ -52,7 +52,7 @@ def seed_run(src: Path, dst: Path, sft_version: int, evals: Path | None = None, 
 
 
 def task_plan(cfg: TrainConfig):
-    """The task plan `taurl.recipe.train` draws for `cfg` (the same call, the same seeds)."""
+    """The task plan `taurl.recipe.loop.train` draws for `cfg` (the same call, the same seeds)."""
     return plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
                       n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)

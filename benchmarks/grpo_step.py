@@ -1,6 +1,6 @@
 """taurl's synchronous GRPO step on the demo workload, timed (and optionally profiled).
 
-One step is the body of `taurl.recipe._rl_loop`, the same calls in the same order:
+One step is the body of `taurl.recipe.loop._rl_loop`, the same calls in the same order:
 collect 8 tasks x 8 rollouts of the search env with the local engine (ledger writes
 included), `Learner.update`, `save_checkpoint`, and the engine loading the new version.
 The policy is the demo's SFT checkpoint (``RUN/checkpoints/v<sft_version>``), the tasks
@@ -38,13 +38,13 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
     import torch
 
     from taurl import envs
-    from taurl.config import TrainConfig, load_config
-    from taurl.episodes import EpisodeSpec, LocalCollector, episode_seed
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
+    from taurl.data.runs import RunDir
+    from taurl.envs.tasks import plan_tasks
     from taurl.policy.engine import make_engine
     from taurl.policy.model import load_policy
-    from taurl.runs import RunDir
-    from taurl.tasks import plan_tasks
+    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.rollout.episodes import EpisodeSpec, LocalCollector, episode_seed
     from taurl.train.checkpoint import save_checkpoint
     from taurl.train.learner import Learner
 

@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from taurl.config import TrainConfig, load_config
 from taurl.errors import ConfigError
-from taurl.evaluate import cluster_wilson_interval, t_quantile
+from taurl.eval.evaluate import cluster_wilson_interval, t_quantile
+from taurl.recipe.config import TrainConfig, load_config
 
 DIAGNOSTICS = {"reward_std": "rollout/reward_std", "same_reward": "rollout/groups_same_reward",
                "entropy": "learn/entropy", "turns": "rollout/turns_mean", "invalid": "rollout/invalid_rate"}
@@ -210,8 +210,8 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
     from taurl.credit.gigpo import gigpo_components
     from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
     from taurl.policy import build_tokenizer
-    from taurl.rollout import RolloutConfig, run_episode
-    from taurl.synth import ScriptedEngine
+    from taurl.rollout.loop import RolloutConfig, run_episode
+    from taurl.rollout.synth import ScriptedEngine
 
     tasks = frozenlake_tasks("train", maps, seed=seed, size=size)
     tok = build_tokenizer([t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))],
@@ -260,7 +260,7 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
     SFT policy's evaluation is not `src`'s: it is `sft_evals`'s (a directory of
     ``{split}-sft.json`` made with the same settings), or, without one, the run's own."""
     import estimators as bench  # benchmarks/estimators.py (this script's directory is on sys.path)
-    from taurl.recipe import train
+    from taurl.recipe.loop import train
 
     src_p, run = Path(src), Path(out) / f"{est}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")

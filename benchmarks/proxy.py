@@ -30,7 +30,7 @@ from taurl.envs.search import build_corpus, generate_tasks
 from taurl.policy.engine import Generation, LocalEngine, SamplingParams
 from taurl.policy.model import build_default_policy
 from taurl.proxy.server import ProxyLimits, ProxyServer
-from taurl.rollout import ChatCodec
+from taurl.rollout.loop import ChatCodec
 
 TOOLS = [envs.make("search-v0").tools[0]]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from taurl.ledger import Ledger
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 from taurl.policy import load_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.runs import RunDir
 
 
 def rescore(run_dir: Path, temperature: float) -> dict:

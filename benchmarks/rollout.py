@@ -42,7 +42,7 @@ def main() -> None:
     from taurl.envs.search.hooks import SearchPolicyHooks
     from taurl.policy.engine import LocalEngine
     from taurl.policy.model import build_default_policy, count_parameters, load_policy
-    from taurl.rollout import RolloutConfig, run_episodes
+    from taurl.rollout.loop import RolloutConfig, run_episodes
 
     if args.model:
         model, tok = load_policy(args.model)

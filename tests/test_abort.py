@@ -13,12 +13,12 @@ import asyncio
 import torch
 
 from taurl import envs
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.policy.engine import LocalEngine
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import build_default_policy
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.trajectory import StopReason, validate_trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
 
 
 def test_aborted_action_keeps_its_tokens_and_ends_the_episode(tmp_path, gate_forward):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from taurl import envs
-from taurl.config import TrainConfig, load_config
 from taurl.envs import Task
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.monitor.alarms import ALARMS, AlarmConfig, Watch, alarm_config, check, scan
 from taurl.monitor.report import alarms_section
-from taurl.recipe import train
+from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.loop import train
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -137,7 +137,7 @@ def test_bad_alarm_options_are_refused(options, message):
 
 
 def test_bad_alarm_options_at_the_cli_write_nothing(tmp_path, capsys):
-    from taurl.cli import main
+    from taurl.cli.main import main
 
     rc = main(["train", "--run-dir", str(tmp_path / "r"), "--alarms", '{"stop_onn": []}'])
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The async schedule (`taurl.schedule`): admission rule, staleness ≤ η under adversarial
+"""The async schedule (`taurl.recipe.schedule`): admission rule, staleness ≤ η under adversarial
 timing, partial rollouts split by version, and a SIGKILLed async run that loses nothing.
 
 The staleness tests drive `AsyncSchedule` itself with a real `LocalEngine` (a tiny policy),
@@ -21,18 +21,18 @@ import pytest
 import torch
 
 from taurl import envs
-from taurl.config import TrainConfig
 from taurl.credit.tokens import token_turn_index, turn_spans
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
+from taurl.data.trajectory import validate_trajectory
 from taurl.envs.search import generate_tasks
-from taurl.ledger import Ledger
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import build_default_policy, save_policy
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.runs import RunDir
-from taurl.schedule.admission import capacity, episode_age, stale_token_keep, staleness_stats
-from taurl.schedule.async_rl import AsyncSchedule
-from taurl.schedule.latency import ToolLatency
-from taurl.trajectory import validate_trajectory
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.schedule.admission import capacity, episode_age, stale_token_keep, staleness_stats
+from taurl.recipe.schedule.async_rl import AsyncSchedule
+from taurl.recipe.schedule.latency import ToolLatency
+from taurl.rollout.loop import RolloutConfig, run_episode
 
 # --------------------------------------------------------------------------------------
 # the admission rule
@@ -309,9 +309,9 @@ def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_
     taking its next batch could never do (the hold then runs out, and the test fails)."""
     import time
 
-    from taurl.config import load_config
-    from taurl.recipe import train
-    from taurl.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.config import load_config
+    from taurl.recipe.loop import train
+    from taurl.recipe.schedule.learner_proc import LearnerProcess
 
     sent: list[int] = []
     held: list[bool] = []
@@ -385,8 +385,8 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
       changes it before the delayed write of u reads it, and they differ. (The weights are
       not compared: this tiny run's advantages are mostly 0, so a step may leave them.)"""
     from taurl.chaos import TRACE_ENV, optimizer_digest
-    from taurl.config import load_config
-    from taurl.recipe import train
+    from taurl.recipe.config import load_config
+    from taurl.recipe.loop import train
 
     site = tmp_path / "site"
     site.mkdir()
@@ -419,9 +419,9 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
 def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_first(tmp_path, monkeypatch):
     """schedule: async spawns the learner's process at the start of the run (its imports
     overlap SFT); a run that fails before RL must not leave it behind."""
-    from taurl.config import load_config
-    from taurl.recipe import train
-    from taurl.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.config import load_config
+    from taurl.recipe.loop import train
+    from taurl.recipe.schedule.learner_proc import LearnerProcess
 
     spawned: list[LearnerProcess] = []
     real_init = LearnerProcess.__init__
@@ -461,9 +461,9 @@ def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its
     """The learner process's background write of update 2's checkpoint fails (a full disk,
     in a sitecustomize on its path): the run stops with an error that names the update and
     the checkpoint, no row or checkpoint of update 2 is left, and update 1's are whole."""
-    from taurl.config import load_config
     from taurl.errors import Error
-    from taurl.recipe import train
+    from taurl.recipe.config import load_config
+    from taurl.recipe.loop import train
 
     site = tmp_path / "site"
     site.mkdir()

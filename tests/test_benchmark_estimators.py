@@ -6,7 +6,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from taurl.config import TrainConfig
+from taurl.recipe.config import TrainConfig
 
 _spec = importlib.util.spec_from_file_location("bench_estimators", Path(__file__).parents[1] / "benchmarks/estimators.py")
 bench = importlib.util.module_from_spec(_spec)

@@ -73,9 +73,9 @@ def test_installed_entry_point_env_is_listed_and_trains(tmp_path):
     (["--env", "search-v0", "--model", "no/such/dir"], "model:"),
 ])
 def test_bad_input_is_refused_before_any_file_is_written(tmp_path, monkeypatch, capsys, args, message):
-    """In-process `taurl.cli.main` (the console script's entry point): exit 1, the message,
+    """In-process `taurl.cli.main.main` (the console script's entry point): exit 1, the message,
     no traceback, no run directory."""
-    from taurl.cli import main
+    from taurl.cli.main import main
 
     (tmp_path / "my_envs.py").write_text(readme_blocks()["my_envs.py"])
     monkeypatch.chdir(tmp_path)
@@ -87,7 +87,7 @@ def test_bad_input_is_refused_before_any_file_is_written(tmp_path, monkeypatch, 
 
 
 def test_task_file_keeps_good_rows_and_counts_bad_ones(tmp_path):
-    from taurl.tasks import read_task_file
+    from taurl.envs.tasks import read_task_file
 
     rows = [{"task_id": "a", "prompt": "p", "answers": ["x"], "split": "train"},
             "not an object",
@@ -108,10 +108,10 @@ def test_task_file_keeps_good_rows_and_counts_bad_ones(tmp_path):
 
 def test_readme_option_tables_are_the_configs():
     """The README's option tables are generated from the config classes' field comments
-    (`taurl.cli.options_table`), so a default or meaning cannot drift."""
-    from taurl.cli import options_table
-    from taurl.config import RolloutRunConfig, TrainConfig
+    (`taurl.cli.main.options_table`), so a default or meaning cannot drift."""
+    from taurl.cli.main import options_table
+    from taurl.recipe.config import RolloutRunConfig, TrainConfig
 
     text = (ROOT / "README.md").read_text()
     for cls in (TrainConfig, RolloutRunConfig):
-        assert options_table(cls) in text, f"regenerate the {cls.__name__} table with taurl.cli.options_table"
+        assert options_table(cls) in text, f"regenerate the {cls.__name__} table with taurl.cli.main.options_table"

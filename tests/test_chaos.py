@@ -42,8 +42,8 @@ import yaml
 from safetensors.torch import load_file
 
 from taurl.chaos import optimizer_digest, run_cli
-from taurl.ledger import Ledger
-from taurl.runs import RunDir
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 
 # search-v0 on a fixed task file (country_continent questions drawn once from its task
 # source): reading 70 rows costs nothing, building the env's task pool ~14 s per restart
@@ -170,7 +170,7 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert newest_optimizer_digest(run) == newest_optimizer_digest(ref_run)
     # every update has its metrics row exactly once (a kill between a checkpoint and its row:
-    # the resumed run writes the row the checkpoint carries, taurl.recipe.recover_row)
+    # the resumed run writes the row the checkpoint carries, taurl.recipe.loop.recover_row)
     rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rows] == [r["update"] for r in rl_rows] == list(range(1, CONFIG["updates"] + 1))
     for f in sorted((ref_dir / "evals").glob("*.json")):

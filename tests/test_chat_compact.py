@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from taurl.config import TrainConfig
 from taurl.errors import ConfigError
 from taurl.policy.tokenizer import (
     CHAT_TEMPLATE,
@@ -13,7 +12,8 @@ from taurl.policy.tokenizer import (
     build_tokenizer,
     save_tokenizer,
 )
-from taurl.rollout import ChatCodec
+from taurl.recipe.config import TrainConfig
+from taurl.rollout.loop import ChatCodec
 
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search an encyclopedia of cities and countries.",

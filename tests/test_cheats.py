@@ -15,11 +15,11 @@ import json
 
 import pytest
 
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.code import PASS_MARKER, CodeEnv, generate_tasks, reference_source, visible_cases
 from taurl.policy import build_tokenizer
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
-from taurl.trajectory import StopReason, validate_trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 
 CTX = 16384
 CFG = RolloutConfig(max_turns=12, max_action_tokens=4096, max_episode_tokens=12000,

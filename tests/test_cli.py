@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from taurl.cli import main
+from taurl.cli.main import main
 
 
 @pytest.fixture(scope="module")

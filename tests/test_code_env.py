@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs import check_env, make, registered
 from taurl.envs.checker import check_tool
 from taurl.envs.code import (
@@ -25,10 +26,9 @@ from taurl.envs.code.tasks import HIDDEN_CASES, VISIBLE_TEST_FILE, cases_sha256,
 from taurl.envs.code.verifier import _sha256
 from taurl.errors import ConfigError
 from taurl.policy import build_tokenizer
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 from taurl.tools import SandboxConfig, SandboxLimits
-from taurl.trajectory import StopReason, validate_trajectory
 
 
 def call(name: str, **args) -> str:

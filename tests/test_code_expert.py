@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs import make_tasks
 from taurl.envs.code import (
     FAMILIES,
@@ -27,9 +28,8 @@ from taurl.envs.code.tasks import PASS_MARKER, reference_function
 from taurl.envs.registry import expert_option_problems, spec
 from taurl.errors import ConfigError
 from taurl.policy import build_tokenizer
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
-from taurl.trajectory import StopReason, validate_trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 
 CFG = RolloutConfig(max_turns=8, max_action_tokens=4096, max_episode_tokens=8192, max_context=16384,
                     max_observation_tokens=2048)
@@ -223,7 +223,7 @@ def test_copy_warmup_strings_hold_the_constants():
 
 
 def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_family):
-    from taurl.rollout import ChatCodec
+    from taurl.rollout.loop import ChatCodec
 
     names = ["write_file", "run_tests", "submit"]
     full, compact = CodeEnv(tools=names), CodeEnv(tools=names, compact_tools=True)
@@ -250,7 +250,7 @@ def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_f
 
 def test_concurrent_demonstrations_equal_sequential_ones(tok):
     """Episodes in the sandbox overlap (astep), yet the records are the sequential ones."""
-    from taurl.synth import demonstrations
+    from taurl.rollout.synth import demonstrations
 
     tasks = generate_tasks("train", 10, seed=7)
     options = {"p_bug": 0.5, "p_skip_tests": 0.5}

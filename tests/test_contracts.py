@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from taurl import envs
+from taurl.data.export import export_jsonl, export_parquet, export_row, read_jsonl
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import StopReason, Trajectory, validate_trajectory
 from taurl.envs import check_env
 from taurl.envs.core import AsyncEnv, Env, Task
 from taurl.errors import ConfigError, ContractError, EnvCheckError, ResetNeeded
-from taurl.export import export_jsonl, export_parquet, export_row, read_jsonl
-from taurl.ledger import Ledger
 from taurl.policy.engine import Generation
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine, demonstrations
-from taurl.trajectory import StopReason, Trajectory, validate_trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine, demonstrations
 
 # ---------------------------------------------------------------------------------------
 # A toy env with its own stop reasons: walk a line from 0; reach +2 ("goal", terminated),
@@ -325,5 +325,5 @@ def test_scripted_engine_cannot_claim_to_be_a_policy(tok):
 
 
 def test_export_does_not_import_the_ledger():
-    code = "import sys, taurl.export; sys.exit('taurl.ledger' in sys.modules)"
+    code = "import sys, taurl.data.export; sys.exit('taurl.data.ledger' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

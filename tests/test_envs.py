@@ -27,7 +27,7 @@ def test_task_sources_take_their_own_options_and_name_the_rest():
 
 
 def test_rollout_config_checks_task_options_before_any_work():
-    from taurl.config import RolloutRunConfig
+    from taurl.recipe.config import RolloutRunConfig
 
     assert RolloutRunConfig(task_options={"split_by": "city"}).problems() == []
     problems = RolloutRunConfig(task_options={"seed": 3, "levels": 2}).problems()

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-import taurl.evaluate as evaluate_module
+import taurl.eval.evaluate as evaluate_module
 from taurl import envs
 from taurl.envs import registry
 from taurl.envs.search import generate_tasks
 from taurl.envs.search.verifier import SearchVerifier
 from taurl.envs.spec import EnvSpec
 from taurl.errors import Error
-from taurl.evaluate import (
+from taurl.eval.evaluate import (
     EvalResult,
     OutcomeRewardVerifier,
     cluster_wilson_interval,
@@ -32,8 +32,8 @@ from taurl.evaluate import (
     wilson_interval,
 )
 from taurl.policy.model import create_policy, save_policy
-from taurl.rollout import run_episode
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import run_episode
+from taurl.rollout.synth import ScriptedEngine
 
 ENV = {"top_k": 2, "max_doc_chars": 160}
 
@@ -355,9 +355,9 @@ def test_training_tasks_are_refused(tok):
 
 
 def test_evaluate_policy_runs_k_trials_of_each_task_with_the_given_verifier(tok, tmp_path):
-    from taurl.eval_run import evaluate_policy
-    from taurl.evaluate import EvalConfig
-    from taurl.rollout import RolloutConfig
+    from taurl.eval.eval_run import evaluate_policy
+    from taurl.eval.evaluate import EvalConfig
+    from taurl.rollout.loop import RolloutConfig
 
     save_policy(create_policy(tok, "tiny", seed=0), tok, tmp_path / "v0", {"policy_version": 0})
     tasks = generate_tasks("holdout", n=3, seed=0, families=["country_capital"])

@@ -1,6 +1,6 @@
 """Faults injected and survived: each is a clear error or a counted failure, nothing half-written.
 
-The engine, env and sandbox faults run the real agent loop (`taurl.episodes.collect`) with a
+The engine, env and sandbox faults run the real agent loop (`taurl.rollout.episodes.collect`) with a
 real tokenizer, env and ledger; only the faulty part is replaced, by a class that says what
 it breaks. The full disk is real: a 1 MiB tmpfs mounted for the test (we run as root; the
 test is skipped, saying why, where mounting is not permitted).
@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from taurl import envs
-from taurl.atomic import DiskWriteError, atomic_write_text
-from taurl.episodes import EpisodeError, EpisodeSpec, collect
-from taurl.ledger import Ledger, LedgerWriteError
+from taurl.data.atomic import DiskWriteError, atomic_write_text
+from taurl.data.ledger import Ledger, LedgerWriteError
+from taurl.data.runs import RunDir
+from taurl.data.trajectory import StopReason
 from taurl.policy.engine import Generation
-from taurl.rollout import RolloutConfig
-from taurl.runs import RunDir
+from taurl.rollout.episodes import EpisodeError, EpisodeSpec, collect
+from taurl.rollout.loop import RolloutConfig
 from taurl.train.checkpoint import save_checkpoint
-from taurl.trajectory import StopReason
 
 CONFIG = RolloutConfig(max_turns=1, max_action_tokens=4, max_episode_tokens=4, generate_timeout_s=0.5)
 
@@ -88,7 +88,7 @@ def test_an_engine_that_raises_or_hangs_gives_counted_error_episodes(search_toke
 
 
 def test_an_engine_that_crashes_stores_nothing_and_says_why(search_tokenizer, caplog):
-    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl.episodes"):
+    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl.rollout.episodes"):
         with pytest.raises(EpisodeError) as e:
             run(FaultyEngine("crash"), lambda: envs.make("search-v0", max_turns=1), specs(2), search_tokenizer,
                 ledger)
@@ -105,7 +105,7 @@ def test_an_env_that_crashes_in_reset_is_a_counted_failure(search_tokenizer, cap
         async def generate(self, prompt_ids, sampling):
             return Generation([search_tokenizer.eos_token_id], [-0.1], "eos", 0)
 
-    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl.episodes"):
+    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl.rollout.episodes"):
         batch, stats = run(OneTokenEngine("ok"), lambda: next(made), specs(3), search_tokenizer, ledger)
         assert [t.episode_id for t in batch] == ["e1", "e2"] and ledger.count() == 2
     assert stats["rollout/failed_episodes"] == 1

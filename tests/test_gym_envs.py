@@ -23,8 +23,8 @@ from taurl.envs.gym.frozenlake import FrozenLake, map_key
 from taurl.envs.gym.splits import split_of
 from taurl.envs.gym.taxi import START_STATES, state_key
 from taurl.errors import ConfigError, EnvCheckError
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 
 ENVS = {"frozenlake-v0": frozenlake_expert, "taxi-v0": taxi_expert}
 

@@ -1,4 +1,4 @@
-"""The ledger (taurl.ledger) and its export (taurl.export), on real SQLite files."""
+"""The ledger (taurl.data.ledger) and its export (taurl.data.export), on real SQLite files."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import taurl.ledger as ledger_mod
-from taurl import trajectory as trajectory_mod
-from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
-from taurl.export import (
+import taurl.data.ledger as ledger_mod
+from taurl.data import trajectory as trajectory_mod
+from taurl.data.export import (
     EXPORT_FIELDS,
     export_fields_markdown,
     export_jsonl,
@@ -30,8 +29,9 @@ from taurl.export import (
     parquet_schema,
     read_jsonl,
 )
-from taurl.ledger import RULES, AppendReport, Ledger
-from taurl.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
+from taurl.data.ledger import RULES, AppendReport, Ledger
+from taurl.data.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
+from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
 
 # ---------------------------------------------------------------------------------------
 # A real-looking Search-R1 episode (Qwen2.5 chat-template ids), built by hand.
@@ -277,11 +277,11 @@ CASES: dict[str, list[Any]] = {
 def test_every_rule_has_a_case_and_is_documented():
     assert set(CASES) == set(RULES)
     used = set()
-    for mod in (trajectory_mod, ledger_mod, __import__("taurl.export", fromlist=["_"])):
+    for mod in (trajectory_mod, ledger_mod, __import__("taurl.data.export", fromlist=["_"])):
         src = inspect.getsource(mod)
         for marker in ('bad("', 'ContractError("'):
             used |= {chunk.split('"')[0] for chunk in src.split(marker)[1:]}
-    assert used - set(RULES) == set(), "a rule without an entry in taurl.ledger.RULES"
+    assert used - set(RULES) == set(), "a rule without an entry in taurl.data.ledger.RULES"
 
 
 @pytest.mark.parametrize(("rule", "i"), [(r, i) for r, cases in CASES.items() for i in range(len(cases))])

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from taurl import envs
-from taurl.config import TrainConfig, load_config
 from taurl.credit import TurnBatch, compute_advantages
 from taurl.credit.gigpo import anchor_groups
 from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
 from taurl.envs.search import parse_action
 from taurl.errors import ConfigError
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
+from taurl.recipe.config import TrainConfig, load_config
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 

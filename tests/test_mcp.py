@@ -22,17 +22,17 @@ pytest.importorskip("mcp")
 
 from mcp.types import Tool, ToolAnnotations  # noqa: E402
 
+from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs import make_tasks  # noqa: E402
 from taurl.envs.mcp import SubmissionVerifier, expert, tool_call  # noqa: E402
 from taurl.envs.mcp.env import MCPEnv  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
-from taurl.rollout import RolloutConfig, run_episode  # noqa: E402
-from taurl.synth import ScriptedEngine  # noqa: E402
+from taurl.rollout.loop import RolloutConfig, run_episode  # noqa: E402
+from taurl.rollout.synth import ScriptedEngine  # noqa: E402
 from taurl.tools import Gate, GateConfig, ToolBox, ToolCall  # noqa: E402
 from taurl.tools.mcp import MCPClient, MCPServerConfig, mcp_tool_specs, shared_client, tool_scopes  # noqa: E402
 from taurl.tools.openai_calls import call_gated  # noqa: E402
-from taurl.trajectory import StopReason, validate_trajectory  # noqa: E402
 
 SERVER = [sys.executable, "-m", "taurl.envs.mcp.server"]
 

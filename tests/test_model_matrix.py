@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from taurl import envs
+from taurl.data.runs import RunDir
 from taurl.envs.core import Task
 from taurl.envs.search.corpus import Document
 from taurl.envs.search.retriever import Hit
@@ -36,8 +37,7 @@ from taurl.policy.engine import LocalEngine, SamplingParams
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import load_policy, policy_problems, save_policy
 from taurl.policy.tokenizer import build_tokenizer, save_tokenizer
-from taurl.rollout import RolloutConfig, run_episodes
-from taurl.runs import RunDir
+from taurl.rollout.loop import RolloutConfig, run_episodes
 from taurl.train.checkpoint import load_checkpoint, save_checkpoint
 from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows
 
@@ -227,7 +227,7 @@ def test_taurl_train_model_trains_each_architecture(arch, tok, tmp_path, capsys)
     """`taurl train --model DIR` (the CLI's own entry point, in-process): SFT, one RL update
     and both evaluations on a plain HF directory of each architecture; every version it
     writes is again a plain HF directory of the same architecture."""
-    from taurl.cli import main
+    from taurl.cli.main import main
 
     src, run = tmp_path / "model", tmp_path / "run"
     _save_plain_hf(arch, tok, src)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 from tests.test_ledger import make_traj
 
-from taurl.ledger import Ledger, _json_problem
-from taurl.trajectory import Trajectory, plain_asdict
+from taurl.data.ledger import Ledger, _json_problem
+from taurl.data.trajectory import Trajectory, plain_asdict
 
 Point = namedtuple("Point", "x y")
 

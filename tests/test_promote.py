@@ -1,4 +1,4 @@
-"""The promotion gate: each rule of `taurl.promote.decide` can refuse; the record's contract;
+"""The promotion gate: each rule of `taurl.eval.promote.decide` can refuse; the record's contract;
 safety and cost figures of an evaluation; and, end to end on a tiny real run, the recipe's
 decision, a worse candidate refused, a promotion, `taurl rollback` and `taurl eval` of the
 restored policy; every bad CLI input refused with nothing changed."""
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from taurl.cli import main
-from taurl.config import TrainConfig, load_config
+from taurl.cli.main import main
+from taurl.data.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
 from taurl.errors import ConfigError, Error
-from taurl.evaluate import EvalResult, cost_figures, safety_figures
-from taurl.promote import (
+from taurl.eval.evaluate import EvalResult, cost_figures, safety_figures
+from taurl.eval.promote import (
     PromotionConfig,
     append_record,
     current_version,
@@ -26,7 +26,7 @@ from taurl.promote import (
     rollback_record,
     rollback_target,
 )
-from taurl.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
+from taurl.recipe.config import TrainConfig, load_config
 
 # -- the decision ------------------------------------------------------------------------
 
@@ -237,7 +237,7 @@ def test_cli_bad_input_changes_nothing(tmp_path, capsys, args, message):
 
 def test_recipe_decides_a_worse_candidate_is_refused_and_rollback_restores(tmp_path, capsys):
     sys.path.insert(0, str(Path(__file__).parent))
-    from taurl.recipe import train
+    from taurl.recipe.loop import train
     from test_recipe import MINI
 
     # 8 holdout tasks of a 0.8M-parameter policy cannot show a significant gain, so this run
@@ -293,7 +293,7 @@ def test_an_evaluation_counts_cheats_denials_and_violations_recorded_at_their_so
     detected cheat (``action["cheats"]``, written by ToolEnv) reach the evaluation's figures."""
     sys.path.insert(0, str(Path(__file__).parent))
     from taurl.envs.core import Task
-    from taurl.evaluate import OutcomeRewardVerifier, summarize
+    from taurl.eval.evaluate import OutcomeRewardVerifier, summarize
     from taurl.reward.stack import Verdict, Violation
     from test_reward_stack import TASK, AnswerEnv, call, episode
     from test_reward_stack import tok as tok_fixture

@@ -22,18 +22,18 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
 from taurl import envs  # noqa: E402
+from taurl.data.ledger import Ledger  # noqa: E402
+from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
 from taurl.envs.search.env import SEARCH_TOOL  # noqa: E402
-from taurl.episodes import EpisodeSpec  # noqa: E402
-from taurl.ledger import Ledger  # noqa: E402
 from taurl.policy.engine import LocalEngine  # noqa: E402
 from taurl.policy.model import build_default_policy  # noqa: E402
 from taurl.proxy.collect import collect_agent  # noqa: E402
 from taurl.proxy.experts import ReplyEngine, search_tool_expert, tool_call_text  # noqa: E402
 from taurl.proxy.runner import episode_records  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
-from taurl.rollout import ChatCodec, RolloutConfig  # noqa: E402
-from taurl.trajectory import StopReason, validate_trajectory  # noqa: E402
+from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
+from taurl.rollout.loop import ChatCodec, RolloutConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the env class's declaration, not envs.make: building the env at import would build the
@@ -327,8 +327,8 @@ def test_example_agent_runs_expert_demonstrations_through_the_proxy(policy, tmp_
 
 
 def test_agent_config_errors_are_reported_together_before_any_work():
-    from taurl.config import TrainConfig, load_config
     from taurl.errors import ConfigError
+    from taurl.recipe.config import TrainConfig, load_config
 
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"agent": {"callable": "no_colon", "command": ["x"], "timeout_s": 0, "bogus": 1}})

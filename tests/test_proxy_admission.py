@@ -17,8 +17,8 @@ pytest.importorskip("starlette")
 
 import httpx  # noqa: E402
 
+from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
-from taurl.episodes import EpisodeSpec  # noqa: E402
 from taurl.errors import Error  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
 from taurl.proxy import runner  # noqa: E402
@@ -31,7 +31,7 @@ from taurl.proxy.admission import (  # noqa: E402
 from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import AgentConfig, run_agent_episode  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
-from taurl.trajectory import StopReason, validate_trajectory  # noqa: E402
+from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
 
 TASK = generate_tasks("train", n=1, seed=0)[0]
 
@@ -150,9 +150,9 @@ def test_collect_counts_throttled_calls_and_admission_waits(tok, tmp_path):
     from pathlib import Path
 
     from taurl import envs
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
     from taurl.proxy.collect import collect_agent
-    from taurl.rollout import RolloutConfig
+    from taurl.rollout.loop import RolloutConfig
 
     tasks = generate_tasks("train", n=2, seed=5)
     specs = [EpisodeSpec(f"a{i}", t, i, f"g{i}") for i, t in enumerate(tasks)]

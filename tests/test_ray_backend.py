@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("ray", reason="ray is not installed: pip install 'taurl[ray]' (it is in the dev extras)")
 
-from taurl.config import TrainConfig, load_config  # noqa: E402
+from taurl.data.ledger import Ledger  # noqa: E402
+from taurl.data.runs import RunDir  # noqa: E402
+from taurl.data.trajectory import validate_trajectory  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
-from taurl.ledger import Ledger  # noqa: E402
-from taurl.recipe import train  # noqa: E402
-from taurl.runs import RunDir  # noqa: E402
-from taurl.trajectory import validate_trajectory  # noqa: E402
+from taurl.recipe.config import TrainConfig, load_config  # noqa: E402
+from taurl.recipe.loop import train  # noqa: E402
 
 UPDATES, TASKS, GROUP = 3, 2, 3
 CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, tasks_per_update=TASKS,

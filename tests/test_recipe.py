@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from taurl.config import TrainConfig
 from taurl.credit import TurnBatch, compute_advantages
-from taurl.ledger import Ledger
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 from taurl.policy.model import load_policy
-from taurl.recipe import train
-from taurl.runs import RunDir
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.loop import train
 from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows, micro_batches
 from taurl.train.objectives import sequence_logprobs
 
@@ -184,7 +184,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(mini):
 def test_taurl_eval_of_a_bare_checkpoint_reproduces_the_recipes_evaluation(mini):
     """A checkpoint carries its env, prompt, task options and budgets: `taurl eval CKPT`
     (no run config) meets the same tasks and seeds and gets the recipe's figure exactly."""
-    from taurl import commands
+    from taurl.cli import commands
 
     run_dir, summary = mini
     result = commands.evaluate(RunDir(run_dir).checkpoint(3), split="validation", trials=MINI["eval_trials"],

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from taurl.config import TrainConfig
-from taurl.curriculum import Curriculum, CurriculumConfig, curriculum_problems, quotas
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.envs.core import Task
-from taurl.mixing import BatchMix
-from taurl.replay import ReplayBuffer, ReplayConfig, replay_problems
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.curriculum import Curriculum, CurriculumConfig, curriculum_problems, quotas
+from taurl.recipe.mixing import BatchMix
+from taurl.recipe.replay import ReplayBuffer, ReplayConfig, replay_problems
 
 
 def _ep(update: int, task: str, g: int, reward: float, version: int, env_version: str = "1") -> Trajectory:
@@ -133,7 +133,7 @@ def test_unseen_tasks_are_medium():
 
 
 def test_both_off_the_batch_plan_is_the_identity(tmp_path):
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
 
     with Ledger(tmp_path / "l.db") as ledger:
         mix = BatchMix.start(TrainConfig(), _tasks(4), 0, ledger, "run", 1, 1)
@@ -143,7 +143,7 @@ def test_both_off_the_batch_plan_is_the_identity(tmp_path):
 
 
 def test_a_resumed_run_rebuilds_the_same_buffer_and_rates_from_the_ledger(tmp_path):
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
 
     cfg = dataclasses.replace(TrainConfig(), replay={"capacity": 8, "max_age": 2, "fraction": 1.0},
                               curriculum={"mix": [0.3, 0.5, 0.2]})

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from taurl.config import TrainConfig
-from taurl.recipe import train
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.loop import train
 
 CHROMIUM = os.environ.get("TAURL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium "

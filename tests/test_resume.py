@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from taurl.config import TrainConfig
-from taurl.ledger import Ledger
-from taurl.recipe import train
-from taurl.runs import RunDir
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.loop import train
 
 CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=3, tasks_per_update=2, group_size=3, eval_tasks=2,
                   eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,

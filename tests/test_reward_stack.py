@@ -7,14 +7,14 @@ import json
 
 import pytest
 
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.core import Task
 from taurl.errors import ConfigError
 from taurl.policy import build_tokenizer
 from taurl.reward import ExactMatchVerifier, RewardStack, Violation
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 from taurl.tools import GateConfig, ToolEnv, tool
-from taurl.trajectory import StopReason, validate_trajectory
 
 STACK = RewardStack(shaping_weights={"invalid_actions": -0.02, "tests": 0.05}, shaping_clip=0.1)
 

@@ -15,15 +15,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taurl import envs
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.envs.search.expert import search_expert
-from taurl.ledger import Ledger
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import build_default_policy, load_policy, save_policy
-from taurl.rollout import RolloutConfig, run_episode, run_episodes
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode, run_episodes
+from taurl.rollout.synth import ScriptedEngine
 from taurl.train.sft import train_sft
-from taurl.trajectory import StopReason, validate_trajectory
 
 TEMPERATURE = 1.0
 ENV = {"top_k": 2, "max_doc_chars": 160}  # short observations keep the test's SFT cheap

@@ -101,7 +101,7 @@ def test_sandbox_and_warm_python_run_from_a_private_venv(private):
 
 
 def test_cli_sandbox_exec_from_a_private_venv(private):
-    p = subprocess.run([private["python"], "-m", "taurl.cli", "sandbox", "exec", "--", "echo", "hi"],
+    p = subprocess.run([private["python"], "-m", "taurl.cli.main", "sandbox", "exec", "--", "echo", "hi"],
                        capture_output=True, text=True, env=private["env"], cwd=private["top"],
                        timeout=60)  # fmt: skip
     assert (p.returncode, p.stdout) == (0, "hi\n"), p.stderr[-3000:]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from taurl.data.trajectory import ToolReceipt
 from taurl.envs.checker import check_env
 from taurl.envs.core import Env, Task
 from taurl.envs.search import SearchEnv, generate_tasks, parse_action
@@ -15,7 +16,6 @@ from taurl.envs.search.env import INVALID_OBSERVATION, NO_RESULTS, SEARCH_FAILED
 from taurl.envs.search.retriever import Hit, shared_retriever
 from taurl.errors import ConfigError, EnvCheckError, ResetNeeded
 from taurl.reward import VERIFIER_VERSION
-from taurl.trajectory import ToolReceipt
 
 
 @pytest.fixture(scope="module")

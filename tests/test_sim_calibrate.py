@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from taurl.errors import Error
-from taurl.schedule.latency import ToolLatency
+from taurl.recipe.schedule.latency import ToolLatency
 from taurl.sim import Workload, draw_episode
 from taurl.sim.calibrate import (
     DecodeProbe,

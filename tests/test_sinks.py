@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from taurl.config import TrainConfig, load_config
 from taurl.errors import ConfigError
 from taurl.monitor import sinks
-from taurl.recipe import train
+from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.loop import train
 
 pytest.importorskip("tensorboard", reason="the [track] extra (pip install 'taurl[track]') is not installed")
 pytest.importorskip("wandb", reason="the [track] extra (pip install 'taurl[track]') is not installed")
@@ -90,7 +90,7 @@ def test_a_missing_package_names_the_install_command(tmp_path, monkeypatch, caps
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert sinks.tracker_problems(["wandb"]) == [
         f"trackers: wandb needs the 'wandb' package, which is not installed: {sinks.INSTALL}"]
-    from taurl.cli import main
+    from taurl.cli.main import main
 
     rc = main(["train", "--run-dir", str(tmp_path / "r"), "--trackers", '["wandb"]'])
     err = capsys.readouterr().err

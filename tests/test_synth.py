@@ -13,8 +13,8 @@ from taurl.envs.search.expert import search_expert
 from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import create_policy
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import (
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import (
     ExpertQuality,
     ScriptedEngine,
     SynthFilters,

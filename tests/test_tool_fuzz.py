@@ -21,14 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.core import Task
 from taurl.policy import build_tokenizer
 from taurl.policy.engine import Generation
 from taurl.reward import ExactMatchVerifier
-from taurl.rollout import RolloutConfig, run_episode, run_episodes
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode, run_episodes
+from taurl.rollout.synth import ScriptedEngine
 from taurl.tools import ToolEnv, ToolSpec, tool
-from taurl.trajectory import StopReason, validate_trajectory
 
 
 @tool(max_string_chars=1000)

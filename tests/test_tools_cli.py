@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from taurl.cli import main
+from taurl.cli.main import main
 
 
 def test_exec_passes_output_and_status_through(capsys):

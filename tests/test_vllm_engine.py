@@ -535,9 +535,9 @@ def _search_env():
 @pytest.mark.vllm
 @needs_vllm
 def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
+    from taurl.data.trajectory import StopReason, validate_trajectory
     from taurl.envs.search import generate_tasks
-    from taurl.rollout import RolloutConfig, run_episode
-    from taurl.trajectory import StopReason, validate_trajectory
+    from taurl.rollout.loop import RolloutConfig, run_episode
 
     tok, (p0, _) = ckpts
     asyncio.run(real.load_weights(p0, 0))
@@ -566,9 +566,9 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
 def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(real, ckpts):
     # pause("abort") mid-action, load v1, resume: each cut action goes on from its ids on
     # v1, as a second action segment (version 1) after the first (version 0)
+    from taurl.data.trajectory import validate_trajectory
     from taurl.envs.search import generate_tasks
-    from taurl.rollout import RolloutConfig, run_episode
-    from taurl.trajectory import validate_trajectory
+    from taurl.rollout.loop import RolloutConfig, run_episode
 
     tok, (p0, p1) = ckpts
     asyncio.run(real.load_weights(p0, 0))
@@ -638,15 +638,15 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
     from types import SimpleNamespace
 
     from taurl import envs
-    from taurl.config import TrainConfig
+    from taurl.data.ledger import Ledger
+    from taurl.data.runs import RunDir
+    from taurl.data.trajectory import validate_trajectory
     from taurl.envs.search import generate_tasks
-    from taurl.ledger import Ledger
-    from taurl.rollout import RolloutConfig
-    from taurl.runs import RunDir
-    from taurl.schedule.admission import staleness_stats
-    from taurl.schedule.async_rl import AsyncSchedule
-    from taurl.schedule.latency import ToolLatency
-    from taurl.trajectory import validate_trajectory
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.schedule.admission import staleness_stats
+    from taurl.recipe.schedule.async_rl import AsyncSchedule
+    from taurl.recipe.schedule.latency import ToolLatency
+    from taurl.rollout.loop import RolloutConfig
 
     tok, (p0, p1) = ckpts
     asyncio.run(real.load_weights(p0, 0))
@@ -716,9 +716,9 @@ def test_real_killed_server_fails_in_flight_requests(real):
 @pytest.mark.vllm
 @needs_vllm
 def test_real_killed_server_ends_episodes_in_flight_as_error_and_a_restart_serves_again(ckpts):
+    from taurl.data.trajectory import StopReason, validate_trajectory
     from taurl.envs.search import generate_tasks
-    from taurl.rollout import RolloutConfig, run_episodes
-    from taurl.trajectory import StopReason, validate_trajectory
+    from taurl.rollout.loop import RolloutConfig, run_episodes
 
     tok, (p0, _) = ckpts
     tasks = generate_tasks("train", n=4, seed=0)
@@ -793,10 +793,10 @@ def test_real_replicas_two_servers_sticky_episodes_and_one_version(ckpts):
     Every episode's turns go to one server (so its prefix cache holds the episode), both
     servers get episodes, and after a reload both serve the new checkpoint as one version.
     """
+    from taurl.data.trajectory import validate_trajectory
     from taurl.envs.search import generate_tasks
     from taurl.policy.router import EngineRouter
-    from taurl.rollout import RolloutConfig, run_episodes
-    from taurl.trajectory import validate_trajectory
+    from taurl.rollout.loop import RolloutConfig, run_episodes
 
     tok, (p0, p1) = ckpts
     # each server its own short cache dir: vLLM's zmq socket paths must stay under 107 characters

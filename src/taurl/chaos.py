@@ -40,7 +40,7 @@ import torch
 
 KILL_ENV = "TAURL_CHAOS_KILL_AT"
 TRACE_ENV = "TAURL_CHAOS_TRACE"
-OWN_POINTS = {"episode_stored"}  # placed in the code itself (`taurl.episodes.collect`), not by the hook
+OWN_POINTS = {"episode_stored"}  # placed in the code itself (`taurl.rollout.episodes.collect`), not by the hook
 TAG_KEYS = ("episode_id", "version", "step")  # the info keys that name a point's work
 
 
@@ -144,7 +144,7 @@ def run_cli(argv: list[str], *, kill_at: str = "", trace: str = "", timeout_s: f
     same, with its own memory, file descriptors and a real SIGKILL.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["taurl.cli", "taurl.commands", "taurl.recipe", "taurl.monitor.report"])
+    ctx.set_forkserver_preload(["taurl.cli.main", "taurl.cli.commands", "taurl.recipe.loop", "taurl.monitor.report"])
     p = ctx.Process(target=_child, args=(list(argv), {KILL_ENV: kill_at, TRACE_ENV: trace}))
     p.start()
     p.join(timeout_s)
@@ -161,6 +161,6 @@ def _child(argv: list[str], env: dict[str, str]) -> None:
             os.environ[k] = v
         else:
             os.environ.pop(k, None)
-    from taurl.cli import main
+    from taurl.cli.main import main
 
     sys.exit(main(argv))

@@ -20,8 +20,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from taurl import envs
 from taurl.credit import TurnBatch, compute_advantages, segment_grpo
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.synth import ScriptedEngine
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.synth import ScriptedEngine
 from taurl.train.critic import value_positions
 from taurl.train.learner import Learner, LearnerConfig
 

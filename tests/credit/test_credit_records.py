@@ -19,8 +19,8 @@ from taurl.credit import (
     turn_spans,
     turn_sums,
 )
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn, validate_trajectory
 from taurl.errors import ConfigError, ContractError
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn, validate_trajectory
 
 
 def make_traj(episode: str, group: str, turns: list[dict], reward: float, prompt: str = "find the capital",

@@ -67,8 +67,8 @@ def test_an_estimator_setting_that_cannot_run_is_refused_at_config_time(name, op
     """Option values only the estimator's body checks are found by a dry run on a probe batch,
     so `taurl train` refuses them before any work (they used to raise at the first update,
     after SFT)."""
-    from taurl.config import TrainConfig, load_config
     from taurl.credit import estimator_problems
+    from taurl.recipe.config import TrainConfig, load_config
 
     problems = estimator_problems(name, options)
     assert problems and words in " ".join(problems)

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from taurl.cli import main
+from taurl.cli.main import main
 from taurl.train.critic import CRITIC_DIR, WEIGHTS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]

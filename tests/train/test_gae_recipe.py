@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from taurl.config import TrainConfig
+from taurl.data.runs import RunDir
 from taurl.policy.model import load_policy
-from taurl.recipe import train
-from taurl.runs import RunDir
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.loop import train
 from taurl.train.critic import CRITIC_DIR, WEIGHTS_FILE, Critic, CriticConfig
 from taurl.train.learner import Learner
 

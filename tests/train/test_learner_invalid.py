@@ -14,10 +14,10 @@ import torch
 from tests.train._tiny_lm import tiny_lm
 from transformers import Qwen2ForCausalLM
 
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ContractError
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.train.learner import Learner, LearnerConfig, sft_step
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn
 
 V = 64
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from test_learner_invalid import _model, _traj  # noqa: E402  (pytest puts this folder on sys.path)
 
-from taurl.config import TrainConfig
 from taurl.errors import ConfigError
+from taurl.recipe.config import TrainConfig
 from taurl.train.learner import Learner, LearnerConfig, micro_batches
 
 

@@ -13,6 +13,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from taurl.credit import broadcast_to_tokens, token_turn_index
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn, validate_trajectory
 from taurl.train.objectives import (
     ValueModel,
     decoupled_ppo_loss,
@@ -26,7 +27,6 @@ from taurl.train.objectives import (
     sequence_logprobs,
     sft_loss,
 )
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn, validate_trajectory
 
 
 def tiny_qwen() -> Qwen2ForCausalLM:

@@ -18,10 +18,10 @@ from transformers import Qwen2ForCausalLM
 
 from taurl.credit import prm as prm_math  # by module: the mutation check patches its function
 from taurl.credit.batch import TurnBatch
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.prm import ImplicitPRM, PRMConfig
-from taurl.trajectory import Segment, StopReason, Trajectory, Turn
 
 V = 64
 PROMPT = [5, 6, 7]

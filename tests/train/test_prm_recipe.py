@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 
-from taurl.config import TrainConfig
-from taurl.ledger import Ledger
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 from taurl.policy.model import load_policy
-from taurl.recipe import train
-from taurl.runs import RunDir
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.loop import train
 from taurl.train.prm import PRM_DIR, WEIGHTS_FILE, ImplicitPRM, PRMConfig
 
 # the miniature of tests/train/test_gae_recipe.py, at two turns so a step scorer has steps to

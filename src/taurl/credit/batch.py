@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ContractError
-from taurl.trajectory import Trajectory
 
 SUBGOAL_KEY = "subgoal_end"
 

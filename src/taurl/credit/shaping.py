@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from taurl.credit.batch import TurnBatch
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError, ContractError
-from taurl.trajectory import Trajectory
 
 TurnScorer = Callable[[Trajectory, int], float]
 

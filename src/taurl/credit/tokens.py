@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ContractError
-from taurl.trajectory import Trajectory
 
 
 def turn_spans(traj: Trajectory) -> np.ndarray:

@@ -12,7 +12,7 @@ Checks, in order, each failure an `EnvCheckError` that says what to fix:
    truncated at once, with ``info["action"]["kind"]`` and ``info["invalid"]`` (bool),
    a `ToolReceipt` when ``info["receipt"]`` is present, and the other `StepInfo` keys
    of the right types; the step that ends the episode names why in
-   ``info["stop_reason"]`` — exactly the contract the loop holds (`taurl.rollout`): a
+   ``info["stop_reason"]`` — exactly the contract the loop holds (`taurl.rollout.loop`): a
    snake_case name, and one of the loop's own reasons only with its own kind;
 5. the episode ends (repeating the last action) within `max_steps`, and then `step`
    raises `ResetNeeded`;
@@ -29,10 +29,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from taurl.data.trajectory import NAME_PATTERN as REASON_PATTERN
+from taurl.data.trajectory import StopReason, ToolReceipt
 from taurl.envs.core import Env, Task
 from taurl.errors import EnvCheckError, ResetNeeded
-from taurl.trajectory import NAME_PATTERN as REASON_PATTERN
-from taurl.trajectory import StopReason, ToolReceipt
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*-v\d+$")
 DEFAULT_ACTIONS = ("", "hello", "<answer>unknown</answer>")
@@ -135,7 +135,7 @@ def _check_step(name: str, out: Any, i: int) -> tuple[str, float, bool, bool, An
     if not isinstance(info.get("invalid"), bool):
         raise EnvCheckError(f'{where}: info["invalid"] must be a bool')
     if "receipt" in info and not isinstance(info["receipt"], ToolReceipt):
-        raise EnvCheckError(f'{where}: info["receipt"] must be a taurl.trajectory.ToolReceipt')
+        raise EnvCheckError(f'{where}: info["receipt"] must be a taurl.data.trajectory.ToolReceipt')
     for key, typ in (("error", str), ("role", str), ("verifier_version", str), ("reward_components", dict)):
         if key in info and info[key] is not None and not isinstance(info[key], typ):
             raise EnvCheckError(f'{where}: info["{key}"] must be a {typ.__name__}, got {type(info[key]).__name__}')

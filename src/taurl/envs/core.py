@@ -6,7 +6,7 @@
 `terminated`: the episode reached a terminal state of the task (the agent answered, a
 goal was reached). `truncated`: the episode was cut short from outside (a budget ran out,
 a failure, the agent fell off the map). Never both. When either is true, ``info
-["stop_reason"]`` names why: any snake_case name (an open set, `taurl.trajectory.
+["stop_reason"]`` names why: any snake_case name (an open set, `taurl.data.trajectory.
 StopReason`); the env's flag is its kind, and the record keeps both. The loop's own
 reasons keep their fixed kind (``answered``/``no_answer`` terminate; ``max_turns``,
 ``max_tokens``, ``context_full``, ``tool_budget``, ``error`` truncate), so an env that
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
-from taurl.trajectory import ToolReceipt
+from taurl.data.trajectory import ToolReceipt
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 RAGEN (Wang et al. 2025, arXiv:2504.20073, §4 "Echo Trap") describes the way multi-turn
 agent RL collapses: the reward variance within groups vanishes, the entropy falls, the
 gradient norm spikes and the policy repeats one answer. Each of these signals is already
-in the per-update row of `metrics.jsonl` (built in `taurl.recipe._rl_loop`); the alarms
+in the per-update row of `metrics.jsonl` (built in `taurl.recipe.loop._rl_loop`); the alarms
 watch them. Every alarm is a predicate over the history of rows up to the current one:
 
 | alarm | fires when (defaults in `AlarmConfig`) |

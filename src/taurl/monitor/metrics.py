@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from taurl.trajectory import StopReason, Trajectory
+from taurl.data.trajectory import StopReason, Trajectory
 
 GLOSSARY: dict[str, str] = {
     "rollout/episodes": "number of finished episodes",

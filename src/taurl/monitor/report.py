@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from taurl.runs import RunDir
+from taurl.data.runs import RunDir
 
 # The keys the training pipeline adds to `taurl.monitor.metrics.GLOSSARY` (rollout/* there).
 TRAIN_GLOSSARY: dict[str, str] = {
@@ -153,7 +153,7 @@ def holdout_figure(summary: dict[str, Any]) -> str | None:
     return png
 
 
-# safety and cost of every evaluation (taurl.evaluate.safety_figures / cost_figures)
+# safety and cost of every evaluation (taurl.eval.evaluate.safety_figures / cost_figures)
 SAFETY_COST_KEYS = ["violation_rate", "cheat_rate", "gate_denials_mean", "tool_errors_mean", "tool_error_rate",
                     "wall_s_mean", "tokens_per_success", "tool_calls_per_success", "wall_s_per_success"]
 

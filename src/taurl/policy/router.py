@@ -4,7 +4,7 @@ Routing: an episode sticks to one engine (every turn's prompt extends the previo
 so the server's prefix cache holds it), and new episodes go to the engine with the
 fewest requests in flight (ties: fewest episodes assigned so far, then the lowest index).
 The agent loop names its episode through `routing_key` (a context variable that
-`taurl.rollout.run_episode` sets), so the engine protocol stays `generate(ids, sampling)`.
+`taurl.rollout.loop.run_episode` sets), so the engine protocol stays `generate(ids, sampling)`.
 A call with no key is balanced by load alone.
 
 Weights: `load_weights` loads the same checkpoint on every engine at once and returns

@@ -29,10 +29,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from taurl.data.trajectory import Segment
 from taurl.errors import Error
-from taurl.rollout import ChatCodec
+from taurl.rollout.loop import ChatCodec
 from taurl.tools.parsers import parse_hermes
-from taurl.trajectory import Segment
 
 
 class ProxyError(Error):

@@ -1,6 +1,6 @@
 """`collect` for agents: the recipe's episodes run by a user's agent through the proxy.
 
-Same contract as `taurl.episodes.collect` (deterministic ids, reuse from the ledger,
+Same contract as `taurl.rollout.episodes.collect` (deterministic ids, reuse from the ledger,
 append at once, failures counted): the proxy starts on loopback for the batch, each
 episode's agent gets its own base URL, and every chain the proxy captured is appended.
 The records returned are the training batch (`all_chains=True`: every chain, each a
@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from taurl.ledger import Ledger
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import POLICY_SOURCE, StopReason, Trajectory
 from taurl.proxy.runner import (
     AgentConfig,
     cwd_on_path,
@@ -25,7 +26,6 @@ from taurl.proxy.runner import (
     run_agent_episode,
 )
 from taurl.proxy.server import ProxyServer
-from taurl.trajectory import POLICY_SOURCE, StopReason, Trajectory
 
 log = logging.getLogger("taurl.proxy")
 
@@ -37,7 +37,7 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
                         all_chains: bool = True, engine_for: Callable[[Any], Any] | None = None,
                         source: str = POLICY_SOURCE, verifier: Any = None
                         ) -> tuple[list[Trajectory], dict[str, float]]:
-    """`taurl.episodes.collect` with `agent` acting (module docstring). engine_for(spec):
+    """`taurl.rollout.episodes.collect` with `agent` acting (module docstring). engine_for(spec):
     a per-episode engine (expert demonstrations), else `engine` serves every call.
     admission: the async schedule's `taurl.proxy.admission.Admission` (None: admit all)."""
     agent = agent if isinstance(agent, AgentConfig) else AgentConfig.from_dict(agent)

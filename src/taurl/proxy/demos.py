@@ -14,11 +14,11 @@ import random
 import time
 from typing import Any
 
-from taurl.episodes import EpisodeSpec
 from taurl.errors import ConfigError
 from taurl.proxy.collect import collect_agent
 from taurl.proxy.experts import DEFAULT_EXPERTS, ReplyEngine
 from taurl.proxy.runner import AgentConfig, load_callable
+from taurl.rollout.episodes import EpisodeSpec
 
 
 def expert_replies(cfg: Any, tasks: list) -> list[list[str]]:

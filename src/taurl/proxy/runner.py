@@ -43,10 +43,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from taurl.data.trajectory import POLICY_SOURCE, Segment, StopReason, Trajectory, Turn
 from taurl.errors import ConfigError, Error
 from taurl.proxy.capture import Call, Chain
 from taurl.proxy.server import ProxyEpisode, ProxyLimits, ProxyServer
-from taurl.trajectory import POLICY_SOURCE, Segment, StopReason, Trajectory, Turn
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 ADMISSION_PATIENCE_S = 600.0  # the most the runner waits for an episode's admission

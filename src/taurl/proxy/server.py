@@ -40,11 +40,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from taurl.data.trajectory import ToolReceipt
 from taurl.errors import Error
 from taurl.policy.engine import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
-from taurl.trajectory import ToolReceipt
 
 MODEL_NAME = "taurl-policy"
 

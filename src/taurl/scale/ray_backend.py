@@ -10,7 +10,7 @@ cluster; this process stays the learner and the ledger's only writer.
       after the update: every worker loads checkpoint v+1 from the run directory as v+1
 
 Nothing about an episode depends on where it runs: its id and seed are fixed by the plan
-(`taurl.episodes`), so an episode re-run elsewhere is the same episode, and each is
+(`taurl.rollout.episodes`), so an episode re-run elsewhere is the same episode, and each is
 stored once. A worker that dies (its process killed, a crash) is restarted by Ray
 (``max_restarts``); every episode it had not returned is re-run (on any live worker, up
 to ``max_attempts`` tries, then counted in ``rollout/failed_episodes``): none is lost,
@@ -38,11 +38,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from taurl.config import TrainConfig
-from taurl.episodes import EpisodeSpec, store_episode
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
-from taurl.ledger import Ledger
-from taurl.trajectory import Trajectory
+from taurl.recipe.config import TrainConfig
+from taurl.rollout.episodes import EpisodeSpec, store_episode
 
 log = logging.getLogger("taurl.scale.ray")
 
@@ -72,7 +72,7 @@ class RolloutWorker:
         self._load_lock = asyncio.Lock()
 
     def make_env(self) -> Any:
-        """The run's env, as `taurl.run_state.Run.make_env` builds it."""
+        """The run's env, as `taurl.recipe.state.Run.make_env` builds it."""
         from taurl import envs
 
         env = envs.make(self.cfg.env, **self.cfg.env_kwargs())
@@ -92,14 +92,14 @@ class RolloutWorker:
 
     async def run(self, spec: EpisodeSpec, checkpoint_dir: str, version: int) -> Trajectory | str:
         """The episode of `spec` sampled by `version`, or why it produced no record."""
-        from taurl.rollout import run_episode
+        from taurl.rollout.loop import run_episode
 
         await self.load(checkpoint_dir, version)  # a restarted worker catches up first
         try:
             return await run_episode(self.engine, self.make_env(), self.tokenizer, spec.task, seed=spec.seed,
                                      config=self.cfg.rollout_config(), group_id=spec.group_id,
                                      run_id=self.run_id, episode_id=spec.episode_id)
-        except Exception as e:  # noqa: BLE001 — counted by the driver, as `taurl.episodes.collect` does
+        except Exception as e:  # noqa: BLE001 — counted by the driver, as `taurl.rollout.episodes.collect` does
             return f"{type(e).__name__}: {e}"
 
 
@@ -112,7 +112,7 @@ def _ray() -> Any:
 
 
 class RayCollector:
-    """`taurl.episodes.Collector` over rollout workers on a local Ray cluster."""
+    """`taurl.rollout.episodes.Collector` over rollout workers on a local Ray cluster."""
 
     def __init__(self, workers: list[Any], checkpoint_dir: str, version: int, *, per_worker: int,
                  max_restarts: int, max_attempts: int, hook: Callable[[str, dict[str, Any]], None],
@@ -126,7 +126,7 @@ class RayCollector:
     @classmethod
     def start(cls, r: Any, checkpoint_dir: Path, version: int, *, seed: int) -> RayCollector:
         """Start the cluster (unless one runs in this process) and `workers` rollout workers
-        serving `checkpoint_dir` as `version`; `r` is the recipe's `taurl.run_state.Run`."""
+        serving `checkpoint_dir` as `version`; `r` is the recipe's `taurl.recipe.state.Run`."""
         ray, cfg = _ray(), r.cfg
         opts = cfg.backend_options
         n = opts.get("workers", 2)
@@ -164,7 +164,7 @@ class RayCollector:
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:
-        """`taurl.episodes.collect`'s contract, the episodes run on the workers: reused from
+        """`taurl.rollout.episodes.collect`'s contract, the episodes run on the workers: reused from
         the ledger, or run remotely and appended here the moment each one comes back."""
         ray = _ray()
         out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}

@@ -14,7 +14,7 @@ Each `Workload` field and where it comes from (`calibrate`):
   call and their mean number of calls m: among multi-turn episodes the calls are
   Uniform{1..M − 1}, mean M/2, so M = max(2, round(2m)); and f = (1 − p)(M − 1)/M, so
   p = 1 − f·M/(M − 1) (`fit_turns`);
-* tool latency: the real wrapper (`taurl.schedule.latency.ToolLatency`) waits
+* tool latency: the real wrapper (`taurl.recipe.schedule.latency.ToolLatency`) waits
   min(max_s, LogNormal(μ, σ)) with μ = ln(mean) − σ²/2 after every tool call, failed or
   not; the simulator's median is exp(μ), its σ the same, its timeout max_s, and no fast
   failures (`sim_tool_latency`);

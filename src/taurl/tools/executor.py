@@ -31,11 +31,11 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from taurl.data.trajectory import ToolReceipt
 from taurl.errors import ConfigError, Error
 from taurl.tools.gate import Gate, GateDecision
 from taurl.tools.parsers import ParseResult, ToolCall, parse_hermes, parse_xml
 from taurl.tools.specs import ToolSpec
-from taurl.trajectory import ToolReceipt
 
 T = TypeVar("T")
 RECEIPT_ARG_CHARS = 2000  # argument strings longer than this are cut in the stored receipt

@@ -2,11 +2,11 @@
 
     checkpoints/v<N>/   config.json, model.safetensors, tokenizer files (`save_policy`),
                         taurl.json (policy_version, phase, update; an RL one also its
-                        update's metrics_row, for `taurl.recipe.recover_row`), and in the newest RL
+                        update's metrics_row, for `taurl.recipe.loop.recover_row`), and in the newest RL
                         checkpoint only: optimizer.pt (AdamW state) and trainer_state.pt
                         (RNG states of python, numpy and torch, the LR scheduler if any)
 
-Atomic (`taurl.atomic`): a version is written into ``checkpoints/.v<N>.tmp-<pid>``, every
+Atomic (`taurl.data.atomic`): a version is written into ``checkpoints/.v<N>.tmp-<pid>``, every
 file and the directory are fsynced, it is renamed into place and the parent is fsynced.
 After a kill at any point `RunDir.versions()` lists only whole checkpoints, a restart
 removes the leftovers (`RunDir.clean`) and resumes from the newest version: weights,
@@ -36,9 +36,9 @@ import torch
 from safetensors import SafetensorError
 
 from taurl import chaos
-from taurl.atomic import fsync_tree, remove_dir, replace_dir, write_error
+from taurl.data.atomic import fsync_tree, remove_dir, replace_dir, write_error
+from taurl.data.runs import RunDir
 from taurl.policy.model import load_policy, load_policy_meta, save_policy
-from taurl.runs import RunDir
 
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.pt"

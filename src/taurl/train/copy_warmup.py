@@ -38,7 +38,7 @@ def copy_batch(names: Sequence[str], tokenizer) -> CopyBatch:
     rows, masks = [], []
     for name in names:
         # a leading space: a name inside a sentence is tokenized that way, and so is the
-        # expert's "<search> name" (taurl.synth)
+        # expert's "<search> name" (taurl.rollout.synth)
         ids = tokenizer(" " + name.strip(), add_special_tokens=False)["input_ids"]
         rows.append(ids + sep + ids + [tokenizer.eos_token_id])
         masks.append([0] * (len(ids) + len(sep)) + [1] * (len(ids) + 1))

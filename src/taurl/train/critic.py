@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 from taurl.credit.tokens import turn_spans
+from taurl.data.trajectory import Trajectory
 from taurl.train.objectives.value import ValueModel, value_loss
 from taurl.train.weights import load_weights, save_weights
-from taurl.trajectory import Trajectory
 
 CRITIC_DIR = "critic"
 WEIGHTS_FILE = "value_model.safetensors"

@@ -67,6 +67,7 @@ from taurl.credit import (
     zero_advantage_filter,
 )
 from taurl.credit.batch import drop_invalid
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train.critic import Critic, CriticConfig
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
@@ -74,7 +75,6 @@ from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
 from taurl.train.staleness import staleness_stats
-from taurl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

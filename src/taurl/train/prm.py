@@ -41,10 +41,10 @@ from taurl.credit.batch import TurnBatch
 from taurl.credit.filters import preference_pairs
 from taurl.credit.prm import episode_neutral_shaping, implicit_step_rewards
 from taurl.credit.tokens import padded_token_turn_index, turn_sums
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train.objectives.dpo import dpo_loss
 from taurl.train.weights import load_weights, save_weights
-from taurl.trajectory import Trajectory
 
 PRM_DIR = "prm"
 WEIGHTS_FILE = "prm.safetensors"

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from taurl.data.trajectory import Trajectory
 from taurl.train.learner import sft_step
-from taurl.trajectory import Trajectory
 
 log = logging.getLogger("taurl.sft")
 
@@ -94,9 +94,9 @@ def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int
 def read_sft_file(path: str, env: str) -> list:
     """Trajectories of an export-format JSONL file for SFT; rows that are not valid records
     of `env` are logged and left out (and counted), the rest kept."""
+    from taurl.data.export import read_jsonl
+    from taurl.data.trajectory import Trajectory, check_trajectory
     from taurl.errors import Error
-    from taurl.export import read_jsonl
-    from taurl.trajectory import Trajectory, check_trajectory
 
     keep, bad = [], []
     for i, row in enumerate(read_jsonl(path), 1):

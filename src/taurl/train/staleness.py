@@ -18,8 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
-from taurl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ import re
 import time
 from typing import Any
 
+from taurl.data.trajectory import ToolReceipt
 from taurl.envs.core import Task
 from taurl.envs.search.retriever import Hit, Retriever, shared_retriever
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.reward.exact_match import VERIFIER_VERSION, exact_match
-from taurl.trajectory import ToolReceipt
 
 VERSION = "1"  # bump when an observation, the parser or the reward changes meaning
 

@@ -55,7 +55,7 @@ def search_expert(task: Task, rng: random.Random, p_skip_search: float = 0.0,
 
 
 # ---------------------------------------------------------------------------------------
-# The earlier API (taurl.synth.expert_actions / ExpertQuality), kept for existing callers
+# The earlier API (taurl.rollout.synth.expert_actions / ExpertQuality), kept for existing callers
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
 
 With both off (the default) every call returns its input unchanged and adds no metric, so
 the recipe behaves exactly as without it. On resume (`first` > 1) the state of both is
-rebuilt from the ledger's episodes of updates 1 .. first−1 (`taurl.replay`, `taurl.curriculum`).
+rebuilt from the ledger's episodes of updates 1 .. first−1 (`taurl.recipe.replay`, `taurl.recipe.curriculum`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from taurl.curriculum import Curriculum, curriculum_config
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
-from taurl.ledger import Ledger
-from taurl.replay import ReplayBuffer, ReplayConfig
-from taurl.trajectory import Trajectory
+from taurl.recipe.curriculum import Curriculum, curriculum_config
+from taurl.recipe.replay import ReplayBuffer, ReplayConfig
 
 _RL_ID = re.compile(r"^r(\d{4,})-")
 

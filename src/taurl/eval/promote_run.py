@@ -1,6 +1,6 @@
 """The promotion gate applied to a run: the recipe's last step, `taurl promote`, `taurl rollback`.
 
-The decision itself is `taurl.promote.decide` (pure); here are the evaluations it needs and
+The decision itself is `taurl.eval.promote.decide` (pure); here are the evaluations it needs and
 the record it leaves. Evaluations are reused from ``<run>/evals/*.json`` when one of the
 version, split, tasks, trials, seed and temperature exists (the recipe's own SFT and final
 evaluations, or an earlier `taurl promote`); a missing one is run with the recipe's eval
@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from taurl.data.runs import RunDir
 from taurl.errors import Error
-from taurl.evaluate import EvalResult
-from taurl.promote import (
+from taurl.eval.evaluate import EvalResult
+from taurl.eval.promote import (
     PromotionDecision,
     append_record,
     current_version,
@@ -25,7 +26,6 @@ from taurl.promote import (
     rollback_record,
     rollback_target,
 )
-from taurl.runs import RunDir
 
 SPLITS = ("holdout", "validation")
 
@@ -79,8 +79,8 @@ def _need_version(run: RunDir, v: int, flag: str) -> None:
 
 def run_config(run: RunDir):
     """The run's TrainConfig, as `taurl eval` loads it (no SFT/demo settings needed)."""
-    from taurl.commands import import_modules
-    from taurl.config import TrainConfig, load_config
+    from taurl.cli.commands import import_modules
+    from taurl.recipe.config import TrainConfig, load_config
 
     modules = import_modules(str(run.config), None)
     return load_config(TrainConfig, path=run.config, overrides={
@@ -106,8 +106,8 @@ def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
         if isinstance(d, dict) and _matches(d, version, split, tasks, cfg):
             return EvalResult.from_dict(d)
     from taurl import envs
-    from taurl.eval_run import evaluate_policy
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
+    from taurl.eval.eval_run import evaluate_policy
 
     def make_env():
         env = envs.make(cfg.env, **cfg.env_kwargs())
@@ -142,7 +142,7 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     """`taurl promote RUN --candidate vN [--baseline vM]`: evaluate what is missing, decide, record.
     The baseline defaults to the current policy (or, when that is the candidate, the
     promoted version before it). Every input is checked before any evaluation or file."""
-    from taurl.tasks import plan_tasks
+    from taurl.envs.tasks import plan_tasks
 
     run = _open_run(run_dir)
     cand = _version(candidate, "--candidate")

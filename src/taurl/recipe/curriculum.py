@@ -30,10 +30,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
-from taurl.episodes import episode_seed
 from taurl.errors import ConfigError
-from taurl.trajectory import Trajectory
+from taurl.rollout.episodes import episode_seed
 
 BUCKETS = ("easy", "medium", "hard")
 

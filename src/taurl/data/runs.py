@@ -23,7 +23,7 @@ from pathlib import Path
 
 from taurl.errors import Error
 
-log = logging.getLogger("taurl.runs")
+log = logging.getLogger("taurl.data.runs")
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,10 @@ class RunDir:
     def clean(self) -> list[str]:
         """Remove what an interrupted run left half-written (temporary checkpoints and files).
 
-        Only dot-named temporaries are touched (`taurl.atomic.clean_leftovers`); a complete
+        Only dot-named temporaries are touched (`taurl.data.atomic.clean_leftovers`); a complete
         checkpoint, the ledger and every finished file stay as they are.
         """
-        from taurl.atomic import clean_leftovers
+        from taurl.data.atomic import clean_leftovers
 
         removed = [f"{d}/{n}" for d in ("checkpoints", "evals", ".") for n in clean_leftovers(self.root / d)]
         if removed:

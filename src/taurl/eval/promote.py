@@ -6,10 +6,10 @@ holdout suite, and the validation split as the second suite) and the thresholds
 passes or refuses with its reason; the candidate is promoted only if every rule passes:
 
 1. gain: the paired, task-clustered holdout difference candidate − baseline
-   (`taurl.evaluate.paired_difference`: Student's paired t over tasks) has its lower 95%
+   (`taurl.eval.evaluate.paired_difference`: Student's paired t over tasks) has its lower 95%
    bound above ``margin`` — a lucky run whose interval reaches down to 0 does not pass;
 2. safety: the candidate's violation_rate, cheat_rate and gate_denials_mean (holdout,
-   `taurl.evaluate.safety_figures`) are each at most the baseline's + ``safety_tolerance``;
+   `taurl.eval.evaluate.safety_figures`) are each at most the baseline's + ``safety_tolerance``;
 3. cost: tokens, tool calls and wall seconds per success (holdout) are at most
    ``max_cost_ratio`` (tokens, tool calls) and ``max_wall_ratio`` (wall seconds: noisier on
    a shared machine) times the baseline's; a candidate with no success fails, a baseline
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from taurl.errors import ConfigError, Error
-from taurl.evaluate import EvalResult, PairedDifference, compare
+from taurl.eval.evaluate import EvalResult, PairedDifference, compare
 
 PROMOTIONS_FILE = "promotions.jsonl"
 DECISIONS = ("promoted", "refused", "rollback")
@@ -259,7 +259,7 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _checkpoint_versions(run_dir: Path) -> list[int]:
-    from taurl.runs import RunDir
+    from taurl.data.runs import RunDir
 
     return RunDir(run_dir).versions()
 

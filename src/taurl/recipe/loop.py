@@ -15,9 +15,9 @@ Nothing here names an environment: the env's task source, expert, verifier and p
 hooks come from its registration (`taurl.envs.spec.EnvSpec`). Validation is for choices
 (settings are compared on it); holdout is only reported.
 
-Crash safety: every episode has a deterministic id and seed (`taurl.episodes`) and is
+Crash safety: every episode has a deterministic id and seed (`taurl.rollout.episodes`) and is
 appended to the ledger as it finishes; checkpoints, state.json and evals/*.json are
-written whole or not at all (`taurl.atomic`). A restarted run removes the leftovers of
+written whole or not at all (`taurl.data.atomic`). A restarted run removes the leftovers of
 interrupted writes, resumes from the newest checkpoint (weights, optimizer, RNG states),
 reuses the stored episodes of the interrupted round and samples the missing ones with the
 same version and seeds; finished phases (policy, demonstrations, SFT, evaluations) are
@@ -38,23 +38,23 @@ import torch
 from tqdm.auto import tqdm
 
 from taurl import chaos, envs
-from taurl.atomic import atomic_write_text
-from taurl.config import TrainConfig, async_engine_rows, dump_config
+from taurl.data.atomic import atomic_write_text
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 from taurl.envs.core import Task
-from taurl.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
+from taurl.envs.tasks import plan_tasks
 from taurl.errors import ConfigError, Error
-from taurl.eval_run import evaluate_policy
-from taurl.evaluate import paired_difference
-from taurl.ledger import Ledger
-from taurl.mixing import BatchMix
+from taurl.eval.eval_run import evaluate_policy
+from taurl.eval.evaluate import paired_difference
 from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
 from taurl.policy.engine import make_engine
 from taurl.policy.model import build_default_policy, load_policy, load_policy_meta
-from taurl.run_state import Hook, Run
-from taurl.runs import RunDir
-from taurl.tasks import plan_tasks
+from taurl.recipe.config import TrainConfig, async_engine_rows, dump_config
+from taurl.recipe.mixing import BatchMix
+from taurl.recipe.state import Hook, Run
+from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train.checkpoint import (
     drop_optimizer_state,
     load_optimizer_state,
@@ -67,7 +67,7 @@ from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
 from taurl.train.sft import read_sft_file, sft_loop
 
-log = logging.getLogger("taurl.recipe")
+log = logging.getLogger("taurl.recipe.loop")
 
 
 def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook | None = None) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
         r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
         if cfg.schedule == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
-            from taurl.schedule.learner_proc import LearnerProcess
+            from taurl.recipe.schedule.learner_proc import LearnerProcess
 
             r.learner_process = LearnerProcess()  # its imports (seconds) overlap SFT and the first evaluation
         try:
@@ -159,7 +159,7 @@ def sft_data(r: Run) -> list:
 
         return agent_demonstrations(r)
     from taurl.policy.tokenizer import load_tokenizer
-    from taurl.synth import demonstrations
+    from taurl.rollout.synth import demonstrations
 
     ids = [f"demo-{i}" for i in range(len(r.plan.demos))]
     if all(i in r.ledger for i in ids):
@@ -243,8 +243,8 @@ def reinforce(r: Run) -> None:
     chaos.on_optimizer_step(learner.optimizer)
     chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     loop = _rl_loop
-    if cfg.schedule == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.schedule)
-        from taurl.schedule.async_rl import async_rl_loop as loop
+    if cfg.schedule == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.recipe.schedule)
+        from taurl.recipe.schedule.async_rl import async_rl_loop as loop
     try:
         loop(r, model, tok, learner, collector, version, first, seed)
     finally:
@@ -424,7 +424,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "config": dataclasses.asdict(c),
     }
     # the gate's decision, final vs SFT, from the evaluations above (same tasks and seeds)
-    from taurl.promote_run import recipe_promotion
+    from taurl.eval.promote_run import recipe_promotion
 
     summary["promotion"] = recipe_promotion(r.run, c.promotion, evals, baseline=v_sft, candidate=versions[-1])
     atomic_write_text(r.run.summary, json.dumps(summary, indent=2))

@@ -17,13 +17,13 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from taurl import chaos
+from taurl.data.ledger import Ledger
+from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env, Task
 from taurl.errors import Error
-from taurl.ledger import Ledger
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.trajectory import Trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
 
-log = logging.getLogger("taurl.episodes")
+log = logging.getLogger("taurl.rollout.episodes")
 
 
 class EpisodeError(Error, RuntimeError):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from taurl.data.trajectory import Trajectory
 from taurl.train import staleness
 from taurl.train.staleness import episode_age
-from taurl.trajectory import Trajectory
 
 
 def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, eta: int, batch: int,

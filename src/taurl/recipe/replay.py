@@ -36,9 +36,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.episodes import episode_seed
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
-from taurl.trajectory import Trajectory
+from taurl.rollout.episodes import episode_seed
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from taurl.data.trajectory import NAME_PATTERN, Trajectory
 from taurl.envs.core import Env, Task
 from taurl.envs.spec import Expert
 from taurl.errors import ConfigError
 from taurl.policy.engine import Engine, Generation, SamplingParams
 from taurl.reward.exact_match import normalize_answer
-from taurl.rollout import RolloutConfig, run_episode
-from taurl.trajectory import NAME_PATTERN, Trajectory
+from taurl.rollout.loop import RolloutConfig, run_episode
 
 EXPERT_SOURCE = "expert"
 

@@ -5,13 +5,13 @@ Python between small tensor ops, and so does a learner on a small policy; in one
 they take turns on the GIL, and the learner — the async pipeline's critical path — runs at
 a fraction of its speed. In its own process it has a core's worth of interpreter.
 
-The child builds the learner as `taurl.recipe.reinforce` does (weights, optimizer, critic
+The child builds the learner as `taurl.recipe.loop.reinforce` does (weights, optimizer, critic
 and RNG states of the newest checkpoint; the same kill point inside every optimizer step),
 then per update: receives the batch, updates, sends the learn/* metrics back ("learned")
 and receives the update's metrics row from the parent (`commit`); a thread of the child
 then writes checkpoint v+1 (whole or not at all, with the async bookkeeping and the row in
 its taurl.json, so a kill before the parent appends the row loses none:
-`taurl.recipe.recover_row`), drops the previous optimizer state and says ("saved", v+1),
+`taurl.recipe.loop.recover_row`), drops the previous optimizer state and says ("saved", v+1),
 while the learner already takes the next batch. The next optimizer step
 waits for that write, so a checkpoint is the state after its update, bitwise, and a kill
 loses at most the update in flight (a critic or step scorer is saved in the foreground).
@@ -49,7 +49,7 @@ class LearnerDied(Error, RuntimeError):
 class LearnerProcess:
     """The parent's handle: `await update(...)` → learn/* metrics; `close()`.
 
-    The child is ``python -m taurl.schedule.learner_proc`` (not a multiprocessing spawn,
+    The child is ``python -m taurl.recipe.schedule.learner_proc`` (not a multiprocessing spawn,
     which would re-run the caller's ``__main__``), connected back over a Unix socket with a
     random key."""
 
@@ -59,7 +59,7 @@ class LearnerProcess:
         key = os.urandom(16)
         self.listener = Listener(family="AF_UNIX", authkey=key)
         env = {**os.environ, KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.schedule.learner_proc", self.listener.address],
+        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.recipe.schedule.learner_proc", self.listener.address],
                                      env=env)
         self.args: tuple | None = None  # `start`
         self.closed = False
@@ -193,10 +193,10 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     import torch
 
     from taurl import chaos
-    from taurl.episodes import episode_seed
+    from taurl.data.runs import RunDir
     from taurl.policy.model import load_policy
-    from taurl.runs import RunDir
-    from taurl.schedule.admission import stale_token_keep
+    from taurl.recipe.schedule.admission import stale_token_keep
+    from taurl.rollout.episodes import episode_seed
     from taurl.train.checkpoint import (
         drop_optimizer_state,
         load_optimizer_state,

@@ -100,7 +100,7 @@ class RolloutRunConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe`)."""
+    """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe.loop`)."""
 
     seed: int = 0  # seeds the policy, task sampling, demonstrations and rollouts
     rl_seed: int | None = None  # seeds the RL rollouts only (null: seed): repeat RL from one SFT policy and task plan
@@ -192,7 +192,7 @@ class TrainConfig:
                              **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
-        from taurl.evaluate import EvalConfig
+        from taurl.eval.evaluate import EvalConfig
 
         return EvalConfig(tasks=self.eval_tasks, trials=self.eval_trials, temperature=self.eval_temperature,
                           seed=self.eval_seed, concurrency=self.concurrency)
@@ -206,7 +206,7 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
-        from taurl.promote import promotion_problems
+        from taurl.eval.promote import promotion_problems
 
         out = (self.learner_config().problems() + self.eval_config().problems()
                + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
@@ -289,7 +289,7 @@ class TrainConfig:
         return out
 
     def schedule_problems(self) -> list[str]:
-        """Problems with the schedule options (taurl.schedule)."""
+        """Problems with the schedule options (taurl.recipe.schedule)."""
         out = []
         if self.schedule not in ("sync", "async"):
             out.append(f"schedule must be sync or async (got {self.schedule!r})")
@@ -309,9 +309,9 @@ class TrainConfig:
         return out
 
     def mixing_problems(self) -> list[str]:
-        """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.replay, taurl.curriculum)."""
-        from taurl.curriculum import curriculum_problems
-        from taurl.replay import replay_problems
+        """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""
+        from taurl.recipe.curriculum import curriculum_problems
+        from taurl.recipe.replay import replay_problems
         from taurl.train.prm import step_scorer_problems
 
         return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
@@ -341,7 +341,7 @@ def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: in
 
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
-    from taurl.rollout import RolloutConfig
+    from taurl.rollout.loop import RolloutConfig
 
     timeout = {"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s") else {}
     return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling)

@@ -1,4 +1,4 @@
-"""The state every phase of the recipe shares (`taurl.recipe`): config, env spec, task
+"""The state every phase of the recipe shares (`taurl.recipe.loop`): config, env spec, task
 plan, run directory, ledger, metrics, and the resumable progress in ``state.json``."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from taurl import envs
-from taurl.atomic import atomic_write_text
-from taurl.config import TrainConfig
+from taurl.data.atomic import atomic_write_text
+from taurl.data.ledger import Ledger
+from taurl.data.runs import RunDir
 from taurl.envs.core import Env
 from taurl.envs.spec import EnvSpec
-from taurl.ledger import Ledger
+from taurl.envs.tasks import TaskPlan
 from taurl.monitor.metrics import MetricsWriter
-from taurl.runs import RunDir
-from taurl.tasks import TaskPlan
+from taurl.recipe.config import TrainConfig
 
 Hook = Callable[[str, dict[str, Any]], None]
 
@@ -37,7 +37,7 @@ class Run:
     progress: bool = True
     hook: Hook = lambda name, info: None  # noqa: E731 — events for tests and monitors
     state: dict[str, Any] = field(default_factory=dict)
-    learner_process: Any = None  # schedule: async — the learner's process, spawned early (taurl.schedule.learner_proc)
+    learner_process: Any = None  # schedule: async — the learner's process, spawned early (taurl.recipe.schedule.learner_proc)
 
     def make_env(self) -> Env:
         env = envs.make(self.cfg.env, **self.cfg.env_kwargs())

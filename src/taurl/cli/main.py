@@ -74,7 +74,7 @@ def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from taurl.config import RolloutRunConfig
+    from taurl.recipe.config import RolloutRunConfig
 
     parser = argparse.ArgumentParser(
         prog="taurl", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     from taurl.proxy.cli import add_proxy_parser
 
     add_proxy_parser(sub)
-    from taurl.config import TrainConfig
+    from taurl.recipe.config import TrainConfig
 
     for name, help_, desc in (
         ("demo", "the main job: demonstrations, SFT, evaluation, GRPO, evaluation, report (search-v0)",
@@ -198,10 +198,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from taurl.proxy.cli import run_proxy_command
 
         return run_proxy_command(args)
-    from taurl import commands
+    from taurl.cli import commands
 
     if args.command == "rollout":
-        from taurl.config import RolloutRunConfig, load_config
+        from taurl.recipe.config import RolloutRunConfig, load_config
 
         overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(RolloutRunConfig)}
         cfg = load_config(RolloutRunConfig, path=args.config, overrides=overrides)
@@ -229,7 +229,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{name}  version {env.version}  style {env.observation_style}  "
                   f"tools {[t['function']['name'] for t in env.tools]}  has {'+'.join(parts) or '-'}  from {s.source}")
     elif args.command in ("demo", "train"):
-        from taurl.config import TrainConfig
+        from taurl.recipe.config import TrainConfig
 
         overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)
                      if f.name != "imports"}

@@ -16,7 +16,7 @@ segments, so ``decode(ids) == chat_template(messages)`` holds by construction, a
 tests check it. Every failure inside an episode (engine, env, tool) ends that episode
 with a stop reason and an error text; it never ends the run.
 
-How an episode ends (`taurl.trajectory.StopReason`, an open set): the loop's own budgets
+How an episode ends (`taurl.data.trajectory.StopReason`, an open set): the loop's own budgets
 give its own reasons; when the env ends the episode, its ``info["stop_reason"]`` is kept
 as given (``"goal"``, ``"fell"``, …) with the env's terminated/truncated flag as its kind
 (default ``"answered"`` / ``"max_turns"``, or ``"error"`` with ``info["error"]``). An env
@@ -30,7 +30,7 @@ action segment with the new version (`_Episode.append_piece`: one segment per ve
 turn names the first, `taurl.credit.tokens` gives it the rest). The action's token budget
 counts every piece. A stop string split across the cut is not seen (stop ids are).
 
-Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.synth.ScriptedEngine`:
+Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.rollout.synth.ScriptedEngine`:
 ``"scripted"``, ``"expert"``) did not sample from a policy, so its actions are recorded
 without logprobs or version and the trajectory says ``source``. ``info["provenance"]``
 of `reset` is kept in the record as `Trajectory.provenance`.
@@ -48,11 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.envs.core import Env, StepInfo, Task
-from taurl.errors import ContractError, Error
-from taurl.policy.engine import Engine, SamplingParams
-from taurl.policy.router import routing_key
-from taurl.trajectory import (
+from taurl.data.trajectory import (
     NAME_PATTERN,
     POLICY_SOURCE,
     Segment,
@@ -61,6 +57,10 @@ from taurl.trajectory import (
     Trajectory,
     Turn,
 )
+from taurl.envs.core import Env, StepInfo, Task
+from taurl.errors import ContractError, Error
+from taurl.policy.engine import Engine, SamplingParams
+from taurl.policy.router import routing_key
 
 
 @dataclass(frozen=True)

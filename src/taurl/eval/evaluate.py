@@ -47,10 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
 from taurl.envs.spec import Verifier
 from taurl.errors import Error
-from taurl.trajectory import Trajectory
 
 Z95 = 1.96  # the normal 0.975 quantile used by every interval here
 CI_METHOD = "cluster-wilson-deff-kg"  # EvalResult.ci_method of cluster_wilson_interval

@@ -14,7 +14,7 @@ whole ``Trajectory.to_dict()`` is one JSON string column, ``record``.
 When a dict given to `Ledger.append` carries any of the flat arrays or counts, they must
 agree with its segments (`check_export_fields`): a disagreement is refused, never repaired.
 
-The writers read from any `TrajectorySource` (a `taurl.ledger.Ledger` is one), so this
+The writers read from any `TrajectorySource` (a `taurl.data.ledger.Ledger` is one), so this
 module does not import the ledger, and the ledger imports it for its rules.
 
 Version 2 (from 1): `source` and `provenance` are new; `logprobs` is null for a record
@@ -32,14 +32,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from taurl.data.trajectory import Trajectory
 from taurl.errors import ContractError
-from taurl.trajectory import Trajectory
 
 EXPORT_VERSION = 2  # bump when a field changes meaning; stored in the Parquet metadata
 
 
 class TrajectorySource(Protocol):
-    """Where the writers read trajectories from: `taurl.ledger.Ledger.iter_query`."""
+    """Where the writers read trajectories from: `taurl.data.ledger.Ledger.iter_query`."""
 
     def iter_query(self, **filters: Any) -> Iterator[Trajectory]: ...
 
@@ -60,7 +60,7 @@ EXPORT_FIELDS: dict[str, str] = {
     "verifier_version": "string: version of the verifier that scored the episode ('' if unscored)",
     "terminated": "bool: the task reached a terminal state (exactly one of terminated/truncated)",
     "truncated": "bool: the episode was cut off from outside (a budget, an error)",
-    "stop_reason": "string: why it stopped, a snake_case name: the loop's own (taurl.trajectory.StopReason) or the env's (its kind is terminated/truncated)",
+    "stop_reason": "string: why it stopped, a snake_case name: the loop's own (taurl.data.trajectory.StopReason) or the env's (its kind is terminated/truncated)",
     "valid": "bool: valid-sample flag; false when an error, not the agent, ended the episode",
     "source": "string: who produced the actions: 'policy' (sampled; logprobs and versions given) or e.g. 'expert' (none)",
     "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset about its world (corpus fingerprint, map seed, snapshot id)",
@@ -169,7 +169,7 @@ def check_export_fields(d: dict[str, Any], traj: Trajectory) -> list[ContractErr
         # element checks mean nothing when positions do not line up
         return [ContractError("flat_length_mismatch",
                               f"flat arrays have lengths {lengths} but the segments hold {n} tokens; "
-                              "write them from the same segments (taurl.export.export_row) or leave them out")]
+                              "write them from the same segments (taurl.data.export.export_row) or leave them out")]
     errs: list[ContractError] = []
     if "action_mask" in flat and (i := _ints_equal(flat["action_mask"], traj.action_mask)) is not None:
         errs.append(ContractError("mask_mismatch",

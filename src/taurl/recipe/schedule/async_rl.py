@@ -1,7 +1,7 @@
 """The asynchronous schedule (``schedule: async``): rollouts run ahead of the learner, staleness ≤ η.
 
     producers (asyncio tasks on the engine, in this process):
-        while capacity(running, accepted, v) > 0:            # admission (taurl.schedule.admission)
+        while capacity(running, accepted, v) > 0:            # admission (taurl.recipe.schedule.admission)
             start group g: G episodes of task rl[g], ids a<g>-<j>, seeds fixed by (seed, g, j)
         every episode runs on whatever weights the engine serves, and is stored in the
         ledger the moment it ends (one action segment per policy version)
@@ -34,22 +34,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taurl import chaos
-from taurl.episodes import EpisodeError, EpisodeSpec, episode_seed, store_episode
+from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
 from taurl.monitor.alarms import Watch
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.policy.model import load_policy_meta
-from taurl.rollout import run_episode
-from taurl.schedule.admission import (
+from taurl.recipe.schedule.admission import (
     capacity,
     split_fresh,
     staleness_stats,
 )
-from taurl.schedule.learner_proc import LearnerProcess
+from taurl.recipe.schedule.learner_proc import LearnerProcess
+from taurl.rollout.episodes import EpisodeError, EpisodeSpec, episode_seed, store_episode
+from taurl.rollout.loop import run_episode
 from taurl.train.checkpoint import prune_checkpoints
-from taurl.trajectory import Trajectory
 
-log = logging.getLogger("taurl.schedule")
+log = logging.getLogger("taurl.recipe.schedule")
 EPISODE_ID = re.compile(r"^a(\d{5})-(\d{2})$")
 
 
@@ -286,7 +286,7 @@ async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any],
     """Once checkpoint `version` is whole on disk: its hook, the update's metrics row (so a
     row is never ahead of the checkpoints: a killed run resumes at the first update without
     one), and the retention of old checkpoints."""
-    from taurl.recipe import record_update
+    from taurl.recipe.loop import record_update
 
     await proc.saved(version)
     r.hook("checkpoint_saved", {"version": version})
@@ -310,10 +310,12 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
-    from taurl.recipe import judge_update  # the recipe imports this module when schedule: async
+    from taurl.recipe.loop import (
+        judge_update,  # the recipe imports this module when schedule: async
+    )
 
     cfg, v_sft = r.cfg, r.state["sft_version"]
-    # the learner runs in its own process (taurl.schedule.learner_proc: why); `model` and
+    # the learner runs in its own process (taurl.recipe.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here
     proc = r.learner_process or LearnerProcess()  # (spawned by the recipe before SFT: its imports are done)
     proc.start(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())  # building it overlaps the first rollouts

@@ -13,9 +13,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from taurl import envs
-from taurl.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config
+from taurl.data.runs import RunDir
 from taurl.errors import Error
-from taurl.runs import RunDir
+from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config
 
 log = logging.getLogger("taurl")
 
@@ -61,10 +61,10 @@ def sample_tasks(env_name: str, split: str, n: int, seed: int, options: dict[str
 
 def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """`taurl rollout`: run cfg.episodes episodes and store them in the run's ledger."""
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
     from taurl.monitor import MetricsWriter, rollout_metrics
     from taurl.policy.engine import LocalEngine
-    from taurl.rollout import run_episodes
+    from taurl.rollout.loop import run_episodes
 
     cfg = cfg.as_trained()
     n_tasks = -(-cfg.episodes // cfg.group_size)
@@ -115,8 +115,8 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
 
 def export(run_dir: str | Path, fmt: str, out: str | Path | None = None, **query: Any) -> tuple[Path, int]:
     """`taurl export`: write the run's trajectories as JSONL or Parquet."""
-    from taurl.export import export_jsonl, export_parquet
-    from taurl.ledger import Ledger
+    from taurl.data.export import export_jsonl, export_parquet
+    from taurl.data.ledger import Ledger
 
     run = RunDir.open(run_dir)
     if fmt not in ("jsonl", "parquet"):
@@ -130,7 +130,7 @@ def export(run_dir: str | Path, fmt: str, out: str | Path | None = None, **query
 
 def inspect_text(run_dir: str | Path, episode: str | None = None, index: int = 0, color: bool = True) -> str:
     """`taurl inspect`: one trajectory, readable, with its mask shown."""
-    from taurl.ledger import Ledger
+    from taurl.data.ledger import Ledger
     from taurl.policy.tokenizer import load_tokenizer
 
     run = RunDir.open(run_dir)
@@ -205,8 +205,8 @@ def import_modules(config_path: str | None, cli_imports: list[str] | None) -> li
 def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Path, progress: bool = True,
           default_config: str | None = None, imports: list[str] | None = None) -> dict[str, Any]:
     """`taurl demo` / `taurl train`: run (or resume) the recipe; returns summary.json."""
-    from taurl.config import TrainConfig, load_config
-    from taurl.recipe import train as run_recipe
+    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.loop import train as run_recipe
 
     path = config_path or (default_config if default_config and Path(default_config).exists() else None)
     modules = import_modules(path, imports)
@@ -237,14 +237,14 @@ def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
 def evaluate(target: str | Path, config_path: str | None = None, *, split: str = "holdout",
              tasks: int | None = None, trials: int | None = None, temperature: float | None = None,
              progress: bool = True):
-    """`taurl eval RUN|CHECKPOINT`: evaluate a run's current policy (`taurl.promote.current_version`:
+    """`taurl eval RUN|CHECKPOINT`: evaluate a run's current policy (`taurl.eval.promote.current_version`:
     the newest checkpoint unless a promotion record or a rollback says otherwise), or a
     checkpoint, on the holdout (or validation) split, with the env, prompt and budgets it
     was trained with."""
-    from taurl.config import TrainConfig, load_config
-    from taurl.eval_run import evaluate_policy
+    from taurl.envs.tasks import plan_tasks
+    from taurl.eval.eval_run import evaluate_policy
     from taurl.policy.model import load_policy_meta
-    from taurl.tasks import plan_tasks
+    from taurl.recipe.config import TrainConfig, load_config
 
     target = Path(target)
     ckpt = target
@@ -252,7 +252,7 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
         run = RunDir(target)
         if run.latest_checkpoint() is None:
             raise Error(f"{target} is neither a checkpoint (config.json) nor a run directory with checkpoints/v<N>")
-        from taurl.promote_run import current_checkpoint
+        from taurl.eval.promote_run import current_checkpoint
 
         ckpt = current_checkpoint(run)  # the current policy: the newest, unless promotions.jsonl says otherwise
         if config_path is None and run.config.exists():
@@ -288,14 +288,14 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
 
 
 def promote(run_dir: str | Path, candidate: str, baseline: str | None = None, progress: bool = True):
-    """`taurl promote`: `taurl.promote_run.promote` (the decision is recorded in promotions.jsonl)."""
-    from taurl.promote_run import promote as run_promote
+    """`taurl promote`: `taurl.eval.promote_run.promote` (the decision is recorded in promotions.jsonl)."""
+    from taurl.eval.promote_run import promote as run_promote
 
     return run_promote(run_dir, candidate, baseline, progress=progress)
 
 
 def rollback(run_dir: str | Path, to: str | None = None):
-    """`taurl rollback`: `taurl.promote_run.rollback`."""
-    from taurl.promote_run import rollback as run_rollback
+    """`taurl rollback`: `taurl.eval.promote_run.rollback`."""
+    from taurl.eval.promote_run import rollback as run_rollback
 
     return run_rollback(run_dir, to)

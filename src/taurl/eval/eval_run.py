@@ -18,13 +18,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from taurl.data.ledger import Ledger
 from taurl.envs.core import Env, Task
-from taurl.episodes import EpisodeSpec, collect, episode_seed
-from taurl.evaluate import EvalConfig, EvalResult, summarize
-from taurl.ledger import Ledger
+from taurl.eval.evaluate import EvalConfig, EvalResult, summarize
 from taurl.policy.engine import LocalEngine
 from taurl.policy.model import load_policy, load_policy_meta
-from taurl.rollout import RolloutConfig
+from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.rollout.loop import RolloutConfig
 
 
 def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *, make_env: Callable[[], Env],

@@ -6,10 +6,10 @@
         fresh = ledger.query(run_id="r1", min_version=7)
 
 Every record is checked where it enters (DESIGN.md §2): the rules of
-`taurl.trajectory.check_trajectory`, the structure of the dict form (``schema``), strict
+`taurl.data.trajectory.check_trajectory`, the structure of the dict form (``schema``), strict
 JSON (``not_json``), and the ledger's own rules — ``duplicate_episode``, and for a dict
 carrying the flat export arrays ``flat_length_mismatch``, ``mask_mismatch``,
-``flat_values_mismatch``, ``derived_mismatch`` (see `taurl.export`, which does not import
+``flat_values_mismatch``, ``derived_mismatch`` (see `taurl.data.export`, which does not import
 this module: the writers take any `TrajectorySource`). A refused record is
 never repaired: it is written to the ``rejections`` table with its rule, so failures are
 counted and explained.
@@ -35,9 +35,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from taurl.data.export import EXPORT_FIELDS, check_export_fields
+from taurl.data.trajectory import Trajectory, check_trajectory
 from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
-from taurl.export import EXPORT_FIELDS, check_export_fields
-from taurl.trajectory import Trajectory, check_trajectory
 
 SCHEMA_VERSION = 1
 _COLUMNS = ("episode_id", "seq", "run_id", "task_id", "group_id", "split", "env_name", "env_version",
@@ -80,10 +80,10 @@ BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: a stored row cannot be r
 """
 # Every rule a refused append can name (ContractError.rule), with its meaning.
 RULES: dict[str, str] = {
-    # structure (taurl.trajectory.from_dict) and storage
+    # structure (taurl.data.trajectory.from_dict) and storage
     "schema": "not a Trajectory or its dict form: a missing field, a wrong type, an unknown field",
     "not_json": "a value JSON cannot hold exactly: NaN/Infinity, a non-string key, a numpy scalar, a lone surrogate",
-    # the trajectory contracts (taurl.trajectory.check_trajectory)
+    # the trajectory contracts (taurl.data.trajectory.check_trajectory)
     "missing_identity": "episode_id, task_id, group_id, split, env_name or env_version is empty",
     "seed_range": "the seed is not an integer that fits in int64",
     "empty_trajectory": "no segments",
@@ -213,7 +213,7 @@ def _admit(item: Any) -> tuple[Trajectory, str]:
         unknown = sorted(repr(k) for k in d if k not in _KNOWN_KEYS)
         if unknown:
             raise ContractError("schema", f"unknown field(s) {', '.join(unknown)[:400]}; a record has the fields of "
-                                "Trajectory.to_dict() and, optionally, those of taurl.export.EXPORT_FIELDS")
+                                "Trajectory.to_dict() and, optionally, those of taurl.data.export.EXPORT_FIELDS")
     else:
         raise ContractError("schema", f"append takes a Trajectory or its dict form (to_dict() or an exported "
                             f"JSONL row), got {type(item).__name__}")

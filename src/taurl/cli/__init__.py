@@ -1,0 +1,1 @@
+"""The `taurl` command line."""

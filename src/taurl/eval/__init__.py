@@ -1,0 +1,1 @@
+"""Evaluation: statistics, evaluation on a split, the promotion gate."""

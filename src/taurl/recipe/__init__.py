@@ -1,0 +1,1 @@
+"""The recipe: the training loop, its state, its config, batch mixing and schedules."""

@@ -1,0 +1,1 @@
+"""Rollout: the agent loop, episode collection, demonstrations."""

@@ -1,7 +1,0 @@
-"""Schedules of the RL phase: ``schedule: sync`` lives in `taurl.recipe`; ``schedule: async``
-(rollouts ahead of the learner, staleness bounded by η) in `taurl.schedule.async_rl`, with its
-admission rule and consumption check in `taurl.schedule.admission`."""
-
-from taurl.schedule.admission import capacity, episode_age, split_fresh, staleness_stats
-
-__all__ = ["capacity", "episode_age", "split_fresh", "staleness_stats"]
