@@ -63,7 +63,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
     """`taurl rollout`: run cfg.episodes episodes and store them in the run's ledger."""
     from taurl.data.ledger import Ledger
     from taurl.monitor import MetricsWriter, rollout_metrics
-    from taurl.policy.engine import LocalEngine
+    from taurl.policy.local_engine import LocalEngine
     from taurl.rollout.loop import run_episodes
 
     cfg = cfg.as_trained()

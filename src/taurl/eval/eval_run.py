@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from taurl.data.ledger import Ledger
 from taurl.envs.core import Env, Task
 from taurl.eval.evaluate import EvalConfig, EvalResult, summarize
-from taurl.policy.engine import LocalEngine
+from taurl.policy.local_engine import LocalEngine
 from taurl.policy.model import load_policy, load_policy_meta
 from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
 from taurl.rollout.loop import RolloutConfig

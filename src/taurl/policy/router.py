@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from taurl.errors import EngineError
-from taurl.policy.engine import Engine, EngineHealth, Generation, SamplingParams
+from taurl.policy.protocol import Engine, EngineHealth, Generation, SamplingParams
 
 routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("taurl_routing_key", default=None)
 

@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from taurl.errors import EngineError
-from taurl.policy.engine import EngineHealth, Generation, SamplingParams, check_pause_mode
 from taurl.policy.http import HTTPError, Response, request
+from taurl.policy.protocol import EngineHealth, Generation, SamplingParams, check_pause_mode
 
 log = logging.getLogger(__name__)
 

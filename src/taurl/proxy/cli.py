@@ -27,7 +27,7 @@ def add_proxy_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_proxy_command(args: argparse.Namespace) -> int:
-    from taurl.policy.engine import LocalEngine
+    from taurl.policy.local_engine import LocalEngine
     from taurl.policy.model import load_policy, load_policy_meta, policy_problems
     from taurl.proxy.server import ProxyLimits, ProxyServer
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from taurl.envs.core import Task
-from taurl.policy.engine import Generation, SamplingParams
+from taurl.policy.protocol import Generation, SamplingParams
 
 DEFAULT_EXPERTS = {"search-v0": "taurl.proxy.experts:search_tool_expert"}
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from taurl.data.trajectory import ToolReceipt
 from taurl.errors import Error
-from taurl.policy.engine import SamplingParams
+from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
 

@@ -49,7 +49,7 @@ from taurl.eval.evaluate import paired_difference
 from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
-from taurl.policy.engine import make_engine
+from taurl.policy.factory import make_engine
 from taurl.policy.model import build_default_policy, load_policy, load_policy_meta
 from taurl.recipe.config import TrainConfig, async_engine_rows, dump_config
 from taurl.recipe.mixing import BatchMix

@@ -59,7 +59,7 @@ from taurl.data.trajectory import (
 )
 from taurl.envs.core import Env, StepInfo, Task
 from taurl.errors import ContractError, Error
-from taurl.policy.engine import Engine, SamplingParams
+from taurl.policy.protocol import Engine, SamplingParams
 from taurl.policy.router import routing_key
 
 

@@ -40,7 +40,7 @@ from taurl.data.trajectory import NAME_PATTERN, Trajectory
 from taurl.envs.core import Env, Task
 from taurl.envs.spec import Expert
 from taurl.errors import ConfigError
-from taurl.policy.engine import Engine, Generation, SamplingParams
+from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.reward.exact_match import normalize_answer
 from taurl.rollout.loop import RolloutConfig, run_episode
 

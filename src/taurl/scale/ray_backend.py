@@ -59,7 +59,7 @@ class RolloutWorker:
         import torch
 
         from taurl import envs
-        from taurl.policy.engine import make_engine
+        from taurl.policy.factory import make_engine
         from taurl.policy.tokenizer import load_tokenizer
 
         envs.import_env_modules(cfg.imports)  # a worker process must register the same envs

@@ -1,0 +1,66 @@
+"""Build an engine from its config key: ``local``, ``vllm``, or several behind a router."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from taurl.errors import EngineError
+from taurl.policy.protocol import Engine
+
+
+def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, version: int,
+                **options: Any) -> Engine:
+    """The engine named `kind` serving the checkpoint at `checkpoint_dir` as `version`.
+
+    kind "local": `LocalEngine` in this process over its own copy of the weights; options
+      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens, slim_decode).
+    kind "vllm": `VLLMEngine` over a vLLM OpenAI-compatible server; options are
+      `VLLMEngine.from_options`'s (url, or python to start a local server; ...). The
+      server is made to serve `checkpoint_dir` as `version` before this returns.
+    Several engines behind one (`taurl.policy.router.EngineRouter`: an episode sticks to
+    one, new episodes go to the least loaded): ``replicas: N`` (N engines of `kind`, e.g.
+    N local vLLM servers), or for vllm ``url: [URL, ...]`` (one client per server).
+    """
+    replicas = options.pop("replicas", 1)
+    urls = options.get("url")
+    if isinstance(urls, (list, tuple)) or replicas != 1:
+        from taurl.policy.router import EngineRouter  # lazy: only a multi-engine config
+
+        if not isinstance(replicas, int) or replicas < 1:
+            raise EngineError(f"engine_options replicas must be an integer >= 1, got {replicas!r}")
+        if isinstance(urls, (list, tuple)):
+            if kind != "vllm" or replicas != 1:
+                raise EngineError("engine_options url as a list is for engine 'vllm', without replicas")
+            per = [{**options, "url": u} for u in urls]
+        else:
+            per = [dict(options) for _ in range(replicas)]
+            for i, o in enumerate(per):  # servers taurl starts: one cache and log directory each
+                if isinstance(o.get("server_options"), dict) and o["server_options"].get("cache_dir"):
+                    o["server_options"] = {**o["server_options"],
+                                           "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
+        engines: list[Engine] = []
+        try:
+            for o in per:
+                engines.append(make_engine(kind, checkpoint_dir, tokenizer, version=version, **o))
+        except BaseException:
+            for e in engines:
+                e.close()
+            raise
+        return EngineRouter(engines)
+    if kind == "local":
+        from taurl.policy.local_engine import LocalEngine
+        from taurl.policy.model import load_policy
+
+        model, _ = load_policy(checkpoint_dir)
+        allowed = {"max_batch_size", "seed", "max_context", "prefix_cache_tokens", "slim_decode"}
+        if unknown := sorted(set(options) - allowed):
+            raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "
+                              f"it takes {sorted(allowed)}")
+        return LocalEngine(model, tokenizer, version=version, **options)
+    if kind == "vllm":
+        from taurl.policy.vllm_engine import VLLMEngine  # lazy: imports httpx, spawns servers
+
+        return VLLMEngine.from_options(checkpoint_dir, tokenizer, version=version, **options)
+    raise EngineError(f"unknown engine {kind!r}; choose 'local' or 'vllm'")
+
