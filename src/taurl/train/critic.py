@@ -103,7 +103,7 @@ class Critic:
         return v.gather(1, pos.to(device)), v.gather(1, last.to(device)[:, None]).squeeze(1)
 
     def _chunks(self, trajs: Sequence[Trajectory]) -> list[list[int]]:
-        from taurl.train.learner import micro_batches  # the learner's length buckets
+        from taurl.train.rows import micro_batches  # the learner's length buckets
 
         return micro_batches(trajs, self.config.micro_batch_tokens)
 

@@ -22,13 +22,8 @@ of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` / ``learn/is_weight_max_raw``. 
 also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour logprobs,
 `taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.train.staleness`).
 
-Logits come from the model's own forward (``model(...).logits``), never from its decoder
-and output layer called apart, so any HF causal LM works as it was built: GPT-2's
-``transformer``/``lm_head`` naming, GPT-NeoX's ``embed_out``, final-logit scaling or
-soft-capping (Gemma 2, Cohere, Granite) applied inside the forward. The forward is asked
-for the logits of the positions that predict an action token only (``logits_to_keep``
-with those columns, where the model accepts it), which is most of the saving on a small
-model; logprobs are scattered back to (B, L) so the objectives keep their aligned shapes.
+The rows, their logprobs and the micro-batches are `taurl.train.rows`'s; the SFT step is
+`taurl.train.sft.sft_step` (both stay importable from here).
 
 The RL update runs with the model in eval mode: dropout (GPT-2 ships with 0.1) would make
 π_θ in the ratio a different, noisy function from the one the engine sampled with, so the
@@ -54,16 +49,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from taurl.credit import (
     Credit,
     TurnBatch,
-    broadcast_to_tokens,
     estimator_problems,
     make_estimator,
     needs_values,
-    padded_token_turn_index,
     zero_advantage_filter,
 )
 from taurl.credit.batch import drop_invalid
@@ -74,6 +66,15 @@ from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
+from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
+    MICRO_BATCH_COST_TOKENS,
+    Rows,
+    action_logprobs,
+    make_rows,
+    micro_batches,
+    model_device,
+)
+from taurl.train.sft import sft_step  # noqa: F401
 from taurl.train.staleness import staleness_stats
 
 
@@ -163,138 +164,6 @@ class LearnerConfig:
         base["norm_constant"] = self.loss_norm_constant()
         return {**{k: v for k, v in base.items() if k in params}, **self.objective_options}
 
-
-# ---------------------------------------------------------------------------------------
-# Tensors of a micro-batch
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Right-padded rows of trajectories. All (B, L); mask is 1 on action tokens only."""
-
-    input_ids: Tensor  # long
-    attention: Tensor  # long, 1 on real tokens
-    mask: Tensor  # float, the action mask
-    behaviour: Tensor  # float, behaviour logprobs (0 off the mask)
-    advantages: Tensor  # float, per-token advantages (0 off the mask)
-
-
-def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int,
-              device: torch.device | str | None = None,
-              token_keep: Callable[[Trajectory], Sequence[float]] | None = None) -> Rows:
-    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT).
-    token_keep(traj): per-token weights multiplied into the action mask (e.g. the async
-    schedule's ``mask_stale``: 0 on the older versions' part of a partial rollout)."""
-    width = max(t.num_tokens for t in trajs)
-    n = len(trajs)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width))
-    beh = torch.zeros((n, width))
-    for i, t in enumerate(trajs):
-        k = t.num_tokens
-        ids[i, :k] = torch.tensor(t.token_ids)
-        attn[i, :k] = 1
-        mask[i, :k] = torch.tensor(t.action_mask, dtype=torch.float32)
-        if token_keep is not None:
-            mask[i, :k] *= torch.tensor(token_keep(t), dtype=torch.float32)
-        # an RL row forms a ratio: a record no policy sampled (a demonstration) has no
-        # behaviour logprobs and is refused here (ContractError) instead of reading zeros
-        beh[i, :k] = torch.tensor(t.behaviour_logprobs if advantages is not None else t.logprobs,
-                                  dtype=torch.float32)
-    adv = torch.zeros((n, width))
-    if advantages is not None:
-        adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
-    rows = Rows(ids, attn, mask, beh, adv)
-    if device is None:
-        return rows
-    return Rows(*(x.to(device) for x in (ids, attn, mask, beh, adv)))
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of the model's first parameter (where its inputs must go)."""
-    return next(model.parameters()).device
-
-
-def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0,
-                    with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """log π(x_t | x_<t) (B, L) at action positions (0 elsewhere), and the entropy there.
-
-    One call of the model's own forward. Positions are explicit, ``p_t = Σ_{s<=t} a_s − 1``
-    (a = attention), so the rows may be padded on either side. Only the columns whose *next*
-    token is an action token in some row are turned into logits (logits at t−1 predict
-    token t), as in `taurl.train.objectives.sequence_logprobs` without the (B, L, V) logits.
-    """
-    sel = rows.mask[:, 1:].bool()  # (B, L-1): token t+1 is an action token
-    cols = sel.any(0).nonzero().squeeze(-1)  # (C,) columns any row needs
-    lp = torch.zeros(rows.mask.shape, device=rows.mask.device)
-    ent = torch.zeros_like(lp) if with_entropy else None
-    if cols.numel() == 0:
-        return lp, ent
-    params = _forward_params(model)
-    kw: dict[str, Any] = {"attention_mask": rows.attention}
-    if "position_ids" in params:
-        kw["position_ids"] = (rows.attention.cumsum(-1) - 1).clamp(min=0)
-    if "logits_to_keep" in params:
-        kw["logits_to_keep"] = cols
-    logits = model(input_ids=rows.input_ids, **kw).logits  # (B, C, V), or (B, L, V) without logits_to_keep
-    if "logits_to_keep" not in params:
-        logits = logits[:, cols]
-    logits = logits[sel[:, cols]].float() / temperature  # (K, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, rows.input_ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)  # (K,)
-    lp = lp.to(picked.dtype)
-    lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
-    if ent is not None:
-        h = -(logp_all.exp() * logp_all).sum(-1)
-        ent = ent.to(h.dtype)
-        ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
-    return lp, ent
-
-
-def _forward_params(model: torch.nn.Module) -> Any:
-    # a wrapper (DDP, compile) forwards to the module it wraps
-    inner = getattr(model, "module", model)
-    return inspect.signature(inner.forward).parameters
-
-
-# A micro-batch's fixed cost (one forward + backward call), in padded tokens: the partition
-# below trades a little padding for fewer calls. Measured on the demo policy: a call costs
-# about as much as 30-60 padded tokens on one CPU thread.
-MICRO_BATCH_COST_TOKENS = 64
-
-
-def micro_batches(trajs: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
-    """Indices of `trajs` cut into length buckets of at most `max_tokens` padded tokens.
-
-    Sorted by length, then cut where the padded total is smallest: a bucket of rows
-    sorted ascending costs ``len(bucket) * longest + MICRO_BATCH_COST_TOKENS``, and the
-    cuts minimise the sum over buckets by dynamic programming over the sorted lengths
-    (the optimal partition into contiguous runs; O(n * rows per bucket)). A greedy fill
-    (one bucket until the next row would not fit) put a 220-token row beside 40-token ones
-    on the demo batch: 50% padding, against 9% here. A row longer than `max_tokens` is a
-    bucket of its own.
-    """
-    order = sorted(range(len(trajs)), key=lambda i: trajs[i].num_tokens)
-    lens = [trajs[i].num_tokens for i in order]
-    n = len(lens)
-    best = [0.0] + [float("inf")] * n  # best[i]: the cheapest cut of the first i sorted rows
-    cut = [0] * (n + 1)
-    for i in range(1, n + 1):  # the last bucket is order[j:i]; its widest row is lens[i - 1]
-        width = lens[i - 1]
-        for j in range(i - 1, -1, -1):
-            size = i - j
-            if size > 1 and size * width > max_tokens:
-                break
-            cost = best[j] + size * width + MICRO_BATCH_COST_TOKENS
-            if cost < best[i]:
-                best[i], cut[i] = cost, j
-    out: list[list[int]] = []
-    i = n
-    while i > 0:
-        out.append(order[cut[i]:i])
-        i = cut[i]
-    return out[::-1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -533,41 +402,3 @@ def _fresh_rows(trajs: Sequence[Trajectory], version: int, like: torch.Tensor) -
     """(N,) 1.0 where every action of the row was sampled by `version` (the learner's weights)."""
     return torch.tensor([min(t.policy_versions, default=-1) == version for t in trajs],
                         dtype=like.dtype, device=like.device)
-
-
-# ---------------------------------------------------------------------------------------
-# SFT with the same masks, micro-batches and output-layer saving
-
-
-def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *,
-             pad_id: int, grad_clip: float = 1.0, micro_batch_tokens: int = 6144) -> dict[str, float]:
-    """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
-
-    Exactly the action mask of RL; the batch is cut into length-bucketed micro-batches
-    whose gradients are accumulated with the global token count as denominator. Invalid
-    samples are left out (counted as ``sft/invalid_samples_dropped``); a batch of nothing
-    but invalid samples takes no step.
-    """
-    sft = make_objective("sft")
-    trajs, dropped = drop_invalid(trajs)
-    if not trajs:
-        return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
-                "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
-    chunks = micro_batches(trajs, micro_batch_tokens)
-    device = model_device(model)
-    rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
-    n_tok = sum(float(r.mask.sum()) for r in rows)
-    model.train()  # SFT keeps the model's dropout (module docstring)
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for r in rows:
-        lp, _ = action_logprobs(model, r)
-        loss, _ = sft(lp, r.mask, denominator=max(n_tok, 1.0))
-        loss.backward()
-        total += float(loss.detach())
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    model.eval()
-    return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok,
-            "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 0.0}
-

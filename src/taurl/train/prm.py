@@ -140,7 +140,7 @@ class ImplicitPRM:
 
     # -- φ -------------------------------------------------------------------------------
     def _rows_logprobs(self, trajs: Sequence[Trajectory], grad: bool) -> list[tuple[list[int], Any, Any]]:
-        from taurl.train.learner import action_logprobs, make_rows, micro_batches, model_device
+        from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_device
 
         device = model_device(self.model)
         out = []
@@ -189,7 +189,7 @@ class ImplicitPRM:
         return {**stats, **sums, "learn/prm_steps": float(cfg.steps)}
 
     def _side(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, Any]:
-        from taurl.train.learner import action_logprobs, make_rows, model_device
+        from taurl.train.rows import action_logprobs, make_rows, model_device
 
         rows = make_rows(trajs, np.zeros((len(trajs), max(len(t.turns) for t in trajs))), self.pad_id,
                          model_device(self.model))

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on trajectories, with exactly the action mask of RL.
 
-Each step is `taurl.train.learner.sft_step`: the token-mean negative log-likelihood of the
+Each step is `sft_step` (below): the token-mean negative log-likelihood of the
 action tokens (mask 1) given everything before them; prompt, observation and template
 tokens are context only:
 
@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from taurl.credit.batch import drop_invalid
 from taurl.data.trajectory import Trajectory
-from taurl.train.learner import sft_step
+from taurl.train.objectives import make_objective
+from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_device
 
 log = logging.getLogger("taurl.sft")
 
@@ -115,3 +117,36 @@ def read_sft_file(path: str, env: str) -> list:
         raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; see the log)")
     log.info("SFT on %d trajectories of %s (%d rows left out)", len(keep), path, len(bad))
     return keep
+
+
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *,
+             pad_id: int, grad_clip: float = 1.0, micro_batch_tokens: int = 6144) -> dict[str, float]:
+    """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
+
+    Exactly the action mask of RL; the batch is cut into length-bucketed micro-batches
+    whose gradients are accumulated with the global token count as denominator. Invalid
+    samples are left out (counted as ``sft/invalid_samples_dropped``); a batch of nothing
+    but invalid samples takes no step.
+    """
+    sft = make_objective("sft")
+    trajs, dropped = drop_invalid(trajs)
+    if not trajs:
+        return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
+                "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
+    chunks = micro_batches(trajs, micro_batch_tokens)
+    device = model_device(model)
+    rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
+    n_tok = sum(float(r.mask.sum()) for r in rows)
+    model.train()  # SFT keeps the model's dropout (module docstring)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for r in rows:
+        lp, _ = action_logprobs(model, r)
+        loss, _ = sft(lp, r.mask, denominator=max(n_tok, 1.0))
+        loss.backward()
+        total += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    model.eval()
+    return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok,
+            "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 0.0}
