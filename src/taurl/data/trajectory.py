@@ -40,12 +40,12 @@ and written by the JSONL export.
 
 from __future__ import annotations
 
-import functools
 import math
-import re
-from dataclasses import MISSING, _asdict_inner, dataclass, field, fields  # type: ignore[attr-defined]
-from typing import Any, ClassVar
+from dataclasses import _asdict_inner, dataclass, field, fields  # type: ignore[attr-defined]
+from typing import Any
 
+from taurl.data.json_fields import _NUM, _fields, _is, _num_map, _spec
+from taurl.data.stop_reason import NAME_PATTERN, StopReason
 from taurl.errors import ContractError
 
 SEGMENT_KINDS = ("prompt", "action", "observation", "template")
@@ -53,87 +53,6 @@ INT32_MAX = 2**31 - 1  # token ids and policy versions are exported as int32
 
 
 POLICY_SOURCE = "policy"  # `Trajectory.source` of records an engine sampled
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # stop reasons and sources: snake_case
-
-
-class _Reasons(type):
-    """Iterating `StopReason` gives the loop's own reasons, as iterating an Enum would."""
-
-    def __iter__(cls):
-        return iter(cls.LOOP)
-
-    def __len__(cls) -> int:
-        return len(cls.LOOP)
-
-
-class StopReason(str, metaclass=_Reasons):
-    """Why an episode ended: a snake_case name (an open set).
-
-    The loop's own reasons are the class constants; their kind is fixed (`ANSWERED` and
-    `NO_ANSWER` are terminations, the rest truncations) and `StopReason(name)` returns the
-    constant itself, so ``reason is StopReason.ERROR`` works. Any other name is an env's
-    own (``"goal"``, ``"fell"``, ``"timeout"``): its `kind` is None here, and the record's
-    terminated/truncated flags say which kind it was. ``reason.value`` is the name.
-
-    >>> StopReason("goal").value, StopReason("goal").kind, StopReason.ANSWERED.kind
-    ('goal', None, 'termination')
-    """
-
-    __slots__ = ()
-    ANSWERED: ClassVar[StopReason]  # the agent gave a final answer
-    NO_ANSWER: ClassVar[StopReason]  # the agent ended its turn (EOS) without a final answer
-    MAX_TURNS: ClassVar[StopReason]  # the per-episode turn budget ran out
-    MAX_TOKENS: ClassVar[StopReason]  # the per-episode budget of sampled tokens ran out
-    CONTEXT_FULL: ClassVar[StopReason]  # the next turn would not fit in the model's context
-    TOOL_BUDGET: ClassVar[StopReason]  # the tool-call budget ran out
-    ERROR: ClassVar[StopReason]  # the env or a tool failed in a way the episode cannot survive
-    ABORTED: ClassVar[StopReason]  # the engine aborted the action (pause "abort"); its partial ids are kept
-    LOOP: ClassVar[tuple[StopReason, ...]]  # the eight above, in this order
-    _KIND: ClassVar[dict[str, str]] = {}
-
-    def __new__(cls, name: str) -> StopReason:
-        if isinstance(name, StopReason):
-            return name
-        if not isinstance(name, str) or not NAME_PATTERN.match(name):
-            raise ContractError("stop_reason_name", f"stop_reason {name!r} is not a snake_case name "
-                                "(lowercase letters, digits and '_', starting with a letter, at most 64)")
-        loop = cls.__dict__.get("_interned", {})
-        return loop[name] if name in loop else super().__new__(cls, name)
-
-    @property
-    def value(self) -> str:
-        return str.__str__(self)
-
-    @property
-    def kind(self) -> str | None:
-        """"termination" | "truncation" for the loop's own reasons; None for an env's own."""
-        return self._KIND.get(self.value)
-
-    @property
-    def is_termination(self) -> bool | None:
-        """True/False for the loop's own reasons; None for an env's (see the record's flags)."""
-        kind = self.kind
-        return None if kind is None else kind == "termination"
-
-    def __repr__(self) -> str:
-        return f"StopReason({self.value!r})"
-
-
-def _define_loop_reasons() -> None:
-    reasons = (("ANSWERED", "answered", "termination"), ("NO_ANSWER", "no_answer", "termination"),
-               ("MAX_TURNS", "max_turns", "truncation"), ("MAX_TOKENS", "max_tokens", "truncation"),
-               ("CONTEXT_FULL", "context_full", "truncation"), ("TOOL_BUDGET", "tool_budget", "truncation"),
-               ("ERROR", "error", "truncation"), ("ABORTED", "aborted", "truncation"))
-    interned = {}
-    for attr, name, kind in reasons:
-        interned[name] = StopReason(name)
-        setattr(StopReason, attr, interned[name])
-        StopReason._KIND[name] = kind
-    StopReason._interned = interned  # type: ignore[attr-defined]
-    StopReason.LOOP = tuple(interned.values())
-
-
-_define_loop_reasons()
 
 
 @dataclass(frozen=True)
@@ -432,69 +351,7 @@ def validate_trajectory(traj: Trajectory) -> Trajectory:
 
 
 # ---------------------------------------------------------------------------------------
-# from_dict: structural checks only (types, required keys); semantics are checked above.
-# Nothing is coerced: a string where a number belongs is an error, not a conversion.
-
-_NUM = (int, float)
-# JSON types accepted for each annotation (annotations are strings under __future__)
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,), "float": _NUM, "str": (str,), "bool": (bool,), "None": (type(None),),
-    "dict": (dict,), "ToolReceipt": (dict,), "tuple": (list,), "list": (list,),
-}
-
-
-@functools.cache
-def _spec(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
-    """field -> (accepted JSON types, required), read off the dataclass so it never drifts."""
-    out = {}
-    for f in fields(cls):
-        names = [part.strip().split("[")[0] for part in str(f.type).split("|")]
-        # an annotation we do not know accepts any JSON value rather than refusing good records
-        types = tuple(t for n in names for t in _JSON_TYPES.get(n, (object,)))
-        required = f.default is MISSING and f.default_factory is MISSING
-        out[f.name] = (types, required)
-    return out
-
-
-def _is(v: Any, typ: type | tuple[type, ...]) -> bool:
-    """isinstance, except that a bool is not a number unless `typ` names bool."""
-    types = typ if isinstance(typ, tuple) else (typ,)
-    if object in types:
-        return True
-    if isinstance(v, bool) and bool not in types:
-        return False
-    return isinstance(v, types)
-
-
-def _need(d: dict, key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in d:
-        raise ContractError("schema", f"{where}: missing field {key!r}")
-    v = d[key]
-    if not _is(v, typ):
-        raise ContractError("schema", f"{where}: field {key!r} has type {type(v).__name__}")
-    return v
-
-
-def _opt(d: dict, key: str, typ: type | tuple[type, ...], default: Any, where: str) -> Any:
-    return _need(d, key, typ, where) if key in d else default
-
-
-def _fields(d: Any, spec: dict[str, tuple[Any, bool]], where: str) -> dict[str, Any]:
-    """The keyword arguments of a record described by `spec`, type-checked."""
-    if not isinstance(d, dict):
-        raise ContractError("schema", f"{where} is a JSON object, got {type(d).__name__}")
-    unknown = sorted(str(k) for k in d if k not in spec)
-    if unknown:
-        raise ContractError("schema", f"{where}: unknown field(s) {unknown}; known: {sorted(spec)}")
-    return {k: _need(d, k, typ, where) for k, (typ, required) in spec.items() if required or k in d}
-
-
-def _num_map(d: dict, key: str, where: str) -> dict[str, float]:
-    m = _opt(d, key, dict, {}, where)
-    for k, v in m.items():
-        if not isinstance(k, str) or not _is(v, _NUM):
-            raise ContractError("schema", f"{where}: {key} maps names to numbers; got {k!r}: {type(v).__name__}")
-    return {k: float(v) for k, v in m.items()}
+# from_dict: structural checks (`taurl.data.json_fields`); semantics are checked above.
 
 
 def _segment(s: Any, i: int) -> Segment:
