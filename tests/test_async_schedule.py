@@ -110,7 +110,7 @@ def _schedule(tiny, tmp_path, eta: int, interrupt: str, overprovision: int, B: i
 
 async def _drive(sched: AsyncSchedule, ckpt: Path, updates: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    producer = asyncio.create_task(sched.produce())
+    producer = sched.start()
     rows = []
     try:
         for _ in range(updates):
@@ -145,6 +145,67 @@ def test_max_staleness_never_exceeds_eta_under_adversarial_timing(tiny, tmp_path
         trained = {g for g in sched.done_ids["consumed"]}
         assert len(trained) == len(sched.done_ids["consumed"]) == 12  # no group trained twice
         assert not ledger.rejections()
+
+
+# --------------------------------------------------------------------------------------
+# a failure anywhere in the producers stops the run with its cause, never a hang
+
+
+def _failing_append(after: int):
+    """Ledger.append_many that raises the ledger's own write error after `after` batches."""
+    import sqlite3
+
+    from taurl.data.ledger import LedgerWriteError
+
+    real, calls = Ledger.append_many, []
+
+    def append_many(self, items):
+        calls.append(1)
+        if len(calls) > after:
+            raise LedgerWriteError(self.path, sqlite3.OperationalError("database or disk is full"))
+        return real(self, items)
+
+    return append_many
+
+
+def _raising_hook(event, info):
+    if event == "episode_stored" and info["episode_id"].endswith("-01"):
+        raise RuntimeError(f"a hook failed on {info['episode_id']}")
+
+
+def _raising_group(sched: AsyncSchedule):
+    real = sched._group
+
+    def group(g):
+        if g >= 3:
+            raise IndexError(f"no task for group {g}")
+        return real(g)
+
+    return group
+
+
+@pytest.mark.parametrize("fault", ["ledger", "hook", "admit"])
+def test_a_ledger_write_failure_a_raising_hook_or_admit_stops_the_async_run_with_its_cause(
+        tiny, tmp_path, monkeypatch, fault):
+    """Before: the episode task (ledger write, hook) or the producer (admit) died, its group never
+    completed, and `take` waited on `changed` forever. Now the learner's `take` raises the cause."""
+    import time
+
+    from taurl.data.ledger import LedgerWriteError
+
+    sched, ledger = _schedule(tiny, tmp_path, eta=1, interrupt="finish", overprovision=0)
+    if fault == "ledger":
+        monkeypatch.setattr(Ledger, "append_many", _failing_append(after=2))
+    elif fault == "hook":
+        sched.r.hook = _raising_hook
+    else:
+        sched._group = _raising_group(sched)
+    expected = {"ledger": (LedgerWriteError, "disk is full"), "hook": (RuntimeError, "a hook failed on a"),
+                "admit": (IndexError, "no task for group 3")}[fault]
+    t0 = time.monotonic()
+    with ledger, pytest.raises(expected[0], match=expected[1]):
+        asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=20, seed=0), timeout=10))
+    assert time.monotonic() - t0 < 10
 
 
 # --------------------------------------------------------------------------------------
@@ -476,3 +537,30 @@ def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its
     rl = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rl] == [1]
     assert run.versions()[-1] == 2 and (run.checkpoint(2) / "optimizer.pt").exists()
+
+
+@pytest.mark.timeout(600)
+def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within_seconds(tmp_path, monkeypatch):
+    """The whole recipe (learner process, producers, swaps): the first write of an RL episode
+    fails as a full disk does; `train` raises that error within 10 s of it, instead of hanging."""
+    import sqlite3
+    import time
+
+    from taurl.data.ledger import LedgerWriteError
+    from taurl.recipe.config import load_config
+    from taurl.recipe.loop import train
+
+    real, failed_at = Ledger.append_many, []
+
+    def append_many(self, items):
+        items = list(items)
+        if any(getattr(t, "episode_id", "").startswith("a") for t in items):
+            failed_at.append(time.monotonic())
+            raise LedgerWriteError(self.path, sqlite3.OperationalError("database or disk is full"))
+        return real(self, items)
+
+    monkeypatch.setattr(Ledger, "append_many", append_many)
+    cfg = load_config(TrainConfig, data={**KILL_CFG, "updates": 2})
+    with pytest.raises(LedgerWriteError, match="disk is full"):
+        train(cfg, str(tmp_path / "run"), progress=False)
+    assert failed_at and time.monotonic() - failed_at[0] < 10

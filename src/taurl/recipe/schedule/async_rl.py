@@ -118,7 +118,7 @@ class AsyncSchedule:
         self.next_group = 0
         self.changed = asyncio.Event()  # a group finished or was aborted, or the version changed
         self.stopping = False
-        self.error: Error | None = None  # set when nothing usable can be produced
+        self.error: BaseException | None = None  # set when nothing usable can be produced, or a task failed
         self._restore()
 
     # -- restart ------------------------------------------------------------------------
@@ -160,6 +160,8 @@ class AsyncSchedule:
         tap = _Tap(self.engine, group)
         group.tasks = [asyncio.create_task(self._episode(group, s, tap)) for s in group.specs
                        if s.episode_id not in group.episodes]
+        for t in group.tasks:
+            t.add_done_callback(self._task_done)
 
     async def _episode(self, group: _Group, s: EpisodeSpec, tap: _Tap) -> None:
         try:
@@ -170,9 +172,15 @@ class AsyncSchedule:
         except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
             group.failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
         else:
+            # the ledger (disk full, read-only) or a hook may raise: that is the run's error, not
+            # this episode's, and the learner waiting on this group must hear it (`fail`)
             on_stored = lambda event, t: self.r.hook(event, {"episode_id": t.episode_id})  # noqa: E731
-            if store_episode(traj, self.r.ledger, group.episodes, group.failed, on_stored):
-                chaos.point("episode_stored", f"episode_id={s.episode_id}")
+            try:
+                if store_episode(traj, self.r.ledger, group.episodes, group.failed, on_stored):
+                    chaos.point("episode_stored", f"episode_id={s.episode_id}")
+            except Exception as e:  # noqa: BLE001 — raised by the learner's `take`
+                self.fail(e)
+                return
         if group.done and group.index in self.running:
             self._finished(group)
 
@@ -186,14 +194,35 @@ class AsyncSchedule:
             self.counts["failed_groups"] += 1
             self.done_ids["dropped"].append(group.index)
             if self.counts["failed_groups"] >= self.B and self.accepted == 0:
-                self.stopping = True
-                self.error = EpisodeError(f"{self.counts['failed_groups']} groups in a row produced no usable "
+                self.fail(EpisodeError(f"{self.counts['failed_groups']} groups in a row produced no usable "
                                           f"records; the first failure: {(group.failed or ['?'])[0]}. Fix the cause "
-                                          "and run the same command again (stored episodes are kept)")
+                                          "and run the same command again (stored episodes are kept)"))
         else:
             self.ready[group.index] = group
             self.accepted += 1
         self.changed.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop producing: `error` is raised by the learner's next (or current) `take`. The first
+        error wins; every task that waits on `changed` is woken."""
+        if self.error is None:
+            log.debug("async schedule stops: %s: %s", type(error).__name__, error)
+            self.error = error
+        self.stopping = True
+        self.changed.set()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """Done-callback of the producer and of every episode task: an exception that ended one
+        (anything `_episode` does not catch, an exception in `admit`) stops the run with it,
+        instead of leaving a group that never completes and a learner that waits forever."""
+        if not task.cancelled() and (e := task.exception()) is not None:
+            self.fail(e)
+
+    def start(self) -> asyncio.Task:
+        """The producer task (`produce`), watched by `_task_done`."""
+        producer = asyncio.create_task(self.produce())
+        producer.add_done_callback(self._task_done)
+        return producer
 
     def admit(self) -> int:
         """Start as many new groups as `capacity` allows; returns how many."""
@@ -324,7 +353,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     bar.update(first - 1)
     # the staleness alarm checks the bound this run promises (unless alarms set their own)
     watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read())
-    producer = asyncio.create_task(sched.produce())
+    producer = sched.start()
     saving: asyncio.Task | None = None  # the newest checkpoint being written, then its row recorded
     swapping: asyncio.Task | None = None  # the engine loading the newest version, behind the learner
     ended = False  # the loop ran to its end (no error is on its way out)
