@@ -122,7 +122,7 @@ class TrainConfig:
     max_observation_tokens: int = 256  # observation cut, in tokens
     max_context: int = 1024  # prompt + actions + observations
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
-    temperature: float = 1.0  # rollout sampling temperature (training)
+    temperature: float = 1.0  # rollout sampling temperature (training); > 0 (greedy rollouts of a group are identical: nothing to learn)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; README: Engines)
@@ -188,7 +188,7 @@ class TrainConfig:
 
         keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant"}
         # Dr. GRPO's constant normalizer: the generation budget, the same for every batch
-        return LearnerConfig(temperature=self.temperature or 1.0, norm_constant=float(self.max_episode_tokens),
+        return LearnerConfig(temperature=self.temperature, norm_constant=float(self.max_episode_tokens),
                              **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
@@ -218,6 +218,13 @@ class TrainConfig:
         for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if not self.temperature > 0:
+            # greedy sampling makes the G rollouts of a group identical: every group has zero
+            # reward variance, so every group is dropped and every update is skipped (and the
+            # behaviour logprobs of an argmax are not a policy's)
+            out.append(f"temperature must be > 0 to train (got {self.temperature}): at 0 the G rollouts of a "
+                       "group are identical, every group has zero advantage and no update learns anything; "
+                       "train at temperature 1.0 (the default) and set eval_temperature: 0 for greedy evaluation")
         if not self.generate_timeout_s > 0:
             out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
         if self.keep_checkpoints < 0:
@@ -234,8 +241,6 @@ class TrainConfig:
                                                        - {"prefix_cache_tokens", "slim_decode", "max_batch_size"})):
             out.append(f"engine_options {bad} are not options of engine 'local' (it takes prefix_cache_tokens, slim_decode, "
                        "max_batch_size; seed comes from seed)")
-        elif self.engine == "vllm" and self.temperature <= 0:
-            out.append("engine: vllm trains at temperature > 0 (greedy behaviour logprobs are not a policy's)")
         out += self.schedule_problems()
         from taurl.scale import backend_problems
 

@@ -258,7 +258,7 @@ def make_step_scorer(r: Run, model: Any, tok: Any) -> Any:
     from taurl.train.prm import ImplicitPRM, PRMConfig
 
     return ImplicitPRM(model, PRMConfig(**r.cfg.step_scorer_options), pad_id=tok.pad_token_id,
-                       temperature=r.cfg.temperature or 1.0, micro_batch_tokens=r.cfg.micro_batch_tokens,
+                       temperature=r.cfg.temperature, micro_batch_tokens=r.cfg.micro_batch_tokens,
                        log_path=r.run.root / "shaping.jsonl")
 
 
