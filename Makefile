@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean setup vllm-venv test-vllm chromium
+.PHONY: demo test lint bench clean setup vllm-venv test-vllm chromium docs
 
 setup: $(STAMP)
 
@@ -58,8 +58,13 @@ $(VLLM_VENV)/bin/python:
 test-vllm: $(STAMP) vllm-venv
 	TAURL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm tests/test_vllm_engine.py
 
+# The documentation site (docs/, mkdocs.yml): every warning is an error. The reference pages
+# (CLI, config, metrics, export fields, ledger rules, API) are generated from the code.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache site

@@ -1,6 +1,6 @@
-"""Bring your own environment: the README's example runs verbatim through the CLI, an
-installed package's entry point is found without --import, and bad input is refused before
-any file is written. No taurl file is edited for any of it."""
+"""Bring your own environment: an installed package's entry point is found without
+--import, and bad input is refused before any file is written. No taurl file is edited for
+any of it. (The example of docs/environments/your-own.md runs verbatim in tests/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -18,35 +18,16 @@ TAURL = str(Path(sys.executable).with_name("taurl"))
 PLUGIN = Path(__file__).parent / "fixtures" / "plugin"
 
 
-def readme_blocks() -> dict[str, str]:
-    """The fenced blocks after each ``<!-- byo:NAME -->`` marker of the README."""
-    text = (ROOT / "README.md").read_text()
-    return {m.group(1): m.group(2) for m in re.finditer(r"<!-- byo:(\S+) -->\n```\w*\n(.*?)```", text, re.S)}
+def example_env() -> str:
+    """The example env module of docs/environments/your-own.md (``<!-- runnable:my_envs.py -->``)."""
+    text = (ROOT / "docs" / "environments" / "your-own.md").read_text()
+    return re.search(r"<!-- runnable:my_envs.py -->\n```\w*\n(.*?)```", text, re.S).group(1)
 
 
 def run(cmd: str | list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PATH": f"{Path(TAURL).parent}:{os.environ['PATH']}", **env}
     return subprocess.run(cmd, cwd=cwd, shell=isinstance(cmd, str), capture_output=True, text=True,
                           env=full_env, timeout=600)
-
-
-def test_readme_example_trains_verbatim(tmp_path):
-    blocks = readme_blocks()
-    assert set(blocks) == {"my_envs.py", "reverse.yaml", "command"}
-    for name in ("my_envs.py", "reverse.yaml"):
-        (tmp_path / name).write_text(blocks[name])
-    assert len(blocks["my_envs.py"].splitlines()) <= 50  # "an env of ~40 lines"
-    check = run([sys.executable, "-c", "import my_envs; from taurl import envs; "
-                 "envs.check_env(envs.make('reverse-v0'), my_envs.reverse_tasks('train', 1)[0])"], tmp_path)
-    assert check.returncode == 0, check.stderr[-2000:]  # the example keeps the Env protocol
-    proc = run(blocks["command"].strip(), tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "runs/reverse/summary.json").read_text())
-    assert summary["env"] == "reverse-v0" and summary["train"]["updates"] == 2
-    for split in ("validation", "holdout"):
-        for tag in ("sft", "final"):
-            assert summary[split][tag]["episodes"] == 40  # 20 tasks x 2 trials, none lost
-    assert summary["train"]["demos"] == 200
 
 
 def test_installed_entry_point_env_is_listed_and_trains(tmp_path):
@@ -77,7 +58,7 @@ def test_bad_input_is_refused_before_any_file_is_written(tmp_path, monkeypatch, 
     no traceback, no run directory."""
     from taurl.cli.main import main
 
-    (tmp_path / "my_envs.py").write_text(readme_blocks()["my_envs.py"])
+    (tmp_path / "my_envs.py").write_text(example_env())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert main(["train", "--run-dir", "r", *args]) == 1
@@ -104,14 +85,3 @@ def test_task_file_keeps_good_rows_and_counts_bad_ones(tmp_path):
     assert any(":3:" in p and "'test'" in p for p in tf.problems)
     assert any(":4:" in p and "duplicate" in p for p in tf.problems)
     assert any(":6:" in p and "not JSON" in p for p in tf.problems)
-
-
-def test_readme_option_tables_are_the_configs():
-    """The README's option tables are generated from the config classes' field comments
-    (`taurl.cli.main.options_table`), so a default or meaning cannot drift."""
-    from taurl.cli.main import options_table
-    from taurl.recipe.config import RolloutRunConfig, TrainConfig
-
-    text = (ROOT / "README.md").read_text()
-    for cls in (TrainConfig, RolloutRunConfig):
-        assert options_table(cls) in text, f"regenerate the {cls.__name__} table with taurl.cli.main.options_table"

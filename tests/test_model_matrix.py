@@ -52,7 +52,7 @@ TASKS = [
 ]
 GROUP = 4
 ROLLOUT = RolloutConfig(max_turns=2, max_action_tokens=12, max_episode_tokens=24, max_context=512)
-TOL = 1e-4  # fp32, CPU: DESIGN.md §3
+TOL = 1e-4  # fp32, CPU: docs/design.md#token-exact
 
 
 class TinyRetriever:

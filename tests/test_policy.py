@@ -282,7 +282,7 @@ def _check_same_tokenizer(a, b):
 
 def test_autotokenizer_reproduces_ids_next_to_a_qwen2_config(tok, tmp_path):
     # transformers 5 builds Qwen2Tokenizer for a qwen2 directory whatever tokenizer_class
-    # says; the ids must not change (the pitfall of DESIGN.md §3).
+    # says; the ids must not change (the pitfall of docs/design.md#token-exact).
     save_tokenizer(tok, tmp_path)
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"

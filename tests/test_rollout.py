@@ -1,4 +1,4 @@
-"""Token-exact rollouts on the real search env (DESIGN.md §3 invariants).
+"""Token-exact rollouts on the real search env (docs/design.md#token-exact invariants).
 
 The policy is the real default one: a corpus-trained BPE tokenizer and a tiny Qwen2,
 briefly fine-tuned on expert demonstrations so that its samples contain searches,

@@ -20,7 +20,7 @@ class ConfigError(Error, ValueError):
 
 
 class ContractError(Error, ValueError):
-    """A record breaks one of the trajectory contracts (DESIGN.md §2).
+    """A record breaks one of the trajectory contracts (docs/design.md#contracts).
 
     `rule` is the short, stable name of the broken rule (e.g. ``mask_length``).
     """

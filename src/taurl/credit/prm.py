@@ -8,7 +8,7 @@ the implicit-PRM identity r_t = β log π_φ(a_t|s_t)/π_ref(a_t|s_t) is PRIME's
 
     q_{i,t} = β · Σ_{k ∈ action tokens of turn t} [log π_φ(x_k | x_<k) − log π_old(x_k | x_<k)]
 
-taurl uses q only as shaping (DESIGN.md §4, layer 3): small weight, clipped, stored in
+taurl uses q only as shaping (docs/design.md#reward, layer 3): small weight, clipped, stored in
 ``TurnBatch.process_rewards`` apart from the outcome, and *centred per episode*:
 
     c_{i,t} = clip(w · q_{i,t}, −c, c)

@@ -1,6 +1,6 @@
 """Process-reward shaping: per-turn scores from any scorer, small weight, clipped, kept apart.
 
-DESIGN.md §4, layer 3: process rewards only fill the signal vacuum early; the outcome stays
+docs/design.md#reward, layer 3: process rewards only fill the signal vacuum early; the outcome stays
 the dominant term. A scorer (a rule, a PRM, an LLM judge) gives each turn a score; the
 shaped reward is
 

@@ -5,7 +5,7 @@
         report = ledger.append_many(batch)       # one transaction; rejects never abort others
         fresh = ledger.query(run_id="r1", min_version=7)
 
-Every record is checked where it enters (DESIGN.md §2): the rules of
+Every record is checked where it enters (docs/design.md#contracts): the rules of
 `taurl.data.trajectory.check_trajectory`, the structure of the dict form (``schema``), strict
 JSON (``not_json``), and the ledger's own rules — ``duplicate_episode``, and for a dict
 carrying the flat export arrays ``flat_length_mismatch``, ``mask_mismatch``,

@@ -1,4 +1,4 @@
-"""Trajectory records and their validation: the contracts of DESIGN.md §2.
+"""Trajectory records and their validation: the contracts of docs/design.md#contracts.
 
 A trajectory τ = (s0, a0, o1, a1, …, aT) is stored as a flat token stream cut into
 *segments*. Each segment has one kind:

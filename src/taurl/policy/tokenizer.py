@@ -26,7 +26,7 @@ silently different ids. With the same pipeline, ``PreTrainedTokenizerFast``,
 We still pin ``"tokenizer_class": "PreTrainedTokenizerFast"`` for model types that honour it.
 
 The chat template follows Qwen2.5's (Hermes tool calls) with two departures that keep
-renderings append-only, which token-exact trajectories need (DESIGN.md §3): no default system
+renderings append-only, which token-exact trajectories need (docs/design.md#token-exact): no default system
 prompt is invented, and each ``tool`` message is its own ``user`` turn (Qwen2.5 merges runs
 of tool messages into one turn, so adding a second tool result would rewrite the first's end).
 """

@@ -1,7 +1,7 @@
 """Admission control at the proxy: HTTP 429 with Retry-After when a call must wait.
 
 An asynchronous pipeline bounds staleness: no sample may be trained more than η policy
-versions after the version that produced it (DESIGN.md §7). Rollouts that start while the
+versions after the version that produced it (docs/design.md#versions). Rollouts that start while the
 learner is far behind would break the bound, so the schedule refuses to *start* them
 until the learner catches up (AReaL, arXiv:2505.24298, caps rollouts in flight this way:
 roughly, admit a new one only while ``N_started ≤ (v + η + 1) · B``, v the current

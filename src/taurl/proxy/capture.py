@@ -1,4 +1,4 @@
-"""Token-exact capture of one episode's model calls on the wire (DESIGN.md §3).
+"""Token-exact capture of one episode's model calls on the wire (docs/design.md#token-exact).
 
 An agent sends whole chat histories; the engine wants token ids. The capture keeps, per
 episode, *chains*: token streams built exactly as the built-in loop builds them.

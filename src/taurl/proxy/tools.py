@@ -1,7 +1,7 @@
 """Tools the proxy runs for an agent, behind the host gate: MCP servers' tools (or any ToolSpecs).
 
 An agent behind the proxy may call tools that taurl runs for it, so that every call passes
-the same host gate as in the built-in loop (DESIGN.md §5: schema, allow-list, scopes,
+the same host gate as in the built-in loop (docs/design.md#safety: schema, allow-list, scopes,
 budgets, receipts). Per episode:
 
     GET  /rollouts/{id}/tools          {"tools": [...]}: OpenAI function declarations, ready

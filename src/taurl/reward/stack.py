@@ -1,4 +1,4 @@
-"""The reward stack (DESIGN.md §4): outcome (dominant), constraints (hard), shaping (small).
+"""The reward stack (docs/design.md#reward): outcome (dominant), constraints (hard), shaping (small).
 
     r = w_o · outcome · [no violation voids it]            outcome ∈ [0, 1], from a Verifier
       + Σ_v penalty_v                                      constraint: each ≤ 0

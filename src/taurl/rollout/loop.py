@@ -1,4 +1,4 @@
-"""The agent loop: token in, token out (DESIGN.md §3).
+"""The agent loop: token in, token out (docs/design.md#token-exact).
 
 One episode, read top to bottom:
 

@@ -1,4 +1,4 @@
-"""The host gate (DESIGN.md §5): every parsed tool call passes here before it runs.
+"""The host gate (docs/design.md#safety): every parsed tool call passes here before it runs.
 
 Checks, in order (the first that fails decides; its name is the `rule`):
 

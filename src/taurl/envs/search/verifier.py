@@ -7,7 +7,7 @@ its text must exactly match a gold alias of `task` under SQuAD normalization
 verifier version, so an edited reward cannot pass as a success.
 
 It is the same rule the env's reward applies, computed again by an instance that has seen
-no training episode and keeps no cache (DESIGN.md §4): an exact-match task has no hidden
+no training episode and keeps no cache (docs/design.md#reward): an exact-match task has no hidden
 state to re-check, so independence here means "from the record's answer, not from its
 reward". Register it as ``register("search-v0", ..., verifier=SearchVerifier)``.
 """
