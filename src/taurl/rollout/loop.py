@@ -41,26 +41,25 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import hashlib
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from taurl.data.trajectory import (
     NAME_PATTERN,
     POLICY_SOURCE,
-    Segment,
     StopReason,
     ToolReceipt,
     Trajectory,
     Turn,
 )
 from taurl.envs.core import Env, StepInfo, Task
-from taurl.errors import ContractError, Error
-from taurl.policy.protocol import Engine, SamplingParams
+from taurl.errors import Error
+from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
+from taurl.rollout.stream import ChatCodec, _cut, _derive_seed, _Episode
 
 
 @dataclass(frozen=True)
@@ -79,250 +78,253 @@ class RolloutConfig:
     generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
     resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
 
+@dataclass
+class _State:
+    """What one episode has gathered besides its token stream: turns, reward, budgets, stop."""
 
-class ChatCodec:
-    """Renders chat messages with the tokenizer's template and encodes text once."""
+    ep: _Episode
+    config: RolloutConfig
+    seed: int
+    max_context: int
+    stop_ids: tuple[int, ...]
+    stop_strings: tuple[str, ...]
+    eos_text: str | None
+    inline: bool  # the episode is one assistant message (Search-R1) rather than a chat
+    source: str  # who acts: "policy", or an engine that is not one ("scripted", "expert")
+    provenance: dict
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    info: dict = field(default_factory=dict)  # the last step's info (final reward components)
+    stop: StopReason | None = None
+    terminated: bool = False  # the kind of `stop`: termination (True) or truncation
+    contract_error: str | None = None  # how the env broke the stop-reason contract
+    sampled: int = 0  # tokens sampled so far, all actions together
+    tool_calls: int = 0
+    gen_s: float = 0.0
+    env_s: float = 0.0
 
-    def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
-        self.tok = tokenizer
-        self.tools = tools or None
-
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        kw: dict[str, Any] = {"tools": self.tools} if self.tools else {}
-        return self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **kw)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def split_stops(self, stops: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """Stops that are one token become stop ids (exact, no decoding); the rest stay strings."""
-        ids, strings = [], []
-        for s in stops:
-            enc = self.encode(s)
-            if len(enc) == 1 and self.decode(enc) == s:
-                ids.append(enc[0])
-            else:
-                strings.append(s)
-        return tuple(ids), tuple(strings)
-
-    def delta(self, stream_text: str, messages: list[dict], add_generation_prompt: bool) -> str:
-        """The text the template adds after `stream_text` to render `messages`."""
-        target = self.render(messages, add_generation_prompt)
-        if not target.startswith(stream_text):
-            raise ContractError("template_prefix", "the chat template does not render the conversation so far as a "
-                                "prefix of the next one; observations cannot be appended as a template delta")
-        return target[len(stream_text):]
+    @property
+    def policy(self) -> bool:
+        # an engine that is not a policy says so: its "logprobs" are not a behaviour
+        # policy's and must not be recorded as if they were
+        return self.source == POLICY_SOURCE
 
 
-class _Episode:
-    """The growing token stream of one episode and its text view."""
+@dataclass(frozen=True)
+class _Action:
+    """One sampled action: the engine's answer, its first segment and its text."""
 
-    def __init__(self, codec: ChatCodec, messages: list[dict]):
-        self.codec = codec
-        self.messages = messages
-        self.segments: list[Segment] = []
-        self.ids: list[int] = []
-        self.text = ""
-
-    def append(self, kind: str, ids: list[int], logprobs=None, version=None) -> tuple[int, str]:
-        text = self.codec.decode(ids)
-        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
-        self.ids.extend(ids)
-        self.text += text
-        return len(self.segments) - 1, text
-
-    def append_piece(self, ids: list[int], logprobs, version) -> tuple[int, str]:
-        """Append one more piece of the current action: into the last segment when the same
-        version sampled it, else as a new action segment (one segment per version)."""
-        last = self.segments[-1]
-        if last.kind != "action" or last.policy_version != version:
-            return self.append("action", ids, logprobs, version)
-        text = self.codec.decode(ids)
-        self.segments[-1] = Segment("action", last.token_ids + tuple(ids), last.logprobs + tuple(logprobs), version)
-        self.ids.extend(ids)
-        self.text += text
-        return len(self.segments) - 1, text
-
-    def add_to_assistant(self, text: str) -> None:
-        if self.messages[-1]["role"] != "assistant":
-            self.messages.append({"role": "assistant", "content": ""})
-        self.messages[-1]["content"] += text
+    gen: Generation
+    segment: int
+    text: str  # as sampled (a sampled end-of-turn token included)
+    env_text: str  # what the env sees: the text without that end-of-turn token
 
 
 async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, seed: int,
                       config: RolloutConfig = RolloutConfig(), group_id: str = "", run_id: str = "",
                       episode_id: str | None = None) -> Trajectory:
-    """Run one episode of `env` on `task` with `engine`; always returns a finished record."""
+    """Run one episode of `env` on `task` with `engine`; always returns a finished record.
+
+    Each turn: sample an action (`_sample`), let the env observe it (`_observe`); then close
+    the stream and build the record (`_close`). A step that ends the episode sets its stop.
+    """
     t_start = time.perf_counter()
     # several engines behind a router: every turn of this episode goes to the same one
     routing_key.set(episode_id or f"{group_id}/{seed}")
+    st = _start(engine, env, tokenizer, task, seed, config)
+    for t in range(config.max_turns):
+        action = await _sample(engine, st, t)
+        if action is None:
+            break
+        await _observe(env, st, t, action)
+        if st.stop is not None:
+            break
+    return _close(st, env, task, seed, group_id=group_id, run_id=run_id, episode_id=episode_id,
+                  wall_s=time.perf_counter() - t_start)
+
+
+def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int, config: RolloutConfig) -> _State:
+    """Reset the env and render the prompt: the stream starts with the prompt ids (mask 0)."""
     inline = env.observation_style == "inline"
     codec = ChatCodec(tokenizer, None if inline else env.tools)
     messages = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else [])
     messages.append({"role": "user", "content": task.prompt})
     ep = _Episode(codec, messages)
     ep.append("prompt", codec.encode(codec.render(messages, add_generation_prompt=True)))
-    max_context = min(config.max_context, engine.max_context)
     eos_text = codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
-
     stop_ids, stop_strings = codec.split_stops(env.stop)
-    turns: list[Turn] = []
-    reward, info = 0.0, {}
-    stop: StopReason | None = None
-    stop_terminated = False  # the kind of `stop`: termination (True) or truncation
-    contract_error: str | None = None  # how the env broke the stop-reason contract
-    sampled = tool_calls = 0
-    gen_s = env_s = 0.0
-    # an engine that is not a policy (a script, an expert) says so: its "logprobs" are not
-    # a behaviour policy's and must not be recorded as if they were
-    source = getattr(engine, "source", POLICY_SOURCE)
-    policy = source == POLICY_SOURCE
     _, reset_info = env.reset(task, seed)
     provenance = reset_info.get("provenance", {}) if isinstance(reset_info, dict) else {}
     provenance = copy.deepcopy(provenance)  # the env may reuse its dict; the record is immutable
-    for t in range(config.max_turns):
-        budget = min(config.max_action_tokens, config.max_episode_tokens - sampled, max_context - len(ep.ids) - 8)
-        if config.max_episode_tokens - sampled <= 0:
-            stop = StopReason.MAX_TOKENS
-            break
-        if budget < 1:
-            stop = StopReason.CONTEXT_FULL
-            break
-        sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=budget,
-                                  stop=stop_strings, stop_token_ids=stop_ids, seed=_derive_seed(seed, t))
-        t0 = time.perf_counter()
-        pieces: list[tuple[int, str]] = []  # (segment, text) of an action split by version changes
-        try:
-            gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), config.generate_timeout_s)
-            # partial rollout: an action aborted by a weight update keeps its ids (old
-            # version) and goes on from them on the new weights, as a new action segment
-            # with the new version; the action's token budget counts both pieces
-            while config.resume_aborted and gen.finish_reason == "abort" and policy:
-                if gen.token_ids:
-                    pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version) if pieces
-                                  else ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version))
-                sampled += len(gen.token_ids)
-                budget -= len(gen.token_ids)
-                if budget < 1:  # the budget ran out at the cut: the action ended by length
-                    gen = dataclasses.replace(gen, token_ids=[], logprobs=[], finish_reason="length")
-                    break
-                sampling = dataclasses.replace(sampling, max_tokens=budget,
-                                               seed=_derive_seed(seed, t * 1000 + len(pieces) + 1))
-                gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), config.generate_timeout_s)
-        except Error as e:
-            stop, info = StopReason.ERROR, {"error": f"engine: {e}"}
-            break
-        except asyncio.TimeoutError:  # a hung engine or server: this episode ends, the run goes on
-            stop, info = StopReason.ERROR, {"error": f"engine: no completion within generate_timeout_s="
-                                                     f"{config.generate_timeout_s:g} s (is the server up?)"}
-            break
-        gen_s += time.perf_counter() - t0
-        sampled += len(gen.token_ids)
-        if pieces and gen.token_ids:
-            pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version))
-        elif not pieces:
-            pieces.append(ep.append("action", gen.token_ids, gen.logprobs if policy else None,
-                                    gen.policy_version if policy else None))
-        a_idx, action_text = pieces[0][0], "".join(text for _, text in pieces)
-        # a sampled end-of-turn token belongs to the stream, not to the message content
-        env_text = action_text
-        if gen.finish_reason == "eos" and eos_text and action_text.endswith(eos_text):
-            env_text = action_text[:-len(eos_text)]
-        ep.add_to_assistant(env_text)
-        if gen.finish_reason == "abort":
-            # the engine cut this action short (pause "abort" around an update): its sampled
-            # ids stay in the record, but a cut action is not the model's move, so the env
-            # never sees it and the episode ends here, truncated
-            turns.append(Turn(index=t, action_text=action_text, action={"kind": "aborted"}, observation_text="",
-                              action_segment=a_idx, observation_segment=None, finish_reason="abort",
-                              invalid=False, error=None, receipt=None, env_reward=0.0,
-                              generate_s=gen.generate_s, env_s=0.0, observation_tokens_dropped=0))
-            stop = StopReason.ABORTED
-            break
+    return _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids, stop_strings,
+                  eos_text, inline, getattr(engine, "source", POLICY_SOURCE), provenance)
 
-        t0 = time.perf_counter()
-        try:
-            # envs whose tools do I/O offer `astep`, so other episodes run while a tool runs
-            astep = getattr(env, "astep", None)
-            obs, r, terminated, truncated, info = await astep(env_text) if astep else env.step(env_text)
-        except Exception as e:  # a broken env ends this episode, never the run
-            obs, r, terminated, truncated = "", 0.0, False, True
-            info = StepInfo(error=f"env.step raised {type(e).__name__}: {e}", stop_reason="error",
-                            action={"kind": "error"}, invalid=False)
-        dt_env = time.perf_counter() - t0
-        env_s += dt_env
-        reward += float(r)
-        receipt = info.get("receipt")
-        tool_calls += receipt is not None
-        # inline: the episode is one assistant message, so EOS ends it; messages: EOS only
-        # ends this assistant message and the env decides what comes next
-        gave_up = inline and gen.finish_reason == "eos"
-        ended = terminated or truncated or gave_up
-        o_idx, obs_text, dropped = None, "", 0
-        if obs and not ended:
-            if inline:  # cut the whole text, keeping its last ids (the closing tag)
-                obs_ids, dropped = _cut(codec.encode(obs), config.max_observation_tokens,
-                                        config.observation_keep_tail)
-                message = None
-            else:  # cut the message content, then render it as a template delta
-                content_ids, dropped = _cut(codec.encode(obs), config.max_observation_tokens, 0)
-                message = {"role": info.get("role", "tool"), "content": codec.decode(content_ids)}
-                obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
-            if len(ep.ids) + len(obs_ids) + 8 >= max_context:
-                stop, stop_terminated = StopReason.CONTEXT_FULL, False
-                ended = True
-            else:
-                o_idx, obs_text = ep.append("observation", obs_ids)
-                if message is None:
-                    ep.add_to_assistant(obs_text)
-                else:
-                    ep.messages.append(message)
-        if terminated or truncated:
-            stop, stop_terminated, contract_error = _env_stop(info, terminated)
-        elif stop is None and gave_up:
-            stop, stop_terminated = StopReason.NO_ANSWER, True
-        elif stop is None and config.max_tool_calls is not None and tool_calls >= config.max_tool_calls:
-            stop = StopReason.TOOL_BUDGET
-        error = info.get("error")
-        if contract_error:
-            error = f"{error}; {contract_error}" if error else contract_error
-        turns.append(Turn(index=t, action_text=action_text, action=dict(info.get("action") or {"kind": "unknown"}),
-                          observation_text=obs_text,
-                          action_segment=a_idx, observation_segment=o_idx, finish_reason=gen.finish_reason,
-                          invalid=bool(info.get("invalid", False)), error=error,
-                          receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
-                          generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
-        if stop is not None:
-            break
-    if stop is None:
-        stop = StopReason.MAX_TURNS
 
+async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
+    """Sample turn `t`'s action and append it (mask 1); None when the episode ends here
+    (a budget ran out, the engine failed or aborted the action: `st.stop` says which)."""
+    cfg, ep = st.config, st.ep
+    budget = min(cfg.max_action_tokens, cfg.max_episode_tokens - st.sampled, st.max_context - len(ep.ids) - 8)
+    if cfg.max_episode_tokens - st.sampled <= 0:
+        st.stop = StopReason.MAX_TOKENS
+        return None
+    if budget < 1:
+        st.stop = StopReason.CONTEXT_FULL
+        return None
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=budget,
+                              stop=st.stop_strings, stop_token_ids=st.stop_ids, seed=_derive_seed(st.seed, t))
+    t0 = time.perf_counter()
+    pieces: list[tuple[int, str]] = []  # (segment, text) of an action split by version changes
+    try:
+        gen = await _generate(engine, st, t, sampling, budget, pieces)
+    except Error as e:
+        st.stop, st.info = StopReason.ERROR, {"error": f"engine: {e}"}
+        return None
+    except asyncio.TimeoutError:  # a hung engine or server: this episode ends, the run goes on
+        st.stop, st.info = StopReason.ERROR, {"error": f"engine: no completion within generate_timeout_s="
+                                                       f"{cfg.generate_timeout_s:g} s (is the server up?)"}
+        return None
+    st.gen_s += time.perf_counter() - t0
+    st.sampled += len(gen.token_ids)
+    if pieces and gen.token_ids:
+        pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version))
+    elif not pieces:
+        pieces.append(ep.append("action", gen.token_ids, gen.logprobs if st.policy else None,
+                                gen.policy_version if st.policy else None))
+    a_idx, action_text = pieces[0][0], "".join(text for _, text in pieces)
+    # a sampled end-of-turn token belongs to the stream, not to the message content
+    env_text = action_text
+    if gen.finish_reason == "eos" and st.eos_text and action_text.endswith(st.eos_text):
+        env_text = action_text[:-len(st.eos_text)]
+    ep.add_to_assistant(env_text)
+    if gen.finish_reason == "abort":
+        # the engine cut this action short (pause "abort" around an update): its sampled
+        # ids stay in the record, but a cut action is not the model's move, so the env
+        # never sees it and the episode ends here, truncated
+        st.turns.append(Turn(index=t, action_text=action_text, action={"kind": "aborted"}, observation_text="",
+                             action_segment=a_idx, observation_segment=None, finish_reason="abort",
+                             invalid=False, error=None, receipt=None, env_reward=0.0,
+                             generate_s=gen.generate_s, env_s=0.0, observation_tokens_dropped=0))
+        st.stop = StopReason.ABORTED
+        return None
+    return _Action(gen, a_idx, action_text, env_text)
+
+
+async def _generate(engine: Engine, st: _State, t: int, sampling: SamplingParams, budget: int,
+                    pieces: list[tuple[int, str]]) -> Generation:
+    """One completion; a partial rollout's aborted pieces are appended to `pieces` on the way.
+
+    An action aborted by a weight update keeps its ids (old version) and goes on from them on
+    the new weights, as a new action segment with the new version; the action's token budget
+    counts every piece.
+    """
+    cfg, ep = st.config, st.ep
+    gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
+    while cfg.resume_aborted and gen.finish_reason == "abort" and st.policy:
+        if gen.token_ids:
+            pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version) if pieces
+                          else ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version))
+        st.sampled += len(gen.token_ids)
+        budget -= len(gen.token_ids)
+        if budget < 1:  # the budget ran out at the cut: the action ended by length
+            return dataclasses.replace(gen, token_ids=[], logprobs=[], finish_reason="length")
+        sampling = dataclasses.replace(sampling, max_tokens=budget,
+                                       seed=_derive_seed(st.seed, t * 1000 + len(pieces) + 1))
+        gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
+    return gen
+
+
+async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
+    """The env answers `action`; its observation is appended (mask 0) unless the episode
+    ends; the turn is recorded, and `st.stop` set when the env or a budget ends the episode."""
+    cfg, gen = st.config, action.gen
+    t0 = time.perf_counter()
+    try:
+        # envs whose tools do I/O offer `astep`, so other episodes run while a tool runs
+        astep = getattr(env, "astep", None)
+        obs, r, terminated, truncated, info = await astep(action.env_text) if astep else env.step(action.env_text)
+    except Exception as e:  # a broken env ends this episode, never the run
+        obs, r, terminated, truncated = "", 0.0, False, True
+        info = StepInfo(error=f"env.step raised {type(e).__name__}: {e}", stop_reason="error",
+                        action={"kind": "error"}, invalid=False)
+    dt_env = time.perf_counter() - t0
+    st.env_s += dt_env
+    st.reward += float(r)
+    st.info = info
+    receipt = info.get("receipt")
+    st.tool_calls += receipt is not None
+    # inline: the episode is one assistant message, so EOS ends it; messages: EOS only
+    # ends this assistant message and the env decides what comes next
+    gave_up = st.inline and gen.finish_reason == "eos"
+    o_idx, obs_text, dropped = None, "", 0
+    if obs and not (terminated or truncated or gave_up):
+        o_idx, obs_text, dropped = _append_observation(st, obs, info)
+    if terminated or truncated:
+        st.stop, st.terminated, st.contract_error = _env_stop(info, terminated)
+    elif st.stop is None and gave_up:
+        st.stop, st.terminated = StopReason.NO_ANSWER, True
+    elif st.stop is None and cfg.max_tool_calls is not None and st.tool_calls >= cfg.max_tool_calls:
+        st.stop = StopReason.TOOL_BUDGET
+    error = info.get("error")
+    if st.contract_error:
+        error = f"{error}; {st.contract_error}" if error else st.contract_error
+    st.turns.append(Turn(index=t, action_text=action.text, action=dict(info.get("action") or {"kind": "unknown"}),
+                         observation_text=obs_text,
+                         action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
+                         invalid=bool(info.get("invalid", False)), error=error,
+                         receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
+                         generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
+
+
+def _append_observation(st: _State, obs: str, info: StepInfo) -> tuple[int | None, str, int]:
+    """Encode the observation once and append it: (segment, text, tokens cut), or (None, "", n)
+    with `st.stop` CONTEXT_FULL when it would not fit in the model's context."""
+    cfg, ep, codec = st.config, st.ep, st.ep.codec
+    if st.inline:  # cut the whole text, keeping its last ids (the closing tag)
+        obs_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens, cfg.observation_keep_tail)
+        message = None
+    else:  # cut the message content, then render it as a template delta
+        content_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens, 0)
+        message = {"role": info.get("role", "tool"), "content": codec.decode(content_ids)}
+        obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
+    if len(ep.ids) + len(obs_ids) + 8 >= st.max_context:
+        st.stop, st.terminated = StopReason.CONTEXT_FULL, False
+        return None, "", dropped
+    o_idx, obs_text = ep.append("observation", obs_ids)
+    if message is None:
+        ep.add_to_assistant(obs_text)
+    else:
+        ep.messages.append(message)
+    return o_idx, obs_text, dropped
+
+
+def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id: str,
+           episode_id: str | None, wall_s: float) -> Trajectory:
+    """Close the stream with the template's end-of-turn tokens (mask 0) and build the record."""
+    ep = st.ep
+    stop = st.stop if st.stop is not None else StopReason.MAX_TURNS
     if ep.messages[-1]["role"] != "assistant":
         ep.add_to_assistant("")  # the stream ends inside an opened assistant turn: close it empty
-    closing = codec.delta(ep.text, ep.messages, add_generation_prompt=False)
+    closing = ep.codec.delta(ep.text, ep.messages, add_generation_prompt=False)
     if closing:
-        ep.append("template", codec.encode(closing))
-
-    components = dict(info.get("reward_components") or {"outcome": reward})
-    error = contract_error or info.get("error")
-    unexplained = reward - sum(components.values())
+        ep.append("template", ep.codec.encode(closing))
+    info = st.info
+    components = dict(info.get("reward_components") or {"outcome": st.reward})
+    error = st.contract_error or info.get("error")
+    unexplained = st.reward - sum(components.values())
     if abs(unexplained) > 1e-9:  # step rewards the final components do not cover
         components["env_steps"] = unexplained
     return Trajectory(
         episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
         group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
-        seed=seed, segments=tuple(ep.segments), turns=tuple(turns), messages=tuple(ep.messages),
-        terminated=stop_terminated, truncated=not stop_terminated, stop_reason=stop,
+        seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns), messages=tuple(ep.messages),
+        terminated=st.terminated, truncated=not st.terminated, stop_reason=stop,
         reward=sum(components.values()), reward_components=components,
         verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
-        timings={"wall_s": time.perf_counter() - t_start, "generate_s": gen_s, "env_s": env_s},
+        timings={"wall_s": wall_s, "generate_s": st.gen_s, "env_s": st.env_s},
         metadata={"answers": list(task.answers), "error": error if stop == StopReason.ERROR else None,
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
-        source=source, provenance=provenance,
+        source=st.source, provenance=st.provenance,
     )
 
 
@@ -344,18 +346,6 @@ def _env_stop(info: StepInfo, terminated: bool) -> tuple[StopReason, bool, str |
                                          f"{reason.kind}s but the env set {flag}=True; give the env's "
                                          "reason its own name, or set the matching flag")
     return reason, terminated, None
-
-
-def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], int]:
-    """Cut `ids` to `max_tokens` in tokens (not characters), keeping the last `keep_tail`."""
-    if len(ids) <= max_tokens:
-        return ids, 0
-    tail = min(keep_tail, max_tokens)
-    return ids[:max_tokens - tail] + ids[len(ids) - tail:], len(ids) - max_tokens
-
-
-def _derive_seed(seed: int, turn: int) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=4).digest(), "little")
 
 
 @dataclass
