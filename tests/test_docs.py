@@ -89,7 +89,15 @@ def test_runnable_blocks_run_verbatim(page, tmp_path):
 
 def test_the_pages_with_runnable_blocks_are_found():
     ids = {page_id(p) for p in RUNNABLE}
-    assert "docs/environments/your-own.md" in ids, ids
+    assert {"README.md", "docs/environments/your-own.md"} <= ids, ids
+
+
+def test_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links and all((ROOT / link).exists() for link in links if "://" not in link), [
+        link for link in links if not (ROOT / link).exists()]
 
 
 def _hooks():
