@@ -12,7 +12,7 @@ RL trains on tasks the SFT policy never saw; before a variant runs, `sft_task_ov
 checks it (an override that would move demonstration or evaluation tasks is refused). Choose by the validation column; the holdout column is
 reported, never used to choose. Each run is an ordinary taurl run directory
 (resumed after SFT). Writes OUT/report.html (learning curves, mean ± std over seeds) and
-prints a Markdown table of the final figures for BENCHMARKS.md.
+prints a Markdown table of the final figures for BENCHMARKS.md and docs/experiments/.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ every run copies that evaluation, so the SFT row and the runs are measured alike
 
 Writes OUT/results.jsonl (one line per finished run, so a partial comparison survives),
 OUT/curves.png (training success vs sampled episodes, mean ± std over seeds) and prints the
-Markdown tables for BENCHMARKS.md. ``--report`` rebuilds them from OUT/results.jsonl.
+Markdown tables for BENCHMARKS.md and docs/experiments/. ``--report`` rebuilds them from OUT/results.jsonl.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Pool `long_credit.py` comparisons run from several SFT policies, and apply a pre-registered
-paired decision rule (BENCHMARKS.md: "Sixth pass").
+paired decision rule (docs/experiments/long-credit.md: "Sixth pass").
 
     cd benchmarks && python long_credit_pool.py ../runs/credit6_s0 ../runs/credit6_s1 \
         --base grpo --other gigpo --figure figures/long_credit_pass6.png

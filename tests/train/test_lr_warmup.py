@@ -1,7 +1,7 @@
 """`lr_warmup_steps`: the RL learner's linear learning-rate warm-up.
 
 Why it exists: AdamW's bias-corrected first step moves every parameter with a gradient by
-≈ lr (lr · g / |g|), whatever the gradient's size (BENCHMARKS.md, "Why one update breaks the
+≈ lr (lr · g / |g|), whatever the gradient's size (docs/experiments/long-credit.md, "Why one update breaks the
 greedy policy"). With a warm-up of k steps, step n moves them by ≈ lr · n / k. A tiny Qwen2
 policy and two real records (a success and a failure of one task) measure that directly;
 the count comes from AdamW's own state, so a resumed learner continues the warm-up.

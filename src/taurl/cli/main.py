@@ -46,7 +46,7 @@ def field_default(f: dataclasses.Field) -> typing.Any:
 
 
 def options_table(cls: type) -> str:
-    """The README's option table of a config class (a test keeps the README equal to it)."""
+    """The option table of a config class (docs/reference/config.md is generated with it)."""
     docs = field_docs(cls)
     rows = [f"| `{f.name}` | `{json.dumps(field_default(f))}` | {docs.get(f.name, '').replace('|', '/')} |"
             for f in dataclasses.fields(cls)]
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a run's trajectories to JSONL or Parquet",
                        description="Write every stored trajectory (or a filtered subset) in the public "
-                       "export format (README: 'Trajectory export').")
+                       "export format (docs/formats.md).")
     p.add_argument("run_dir", metavar="RUN")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--out", help="output file (default RUN/exports/trajectories.FORMAT)")

@@ -113,7 +113,7 @@ def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none", eps: flo
     Departure: scale="none" (the default) keeps A^S in the shaping's own units, so the
     scorer's small weight and clip bound it; the paper's scale="std" divides by the group's
     step-reward std, which turns even a near-zero, untrained scorer's noise into unit-scale
-    advantages (measured: BENCHMARKS.md, "Learned step scorer").
+    advantages (measured: docs/experiments/estimators.md, "Learned step scorer").
     """
     if not alpha >= 0:
         raise ConfigError(f"istar alpha (step-advantage weight) must be >= 0, got {alpha!r}")

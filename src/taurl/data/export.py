@@ -1,6 +1,6 @@
 """The public export format of the ledger: one row per trajectory, as JSONL or Parquet.
 
-This format is a contract: `EXPORT_FIELDS` documents every field (the README table is
+This format is a contract: `EXPORT_FIELDS` documents every field (docs/formats.md's table is
 generated from it by `export_fields_markdown`), and a JSONL row is also a valid input to
 `Ledger.append` — export, re-append into a fresh ledger, and you get identical
 trajectories back.
@@ -94,7 +94,7 @@ _LOGPROB_TOL = 1e-6  # relative: float32 rounding (2**-24 ≈ 6e-8) passes, a di
 
 
 def export_fields_markdown() -> str:
-    """`EXPORT_FIELDS` as a Markdown table (for the README)."""
+    """`EXPORT_FIELDS` as a Markdown table (docs/formats.md is generated with it)."""
     lines = ["| field | dtype | meaning |", "|---|---|---|"]
     for name, doc in EXPORT_FIELDS.items():
         dtype, _, meaning = doc.partition(": ")

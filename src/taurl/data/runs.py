@@ -1,4 +1,4 @@
-"""The run directory: a public layout (documented in the README).
+"""The run directory: a public layout (documented in docs/formats.md).
 
     runs/<name>/
       config.yaml          the validated configuration of the run

@@ -1,6 +1,6 @@
 """Rollout metrics with namespaced keys, and the `metrics.jsonl` writer.
 
-Every key is documented in `GLOSSARY` with its formula; the README's glossary is this
+Every key is documented in `GLOSSARY` with its formula; docs/metrics.md's glossary is generated from this
 dictionary.
 """
 

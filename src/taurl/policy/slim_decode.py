@@ -3,7 +3,7 @@
 On a small policy a decode forward through ``model(...)`` is mostly Python: the output
 dataclasses, keyword plumbing and decorators of every module, the causal-mask builder and
 the rotary module run for each of the thousands of one-token steps a rollout takes
-(BENCHMARKS.md: "Rollout and learner overhead"). `SlimDecoder` runs the same modules'
+(docs/experiments/speed.md: "Rollout and learner overhead"). `SlimDecoder` runs the same modules'
 weights through the same arithmetic for the decode case only (one new token per row, a
 left-padded cache, explicit positions), per layer:
 

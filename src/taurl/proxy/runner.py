@@ -78,7 +78,7 @@ class AgentConfig:
 def agent_problems(d: Any) -> list[str]:
     """Everything wrong with an `agent:` mapping, in words (empty when it is fine)."""
     if not isinstance(d, dict):
-        return ["agent must be a mapping with 'callable' or 'command' (README: Train your own agent)"]
+        return ["agent must be a mapping with 'callable' or 'command' (docs/agents.md)"]
     out = []
     known = {"callable", "command", "timeout_s", "max_calls", "expert", "tools"}
     if unknown := sorted(set(d) - known):

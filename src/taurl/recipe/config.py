@@ -1,6 +1,6 @@
 """Typed run configurations: loaded from YAML, validated once, all problems reported together.
 
-Each field's comment is its documentation; `taurl rollout --help` and the README list them.
+Each field's comment is its documentation; `taurl COMMAND --help` and docs/reference/config.md list them.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class TrainConfig:
     imports: list[str] = field(default_factory=list)  # modules imported first, so that their envs register (--import)
     env_config: dict[str, Any] = field(default_factory=dict)  # the env's keyword arguments
     system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null keeps the env's)
-    tasks: str = ""  # a JSONL task file (README: task files); "" uses the env's registered task source
+    tasks: str = ""  # a JSONL task file (docs/formats.md); "" uses the env's registered task source
     task_options: dict[str, Any] = field(default_factory=dict)  # the env task source's options (search-v0: families, split_by)
     model: str = ""  # a local Hugging Face causal-LM directory; "" builds the env's default tiny policy
     model_size: str = "tiny"  # default policy preset: tiny (0.79M params + embeddings) | small (5.9M + embeddings)
@@ -125,9 +125,9 @@ class TrainConfig:
     temperature: float = 1.0  # rollout sampling temperature (training); > 0 (greedy rollouts of a group are identical: nothing to learn)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
-    engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; README: Engines)
+    engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; docs/models-and-engines.md)
     engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode; vllm: url, or python to start one; verify; ...)
-    backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; README: Scale out on Ray)
+    backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; docs/scale-out.md)
     backend_options: dict[str, Any] = field(default_factory=dict)  # ray: workers, num_cpus, max_restarts, max_attempts
     sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
     sft_data: str = ""  # a trajectory file in the export format (JSONL) when sft: file
@@ -142,12 +142,12 @@ class TrainConfig:
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
     rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
-    schedule: str = "sync"  # sync (collect a batch, then learn) | async (rollouts run ahead of the learner, staleness <= staleness_eta; README: Async schedule)
+    schedule: str = "sync"  # sync (collect a batch, then learn) | async (rollouts run ahead of the learner, staleness <= staleness_eta; docs/training/schedules.md)
     staleness_eta: int = 1  # async: η, the most policy versions an episode trained on may lag the learner (0: on-policy)
     overprovision: int = 0  # async: groups started beyond the staleness rule, so a batch takes the first complete ones (the rest carry or are aborted)
     interrupt: str = "finish"  # async, at a weight update: finish (in-flight actions end on the old weights) | interrupt (they are cut and continue on the new ones)
     mask_stale: bool = False  # async: leave the older versions' part of a partial rollout out of the loss
-    alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (README: Health alarms): enabled, disable, stop_on, thresholds
+    alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (docs/monitoring.md): enabled, disable, stop_on, thresholds
     trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
     generate_timeout_s: float = 600.0  # an engine call longer than this ends its episode as an error (counted)
     keep_checkpoints: int = 2  # RL checkpoints kept: the newest k, plus v0, the SFT version and every promoted one (0: all)
@@ -157,10 +157,10 @@ class TrainConfig:
     vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
     critic_epochs: int = 0  # estimator gae: critic optimizer steps on each batch (0: epochs, the policy's)
     critic_warmup_updates: int = 0  # estimator gae: the first updates fit only the critic on their batches, no policy step (they count in the episode budget)
-    step_scorer: str = "none"  # learned step scorer used as shaping only: none | implicit_prm (README: Learned step scorer)
+    step_scorer: str = "none"  # learned step scorer used as shaping only: none | implicit_prm (docs/training/step-scorer.md)
     step_scorer_options: dict[str, Any] = field(default_factory=dict)  # its options: weight, clip, beta, lr, steps, pairs, label_smoothing, grad_clip
-    replay: dict[str, Any] = field(default_factory=dict)  # experience replay of stored groups (README: Replay and curriculum): capacity, max_age, fraction; {}: off
-    curriculum: dict[str, Any] = field(default_factory=dict)  # tasks by online success-rate bucket (README: Replay and curriculum): mix, easy, hard, min_seen; {}: off
+    replay: dict[str, Any] = field(default_factory=dict)  # experience replay of stored groups (docs/training/replay-curriculum.md): capacity, max_age, fraction; {}: off
+    curriculum: dict[str, Any] = field(default_factory=dict)  # tasks by online success-rate bucket (docs/training/replay-curriculum.md): mix, easy, hard, min_seen; {}: off
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
     objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
     eps_low: float = 0.2  # PPO clip range below 1
@@ -180,8 +180,8 @@ class TrainConfig:
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
     eval_seed: int = 1234  # seeds evaluation task choice and sampling
-    promotion: dict[str, Any] = field(default_factory=dict)  # promotion gate thresholds (README: promotion gate): margin, safety_tolerance, max_cost_ratio, max_wall_ratio, max_regression
-    agent: dict[str, Any] = field(default_factory=dict)  # your own agent through the proxy (README: Train your own agent): callable | command, timeout_s, max_calls
+    promotion: dict[str, Any] = field(default_factory=dict)  # promotion gate thresholds (docs/evaluation.md): margin, safety_tolerance, max_cost_ratio, max_wall_ratio, max_regression
+    agent: dict[str, Any] = field(default_factory=dict)  # your own agent through the proxy (docs/agents.md): callable | command, timeout_s, max_calls
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig

@@ -387,7 +387,7 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     and TRL warm up the same way). Why RL needs it here: AdamW's bias-corrected first step is
     lr · g / |g| per parameter whatever the gradient's size, so a fresh optimizer's first
     update moves nearly every weight by the full lr on the direction of one small batch
-    (BENCHMARKS.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
+    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
     """
     return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
 

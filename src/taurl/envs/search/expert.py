@@ -2,7 +2,7 @@
 the answer — the task's subject, then for two-hop questions its bridge entity — and
 writes the Search-R1 actions a good policy would.
 
-Quality knobs degrade it on purpose (the README documents them): with probability
+Quality knobs degrade it on purpose (docs/demo.md documents them): with probability
 `p_skip_search` it answers without searching, from its own "knowledge", which is right
 with probability `p_guess_right`. This is the demo's lever: SFT on such demonstrations
 teaches the *format* (think, search, read, answer) but also a bad *strategy* (answer from

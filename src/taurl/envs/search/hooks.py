@@ -7,7 +7,7 @@
   both splits share), so no held-out name shapes the vocabulary.
 * `warmup`: the copy warm-up (`taurl.train.copy_warmup`): a model built from scratch has
   no induction heads, and ~300 steps of copying the demonstration tasks' subjects and
-  answers form them before SFT (BENCHMARKS.md: holdout query copy 0.04 without, 0.93 with).
+  answers form them before SFT (docs/experiments/speed.md, "Copy warm-up": holdout query copy 0.04 without, 0.93 with).
   Copy accuracy is measured on subjects of RL tasks, which the warm-up never saw.
 """
 
