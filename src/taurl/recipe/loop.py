@@ -6,7 +6,8 @@
     evaluate(validation, holdout) of the SFT policy
     for update u = 1..U:                         # policy version v = v_sft + u − 1
         batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once (backend: local | ray)
-        stats = learner.update(batch)                      # credit → loss → AdamW step
+        credit = learner.assign(batch)                     # advantages per turn (taurl.credit)
+        stats = learner.update(batch, credit=credit)       # rows → logprobs → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
     evaluate(validation, holdout) of the final policy → summary.json, report.html
     promote(final, baseline=SFT) from those evaluations → promotions.jsonl, summary["promotion"]
@@ -284,7 +285,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         t_roll = time.perf_counter() - t0
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)
-        lstats = learner.update(train_batch, version=version)
+        credit = learner.assign(train_batch)  # advantages per turn (taurl.credit)
+        lstats = learner.update(train_batch, version=version, credit=credit)
         mix.observe(batch)
         t1 = time.perf_counter()
         version += 1

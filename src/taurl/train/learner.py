@@ -66,6 +66,7 @@ from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
+from taurl.train.optim import optimizer_step, optimizer_steps, warmup_lr  # noqa: F401  (re-exported)
 from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
     MICRO_BATCH_COST_TOKENS,
     Rows,
@@ -173,6 +174,16 @@ _MAX_KEYS = ("_max", "_max_raw")  # metrics that are maxima, not means (ratio_ma
 
 
 @dataclass(frozen=True)
+class _Batch:
+    """The rows of one update, cut into micro-batches; `denom` divides every micro-batch's loss."""
+
+    rows: list[Rows]
+    chunks: list[list[int]]  # which kept trajectories each micro-batch holds
+    n_tok: float  # action tokens of the whole batch
+    denom: float  # the global loss denominator (tokens for token-mean, else rows)
+
+
+@dataclass(frozen=True)
 class Assigned:
     """Credit of the valid trajectories of one batch (before the zero-advantage filter)."""
 
@@ -260,102 +271,133 @@ class Learner:
         critic = bool(self.critic is not None and self.critic.load(checkpoint_dir))
         return critic or shaper
 
-    def update(self, trajs: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
+    def update(self, trajs: Sequence[Trajectory], version: int | None = None,
+               credit: Assigned | None = None) -> dict[str, float]:
         """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
+
+        Reads as the update it is: credit (given by the recipe, or assigned here) picks the
+        rows and their advantages; each epoch takes the rows' logprobs, their loss and its
+        gradient per micro-batch, then one optimizer step; then the metrics.
 
         version: the policy version being trained (the learner's), for the batch's staleness
         (``learn/staleness_{mean,p95,max}``, `taurl.train.staleness`); None takes the newest
         version in the batch, which is the learner's in the synchronous pipeline.
+        credit: `assign(trajs)`, when the caller already computed it (the recipe does, so its
+        credit step is visible); None assigns it here.
         """
         t0 = time.perf_counter()
-        cfg = self.config
         if version is None:
             version = max((v for t in trajs for v in t.policy_versions), default=0)
-        age = staleness_stats(trajs, version).as_stats()
-        assigned = self.assign(trajs)
+        kept, adv, stats = self._credit(trajs, self.assign(trajs) if credit is None else credit, version)
+        stats.update(staleness_stats(trajs, version).as_stats())
+        if stats.get("learn/skipped"):  # a critic warm-up update, or nothing to learn from
+            return {**stats, "learn/learn_s": time.perf_counter() - t0}
+        batch = self._rows(kept, adv)                                          # rows
+        ref = self._reference_logprobs(batch.rows)
+        self.model.eval()  # no dropout noise in the ratio (module docstring); gradients still flow
+        sums: dict[str, float] = {}
+        drift: list[Mismatch] = []  # learner vs behaviour logprobs before the first step
+        # π_prox is the policy before this update's first optimizer step, and the steps come
+        # after a whole epoch of micro-batches: so epoch 0's forward IS π_prox — its logprobs,
+        # detached, are kept as they are computed (no extra forward over the batch)
+        prox: list[torch.Tensor] | None = [] if self.config.objective == "decoupled_ppo" else None
+        for epoch in range(self.config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for j, r in enumerate(batch.rows):
+                lp, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True)  # logprobs
+                if epoch == 0:
+                    drift.append(self._mismatch(lp.detach(), r, [kept[i] for i in batch.chunks[j]], version))
+                    if prox is not None:
+                        prox.append(lp.detach())
+                loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,   # loss
+                                     None if ref is None else ref[j], batch.denom)
+                loss.backward()
+                self._accumulate(sums, m, float(loss.detach()), float(r.mask.sum()) / max(batch.n_tok, 1.0))
+            norm, lr = self._step()                                            # step
+        self.model.eval()
+        stats.update(sums)                                                     # metrics
+        stats.update(combine_mismatch(drift).as_stats())
+        return {**stats, **self._batch_metrics(batch, norm, lr, time.perf_counter() - t0)}
+
+    def _credit(self, trajs: Sequence[Trajectory], assigned: Assigned | None,
+                version: int) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
+        """The rows kept by the zero-advantage filter, their advantages and the credit's stats;
+        the critic's own step. ``learn/skipped`` 1 when no policy step follows."""
         if assigned is None:
             kept, adv, stats = [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
         else:
             kept, adv, stats = self._filter(assigned)
             # the critic learns from every valid row, filtered or not
             if self.critic is not None and assigned.credit.returns is not None and assigned.batch.values is not None:
-                warming = self.critic.updates < cfg.critic_warmup_updates  # counted before this one
+                warming = self.critic.updates < self.config.critic_warmup_updates  # counted before this one
                 stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
                 if warming:  # the values are not fitted yet: no policy step on their advantages
-                    stats.update(self._idle_metrics(assigned.trajs, version))
-                    stats.update({**age, "learn/rows": 0.0, "learn/skipped": 1.0, "learn/critic_warmup": 1.0,
-                                  "learn/learn_s": time.perf_counter() - t0})
-                    return stats
-        stats.update(age)
+                    return [], adv, {**stats, **self._idle_metrics(assigned.trajs, version), "learn/rows": 0.0,
+                                     "learn/skipped": 1.0, "learn/critic_warmup": 1.0}
         stats["learn/rows"] = float(len(kept))
         if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
-            stats.update(self._idle_metrics(drop_invalid(trajs)[0], version))
-            stats.update({"learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0})
-            return stats
-        chunks = micro_batches(kept, cfg.micro_batch_tokens)
+            stats.update({**self._idle_metrics(drop_invalid(trajs)[0], version), "learn/skipped": 1.0})
+        return kept, adv, stats
+
+    def _rows(self, kept: list[Trajectory], adv: np.ndarray) -> _Batch:
+        """`kept` as padded rows on the model's device, cut into length-bucketed micro-batches."""
+        chunks = micro_batches(kept, self.config.micro_batch_tokens)
         device = model_device(self.model)
         rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
-        denom = n_tok if cfg.aggregation == "token-mean" else float(len(kept))
-        # π_prox is the policy before this update's first optimizer step, and the steps come
-        # after a whole epoch of micro-batches: so epoch 0's forward IS π_prox — its logprobs,
-        # detached, are kept as they are computed (no extra forward over the batch)
-        prox: list[torch.Tensor] | None = [] if cfg.objective == "decoupled_ppo" else None
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = [action_logprobs(self.reference, r, cfg.temperature)[0] for r in rows]
-        self.model.eval()  # no dropout noise in the ratio (module docstring); gradients still flow
-        sums: dict[str, float] = {}
-        drift: list[Mismatch] = []  # learner vs behaviour logprobs before the first step
-        for epoch in range(cfg.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for j, r in enumerate(rows):
-                lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
-                if epoch == 0:  # on-policy rows only: every action sampled by the weights being trained
-                    # (`version`, the learner's); a stale or replayed row differs by design, and
-                    # counting it would report staleness as an engine/learner mismatch
-                    fresh = _fresh_rows([kept[i] for i in chunks[j]], version, r.mask)
-                    drift.append(logprob_mismatch(lp.detach(), r.behaviour, r.mask * fresh[:, None],
-                                                  clip_low=cfg.eps_low, clip_high=cfg.eps_high))
-                if prox is not None and epoch == 0:
-                    prox.append(lp.detach())
-                old = prox[j] if prox is not None else r.behaviour
-                extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
-                loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
-                if ref is not None:
-                    kl, km = kl_loss(lp, ref[j], r.mask, kind=cfg.kl_kind, aggregation=cfg.aggregation,
-                                     norm_constant=self.norm_constant, denominator=denom)
-                    loss = loss + cfg.kl_coef * kl
-                    m.update(km)
-                ent = ent if ent is not None else torch.zeros_like(lp)
-                m["learn/entropy"] = float((ent.detach() * r.mask).sum() / r.mask.sum().clamp(min=1))
-                if cfg.entropy_coef > 0:  # aggregated as the policy term (same denominator and C)
-                    loss = loss - cfg.entropy_coef * aggregate(ent, r.mask, cfg.aggregation,
-                                                               norm_constant=self.norm_constant, denominator=denom)
-                loss.backward()
-                w = float(r.mask.sum()) / max(n_tok, 1.0)  # token-weighted mean of the metrics
-                for k, v in m.items():  # a maximum stays the maximum over micro-batches and epochs
-                    sums[k] = max(sums.get(k, v), v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + w * v / cfg.epochs
-                sums["learn/loss"] = sums.get("learn/loss", 0.0) + float(loss.detach()) / cfg.epochs
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            lr = warmup_lr(cfg.lr, optimizer_steps(self.optimizer) + 1, cfg.lr_warmup_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-        self.model.eval()
-        dt = time.perf_counter() - t0
-        padded = sum(r.attention.numel() for r in rows)
-        real = sum(float(r.attention.sum()) for r in rows)
-        stats.update(sums)
-        stats.update(combine_mismatch(drift).as_stats())
-        stats.update({
-            "learn/grad_norm": float(norm), "learn/lr": lr, "learn/action_tokens": n_tok,
-            "learn/micro_batches": float(len(rows)),
-            "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt, "learn/skipped": 0.0,
-            "learn/tokens_per_s": real * cfg.epochs / dt if dt > 0 else 0.0,
-        })
-        return stats
+        return _Batch(rows, chunks, n_tok, n_tok if self.config.aggregation == "token-mean" else float(len(kept)))
+
+    def _reference_logprobs(self, rows: list[Rows]) -> list[torch.Tensor] | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return [action_logprobs(self.reference, r, self.config.temperature)[0] for r in rows]
+
+    def _mismatch(self, lp: torch.Tensor, r: Rows, part: list[Trajectory], version: int) -> Mismatch:
+        # on-policy rows only: every action sampled by the weights being trained (`version`,
+        # the learner's); a stale or replayed row differs by design, and counting it would
+        # report staleness as an engine/learner mismatch
+        fresh = _fresh_rows(part, version, r.mask)
+        return logprob_mismatch(lp, r.behaviour, r.mask * fresh[:, None],
+                                clip_low=self.config.eps_low, clip_high=self.config.eps_high)
+
+    def _loss(self, lp: torch.Tensor, ent: torch.Tensor | None, r: Rows, prox: torch.Tensor | None,
+              ref: torch.Tensor | None, denom: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective (+ β·KL to the reference, − entropy bonus) of one micro-batch."""
+        cfg = self.config
+        old = prox if prox is not None else r.behaviour
+        extra = {"behaviour_logprobs": r.behaviour} if prox is not None else {}
+        loss, m = self.loss_fn(lp, old, r.advantages, r.mask, denominator=denom, **extra)
+        if ref is not None:
+            kl, km = kl_loss(lp, ref, r.mask, kind=cfg.kl_kind, aggregation=cfg.aggregation,
+                             norm_constant=self.norm_constant, denominator=denom)
+            loss = loss + cfg.kl_coef * kl
+            m.update(km)
+        ent = ent if ent is not None else torch.zeros_like(lp)
+        m["learn/entropy"] = float((ent.detach() * r.mask).sum() / r.mask.sum().clamp(min=1))
+        if cfg.entropy_coef > 0:  # aggregated as the policy term (same denominator and C)
+            loss = loss - cfg.entropy_coef * aggregate(ent, r.mask, cfg.aggregation,
+                                                       norm_constant=self.norm_constant, denominator=denom)
+        return loss, m
+
+    def _accumulate(self, sums: dict[str, float], m: dict[str, float], loss: float, weight: float) -> None:
+        """Token-weighted means over micro-batches and epochs; a maximum stays the maximum."""
+        epochs = self.config.epochs
+        for k, v in m.items():
+            sums[k] = max(sums.get(k, v), v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + weight * v / epochs
+        sums["learn/loss"] = sums.get("learn/loss", 0.0) + loss / epochs
+
+    def _step(self) -> tuple[torch.Tensor, float]:
+        cfg = self.config
+        return optimizer_step(self.model, self.optimizer, cfg.lr, cfg.lr_warmup_steps, cfg.grad_clip)
+
+    def _batch_metrics(self, batch: _Batch, norm: torch.Tensor, lr: float, dt: float) -> dict[str, float]:
+        padded = sum(r.attention.numel() for r in batch.rows)
+        real = sum(float(r.attention.sum()) for r in batch.rows)
+        return {"learn/grad_norm": float(norm), "learn/lr": lr, "learn/action_tokens": batch.n_tok,
+                "learn/micro_batches": float(len(batch.rows)), "learn/padding_frac": 1.0 - real / max(padded, 1),
+                "learn/learn_s": dt, "learn/skipped": 0.0,
+                "learn/tokens_per_s": real * self.config.epochs / dt if dt > 0 else 0.0}
 
     def _idle_metrics(self, trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
         """The per-update metrics of an update that took no step (entropy is still measured)."""
@@ -378,24 +420,6 @@ class Learner:
         return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
                 "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
                 "learn/tokens_per_s": 0.0, **combine_mismatch(drift).as_stats()}
-
-
-def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """The learning rate of optimizer step `step` (1-based): lr · min(1, step / warmup_steps).
-
-    Linear warm-up (Goyal et al. 2017, "Accurate, Large Minibatch SGD"; the RL phase of verl
-    and TRL warm up the same way). Why RL needs it here: AdamW's bias-corrected first step is
-    lr · g / |g| per parameter whatever the gradient's size, so a fresh optimizer's first
-    update moves nearly every weight by the full lr on the direction of one small batch
-    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
-    """
-    return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
-
-
-def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
-    """Steps `optimizer` has taken, from its own state (so a resumed run's count continues):
-    the largest per-parameter ``step`` of AdamW's state, 0 before the first step."""
-    return max((int(st["step"]) for st in optimizer.state.values() if "step" in st), default=0)
 
 
 def _fresh_rows(trajs: Sequence[Trajectory], version: int, like: torch.Tensor) -> torch.Tensor:
