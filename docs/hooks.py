@@ -38,16 +38,21 @@ def _first_line(obj) -> str:
 
 
 def cli_help() -> str:
-    """`taurl --help`, then each command's `--help`, as argparse prints them (80 columns)."""
+    """`taurl --help`, then each command's `--help`, as argparse prints them (100 columns)."""
     os.environ["COLUMNS"] = "100"
     from taurl.cli.main import build_parser
 
-    parser = build_parser()
-    out = ["### `taurl --help`", "", "```text", parser.format_help().rstrip(), "```"]
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    for name, p in sub.choices.items():
-        out += ["", f"### `taurl {name}`", "", "```text", p.format_help().rstrip(), "```"]
-    return "\n".join(out)
+    return "\n".join(_help_blocks(build_parser(), "taurl"))
+
+
+def _help_blocks(parser, prog: str) -> list[str]:
+    """`prog --help`, then each sub-command's (and theirs: `taurl sandbox exec`)."""
+    out = [f"### `{prog}`", "", "```text", parser.format_help().rstrip(), "```"]
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                out += ["", *_help_blocks(sub, f"{prog} {name}")]
+    return out
 
 
 def config_table(name: str) -> str:
@@ -163,17 +168,29 @@ except ImportError:  # griffe comes with mkdocstrings[python]; without it there 
     pass
 
 
+_RULER = re.compile(r"^=+( +=+)+$")
+
+
 def fence_doctests(text: str) -> str:
-    out, block = [], False
-    for line in text.split("\n"):
-        starts = line.lstrip().startswith(">>>")
-        if starts and not block:
-            out.append("```pycon")
-            block = True
-        elif block and not line.strip():
-            out.append("```")
-            block = False
-        out.append(line)
-    if block:
-        out.append("```")
+    """Fence doctest examples (``>>>``) as ``pycon`` and reStructuredText simple tables (rows
+    between ``====  ====`` rulers) as ``text``, so Markdown shows them as written."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.lstrip().startswith(">>>"):
+            j = i
+            while j < len(lines) and lines[j].strip():
+                j += 1
+            out += ["```pycon", *lines[i:j], "```"]
+            i = j
+        elif _RULER.match(line.strip()):
+            j = i + 1  # the table ends at a ruler followed by a blank line (or the end)
+            while j < len(lines) and not (_RULER.match(lines[j].strip()) and
+                                          (j + 1 == len(lines) or not lines[j + 1].strip())):
+                j += 1
+            out += ["```text", *lines[i:j + 1], "```"]
+            i = j + 1
+        else:
+            out.append(line)
+            i += 1
     return "\n".join(out)
