@@ -8,6 +8,11 @@ from typing import Any
 from taurl.errors import EngineError
 from taurl.policy.protocol import Engine
 
+# engine_options of engine "local", the one list the run config and `make_engine` both check:
+# `replicas` is make_engine's (N engines behind a router), the rest LocalEngine's keywords
+LOCAL_ENGINE_OPTIONS = ("max_batch_size", "prefix_cache_tokens", "slim_decode", "replicas")
+LOCAL_ENGINE_RUN_KEYS = ("seed", "max_context")  # LocalEngine's too, set by a run from its own keys
+
 
 def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, version: int,
                 **options: Any) -> Engine:
@@ -53,7 +58,7 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         from taurl.policy.model import load_policy
 
         model, _ = load_policy(checkpoint_dir)
-        allowed = {"max_batch_size", "seed", "max_context", "prefix_cache_tokens", "slim_decode"}
+        allowed = set(LOCAL_ENGINE_OPTIONS + LOCAL_ENGINE_RUN_KEYS)
         if unknown := sorted(set(options) - allowed):
             raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "
                               f"it takes {sorted(allowed)}")

@@ -126,7 +126,7 @@ class TrainConfig:
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; docs/models-and-engines.md)
-    engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode; vllm: url, or python to start one; verify; ...)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode, replicas; vllm: url, or python to start one; verify; ...)
     backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; docs/scale-out.md)
     backend_options: dict[str, Any] = field(default_factory=dict)  # ray: workers, num_cpus, max_restarts, max_attempts
     sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
@@ -237,10 +237,8 @@ class TrainConfig:
             out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
         if self.engine not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine!r})")
-        elif self.engine == "local" and (bad := sorted(set(self.engine_options)
-                                                       - {"prefix_cache_tokens", "slim_decode", "max_batch_size"})):
-            out.append(f"engine_options {bad} are not options of engine 'local' (it takes prefix_cache_tokens, slim_decode, "
-                       "max_batch_size; seed comes from seed)")
+        elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
+            out.append(bad)
         out += self.schedule_problems()
         from taurl.scale import backend_problems
 
@@ -342,6 +340,16 @@ def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: in
     (SamplingParams.priority), makes batches complete one after another instead of all
     together and late (benchmarks/async_step.py measures both; the simulator's ``max_batch``)."""
     return min(concurrency, (tasks_per_update + overprovision) * group_size)
+
+
+def _local_engine_option_problem(options: dict[str, Any]) -> str | None:
+    """Why `options` are not engine 'local''s (None when they are): the engine's own list."""
+    from taurl.policy.factory import LOCAL_ENGINE_OPTIONS
+
+    if not (bad := sorted(set(options) - set(LOCAL_ENGINE_OPTIONS))):
+        return None
+    hint = "; seed comes from the config's seed" if "seed" in bad else ""
+    return f"engine_options {bad} are not options of engine 'local' (it takes {', '.join(LOCAL_ENGINE_OPTIONS)}){hint}"
 
 
 def _rollout_config(cfg: Any, **sampling: Any):

@@ -68,7 +68,7 @@ class RolloutWorker:
         self.cfg, self.run_id = cfg, run_id
         self.tokenizer = load_tokenizer(checkpoint_dir)
         self.engine = make_engine("local", checkpoint_dir, self.tokenizer, version=version,
-                                  max_batch_size=max_batch_size, seed=seed, **cfg.engine_options)
+                                  **{"max_batch_size": max_batch_size, "seed": seed, **cfg.engine_options})
         self._load_lock = asyncio.Lock()
 
     def make_env(self) -> Any:

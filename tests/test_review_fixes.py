@@ -1,0 +1,50 @@
+"""Defects a review of the code found (issue 28, "smaller ones"): each test fails on the code
+before its fix. One test (or two) per defect, named after what must hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from taurl.recipe.config import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    """The default tiny policy of search-v0 (untrained), as a checkpoint directory."""
+    from taurl.envs.search import build_corpus, generate_tasks
+    from taurl.policy.model import build_default_policy
+
+    path = tmp_path_factory.mktemp("policy") / "v0"
+    texts = [d.text for d in build_corpus()[::40]] + [t.prompt for t in generate_tasks("train", n=300, seed=0)]
+    build_default_policy(texts, path, size="tiny", seed=0)
+    return path
+
+# -- one list of engine 'local' options ---------------------------------------------------
+
+
+def test_documented_local_engine_options_pass_the_config_and_the_engine():
+    """`replicas` (README: several engines) is an option of engine 'local': the config takes
+    it, and what the config takes is exactly what `make_engine` takes (one list)."""
+    from taurl.policy.factory import LOCAL_ENGINE_OPTIONS
+
+    assert "replicas" in LOCAL_ENGINE_OPTIONS
+    for opts in ({"replicas": 2}, {"replicas": 2, "max_batch_size": 8, "prefix_cache_tokens": 0, "slim_decode": False}):
+        assert not [p for p in TrainConfig(engine_options=opts).problems() if "engine_options" in p], opts
+    (bad,) = [p for p in TrainConfig(engine_options={"replica": 2, "seed": 1}).problems() if "engine_options" in p]
+    assert "['replica', 'seed']" in bad and "replicas" in bad and "seed comes from the config's seed" in bad
+
+
+def test_local_engine_replicas_build_a_router(policy_dir):
+    from taurl.policy.engine import make_engine
+    from taurl.policy.router import EngineRouter
+    from taurl.policy.tokenizer import load_tokenizer
+
+    cfg = TrainConfig(engine_options={"replicas": 2})
+    engine = make_engine("local", policy_dir, load_tokenizer(policy_dir), version=0,
+                         **{"max_batch_size": cfg.concurrency, "seed": 0, **cfg.engine_options})
+    try:
+        assert isinstance(engine, EngineRouter) and len(engine.engines) == 2
+    finally:
+        engine.close()
