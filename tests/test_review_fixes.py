@@ -48,3 +48,15 @@ def test_local_engine_replicas_build_a_router(policy_dir):
         assert isinstance(engine, EngineRouter) and len(engine.engines) == 2
     finally:
         engine.close()
+
+
+# -- the async schedule finds every stored episode on restart ------------------------------
+
+
+@pytest.mark.parametrize("group,j", [(0, 0), (99_999, 99), (100_000, 0), (1_234_567, 5), (3, 100), (100_000, 250)])
+def test_async_restore_pattern_matches_every_episode_id(group, j):
+    from taurl.recipe.schedule.async_rl import EPISODE_ID, episode_id
+
+    m = EPISODE_ID.match(episode_id(group, j))
+    assert m and (int(m.group(1)), int(m.group(2))) == (group, j)
+    assert not EPISODE_ID.match(f"r{group:04d}-{j:03d}-00")  # a sync run's ids stay out

@@ -50,7 +50,7 @@ from taurl.rollout.loop import run_episode
 from taurl.train.checkpoint import prune_checkpoints
 
 log = logging.getLogger("taurl.recipe.schedule")
-EPISODE_ID = re.compile(r"^a(\d{5})-(\d{2})$")
+EPISODE_ID = re.compile(r"^a(\d{5,})-(\d{2,})$")  # `episode_id`: at least 5 and 2 digits, more when they grow
 
 
 def episode_id(group: int, j: int) -> str:
