@@ -60,3 +60,44 @@ def test_async_restore_pattern_matches_every_episode_id(group, j):
     m = EPISODE_ID.match(episode_id(group, j))
     assert m and (int(m.group(1)), int(m.group(2))) == (group, j)
     assert not EPISODE_ID.match(f"r{group:04d}-{j:03d}-00")  # a sync run's ids stay out
+
+
+# -- a resumed partial action samples with a seed no other turn uses -----------------------
+
+
+class _AbortOnce:
+    """An engine that serves one fixed search action; its first answer is cut by an abort
+    (two ids, as a weight update cuts an action), the rest are whole. Records each seed."""
+
+    version, max_context, source = 0, 1024, "policy"
+
+    def __init__(self, tokenizer):
+        self.ids = list(tokenizer("<search>Lyon</search>", add_special_tokens=False)["input_ids"])
+        self.seeds: list[int] = []
+
+    async def generate(self, prompt_ids, sampling):
+        from taurl.policy.engine import Generation
+
+        self.seeds.append(sampling.seed)
+        if len(self.seeds) == 1:
+            return Generation(self.ids[:2], [-1.0, -1.0], "abort", 0)
+        done = len(self.seeds) == 2  # the continuation: the rest of the cut action
+        ids = self.ids[2:] if done else self.ids
+        return Generation(ids, [-1.0] * len(ids), "stop", 1, stop_matched="</search>")
+
+
+def test_resumed_partial_action_seed_is_not_a_later_turns(policy_dir):
+    import asyncio
+
+    from taurl import envs
+    from taurl.envs.search import generate_tasks
+    from taurl.policy.tokenizer import load_tokenizer
+    from taurl.rollout.loop import RolloutConfig, run_episode
+
+    tok = load_tokenizer(policy_dir)
+    engine = _AbortOnce(tok)
+    task = generate_tasks("train", n=1, seed=0)[0]
+    traj = asyncio.run(run_episode(engine, envs.make("search-v0", max_turns=4), tok, task, seed=3,
+                                   config=RolloutConfig(max_turns=4, resume_aborted=True, max_episode_tokens=400)))
+    assert len(traj.turns) == 4 and len(engine.seeds) == 5  # turn 0 in two pieces, then turns 1-3
+    assert len(set(engine.seeds)) == 5, engine.seeds

@@ -220,7 +220,9 @@ async def _generate(engine: Engine, st: _State, t: int, sampling: SamplingParams
     """
     cfg, ep = st.config, st.ep
     gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
+    resumes = 0  # continuations so far: each samples with a seed of its own, no other turn's
     while cfg.resume_aborted and gen.finish_reason == "abort" and st.policy:
+        resumes += 1
         if gen.token_ids:
             pieces.append(ep.append_piece(gen.token_ids, gen.logprobs, gen.policy_version) if pieces
                           else ep.append("action", gen.token_ids, gen.logprobs, gen.policy_version))
@@ -229,7 +231,7 @@ async def _generate(engine: Engine, st: _State, t: int, sampling: SamplingParams
         if budget < 1:  # the budget ran out at the cut: the action ended by length
             return dataclasses.replace(gen, token_ids=[], logprobs=[], finish_reason="length")
         sampling = dataclasses.replace(sampling, max_tokens=budget,
-                                       seed=_derive_seed(st.seed, t * 1000 + len(pieces) + 1))
+                                       seed=_derive_seed(st.seed, t, resumes))
         gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
     return gen
 

@@ -97,5 +97,8 @@ def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], in
     return ids[:max_tokens - tail] + ids[len(ids) - tail:], len(ids) - max_tokens
 
 
-def _derive_seed(seed: int, turn: int) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=4).digest(), "little")
+def _derive_seed(seed: int, turn: int, piece: int = 0) -> int:
+    """The sampling seed of `turn`'s action; piece k >= 1: its continuation after the k-th
+    abort (a partial rollout). Keyed by both, so no continuation reuses another turn's seed."""
+    key = f"{seed}:{turn}" if piece == 0 else f"{seed}:{turn}:{piece}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
