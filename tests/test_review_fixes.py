@@ -101,3 +101,38 @@ def test_resumed_partial_action_seed_is_not_a_later_turns(policy_dir):
                                    config=RolloutConfig(max_turns=4, resume_aborted=True, max_episode_tokens=400)))
     assert len(traj.turns) == 4 and len(engine.seeds) == 5  # turn 0 in two pieces, then turns 1-3
     assert len(set(engine.seeds)) == 5, engine.seeds
+
+
+# -- env registration and --import errors are taurl's, with the real cause -------------------
+
+
+def test_duplicate_env_name_is_a_taurl_error_that_says_what_to_do():
+    from taurl import envs
+    from taurl.errors import Error
+
+    with pytest.raises(Error) as e:
+        envs.register("search-v0", "taurl.envs.search.env:SearchEnv")
+    assert "already registered" in str(e.value) and "another name" in str(e.value)
+
+
+def test_import_error_inside_an_env_module_shows_the_real_error(tmp_path, monkeypatch):
+    import sys
+
+    from taurl.envs.registry import import_env_modules
+    from taurl.errors import Error
+
+    (tmp_path / "review_broken_env.py").write_text("import os\nimport review_no_such_dependency  # line 2\n")
+    (tmp_path / "review_typo_env.py").write_text("X = 1\nY = undefined_name\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod, cause, line in (("review_broken_env", "No module named 'review_no_such_dependency'", 2),
+                             ("review_typo_env", "NameError: name 'undefined_name' is not defined", 2)):
+        with pytest.raises(Error) as e:
+            import_env_modules([mod])
+        text = str(e.value)
+        assert cause in text and f"{mod}.py:{line}" in text, text
+        assert "must be importable from the current directory" not in text
+        sys.modules.pop(mod, None)
+    with pytest.raises(Error) as e:  # the module itself is missing: then the hint is the right one
+        import_env_modules(["review_absent_module"])
+    assert "must be importable from the current directory" in str(e.value)

@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
@@ -49,7 +50,9 @@ def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | s
     points: ``import taurl`` stays light, an env's heavy dependencies load only when used).
     """
     if name in _SPECS:
-        raise ValueError(f"environment {name!r} is already registered (by {_SPECS[name].source})")
+        raise ConfigError(f"environment {name!r} is already registered (by {_SPECS[name].source}); "
+                          f"{_SOURCE[-1]} registers it again: give your env another name (e.g. "
+                          f"'{name.rsplit('-v', 1)[0]}-mine-v0'), or register it once")
     _SPECS[name] = EnvSpec(name=name, factory=factory, tasks=tasks, expert=expert, verifier=verifier,
                            policy_hooks=policy_hooks, source=_SOURCE[-1])
 
@@ -162,13 +165,30 @@ def import_env_modules(modules: Iterable[str]) -> list[str]:
         _SOURCE.append(mod)
         try:
             importlib.import_module(mod)
-        except ImportError as e:
-            raise Error(f"--import {mod}: {e}. The module must be importable from the current directory or "
-                        "the venv (run from its parent directory, or `pip install -e` its package)") from e
+        except Error:
+            raise  # taurl's own (a duplicate name, a bad option): it says what to fix
+        except Exception as e:  # noqa: BLE001 — every failure is reported with where it happened
+            raise Error(_import_failure(mod, e)) from e
         finally:
             _SOURCE.pop()
         new += sorted(set(_SPECS) - before)
     return new
+
+
+def _import_failure(mod: str, e: Exception) -> str:
+    """What went wrong importing `mod`: not found (where to run from), or its own error
+    (shown as raised, with the file and line inside the module where it happened)."""
+    missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if missing and (mod == missing or mod.startswith(missing + ".")):
+        return (f"--import {mod}: {e}. The module must be importable from the current directory or "
+                "the venv (run from its parent directory, or `pip install -e` its package)")
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename
+              and not f.filename.startswith("<frozen")]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f" at {e.filename}:{e.lineno}"
+    return (f"--import {mod}: importing it raised {type(e).__name__}: {e}{where}. The module was found; "
+            "fix that error (a missing dependency: install it into this venv)")
 
 
 def load_entry_points() -> list[str]:
