@@ -230,6 +230,58 @@ def test_env_that_crashes_ends_the_episode_not_the_run(tok):
     validate_trajectory(tr)
 
 
+def test_env_reset_that_raises_is_a_record_with_the_error_not_a_raw_exception(tok, tmp_path):
+    """Before: `env.reset` raising escaped `run_episode` and the episode left no record."""
+    env = envs.make("search-v0")
+
+    def reset(task, seed):
+        raise KeyError("the task's document store is gone")
+
+    env.reset = reset
+    tr = _play(tok, ["<search>a</search>"], env=env)
+    assert tr.stop_reason is StopReason.ERROR and tr.truncated and not tr.turns
+    assert "env.reset raised KeyError" in tr.metadata["error"] and "document store" in tr.metadata["error"]
+    validate_trajectory(tr)
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        assert not ledger.append_many([tr]).rejected
+
+
+@pytest.mark.parametrize("reward,info,words", [
+    (None, None, "reward None (NoneType)"),
+    ("1.0", None, "reward '1.0' (str)"),
+    (float("nan"), None, "finite number"),
+    (1.0, ["not", "a", "dict"], "info of type list"),
+    (1.0, "oops", "info of type str"),
+    (1.0, {"reward_components": {"outcome": "high"}}, "reward_components"),
+])
+def test_a_step_with_a_non_numeric_reward_or_a_non_dict_info_is_an_error_record(tok, tmp_path, reward, info, words):
+    """Before: `float(r)` / `info.get` raised out of `run_episode` (TypeError, AttributeError)."""
+    env = envs.make("search-v0")
+    real_step = env.step
+
+    def step(action):
+        obs, r, terminated, truncated, good = real_step(action)
+        return obs, reward, terminated, truncated, good if info is None else info
+
+    env.step = step
+    tr = _play(tok, ["<search>a</search>", "<answer>x</answer>"], env=env)
+    assert tr.stop_reason is StopReason.ERROR and tr.truncated and len(tr.turns) == 1
+    assert "env contract" in tr.turns[0].error and words in tr.turns[0].error and tr.reward == 0.0
+    validate_trajectory(tr)
+    with Ledger(tmp_path / "l.sqlite") as ledger:
+        assert not ledger.append_many([tr]).rejected
+
+
+def test_numpy_rewards_are_numbers(tok):
+    import numpy as np
+
+    env = envs.make("search-v0")
+    real_step = env.step
+    env.step = lambda action: (lambda o, r, te, tr, i: (o, np.float32(r), te, tr, i))(*real_step(action))
+    tr = _play(tok, ["<answer>x</answer>"], env=env)
+    assert tr.stop_reason is StopReason.ANSWERED
+
+
 def test_engine_failure_ends_the_episode_as_error(tok):
     from taurl.errors import EngineError
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
+import numbers
 import time
 import uuid
 from collections.abc import Callable
@@ -132,7 +134,7 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     # several engines behind a router: every turn of this episode goes to the same one
     routing_key.set(episode_id or f"{group_id}/{seed}")
     st = _start(engine, env, tokenizer, task, seed, config)
-    for t in range(config.max_turns):
+    for t in range(config.max_turns if st.stop is None else 0):
         action = await _sample(engine, st, t)
         if action is None:
             break
@@ -153,11 +155,18 @@ def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int, conf
     ep.append("prompt", codec.encode(codec.render(messages, add_generation_prompt=True)))
     eos_text = codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
     stop_ids, stop_strings = codec.split_stops(env.stop)
-    _, reset_info = env.reset(task, seed)
+    reset_error = None
+    try:
+        _, reset_info = env.reset(task, seed)
+    except Exception as e:  # a broken env ends this episode (a record with the error), never the run
+        reset_info, reset_error = {}, f"env.reset raised {type(e).__name__}: {e}"
     provenance = reset_info.get("provenance", {}) if isinstance(reset_info, dict) else {}
     provenance = copy.deepcopy(provenance)  # the env may reuse its dict; the record is immutable
-    return _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids, stop_strings,
-                  eos_text, inline, getattr(engine, "source", POLICY_SOURCE), provenance)
+    st = _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids, stop_strings,
+                eos_text, inline, getattr(engine, "source", POLICY_SOURCE), provenance)
+    if reset_error is not None:
+        st.stop, st.info = StopReason.ERROR, {"error": reset_error}
+    return st
 
 
 async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
@@ -245,10 +254,12 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
         # envs whose tools do I/O offer `astep`, so other episodes run while a tool runs
         astep = getattr(env, "astep", None)
         obs, r, terminated, truncated, info = await astep(action.env_text) if astep else env.step(action.env_text)
+        broken = _step_problem(r, info)
     except Exception as e:  # a broken env ends this episode, never the run
+        broken = f"env.step raised {type(e).__name__}: {e}"
+    if broken is not None:
         obs, r, terminated, truncated = "", 0.0, False, True
-        info = StepInfo(error=f"env.step raised {type(e).__name__}: {e}", stop_reason="error",
-                        action={"kind": "error"}, invalid=False)
+        info = StepInfo(error=broken, stop_reason="error", action={"kind": "error"}, invalid=False)
     dt_env = time.perf_counter() - t0
     st.env_s += dt_env
     st.reward += float(r)
@@ -328,6 +339,27 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
         source=st.source, provenance=st.provenance,
     )
+
+
+def _step_problem(reward: Any, info: Any) -> str | None:
+    """How a step's reward or info breaks the Env protocol (None: they keep it). The episode
+    then ends as an error with this text, instead of the run with a raw TypeError."""
+    if not _finite(reward):
+        return (f"env contract: step returned reward {reward!r} ({type(reward).__name__}); it must be a "
+                "finite number (int or float); fix the env's step")
+    if not isinstance(info, dict):
+        return (f"env contract: step returned info of type {type(info).__name__}; it must be a dict "
+                "(a taurl.envs.StepInfo); fix the env's step")
+    parts = info.get("reward_components")
+    if parts is not None and not (isinstance(parts, dict) and all(map(_finite, parts.values()))):
+        return (f'env contract: info["reward_components"] {parts!r} must be a dict of finite numbers; '
+                "fix the env's step")
+    return None
+
+
+def _finite(x: Any) -> bool:
+    """A real number (Python or numpy scalar, not a bool) that is finite."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _env_stop(info: StepInfo, terminated: bool) -> tuple[StopReason, bool, str | None]:
