@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import numbers
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -121,7 +122,7 @@ def _check_step(name: str, out: Any, i: int) -> tuple[str, float, bool, bool, An
     obs, reward, terminated, truncated, info = out
     if not isinstance(obs, str):
         raise EnvCheckError(f"{where}: observation must be a str, got {type(obs).__name__}")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         raise EnvCheckError(f"{where}: reward must be a finite number, got {reward!r}")
     if not isinstance(terminated, bool) or not isinstance(truncated, bool):
         raise EnvCheckError(f"{where}: terminated and truncated must be bools")

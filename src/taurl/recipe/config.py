@@ -122,7 +122,7 @@ class TrainConfig:
     max_observation_tokens: int = 256  # observation cut, in tokens
     max_context: int = 1024  # prompt + actions + observations
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
-    temperature: float = 1.0  # rollout sampling temperature (training); > 0 (greedy rollouts of a group are identical: nothing to learn)
+    temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; docs/models-and-engines.md)

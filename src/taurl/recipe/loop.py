@@ -54,7 +54,7 @@ from taurl.policy.factory import make_engine
 from taurl.policy.model import build_default_policy, load_policy, load_policy_meta
 from taurl.recipe.config import TrainConfig, async_engine_rows, dump_config
 from taurl.recipe.mixing import BatchMix
-from taurl.recipe.state import Hook, Run
+from taurl.recipe.state import Hook, Run, check_run_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train.checkpoint import (
     drop_optimizer_state,
@@ -79,6 +79,8 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
                       n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
+    # the env keeps the protocol, or the run is refused before any file is written
+    env_check = check_run_env(cfg, (plan.rl or plan.demos or plan.validation)[0], episode_seed(cfg.seed, "env-check"))
     run = RunDir.create(run_dir)
     run.clean()  # what an interrupted write left half-done is never trusted
     state_path = run.root / "state.json"
@@ -90,6 +92,7 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
                                                       dataclasses.asdict(cfg)) as metrics:
         r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
+        metrics.write(0, env_check)
         if cfg.schedule == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
             from taurl.recipe.schedule.learner_proc import LearnerProcess
 

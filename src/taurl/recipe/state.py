@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,13 +17,39 @@ from taurl import envs
 from taurl.data.atomic import atomic_write_text
 from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
-from taurl.envs.core import Env
+from taurl.envs.checker import check_env
+from taurl.envs.core import Env, Task
 from taurl.envs.spec import EnvSpec
 from taurl.envs.tasks import TaskPlan
+from taurl.errors import EnvCheckError
 from taurl.monitor.metrics import MetricsWriter
 from taurl.recipe.config import TrainConfig
 
 Hook = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger("taurl.recipe")
+
+
+def make_env(cfg: TrainConfig) -> Env:
+    """The run's env: its registration, the config's env options and system prompt."""
+    env = envs.make(cfg.env, **cfg.env_kwargs())
+    if cfg.system_prompt is not None:
+        env.system_prompt = cfg.system_prompt
+    return env
+
+
+def check_run_env(cfg: TrainConfig, task: Task, seed: int) -> dict[str, Any]:
+    """`taurl.envs.check_env` on the run's env (registered or imported) and one of its tasks,
+    before any work: an env that breaks the protocol is refused here, with what to fix,
+    instead of failing every episode later. Returns the metrics row that records the check."""
+    t0 = time.perf_counter()
+    try:
+        check_env(make_env(cfg), task, seed=seed)
+    except EnvCheckError as e:
+        raise EnvCheckError(f"the env {cfg.env!r} failed taurl's env check on task {task.task_id!r}: {e} "
+                            f"(reproduce it with taurl.envs.check_env(taurl.envs.make({cfg.env!r}), task))") from None
+    seconds = time.perf_counter() - t0
+    log.info("env check: %s passed on task %s in %.2fs", cfg.env, task.task_id, seconds)
+    return {"phase": "env_check", "env/check_passed": 1.0, "env/check_s": seconds, "env/check_task": task.task_id}
 
 
 @dataclass
@@ -40,10 +68,7 @@ class Run:
     learner_process: Any = None  # schedule: async — the learner's process, spawned early (taurl.recipe.schedule.learner_proc)
 
     def make_env(self) -> Env:
-        env = envs.make(self.cfg.env, **self.cfg.env_kwargs())
-        if self.cfg.system_prompt is not None:
-            env.system_prompt = self.cfg.system_prompt
-        return env
+        return make_env(self.cfg)
 
     def save_state(self, **changes: Any) -> None:
         self.state.update(changes)
