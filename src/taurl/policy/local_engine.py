@@ -203,6 +203,12 @@ def _read_state_dict(path: Path, model: torch.nn.Module) -> dict[str, torch.Tens
     """
     from safetensors.torch import load_file
 
+    from taurl.policy.adapter import is_adapter_dir
+
+    if is_adapter_dir(path):  # a LoRA checkpoint: its base with the adapter merged in
+        from taurl.policy.adapter import load_merged
+
+        return load_merged(path, device="cpu", dtype=next(model.parameters()).dtype)[0].state_dict()
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
         raise EngineError(f"no *.safetensors weights in {str(path)!r}; pass a checkpoint directory "

@@ -183,6 +183,8 @@ def save_policy(
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         model.save_pretrained(tmp)
+        if hasattr(model, "get_base_model"):  # peft adapters alone (taurl.policy.adapter): plus the architecture
+            model.get_base_model().config.save_pretrained(tmp)
         save_tokenizer(tokenizer, tmp)
         (tmp / META_FILE).write_text(meta_text + "\n", encoding="utf-8")
         _swap_in(tmp, path)
@@ -224,6 +226,10 @@ def policy_problems(path: str | Path, *, chat_template: str | None = None) -> li
     """
     path = Path(path)
     where = str(path)
+    if path.is_dir() and (path / "adapter_config.json").is_file():  # a LoRA checkpoint: its base must load
+        from taurl.policy.adapter import adapter_base, adapter_problems
+
+        return adapter_problems(path) or policy_problems(adapter_base(path), chat_template=chat_template)
     if not path.is_dir():
         return [f"model directory {where!r} does not exist; point `model` to a local HF "
                 "causal-LM directory (config.json, weights, tokenizer files), or create one "
@@ -283,11 +289,16 @@ def load_policy(
     """Load (model, tokenizer) from any local HF causal-LM directory; model in eval mode.
 
     Any architecture ``AutoModelForCausalLM`` builds (Qwen2, Llama, GPT-2, GPT-NeoX, …), not
-    only taurl's own. `chat_template`: a Jinja template, or ``"chatml"`` for taurl's
+    only taurl's own. A LoRA adapter checkpoint loads as its base with the adapter merged
+    in (`taurl.policy.adapter.load_merged`). `chat_template`: a Jinja template, or ``"chatml"`` for taurl's
     `CHAT_TEMPLATE`, used when the tokenizer has none (or to replace its own). A tokenizer
     without a pad token pads with its end token (padding is always masked, so any id works).
     """
     path = Path(path)
+    if (path / "adapter_config.json").is_file():  # a LoRA checkpoint (taurl.policy.adapter): served merged
+        from taurl.policy.adapter import load_merged
+
+        return load_merged(path, device, dtype=dtype, chat_template=chat_template)
     if problems := policy_problems(path, chat_template=chat_template):
         raise ConfigError(problems)
     tokenizer = load_tokenizer(path)

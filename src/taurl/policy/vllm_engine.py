@@ -140,6 +140,9 @@ class VLLMEngine(WeightSync):
         max_batch_size (the recipe's concurrency) caps this client's requests in flight.
         server_options: `VLLMServer`'s (port, cache_dir, kv_cache_gib, max_model_len, ...).
         """
+        from taurl.policy.adapter import serving_dir
+
+        checkpoint_dir = serving_dir(checkpoint_dir)  # a LoRA checkpoint: the server starts on its merged copy
         server = None
         if url is None:
             from taurl.policy.vllm_server import VLLMServer

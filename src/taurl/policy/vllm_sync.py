@@ -26,6 +26,10 @@ class WeightSync:
     """`VLLMEngine._load` and its verification probe."""
 
     async def _load(self, checkpoint_dir: Path, version: int) -> None:
+        from taurl.policy.adapter import serving_dir
+
+        # a LoRA checkpoint holds an adapter: the server reloads its merged copy
+        checkpoint_dir = await asyncio.to_thread(serving_dir, checkpoint_dir)
         if not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("*.safetensors")):
             raise EngineError(f"no *.safetensors weights in {str(checkpoint_dir)!r}; pass a checkpoint "
                               "directory written by save_pretrained (e.g. RUN/checkpoints/vN)")

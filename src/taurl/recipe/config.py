@@ -176,6 +176,7 @@ class TrainConfig:
     drop_zero_variance: bool = True  # drop groups whose advantages are all zero before the loss (counted in learn/filter_*)
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps per RL batch
+    lora: dict[str, Any] = field(default_factory=dict)  # train LoRA adapters (docs/lora.md): rank, alpha, dropout, targets; {}: full fine-tuning; pip install 'taurl[real]'
     eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
@@ -239,7 +240,7 @@ class TrainConfig:
             out.append(f"engine must be local or vllm (got {self.engine!r})")
         elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
             out.append(bad)
-        out += self.schedule_problems()
+        out += self.schedule_problems() + self.lora_problems()
         from taurl.scale import backend_problems
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine)
@@ -310,6 +311,36 @@ class TrainConfig:
             out.append("schedule: async does not take step_scorer, replay or curriculum yet (they hook the "
                        "synchronous loop); drop them or use schedule: sync")
         return out
+
+    def lora_problems(self) -> list[str]:
+        """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names included."""
+        from taurl.credit import needs_values
+        from taurl.train.lora import lora_problems, model_target_problems
+
+        if not self.lora:
+            return []
+        out = lora_problems(self.lora)
+        if self.schedule == "async" or self.step_scorer != "none":
+            out.append("lora runs with schedule: sync and step_scorer: none for now; drop lora or those options")
+        if needs_values(self.estimator):
+            out.append(f"lora: estimator {self.estimator!r} builds its critic from a copy of the policy; "
+                       "use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or drop lora")
+        if not out:
+            out += model_target_problems(self.lora, self._model_config())
+        return out
+
+    def _model_config(self) -> Any:
+        """The HF config of the policy to train: `model`'s, or the default policy's shape."""
+        if self.model:
+            from transformers import AutoConfig
+
+            try:
+                return AutoConfig.from_pretrained(self.model)
+            except (OSError, ValueError):
+                return None  # policy_problems reports the directory
+        from taurl.policy.model import tiny_config
+
+        return tiny_config(self.vocab_size, self.model_size if self.model_size in ("tiny", "small") else "tiny")
 
     def mixing_problems(self) -> list[str]:
         """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""

@@ -56,6 +56,7 @@ from taurl.recipe.config import TrainConfig, async_engine_rows, dump_config
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.state import Hook, Run, check_run_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
+from taurl.train import lora
 from taurl.train.checkpoint import (
     drop_optimizer_state,
     load_optimizer_state,
@@ -184,6 +185,8 @@ def sft(r: Run, trajs: list) -> None:
     model, tok = load_policy(r.run.checkpoint(0))
     steps = 0
     if trajs:
+        if cfg.lora:  # SFT trains an adapter, merged into v1 below: the RL base (taurl.train.lora)
+            model = lora.attach(model, lora.LoraOptions.from_dict(cfg.lora), cfg.seed)
         bar = r.bar(1, "sft", "step")
 
         def on_step(step: int, total: int, m: dict[str, float]) -> None:
@@ -198,6 +201,7 @@ def sft(r: Run, trajs: list) -> None:
                          micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_seconds=cfg.sft_max_seconds,
                          on_step=on_step)
         bar.close()
+        model = lora.merged(model)
     save_checkpoint(r.run, 1, model, tok, None, phase="sft", sft_steps=steps, **r.checkpoint_meta())
     r.phase_done("sft", time.perf_counter() - t0)
     r.save_state(sft_version=1, sft_steps=steps, sft_examples=len(trajs))
@@ -216,8 +220,12 @@ def reinforce(r: Run) -> None:
     prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
-    model, tok = load_policy(r.run.checkpoint(version))
-    reference = load_policy(r.run.checkpoint(v_sft))[0] if cfg.kl_coef > 0 else None
+    if cfg.lora:  # adapters on the SFT policy; the KL reference is that policy, adapters off
+        model, tok = lora.rl_policy(r.run, version, v_sft, lora.LoraOptions.from_dict(cfg.lora), seed=cfg.seed)
+        reference = None
+    else:
+        model, tok = load_policy(r.run.checkpoint(version))
+        reference = load_policy(r.run.checkpoint(v_sft))[0] if cfg.kl_coef > 0 else None
     learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
                       shaper=make_step_scorer(r, model, tok))
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
@@ -275,6 +283,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     bar.update(first - 1)
     t_start = time.perf_counter()
     watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
+    # a LoRA checkpoint names its base (the SFT checkpoint) and that base's digest
+    adapter = {"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))} if cfg.lora else {}
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update])
@@ -299,7 +309,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                "rollout/staleness_max": staleness_max(batch, version - 1)}
         # the row goes into the checkpoint too: a kill between the two loses no row (recover_row)
         save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
-                        write_extra=learner.save_state, metrics_row=row, **r.checkpoint_meta())
+                        write_extra=learner.save_state, metrics_row=row, **adapter, **r.checkpoint_meta())
         drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
         r.hook("checkpoint_saved", {"version": version})
         prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})

@@ -40,6 +40,7 @@ filtered like any other). They are counted as ``learn/invalid_samples_dropped``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import time
@@ -62,6 +63,7 @@ from taurl.credit.batch import drop_invalid
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train.critic import Critic, CriticConfig
+from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
@@ -209,7 +211,10 @@ class Learner:
         self.reference = reference if config.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        # with LoRA the reference is the base under the adapters (`taurl.train.lora.base_only`)
+        self.reference_is_base = config.kl_coef > 0 and reference is None and is_lora(model)
+        # the trained parameters only: with LoRA the adapters', so no AdamW state for the base
+        self.optimizer = torch.optim.AdamW(trainable(model), lr=config.lr, weight_decay=config.weight_decay)
         self.loss_fn = make_objective(config.objective, **config._objective_kwargs())
         self.estimator = make_estimator(config.estimator, **config.estimator_options)
         self.norm_constant = config.loss_norm_constant()
@@ -348,10 +353,13 @@ class Learner:
         return _Batch(rows, chunks, n_tok, n_tok if self.config.aggregation == "token-mean" else float(len(kept)))
 
     def _reference_logprobs(self, rows: list[Rows]) -> list[torch.Tensor] | None:
-        if self.reference is None:
+        """log π_ref on each micro-batch's action tokens (None without a KL term)."""
+        if self.reference is None and not self.reference_is_base:
             return None
-        with torch.no_grad():
-            return [action_logprobs(self.reference, r, self.config.temperature)[0] for r in rows]
+        self.model.eval()
+        with torch.no_grad(), (base_only(self.model) if self.reference_is_base else contextlib.nullcontext()):
+            ref = self.reference if self.reference is not None else self.model
+            return [action_logprobs(ref, r, self.config.temperature)[0] for r in rows]
 
     def _mismatch(self, lp: torch.Tensor, r: Rows, part: list[Trajectory], version: int) -> Mismatch:
         # on-policy rows only: every action sampled by the weights being trained (`version`,

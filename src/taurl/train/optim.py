@@ -11,7 +11,8 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr:
 
     Returns the gradient norm before clipping and the learning rate used: one new version.
     """
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    # the trained parameters (with LoRA the adapters'; the frozen base has no gradient)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
     step_lr = warmup_lr(lr, optimizer_steps(optimizer) + 1, warmup_steps)
     for group in optimizer.param_groups:
         group["lr"] = step_lr

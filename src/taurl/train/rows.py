@@ -114,8 +114,11 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
 
 
 def _forward_params(model: torch.nn.Module) -> Any:
-    # a wrapper (DDP, compile) forwards to the module it wraps
+    # a wrapper (DDP, compile) forwards to the module it wraps; peft's (LoRA) passes the
+    # keywords through to its base model's forward
     inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
     return inspect.signature(inner.forward).parameters
 
 

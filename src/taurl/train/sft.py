@@ -19,6 +19,7 @@ import torch
 
 from taurl.credit.batch import drop_invalid
 from taurl.data.trajectory import Trajectory
+from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
 from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_device
 
@@ -54,7 +55,7 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
               progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Fine-tune `model` in place on the action tokens of `trajs`; returns the loss per step."""
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=weight_decay)
     losses: list[float] = []
     for _ in range(epochs):
         for group in length_buckets(trajs, batch_size, rng):
@@ -74,7 +75,7 @@ def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int
     on_step(step, total, metrics) after each."""
     import time
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(trainable(model), lr=lr)
     rng = random.Random(seed)
     batches = [b for _ in range(epochs) for b in length_buckets(trajs, batch_size, rng)]
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -145,7 +146,7 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
         loss, _ = sft(lp, r.mask, denominator=max(n_tok, 1.0))
         loss.backward()
         total += float(loss.detach())
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_(trainable(model), grad_clip)
     optimizer.step()
     model.eval()
     return {"sft/loss": total, "sft/grad_norm": float(norm), "sft/action_tokens": n_tok,
