@@ -65,6 +65,7 @@ def test_inspect_of_a_missing_run_says_how_to_fix(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--env-config", '{"top_kk": 1}'], "did you mean 'top_k'"),
+    (["--env-config", '{"top_k": 0}'], "top_k must be an integer >= 1"),  # a value only the env's constructor checks
     (["--env", "serch-v0"], "Did you mean 'search-v0'"),
     (["--task-options", '{"split_bye": "city"}'], "did you mean 'split_by'"),
     (["--split", "test"], "split must be train, validation or holdout"),

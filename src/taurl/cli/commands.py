@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,20 @@ def sample_tasks(env_name: str, split: str, n: int, seed: int, options: dict[str
     return tasks[:n]
 
 
+def check_env_builds(make_env: Callable[[], Any], name: str, env_config: dict[str, Any]) -> None:
+    """Build the env once and close it: a value its constructor refuses (``top_k: 0``) is an
+    error here, before any file is written. A taurl error passes as it is (it says what to fix)."""
+    try:
+        env = make_env()
+    except Error:
+        raise
+    except Exception as e:  # noqa: BLE001 — a user's env: its own exception, reported with the options
+        raise Error(f"env {name!r} could not be built with env_config {env_config}: {type(e).__name__}: {e}") from e
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
 def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """`taurl rollout`: run cfg.episodes episodes and store them in the run's ledger."""
     from taurl.data.ledger import Ledger
@@ -68,13 +83,6 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
 
     cfg = cfg.as_trained()
     n_tasks = -(-cfg.episodes // cfg.group_size)
-    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)  # before any file is written
-    run = RunDir.create(run_dir)
-    if not run.config.exists():  # a later rollout into the same run leaves the first config as it was
-        run.config.write_text(dump_config(cfg))
-    model, tokenizer = ensure_policy(run, cfg)
-    version = policy_version(cfg.model or run.latest_checkpoint())
-    engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
     env_config = dict(cfg.env_config)
     env_config.setdefault("max_turns", cfg.max_turns)
 
@@ -83,6 +91,16 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
         if cfg.system_prompt is not None:
             env.system_prompt = cfg.system_prompt
         return env
+
+    # before any file is written: the tasks, and one env (its constructor checks env_config's values)
+    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)
+    check_env_builds(make_env, cfg.env, env_config)
+    run = RunDir.create(run_dir)
+    if not run.config.exists():  # a later rollout into the same run leaves the first config as it was
+        run.config.write_text(dump_config(cfg))
+    model, tokenizer = ensure_policy(run, cfg)
+    version = policy_version(cfg.model or run.latest_checkpoint())
+    engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
 
     bar = tqdm(total=len(tasks) * cfg.group_size, desc="rollout", unit="ep", disable=not progress)
     ledger = Ledger(run.ledger)
