@@ -136,3 +136,44 @@ def test_import_error_inside_an_env_module_shows_the_real_error(tmp_path, monkey
     with pytest.raises(Error) as e:  # the module itself is missing: then the hint is the right one
         import_env_modules(["review_absent_module"])
     assert "must be importable from the current directory" in str(e.value)
+
+
+# -- what `taurl rollout` and `taurl promote` write is written whole or not at all ------------
+
+
+def _disk_full_at_fsync(monkeypatch):
+    """The disk fills while a file is written: the error surfaces at fsync (delayed allocation)."""
+    import errno
+    import os
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+
+
+def test_rollout_config_is_written_atomically(tmp_path, monkeypatch, capsys):
+    from taurl.cli.main import main
+
+    _disk_full_at_fsync(monkeypatch)
+    code = main(["rollout", "--run-dir", str(tmp_path / "r"), "--episodes", "1", "--max-turns", "1",
+                 "--max-action-tokens", "4", "--no-progress"])
+    assert code == 1 and "disk is full" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "config.yaml").exists()  # no config a later rollout would keep
+
+
+def test_promote_evaluation_is_written_atomically(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from taurl.data.atomic import DiskWriteError
+    from taurl.data.runs import RunDir
+    from taurl.eval import eval_run
+    from taurl.eval.promote_run import find_or_evaluate
+
+    result = SimpleNamespace(to_dict=lambda: {"policy_version": 1, "success": 0.5})
+    monkeypatch.setattr(eval_run, "evaluate_policy", lambda *a, **k: result)
+    run = RunDir.create(tmp_path / "r")
+    _disk_full_at_fsync(monkeypatch)
+    with pytest.raises(DiskWriteError):
+        find_or_evaluate(run, TrainConfig(), SimpleNamespace(holdout=[]), 1, "holdout", progress=False)
+    assert not list((tmp_path / "r" / "evals").glob("*.json"))  # no evaluation a later promote would reuse

@@ -14,6 +14,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from taurl import envs
+from taurl.data.atomic import atomic_write_text
 from taurl.data.runs import RunDir
 from taurl.errors import Error
 from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config
@@ -97,7 +98,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
     check_env_builds(make_env, cfg.env, env_config)
     run = RunDir.create(run_dir)
     if not run.config.exists():  # a later rollout into the same run leaves the first config as it was
-        run.config.write_text(dump_config(cfg))
+        atomic_write_text(run.config, dump_config(cfg))  # a crash leaves no half config for the next rollout to keep
     model, tokenizer = ensure_policy(run, cfg)
     version = policy_version(cfg.model or run.latest_checkpoint())
     engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from taurl.data.atomic import atomic_write_text
 from taurl.data.runs import RunDir
 from taurl.errors import Error
 from taurl.eval.evaluate import EvalResult
@@ -121,8 +122,7 @@ def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
                                  rollout=cfg.rollout_config(cfg.eval_temperature),
                                  verifier=envs.spec(cfg.env).make_verifier(), ledger=ledger, run_id=run.root.name,
                                  tag=tag, progress=progress)
-    (run.root / "evals").mkdir(exist_ok=True)
-    (run.root / "evals" / f"{tag}.json").write_text(json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(run.root / "evals" / f"{tag}.json", json.dumps(result.to_dict(), indent=2))
     return result
 
 
