@@ -236,27 +236,51 @@ def test_bad_lora_options_are_refused_before_anything_is_written(tmp_path):
     assert not run_dir.exists()
 
 
-def test_recipe_trains_adapters_serves_them_merged_and_evaluates(tmp_path):
+def test_export_merged_is_a_plain_hf_directory(tok, tmp_path):
+    from taurl.cli.main import main
+
+    run, model, _ = _run_with_adapter(tmp_path, "llama", tok)
+    out = tmp_path / "exported"
+    assert main(["export", "--merged", str(run.root), str(out)]) == 0  # RUN: its newest checkpoint, v2
+    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
+    plain = AutoModelForCausalLM.from_pretrained(out).eval()  # no taurl, no peft involved
+    assert type(plain).__name__ == "LlamaForCausalLM"
+    ids = list(range(3, 40))
+    model.eval()
+    assert float((sequence_logprobs(plain, ids) - sequence_logprobs(model, ids)).abs().max()) <= TOL
+    assert json.loads((out / "taurl.json").read_text())["policy_version"] == 2
+    # a non-empty OUT is refused before anything is written; so is a path that is no checkpoint
+    assert main(["export", "--merged", str(run.checkpoint(2)), str(out)]) == 1  # an error, said
+    assert main(["export", "--merged", str(tmp_path / "nothing"), str(tmp_path / "o2")]) == 1
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
     """The miniature recipe with ``lora:`` and a KL term, from the miniature's SFT policy (LoRA
-    on the from-scratch tiny model learns too little for reward variance): RL checkpoints are
-    adapters on v1, and the engine's behaviour logprobs of update 2 (sampled with v2 served
-    merged) match the learner's unmerged forward (``mismatch/abs_max``)."""
+    on the from-scratch tiny model learns too little for reward variance)."""
     from tests.test_recipe import MINI
 
     from taurl.recipe.loop import train
 
-    train(TrainConfig(**{**MINI, "updates": 1}), str(tmp_path / "sft"), progress=False)
-    run_dir = tmp_path / "run"
-    cfg = {**MINI, "model": str(tmp_path / "sft" / "checkpoints" / "v1"), "sft": "none", "warmup_options": {},
+    tmp = tmp_path_factory.mktemp("lora-recipe")
+    train(TrainConfig(**{**MINI, "updates": 1}), str(tmp / "sft"), progress=False)
+    cfg = {**MINI, "model": str(tmp / "sft" / "checkpoints" / "v1"), "sft": "none", "warmup_options": {},
            "expert_options": {}, "lora": {"rank": 8, "alpha": 16}, "kl_coef": 0.05, "lr": 1e-2}
-    summary = train(TrainConfig(**cfg), str(run_dir), progress=False)
-    run = RunDir(run_dir)
+    summary = train(TrainConfig(**cfg), str(tmp / "run"), progress=False)
+    return RunDir(tmp / "run"), summary
+
+
+def test_recipe_trains_adapters_serves_them_merged_and_evaluates(lora_run):
+    """RL checkpoints are adapters on v1, and the engine's behaviour logprobs of update 2
+    (sampled with v2 served merged) match the learner's unmerged forward (``mismatch/abs_max``)."""
+    run, summary = lora_run
     assert run.versions() == [0, 1, 2, 3] and summary["train"]["updates"] == 2
     assert (run.checkpoint(1) / "model.safetensors").is_file()  # the SFT policy, full: the RL base
     for v in (2, 3):
         assert lora_files(run.checkpoint(v)) and not (run.checkpoint(v) / "model.safetensors").exists()
     assert not (run.checkpoint(2) / "optimizer.pt").exists() and (run.checkpoint(3) / "optimizer.pt").is_file()
-    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+    rows = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rows] == [1, 2]
     assert rows[0]["learn/skipped"] == 0.0, "no reward variance in update 1: the test is void"
     assert "learn/kl_k3" in rows[0]  # the KL term ran (0 at the first step: B = 0, policy = base)
@@ -265,6 +289,27 @@ def test_recipe_trains_adapters_serves_them_merged_and_evaluates(tmp_path):
     v1, v2 = (sequence_logprobs(load_policy(run.checkpoint(v))[0], ids) for v in (1, 2))
     assert float((v2 - v1).abs().max()) > 1e-3
     assert summary["holdout"]["final"]["episodes"] == summary["holdout"]["sft"]["episodes"] > 0
+
+
+def test_merged_export_gives_the_runs_recorded_logprobs(lora_run, tmp_path):
+    """The final policy exported merged, loaded by plain transformers, scores the tokens the
+    run sampled with it (its final evaluation's episodes) as they were recorded, within 1e-4."""
+    from taurl.data.ledger import Ledger
+    from taurl.policy.export import export_merged
+
+    run, summary = lora_run
+    export_merged(run.root, tmp_path / "final")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
+    with Ledger(run.ledger) as ledger:
+        sampled = [t for t in ledger.query(min_version=3) if t.policy_versions and set(t.policy_versions) == {3}]
+    assert sampled, "no episode of the final version in the ledger"
+    temp = summary["config"]["eval_temperature"]
+    worst = 0.0
+    for t in sampled:
+        mask = torch.tensor(t.action_mask, dtype=torch.bool)
+        got = sequence_logprobs(plain, t.token_ids, temperature=temp)[mask]
+        worst = max(worst, float((got - torch.tensor(t.logprobs)[mask]).abs().max()))
+    assert worst <= TOL
 
 
 def lora_files(path) -> bool:

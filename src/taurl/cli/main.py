@@ -18,6 +18,7 @@ examples:
   taurl rollout --config configs/rollout.yaml --run-dir runs/cfg
   taurl inspect runs/first --index 3                        # one trajectory, masks shown
   taurl export runs/first --format parquet                  # runs/first/exports/trajectories.parquet
+  taurl export --merged runs/lora out/model                 # the newest policy, LoRA merged: a plain HF dir
   taurl envs                                                # registered environments
   taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
   taurl train --config configs/frozenlake.yaml --run-dir runs/fl
@@ -91,10 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_config_flags(p, RolloutRunConfig)
 
-    p = sub.add_parser("export", help="export a run's trajectories to JSONL or Parquet",
+    p = sub.add_parser("export", help="export a run's trajectories to JSONL or Parquet, or a policy (--merged)",
                        description="Write every stored trajectory (or a filtered subset) in the public "
-                       "export format (docs/formats.md).")
+                       "export format (docs/formats.md). With --merged: write RUN's newest checkpoint (or the "
+                       "checkpoint RUN/checkpoints/vN), LoRA adapter merged in, as a plain Hugging Face "
+                       "directory OUT (docs/lora.md).")
     p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("merged_out", metavar="OUT", nargs="?", help="with --merged: the new model directory")
+    p.add_argument("--merged", action="store_true", help="export the policy (adapter merged) to OUT")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--out", help="output file (default RUN/exports/trajectories.FORMAT)")
     p.add_argument("--split", help="only this split")
@@ -208,6 +213,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         metrics = commands.rollout(cfg, args.run_dir, progress=not args.no_progress)
         _print_metrics(metrics)
         print(f"stored in {args.run_dir}/ledger.sqlite — inspect with `taurl inspect {args.run_dir}`")
+    elif args.command == "export" and (args.merged or args.merged_out):
+        if not (args.merged and args.merged_out):
+            raise Error("a policy export is `taurl export --merged RUN_OR_CHECKPOINT OUT`")
+        from taurl.policy.export import export_merged
+
+        src, _ = export_merged(args.run_dir, args.merged_out)
+        print(f"wrote {src} as a plain Hugging Face model to {args.merged_out} "
+              "(AutoModelForCausalLM.from_pretrained loads it)")
     elif args.command == "export":
         query = {k: v for k, v in (("split", args.split), ("task_id", args.task_id),
                                    ("min_version", args.min_version)) if v is not None}
