@@ -177,3 +177,54 @@ def test_promote_evaluation_is_written_atomically(tmp_path, monkeypatch):
     with pytest.raises(DiskWriteError):
         find_or_evaluate(run, TrainConfig(), SimpleNamespace(holdout=[]), 1, "holdout", progress=False)
     assert not list((tmp_path / "r" / "evals").glob("*.json"))  # no evaluation a later promote would reuse
+
+
+# -- top-p: recorded, and refused where it would bias an importance ratio -------------------
+
+
+def test_rollout_top_p_is_recorded_and_kept_out_of_importance_ratios(tmp_path):
+    import numpy as np
+
+    from taurl.cli.main import main
+    from taurl.data.ledger import Ledger
+    from taurl.errors import ContractError
+    from taurl.train.rows import make_rows
+
+    def rollout(name, top_p):
+        run = tmp_path / name
+        assert main(["rollout", "--run-dir", str(run), "--episodes", "2", "--max-turns", "1", "--max-action-tokens",
+                     "6", "--top-p", str(top_p), "--no-progress"]) == 0
+        with Ledger(run / "ledger.sqlite") as ledger:
+            return ledger.query()
+
+    nucleus, full = rollout("nucleus", 0.9), rollout("full", 1.0)
+    assert [t.metadata["sampling"] for t in nucleus] == [{"temperature": 1.0, "top_p": 0.9}] * 2
+    assert [t.metadata["sampling"]["top_p"] for t in full] == [1.0, 1.0]
+    with pytest.raises(ContractError) as e:
+        make_rows(nucleus, np.zeros((2, 1)), pad_id=0)  # an RL row: a ratio over the behaviour logprobs
+    assert e.value.rule == "behaviour_top_p" and "top_p=0.9" in str(e.value)
+    make_rows(full, np.zeros((2, 1)), pad_id=0)  # top_p 1: the stored logprobs are the sampling distribution's
+    make_rows(nucleus, None, pad_id=0)  # SFT rows read no behaviour logprob: fine
+
+
+def test_proxy_forces_top_p_one_for_training_and_records_the_agents_otherwise(policy_dir):
+    openai = pytest.importorskip("openai")
+    from taurl import envs
+    from taurl.envs.search import generate_tasks
+    from taurl.policy.local_engine import LocalEngine
+    from taurl.policy.model import load_policy
+    from taurl.proxy.runner import episode_records
+    from taurl.proxy.server import ProxyLimits, ProxyServer
+
+    model, tok = load_policy(policy_dir)
+    task = generate_tasks("train", n=1, seed=0)[0]
+    for forced, expected in ((1.0, 1.0), (None, 0.5)):
+        limits = ProxyLimits(max_action_tokens=4, max_context=1024, top_p=forced)
+        with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits) as p:
+            p.open("ep", seed=1)
+            c = openai.OpenAI(base_url=p.base_url("ep"), api_key="x", max_retries=0)
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}], top_p=0.5)
+            (traj,) = episode_records(p.pop("ep"), task=task, group_id="g", run_id="t", env_name="search-v0",
+                                      env_version="1", verifier=envs.spec("search-v0").make_verifier(), error=None,
+                                      agent_name="t", answer=None)
+        assert traj.metadata["sampling"]["top_p"] == expected

@@ -14,7 +14,12 @@ template       end-of-turn tokens the template adds        0     none        non
 
 Only `action` ids are trained on (mask 1). Behaviour logprobs are
 ``log_softmax(logits / temperature)`` of the policy that sampled the token, before any
-top-p truncation — the same quantity the learner recomputes.
+top-p truncation — the same quantity the learner recomputes. ``metadata["sampling"]``
+records how the actions were drawn (``temperature``, ``top_p``). With ``top_p < 1`` the
+tokens were drawn from the renormalized nucleus, whose probability the stored logprobs are
+not (and the per-token nucleus mass that would correct them is not kept), so
+`behaviour_logprobs` refuses such a record: its importance ratio would be biased. It is
+still fine for SFT, evaluation and export.
 
 `source` says who produced the actions. ``"policy"`` (the default): an engine sampled
 them, and every action segment carries its behaviour logprobs and policy version. Any
@@ -53,6 +58,11 @@ INT32_MAX = 2**31 - 1  # token ids and policy versions are exported as int32
 
 
 POLICY_SOURCE = "policy"  # `Trajectory.source` of records an engine sampled
+
+
+def sampling_record(temperature: float, top_p: float) -> dict[str, float]:
+    """``metadata["sampling"]`` of a record: how its actions were drawn (module docstring)."""
+    return {"temperature": float(temperature), "top_p": float(top_p)}
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,12 @@ class Trajectory:
             raise ContractError("behaviour_without_policy", f"episode {self.episode_id!r} has source "
                                 f"{self.source!r}: no policy sampled its actions, so it has no behaviour "
                                 "logprobs; train on it with SFT, or leave it out of the RL batch")
+        top_p = (self.metadata.get("sampling") or {}).get("top_p", 1.0)
+        if isinstance(top_p, (int, float)) and top_p < 1:
+            raise ContractError("behaviour_top_p", f"episode {self.episode_id!r} was sampled with top_p={top_p:g}: "
+                                "its tokens came from the renormalized nucleus, its stored logprobs are the full "
+                                "distribution's, so an importance ratio over them is biased; sample RL rollouts "
+                                "with top_p 1 (temperature still applies), or train on this record with SFT")
         return self.logprobs
 
     @property

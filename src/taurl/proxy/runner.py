@@ -43,7 +43,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from taurl.data.trajectory import POLICY_SOURCE, Segment, StopReason, Trajectory, Turn
+from taurl.data.trajectory import (
+    POLICY_SOURCE,
+    Segment,
+    StopReason,
+    Trajectory,
+    Turn,
+    sampling_record,
+)
 from taurl.errors import ConfigError, Error
 from taurl.proxy.capture import Call, Chain
 from taurl.proxy.server import ProxyEpisode, ProxyLimits, ProxyServer
@@ -259,6 +266,7 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
                       "admission_wait_s": ep.admission_wait_s,
                       "chain": k, "chains": len(chains), "chain_started_by": chain.reason,
                       "chain_abandoned_by": reason, "malformed_calls": ep.capture.malformed_calls,
+                      "sampling": sampling_record(1.0 if ep.temperature is None else ep.temperature, ep.top_p),
                       **{key: v for key, v in task.metadata.items() if key in ("family", "hops")}},
             source=source)
         out.append(traj)

@@ -57,6 +57,7 @@ class ProxyLimits:
     max_action_tokens: int = 96  # cap on a call's max_tokens
     max_context: int = 1536  # prompt + completion
     temperature: float | None = 1.0  # forced on every call (training samples at the learner's T); None: the agent's
+    top_p: float | None = 1.0  # forced on every call (a nucleus would bias the learner's ratio); None: the agent's
 
 
 @dataclass
@@ -74,6 +75,8 @@ class ProxyEpisode:
     budget_hit: bool = False
     engine_error: str | None = None
     calls: int = 0
+    temperature: float | None = None  # the first call's sampling temperature
+    top_p: float = 1.0  # the smallest top_p any call sampled with
     gate: Any = None  # the episode's host gate for `tools/call` (budgets per episode)
     gate_stop: tuple[str, float, str] | None = None  # (stop reason, penalty, why): a refusal that truncated it
     tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (calls so far, error): failed tool runs
@@ -188,7 +191,11 @@ class ProxyServer:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         stop_ids, stop_strings = ep.capture.chains[-1].codec.split_stops(stop) if stop else ((), ())
         temp = lim.temperature if lim.temperature is not None else float(body.get("temperature", 1.0))
-        return SamplingParams(temperature=temp, top_p=float(body.get("top_p", 1.0)),
+        top_p = lim.top_p if lim.top_p is not None else float(body.get("top_p", 1.0))
+        ep.top_p = min(ep.top_p, top_p)  # the record says so (`Trajectory.behaviour_logprobs`)
+        if ep.temperature is None:
+            ep.temperature = temp
+        return SamplingParams(temperature=temp, top_p=top_p,
                               max_tokens=max(1, min(int(asked), lim.max_action_tokens, room)),
                               stop=stop_strings, stop_token_ids=stop_ids,
                               seed=(ep.seed * 1_000_003 + ep.calls) % 2**31)

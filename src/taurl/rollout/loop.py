@@ -56,6 +56,7 @@ from taurl.data.trajectory import (
     ToolReceipt,
     Trajectory,
     Turn,
+    sampling_record,
 )
 from taurl.envs.core import Env, StepInfo, Task
 from taurl.errors import Error
@@ -336,6 +337,7 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
         verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
         timings={"wall_s": wall_s, "generate_s": st.gen_s, "env_s": st.env_s},
         metadata={"answers": list(task.answers), "error": error if stop == StopReason.ERROR else None,
+                  "sampling": sampling_record(st.config.temperature, st.config.top_p),
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
         source=st.source, provenance=st.provenance,
     )
