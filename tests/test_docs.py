@@ -69,9 +69,26 @@ def check_reverse_run(cwd: Path) -> None:
         for tag in ("sft", "final"):
             assert summary[split][tag]["episodes"] == 40  # 20 tasks x 2 trials, none lost
     assert summary["train"]["demos"] == 200
+    assert undocumented_metrics(cwd / "runs/reverse/metrics.jsonl") == []  # the glossary covers the run
 
 
-CHECKS = {"docs/environments/your-own.md": check_reverse_run}
+def undocumented_metrics(metrics_jsonl: Path) -> list[str]:
+    """The keys of a run's metrics.jsonl that docs/metrics.md (the glossary) does not explain."""
+    from taurl.monitor.metrics import GLOSSARY
+    from taurl.monitor.report import TRAIN_GLOSSARY
+
+    names = [k.strip() for key in {**GLOSSARY, **TRAIN_GLOSSARY} for k in key.split(", ")]
+    patterns = [re.compile("^" + ".+".join(re.escape(p) for p in re.split(r"<[^>]+>", k)) + "$") for k in names]
+    keys = {k for line in metrics_jsonl.read_text().splitlines() for k in json.loads(line)}
+    return sorted(k for k in keys if not any(p.match(k) for p in patterns))
+
+
+def check_frozenlake_run(cwd: Path) -> None:
+    """README.md: the Python run wrote only metrics the glossary explains."""
+    assert undocumented_metrics(cwd / "runs/fl/metrics.jsonl") == []
+
+
+CHECKS = {"docs/environments/your-own.md": check_reverse_run, "README.md": check_frozenlake_run}
 RUNNABLE = [p for p in pages() if runnable_blocks(p)]
 
 

@@ -84,6 +84,19 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "rollout/trained_action_tokens": "schedule async — action tokens of the trained batch",
     "time/learner_idle_s": "schedule async — seconds the learner waited for a batch",
     "eval/tool_error_rate, eval/wall_s_mean": "failed / all tool calls; mean of the episodes' own wall seconds",
+    "phase, step, time, update": "the row's phase (env_check, warmup, demos, sft, eval_<split>-<tag>, rl), step, unix time and RL update",
+    "env/check_passed, env/check_s, env/check_task": "env_check — 1 when check_env passed on the run's env before any work; its seconds; the task it ran on",
+    "policy/version": "rl — the version the update wrote (its checkpoint, served for the next batch)",
+    "demos/<key>": "the rollout/<key> figures of the demonstrations: the expert played through the real loop",
+    "learn/groups, learn/groups_zero_std, learn/groups_singleton": "groups in the credited batch / of those, all members equal (no group-relative signal) / with one member",
+    "learn/adv_mean, learn/adv_std, learn/adv_abs_max, learn/adv_zero_frac": "mean, population std, max |A| and share of zeros of the advantages over real turns",
+    "learn/filter_zero_adv_groups_kept, learn/filter_zero_adv_rows_dropped": "drop_zero_variance — groups kept; episodes dropped with their groups",
+    "learn/action_tokens, learn/learn_s": "action tokens the update trained on; seconds of the learner's update (also time/learn_s)",
+    "learn/staleness_episodes": "episodes with an age (demonstrations have none) behind learn/staleness_*",
+    "mismatch/tokens": "action tokens the mismatch/* figures read (0: none of the batch was sampled by the learner's own version)",
+    "sft/action_tokens, sft/grad_norm, sft/lr, sft/elapsed_s": "per SFT step — action tokens trained on, gradient norm before clipping, learning rate, seconds since SFT began",
+    "time/update_s": "seconds of the whole update: rollout, learn, checkpoint, serve",
+    "eval/<EvalResult field>": "every number of an evaluation (taurl.eval.evaluate.EvalResult: episodes, tasks, trials, turns_mean, score_mean, verifier_disagreements, policy_version, eval_seed, temperature, ...) and eval/ci95_low, eval/ci95_high",
 }
 
 CURVES: list[tuple[str, list[str]]] = [
