@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MARKER = re.compile(r"^<!-- runnable(?::(\S+))? -->\n```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
-ANY_MARKER = re.compile(r"<!-- runnable")
+ANY_MARKER = re.compile(r"^<!-- runnable", re.M)  # a marker on a line of its own
 
 
 def pages() -> list[Path]:
