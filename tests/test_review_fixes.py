@@ -228,3 +228,43 @@ def test_proxy_forces_top_p_one_for_training_and_records_the_agents_otherwise(po
                                       env_version="1", verifier=envs.spec("search-v0").make_verifier(), error=None,
                                       agent_name="t", answer=None)
         assert traj.metadata["sampling"]["top_p"] == expected
+
+
+# -- a checkpoint written in the background records its own update's learning rate --------------
+
+
+def test_background_checkpoint_records_its_updates_learning_rate(policy_dir):
+    """The async learner writes update n's checkpoint while it computes update n+1; the
+    optimizer state it saves must hold step n's learning rate, not the next step's, which
+    the warm-up changes every step."""
+    import threading
+    import time
+
+    from taurl.policy.model import load_policy
+    from taurl.recipe.schedule.learner_proc import CheckpointWriter
+    from taurl.train.learner import Learner, LearnerConfig, warmup_lr
+
+    model, _ = load_policy(policy_dir)
+    learner = Learner(model, LearnerConfig(lr=1e-3, lr_warmup_steps=4))
+    writer = CheckpointWriter()
+    writer.attach(learner)
+
+    def step() -> None:  # one update's backward, then the learner's own optimizer step
+        learner.optimizer.zero_grad()
+        sum((p.float() ** 2).sum() for p in model.parameters() if p.requires_grad).backward()
+        learner._step()
+
+    step()
+    saved, started = [], threading.Event()
+
+    def write() -> None:  # slower than the next update's forward and backward, as a real save is
+        started.set()
+        time.sleep(1.0)
+        saved.append(learner.optimizer.state_dict()["param_groups"][0]["lr"])
+
+    writer.submit(write)
+    started.wait(10)
+    step()  # the next update runs while the checkpoint is written
+    writer.wait()
+    assert saved == [warmup_lr(1e-3, 1, 4)]
+    assert learner.optimizer.param_groups[0]["lr"] == warmup_lr(1e-3, 2, 4)

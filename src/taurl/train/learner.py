@@ -208,6 +208,9 @@ class Learner:
         self.pad_id = pad_id
         # per-token loss weights on top of the action mask (`make_rows`); None: the mask alone
         self.token_keep: Callable[[Trajectory], Sequence[float]] | None = None
+        # called before an update touches the optimizer (the step's learning rate, the step):
+        # a checkpoint written in the background waits here, so it holds the state after its update
+        self.before_step: list[Callable[[], None]] = []
         self.reference = reference if config.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.eval().requires_grad_(False)
@@ -397,6 +400,8 @@ class Learner:
 
     def _step(self) -> tuple[torch.Tensor, float]:
         cfg = self.config
+        for wait in self.before_step:
+            wait()
         return optimizer_step(self.model, self.optimizer, cfg.lr, cfg.lr_warmup_steps, cfg.grad_clip)
 
     def _batch_metrics(self, batch: _Batch, norm: torch.Tensor, lr: float, dt: float) -> dict[str, float]:

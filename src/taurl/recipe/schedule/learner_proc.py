@@ -188,6 +188,36 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+class CheckpointWriter:
+    """Checkpoints written by a thread of its own while the learner takes its next batch.
+
+    The forward and backward passes change no weight and no optimizer state; what does —
+    the next step's learning rate, the step itself — waits in `wait`, which `attach` makes
+    the learner's `before_step` (ahead of any optimizer hook, the kill point's included), so
+    a checkpoint's files are exactly the state after its update, its optimizer's recorded
+    learning rate too, and a kill loses at most the update in flight. background False:
+    each write runs at once, in the caller's thread.
+    """
+
+    def __init__(self, background: bool = True):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background else None
+        self._pending: list[Future] = []  # the checkpoint being written
+
+    def attach(self, learner: Any) -> None:
+        learner.before_step.append(self.wait)
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        if self._pool is None:
+            fn(*args)
+        else:
+            self._pending.append(self._pool.submit(fn, *args))
+
+    def wait(self) -> None:
+        """Until the pending write is on disk; a failed write raises here (in the learner's update)."""
+        while self._pending:
+            self._pending.pop().result()
+
+
 def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: int, meta: dict[str, Any]) -> None:
     _die_with_parent()
     import torch
@@ -225,15 +255,10 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         return
     send = _locked(conn.send)  # the writer thread sends too
     send(("ready", None))
-    # A checkpoint is written by a thread of its own while the learner takes its next batch:
-    # the forward and backward passes change no weight and no optimizer state, and the next
-    # optimizer step waits until the checkpoint is on disk (a pre-hook, registered before the
-    # kill point's), so the files are exactly the state after the update, and a kill loses at
-    # most the one update in flight. A critic or a step scorer (their own models and
-    # optimizers) is saved in the foreground.
-    background = learner.critic is None and not hasattr(learner.shaper, "save")
-    writer = ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background else None
-    pending: list[Future] = []  # the checkpoint being written
+    # a critic or a step scorer (their own models and optimizers) is saved in the foreground
+    writer = CheckpointWriter(background=learner.critic is None and not hasattr(learner.shaper, "save"))
+    writer.attach(learner)
+    chaos.on_optimizer_step(learner.optimizer)
 
     def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]], row: dict[str, Any]) -> None:
         try:
@@ -245,18 +270,11 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
             raise
         send(("saved", v + 1))
 
-    def wait_for_checkpoint(*_: Any) -> None:
-        while pending:
-            pending.pop().result()  # a failed write raises here, inside the learner's update
-
-    learner.optimizer.register_step_pre_hook(wait_for_checkpoint)
-    chaos.on_optimizer_step(learner.optimizer)
-
     while (msg := conn.recv()) is not None:
         update, v, batch, groups = msg
         try:
             stats = learner.update(batch, version=v)  # its staleness is against the learner's version
-            wait_for_checkpoint()  # (an update that took no optimizer step)
+            writer.wait()  # (an update that took no optimizer step)
             rng = rng_state()
         except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
             send(("error", f"update {update}: {type(e).__name__}: {e}"))
@@ -267,15 +285,12 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         if (row := conn.recv()) is None:
             break
         try:
-            if writer is None:
-                write(update, v, rng, groups, row)
-            else:
-                pending.append(writer.submit(write, update, v, rng, groups, row))
+            writer.submit(write, update, v, rng, groups, row)
         except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
             send(("error", f"update {update}: {type(e).__name__}: {e}"))
             return
     try:
-        wait_for_checkpoint()  # the last checkpoint is written before the process ends
+        writer.wait()  # the last checkpoint is written before the process ends
     except Exception as e:  # noqa: BLE001
         send(("error", f"writing the last checkpoint: {type(e).__name__}: {e}"))
 
