@@ -208,6 +208,26 @@ def test_a_ledger_write_failure_a_raising_hook_or_admit_stops_the_async_run_with
     assert time.monotonic() - t0 < 10
 
 
+def test_async_groups_of_only_error_records_stop_the_run_with_the_first_cause(tiny, tmp_path):
+    """The engine is down: every episode is recorded as an error (the learner would drop it).
+    Before, such groups were taken as batches and trained on nothing; now B of them in a row
+    stop the run with the first cause (the one failure policy, taurl.rollout.runner)."""
+    from taurl.errors import EngineError
+    from taurl.rollout.episodes import EpisodeError
+
+    class Down:
+        version, max_context = 1, 4096
+
+        async def generate(self, prompt_ids, sampling):
+            raise EngineError("the server answered 503")
+
+    sched, ledger = _schedule(tiny, tmp_path, eta=1, interrupt="finish", overprovision=0)
+    sched.engine = Down()
+    with ledger, pytest.raises(EpisodeError, match=r"groups in a row produced no usable records; the first "
+                                                   r"failure: a\d{5}-\d{2}: engine: the server answered 503"):
+        asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=3, seed=0), timeout=10))
+
+
 # --------------------------------------------------------------------------------------
 # partial rollouts
 

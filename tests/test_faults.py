@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,15 +77,46 @@ def run(engine, make_env, eps, tokenizer, ledger):
     ("engine_error", "engine: the server answered 503"),
     ("hang", "engine: no completion within generate_timeout_s=0.5 s (is the server up?)"),
 ])
-def test_an_engine_that_raises_or_hangs_gives_counted_error_episodes(search_tokenizer, mode, message):
+def test_an_engine_that_raises_or_hangs_gives_error_records_and_a_round_of_only_those_stops(
+        search_tokenizer, mode, message):
+    """Each episode is recorded as an error (the learner would drop it); a round in which every
+    episode is one has nothing to train on, so it stops the run with the first cause (before:
+    it returned the batch, and the learner skipped the update without a word)."""
     with Ledger(":memory:") as ledger:
-        batch, stats = run(FaultyEngine(mode), lambda: envs.make("search-v0", max_turns=1), specs(3),
-                           search_tokenizer, ledger)
-        assert len(batch) == 3 and ledger.count() == 3  # recorded, as errors: the learner drops them
+        with pytest.raises(EpisodeError, match=r"every one of the 3 episode\(s\) failed or ended by an error"
+                                               rf".*\(3 stored as such\).*the first: e0: {re.escape(message)}"):
+            run(FaultyEngine(mode), lambda: envs.make("search-v0", max_turns=1), specs(3), search_tokenizer, ledger)
+        batch = [ledger.get(e) for e in ("e0", "e1", "e2")]  # recorded, as errors
         assert {t.stop_reason for t in batch} == {StopReason.ERROR}
         assert {t.metadata["error"] for t in batch} == {message}
         assert not any(t.valid for t in batch)
-        assert stats["rollout/failed_episodes"] == 0
+
+
+def test_a_round_with_one_usable_record_goes_on_and_counts_its_shrunk_group(search_tokenizer, caplog):
+    """Groups g0 (e0, e1) and g1 (e2, e3); e1's env cannot be built: a counted failure, and its
+    group, trained with one episode fewer, is counted in rollout/shrunk_groups (before: only
+    a log line said so)."""
+    made = iter([envs.make("search-v0", max_turns=1), None, envs.make("search-v0", max_turns=1),
+                 envs.make("search-v0", max_turns=1)])
+
+    def make_env():
+        env = next(made)
+        if env is None:
+            raise OSError("the env's index could not be opened")
+        return env
+
+    class OneTokenEngine(FaultyEngine):
+        async def generate(self, prompt_ids, sampling):
+            return Generation([search_tokenizer.eos_token_id], [-0.1], "eos", 0)
+
+    tasks = envs.registry.make_tasks("search-v0", "train", 2, seed=0)
+    eps = [EpisodeSpec(f"e{2 * i + j}", t, 2 * i + j, f"g{i}") for i, t in enumerate(tasks) for j in range(2)]
+    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl"):
+        batch, stats = asyncio.run(collect(OneTokenEngine("ok"), search_tokenizer, make_env, eps, config=CONFIG,
+                                           ledger=ledger, run_id="faults"))
+    assert [t.episode_id for t in batch] == ["e0", "e2", "e3"]
+    assert stats["rollout/failed_episodes"] == 1 and stats["rollout/shrunk_groups"] == 1
+    assert "episode produced no record: e1: OSError: the env's index could not be opened" in caplog.text
 
 
 def test_an_engine_that_crashes_stores_nothing_and_says_why(search_tokenizer, caplog):
@@ -98,29 +130,32 @@ def test_an_engine_that_crashes_stores_nothing_and_says_why(search_tokenizer, ca
     assert "episode produced no record: e1: RuntimeError: CUDA error" in caplog.text
 
 
-def test_an_env_that_crashes_in_reset_is_a_counted_failure(search_tokenizer, caplog):
+def test_an_env_that_crashes_in_reset_is_an_error_record(search_tokenizer):
     made = iter([EnvThatCrashesInReset(), envs.make("search-v0", max_turns=1), envs.make("search-v0", max_turns=1)])
 
     class OneTokenEngine(FaultyEngine):  # answers one EOS token, enough for an episode
         async def generate(self, prompt_ids, sampling):
             return Generation([search_tokenizer.eos_token_id], [-0.1], "eos", 0)
 
-    with Ledger(":memory:") as ledger, caplog.at_level(logging.WARNING, "taurl.rollout.episodes"):
+    with Ledger(":memory:") as ledger:
         batch, stats = run(OneTokenEngine("ok"), lambda: next(made), specs(3), search_tokenizer, ledger)
-        assert [t.episode_id for t in batch] == ["e1", "e2"] and ledger.count() == 2
-    assert stats["rollout/failed_episodes"] == 1
-    assert "episode produced no record: e0: FileNotFoundError: corpus shard 7 is missing" in caplog.text
+        assert [t.episode_id for t in batch] == ["e0", "e1", "e2"] and ledger.count() == 3
+    # the agent loop's contract: a record, ended by the error (the learner drops it), never a raw exception
+    assert batch[0].stop_reason is StopReason.ERROR and not batch[0].valid and not batch[0].turns
+    assert batch[0].metadata["error"] == "env.reset raised FileNotFoundError: corpus shard 7 is missing"
+    assert batch[1].valid and batch[2].valid and stats["rollout/failed_episodes"] == 0
 
 
-def test_the_sandbox_unavailable_is_a_clear_error_before_anything_is_stored(search_tokenizer, monkeypatch):
+def test_the_sandbox_unavailable_is_a_clear_error_before_anything_is_trained(search_tokenizer, monkeypatch):
     monkeypatch.setenv("TAURL_BWRAP", "/nonexistent/bwrap")  # the only candidate, and it is not there
     with Ledger(":memory:") as ledger:
         with pytest.raises(EpisodeError) as e:
             run(FaultyEngine("hang"), lambda: envs.make("code-v0", max_turns=1), specs(2, "code-v0"),
                 search_tokenizer, ledger)
-        assert ledger.count() == 0
+        # the sandbox is made at reset: each episode is an error record, none a usable one
+        assert ledger.count() == 2 and not any(ledger.get(f"e{i}").valid for i in range(2))
     msg = str(e.value)
-    assert "every one of the 2 episode(s) failed" in msg
+    assert "every one of the 2 episode(s) failed or ended by an error" in msg
     assert "SandboxError: bubblewrap isolation does not work here, so the sandbox refuses to run" in msg
     assert "bwrap ($TAURL_BWRAP) '/nonexistent/bwrap' is not an executable file" in msg
 

@@ -26,6 +26,7 @@ from taurl.proxy.runner import (
     run_agent_episode,
 )
 from taurl.proxy.server import ProxyServer
+from taurl.rollout.runner import close_round
 
 log = logging.getLogger("taurl.proxy")
 
@@ -51,7 +52,7 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
 
         verifier = envs.spec(env.name).make_verifier()
     out: dict[str, list[Trajectory]] = {s.episode_id: [ledger.get(s.episode_id)] for s in specs if s.episode_id in ledger}
-    reused = len(out)
+    reused = set(out)
     failed: list[str] = []
     sem = asyncio.Semaphore(concurrency)
     tools = None
@@ -88,14 +89,13 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
 
     t0 = time.perf_counter()
     if bar is not None:
-        bar.update(reused)
+        bar.update(len(reused))
     with proxy:
         await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
-    for why in failed:
-        log.warning("agent episode produced no record: %s", why)
+    # no record from any episode run: the run stops with the first cause (taurl.rollout.runner)
+    stats = close_round(specs, out, failed, reused, what="agent episode")
     finals = [out[s.episode_id][-1] for s in specs if s.episode_id in out]
-    stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed)),
-             "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
+    stats = {**stats, "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
              "rollout/chains_per_episode": sum(len(out[s.episode_id]) for s in specs if s.episode_id in out)
              / max(1, len(finals)),
              "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),

@@ -20,14 +20,12 @@ from taurl import chaos
 from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env, Task
-from taurl.errors import Error
-from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.loop import RolloutConfig
+from taurl.rollout.runner import EpisodeError, close_round, run_one
+
+__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
 
 log = logging.getLogger("taurl.rollout.episodes")
-
-
-class EpisodeError(Error, RuntimeError):
-    """No episode of a round could be run (every one raised or was refused)."""
 
 
 @dataclass(frozen=True)
@@ -90,28 +88,21 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
 
     async def one(s: EpisodeSpec) -> None:
         async with sem:
-            try:
-                traj = await run_episode(engine, make_env(), tokenizer, s.task, seed=s.seed, config=config,
-                                         group_id=s.group_id, run_id=run_id, episode_id=s.episode_id)
-            except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
-                failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
-                return
+            traj = await run_one(engine, make_env, tokenizer, s, config=config, run_id=run_id)
+        if isinstance(traj, str):  # a counted failure (taurl.rollout.runner)
+            failed.append(f"{s.episode_id}: {traj}")
+            return
         if not store_episode(traj, ledger, out, failed, on_stored):
             return
         chaos.point("episode_stored", f"episode_id={s.episode_id}")
         if bar is not None:
             bar.update(1)
 
-    reused = len(out)
+    reused_ids = set(out)
     if bar is not None:
-        bar.update(reused)
+        bar.update(len(reused_ids))
     await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
-    for why in failed:
-        log.warning("episode produced no record: %s", why)
-    if failed and len(failed) == len(specs) - reused:  # nothing ran: a broken env, engine or sandbox
-        raise EpisodeError(f"every one of the {len(failed)} episode(s) failed, so nothing was stored; the first: "
-                           f"{failed[0]}. Fix the cause and run the same command again (stored episodes are kept)")
-    stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed))}
+    stats = close_round(specs, out, failed, reused_ids)  # nothing usable: the run stops with the first cause
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
 

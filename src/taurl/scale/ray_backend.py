@@ -43,6 +43,7 @@ from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
 from taurl.recipe.config import TrainConfig
 from taurl.rollout.episodes import EpisodeSpec, store_episode
+from taurl.rollout.runner import close_round
 
 log = logging.getLogger("taurl.scale.ray")
 
@@ -92,15 +93,11 @@ class RolloutWorker:
 
     async def run(self, spec: EpisodeSpec, checkpoint_dir: str, version: int) -> Trajectory | str:
         """The episode of `spec` sampled by `version`, or why it produced no record."""
-        from taurl.rollout.loop import run_episode
+        from taurl.rollout.runner import run_one
 
         await self.load(checkpoint_dir, version)  # a restarted worker catches up first
-        try:
-            return await run_episode(self.engine, self.make_env(), self.tokenizer, spec.task, seed=spec.seed,
-                                     config=self.cfg.rollout_config(), group_id=spec.group_id,
-                                     run_id=self.run_id, episode_id=spec.episode_id)
-        except Exception as e:  # noqa: BLE001 — counted by the driver, as `taurl.rollout.episodes.collect` does
-            return f"{type(e).__name__}: {e}"
+        return await run_one(self.engine, self.make_env, self.tokenizer, spec, config=self.cfg.rollout_config(),
+                             run_id=self.run_id)  # a failure is counted by the driver (taurl.rollout.runner)
 
 
 def _ray() -> Any:
@@ -169,7 +166,7 @@ class RayCollector:
         ray = _ray()
         out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}
         queue = deque(s for s in specs if s.episode_id not in out)
-        reused = len(out)
+        reused = set(out)
         attempts: Counter[str] = Counter()
         load = Counter()  # episodes in flight per worker
         pending: dict[Any, tuple[int, EpisodeSpec, int]] = {}  # episode ref -> (worker, spec, its pid then)
@@ -233,9 +230,8 @@ class RayCollector:
             raise Error(f"every Ray rollout worker died and used up its {self.max_restarts} restart(s); "
                         f"{len(queue)} episode(s) of this update were not run (raise backend_options "
                         "max_restarts, or look for what kills the workers: memory, the env)")
-        for why in failed:
-            log.warning("episode produced no record: %s", why)
-        stats = {"run/reused_episodes": float(reused), "rollout/failed_episodes": float(len(failed)),
+        # no record from any episode run: the run stops with the first cause, as in-process
+        stats = {**close_round(specs, out, failed, reused),
                  "ray/workers": float(len(self.workers) - len(self._dead)), "ray/worker_deaths": float(deaths),
                  "ray/worker_restarts": float(restarts), "ray/rerun_episodes": float(reruns)}
         if self.startup_s is not None:  # reported once, with the first update

@@ -45,8 +45,8 @@ from taurl.recipe.schedule.admission import (
     staleness_stats,
 )
 from taurl.recipe.schedule.learner_proc import LearnerProcess
-from taurl.rollout.episodes import EpisodeError, EpisodeSpec, episode_seed, store_episode
-from taurl.rollout.loop import run_episode
+from taurl.rollout.episodes import EpisodeSpec, episode_seed, store_episode
+from taurl.rollout.runner import EpisodeError, run_one, shrunk_groups
 from taurl.train.checkpoint import prune_checkpoints
 
 log = logging.getLogger("taurl.recipe.schedule")
@@ -113,7 +113,7 @@ class AsyncSchedule:
         self.running: dict[int, _Group] = {}
         self.done_ids: dict[str, list[int]] = {"consumed": [], "dropped": [], "aborted": []}
         self.counts = {"dropped_groups": 0, "dropped_episodes": 0, "aborted_groups": 0, "failed_episodes": 0,
-                       "failed_groups": 0, "reused_episodes": 0}
+                       "failed_groups": 0, "shrunk_groups": 0, "reused_episodes": 0}
         self.accepted = 0  # groups finished and kept: trained, or ready to be
         self.next_group = 0
         self.changed = asyncio.Event()  # a group finished or was aborted, or the version changed
@@ -164,13 +164,9 @@ class AsyncSchedule:
             t.add_done_callback(self._task_done)
 
     async def _episode(self, group: _Group, s: EpisodeSpec, tap: _Tap) -> None:
-        try:
-            traj = await run_episode(tap, self.make_env(), self.tokenizer, s.task, seed=s.seed, config=self.rollout,
-                                     group_id=s.group_id, run_id=self.run_id, episode_id=s.episode_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
-            group.failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
+        traj = await run_one(tap, self.make_env, self.tokenizer, s, config=self.rollout, run_id=self.run_id)
+        if isinstance(traj, str):  # a counted failure (taurl.rollout.runner)
+            group.failed.append(f"{s.episode_id}: {traj}")
         else:
             # the ledger (disk full, read-only) or a hook may raise: that is the run's error, not
             # this episode's, and the learner waiting on this group must hear it (`fail`)
@@ -190,14 +186,17 @@ class AsyncSchedule:
         for why in group.failed:
             log.warning("episode produced no record: %s", why)
         self.counts["failed_episodes"] += len(group.failed)
-        if len(group.episodes) < 2:  # no group to compare within: nothing to train on
+        errors = [f"{e}: {t.metadata.get('error')}" for e, t in group.episodes.items() if not t.valid]
+        # no group to compare within, or only records an error ended: nothing to train on
+        if len(group.episodes) < 2 or len(errors) == len(group.episodes):
             self.counts["failed_groups"] += 1
             self.done_ids["dropped"].append(group.index)
             if self.counts["failed_groups"] >= self.B and self.accepted == 0:
                 self.fail(EpisodeError(f"{self.counts['failed_groups']} groups in a row produced no usable "
-                                          f"records; the first failure: {(group.failed or ['?'])[0]}. Fix the cause "
-                                          "and run the same command again (stored episodes are kept)"))
-        else:
+                                       f"records; the first failure: {(group.failed + errors or ['?'])[0]}. Fix "
+                                       "the cause and run the same command again (stored episodes are kept)"))
+        else:  # trained as it is; one with fewer episodes than G is counted
+            self.counts["shrunk_groups"] += shrunk_groups(group.specs, group.episodes)
             self.ready[group.index] = group
             self.accepted += 1
         self.changed.set()
@@ -385,6 +384,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "rollout/dropped_stale_episodes": float(delta["dropped_episodes"]),
                    "rollout/aborted_groups": float(delta["aborted_groups"]),
                    "rollout/failed_episodes": float(delta["failed_episodes"]),
+                   "rollout/shrunk_groups": float(delta["shrunk_groups"]),
                    "run/reused_episodes": float(sched.counts["reused_episodes"] if update == first else 0),
                    "rollout/carried_groups": float(in_flight + len(sched.ready)),
                    "time/learner_idle_s": t_idle, "time/rollout_s": roll_s,
