@@ -28,7 +28,9 @@ def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
     from taurl.train.default_policy import GENERIC_EXPERT_TASKS, default_policy_texts
 
     if cfg.model:
-        return load_policy(cfg.model)
+        from taurl.policy.sources import resolve_model
+
+        return load_policy(resolve_model(cfg.model).path)
     latest = run.latest_checkpoint()
     if latest is not None:
         return load_policy(latest)

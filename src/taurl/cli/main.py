@@ -9,7 +9,7 @@ import logging
 import sys
 import typing
 
-from taurl.errors import Error
+from taurl.errors import ConfigError, Error
 
 EPILOG = """\
 examples:
@@ -27,6 +27,8 @@ examples:
   taurl eval runs/demo --trials 5                           # holdout evaluation of the run's current policy
   taurl promote runs/demo --candidate v31 --baseline v1     # the promotion gate (exit 0 promoted, 3 refused)
   taurl rollback runs/demo                                  # the previous promoted version is current again
+  taurl models list                                         # registry models and converted GGUF files
+  taurl train --config configs/real.yaml                    # a pretrained 135M model (make demo-real)
 """
 
 
@@ -167,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", required=True, metavar="vN", help="the version to promote (v3 or 3)")
     p.add_argument("--baseline", metavar="vM", help="the version to beat (default: the current policy)")
     p.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser("models", help="model sources: registry models, GGUF imports, the model cache",
+                       description="`model:` takes a local HF directory, a .gguf file, a registry name or a hub id "
+                       "(docs/models.md). GGUF files and registry models are converted once into plain HF "
+                       "directories in the model cache ($TAURL_HOME/models, default ~/.cache/taurl/models).")
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    msub.add_parser("list", help="registry models and the converted models in the cache")
+    q = msub.add_parser("import", help="convert a GGUF file (or a registry model) into the cache now")
+    q.add_argument("source", metavar="FILE|NAME", help="a .gguf file or a registry name (taurl models list)")
+    q.add_argument("--name", help="the cache name of a GGUF file (default: its stem in lower case)")
+    q = msub.add_parser("info", help="a cached model's provenance (sha256, package, conversion check) and shape")
+    q.add_argument("name", metavar="NAME|DIR")
     p = sub.add_parser("rollback", help="make the previous promoted version (or --to vM) current again",
                        description="Append a rollback record to RUN/promotions.jsonl: the previous promoted version "
                        "(or vM) becomes the run's current policy, the one `taurl eval RUN` evaluates.")
@@ -203,6 +216,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from taurl.proxy.cli import run_proxy_command
 
         return run_proxy_command(args)
+    if args.command == "models":
+        return _models(args)
     from taurl.cli import commands
 
     if args.command == "rollout":
@@ -263,6 +278,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "rollback":
         record = commands.rollback(args.run_dir, args.to)
         print(f"{record.line()}; recorded in {args.run_dir}/promotions.jsonl")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from taurl.policy import sources
+
+    if args.models_command == "list":
+        for row in sources.list_models():
+            state = "converted" if row["converted"] else ("installed" if row.get("installed") else "not installed")
+            where = row.get("package") or row.get("from") or ""
+            print(f"{row['name']}  {row['kind']}  {state}  {where}")
+        print(f"cache: {sources.models_home()}")
+    elif args.models_command == "import":
+        if sources.source_kind(args.source) == "registry":
+            if args.name:
+                raise ConfigError(f"--name is for GGUF files; {args.source!r} is a registry model and keeps its name")
+            path = sources.resolve_model(args.source).path
+        elif sources.source_kind(args.source) == "gguf":
+            path = sources.import_gguf(args.source, name=args.name)
+        else:
+            raise ConfigError(f"{args.source!r} is neither a .gguf file nor a registry name "
+                              f"({', '.join(sources.REGISTRY)}); a local HF directory needs no import")
+        print(f"converted into {path}; use it as model: {args.source}")
+    else:
+        print(json.dumps(sources.model_info(args.name), indent=2))
     return 0
 
 

