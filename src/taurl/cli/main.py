@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = msub.add_parser("import", help="convert a GGUF file (or a registry model) into the cache now")
     q.add_argument("source", metavar="FILE|NAME", help="a .gguf file or a registry name (taurl models list)")
     q.add_argument("--name", help="the cache name of a GGUF file (default: its stem in lower case)")
+    q.add_argument("--chat-template", help="replace the GGUF's chat template: chatml | chatml-compact (taurl's, "
+                   "with a tool-call preamble) or a .jinja file — for templates that ignore tools")
     q = msub.add_parser("info", help="a cached model's provenance (sha256, package, conversion check) and shape")
     q.add_argument("name", metavar="NAME|DIR")
     p = sub.add_parser("rollback", help="make the previous promoted version (or --to vM) current again",
@@ -292,11 +294,12 @@ def _models(args: argparse.Namespace) -> int:
         print(f"cache: {sources.models_home()}")
     elif args.models_command == "import":
         if sources.source_kind(args.source) == "registry":
-            if args.name:
-                raise ConfigError(f"--name is for GGUF files; {args.source!r} is a registry model and keeps its name")
+            if args.name or args.chat_template:
+                raise ConfigError(f"--name and --chat-template are for GGUF files; {args.source!r} is a registry "
+                                  "model: import its GGUF file (taurl models info NAME shows where) under a new name")
             path = sources.resolve_model(args.source).path
         elif sources.source_kind(args.source) == "gguf":
-            path = sources.import_gguf(args.source, name=args.name)
+            path = sources.import_gguf(args.source, name=args.name, chat_template=args.chat_template)
         else:
             raise ConfigError(f"{args.source!r} is neither a .gguf file nor a registry name "
                               f"({', '.join(sources.REGISTRY)}); a local HF directory needs no import")

@@ -132,12 +132,15 @@ def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
 
 
 def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None = None,
-                provenance: dict[str, Any] | None = None) -> Path:
+                provenance: dict[str, Any] | None = None, chat_template: str | None = None) -> Path:
     """Convert a GGUF file into `home`/NAME (a plain HF directory) unless that is done; returns it.
 
     NAME defaults to the file's stem in lower case. A directory of that name converted from
-    a different file (another sha256) is an error, not overwritten.
+    a different file (another sha256) is an error, not overwritten. `chat_template` replaces
+    the GGUF's template: ``chatml`` / ``chatml-compact`` (taurl's ChatML with a tool preamble,
+    `taurl.policy.tokenizer.CHAT_TEMPLATES`) or a .jinja file — for templates that ignore `tools`.
     """
+    template = _template_text(chat_template) if chat_template else None
     file = Path(file).expanduser().resolve()
     if problems := ([] if file.is_file() else [f"GGUF file {str(file)!r} does not exist"]) + _gguf_extra_problems():
         raise ConfigError(problems)
@@ -150,12 +153,13 @@ def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None 
     if done:
         raise ConfigError(f"{str(target)!r} was converted from another file (sha256 {done.get('gguf_sha256')}); "
                           f"import {str(file)!r} under another name (taurl models import FILE --name NEW)")
-    record = {"gguf_file": str(file), "gguf_sha256": sha, **(provenance or {})}
-    _convert(file, target, record)
+    record = {"gguf_file": str(file), "gguf_sha256": sha, **(provenance or {}),
+              **({"chat_template": chat_template} if chat_template else {})}
+    _convert(file, target, record, template)
     return target
 
 
-def _convert(file: Path, target: Path, record: dict[str, Any]) -> None:
+def _convert(file: Path, target: Path, record: dict[str, Any], template: str | None = None) -> None:
     """GGUF → plain HF directory, written beside `target` and renamed in when it checks out."""
     import torch
     import transformers
@@ -165,6 +169,8 @@ def _convert(file: Path, target: Path, record: dict[str, Any]) -> None:
 
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    if template is not None:
+        tok.chat_template = template
     gguf_model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32).eval()
     config = gguf_model.config.to_dict()
     config.pop("quantization_config", None)  # the weights are float now; this entry blocks save_pretrained
@@ -192,6 +198,30 @@ def _convert(file: Path, target: Path, record: dict[str, Any]) -> None:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _template_text(chat_template: str) -> str:
+    from taurl.policy.tokenizer import CHAT_TEMPLATES
+
+    if chat_template in CHAT_TEMPLATES:
+        return CHAT_TEMPLATES[chat_template]
+    if not Path(chat_template).is_file():
+        raise ConfigError(f"chat_template {chat_template!r} is neither one of {sorted(CHAT_TEMPLATES)} nor a .jinja file")
+    return Path(chat_template).read_text(encoding="utf-8")
+
+
+def renders_tools(path: str | Path) -> bool:
+    """Whether the chat template of the HF directory `path` reads the `tools` it is given.
+
+    A template that does not (SmolLM2's plain ChatML) drops the tool schemas silently, so a
+    model on an env with chat tool calls would never see them."""
+    from taurl.policy.model import _read_json
+
+    path = Path(path)
+    jinja = path / "chat_template.jinja"
+    text = jinja.read_text(encoding="utf-8") if jinja.is_file() else \
+        str((_read_json(path / "tokenizer_config.json") or {}).get("chat_template", ""))
+    return "tools" in text
 
 
 def logit_difference(a: Any, b: Any, tok: Any, text: str = PROBE_TEXT) -> float:

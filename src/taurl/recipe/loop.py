@@ -160,6 +160,11 @@ def given_model(r: Run) -> str:
     source = resolve_model(r.cfg.model)
     if ignored := r.cfg.default_policy_options_ignored():
         log.info("model %s is given: the default policy's options %s are not applied", r.cfg.model, ignored)
+    from taurl.policy.sources import renders_tools
+
+    if r.make_env().observation_style != "inline" and not renders_tools(source.path):
+        log.warning("the chat template of %s ignores `tools`: %s's tool schemas will not be in the prompt; give the "
+                    "model a template that renders them (docs/models.md: tools)", r.cfg.model, r.cfg.env)
     r.save_state(model_source=source.to_dict())
     return str(source.path)
 
