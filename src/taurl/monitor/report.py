@@ -97,6 +97,7 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "mismatch/tokens": "action tokens the mismatch/* figures read (0: none of the batch was sampled by the learner's own version)",
     "sft/action_tokens, sft/grad_norm, sft/lr, sft/elapsed_s": "per SFT step — action tokens trained on, gradient norm before clipping, learning rate, seconds since SFT began",
     "time/update_s": "seconds of the whole update: rollout, learn, checkpoint, serve",
+    "rollout/shrunk_groups": "groups left with fewer records than episodes (a counted failure took a member); trained as they are",
     "eval/<EvalResult field>": "every number of an evaluation (taurl.eval.evaluate.EvalResult: episodes, tasks, trials, turns_mean, score_mean, verifier_disagreements, policy_version, eval_seed, temperature, ...) and eval/ci95_low, eval/ci95_high",
 }
 
