@@ -268,3 +268,27 @@ def test_background_checkpoint_records_its_updates_learning_rate(policy_dir):
     writer.wait()
     assert saved == [warmup_lr(1e-3, 1, 4)]
     assert learner.optimizer.param_groups[0]["lr"] == warmup_lr(1e-3, 2, 4)
+
+
+# -- taurl inspect shows a demonstration's own action text ------------------------------------
+
+
+def test_inspect_shows_a_demonstrations_action_text(policy_dir):
+    import asyncio
+
+    from taurl import envs
+    from taurl.cli.commands import render_trajectory
+    from taurl.envs.search import generate_tasks
+    from taurl.policy.tokenizer import load_tokenizer
+    from taurl.rollout.synth import demonstrations
+
+    tok = load_tokenizer(policy_dir)
+    (demo,) = asyncio.run(demonstrations(generate_tasks("train", n=1, seed=0), tok, lambda: envs.make("search-v0"),
+                                         expert=envs.spec("search-v0").expert))
+    assert demo.source == "expert"
+    out = render_trajectory(demo, tok, color=False)
+    assert any(seg.kind == "action" for seg in demo.segments)
+    for seg in demo.segments:  # each segment's own text follows its tag
+        text = tok.decode(list(seg.token_ids), skip_special_tokens=False)
+        body = f"⟦{text}⟧" if seg.kind == "action" else text
+        assert f"source=expert] {body}" in out if seg.kind == "action" else f"n={len(seg.token_ids)}] {body}" in out

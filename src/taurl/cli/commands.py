@@ -189,11 +189,12 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
         text = (tokenizer.decode(list(seg.token_ids), skip_special_tokens=False) if tokenizer is not None
                 else " ".join(map(str, seg.token_ids)))
         tag = f"[{i}:{seg.kind} mask={seg.mask} n={len(seg.token_ids)}"
-        if seg.kind == "action" and seg.logprobs is None:  # a demonstration: no behaviour policy
-            tag += f" source={traj.source}"
-        elif seg.kind == "action":
-            mean_lp = sum(seg.logprobs or ()) / max(len(seg.token_ids), 1)
-            tag += f" v{seg.policy_version} mean_logprob={mean_lp:.2f}"
+        if seg.kind == "action":  # trained on (mask 1), whoever produced it
+            if seg.logprobs is None:  # a demonstration: no behaviour policy
+                tag += f" source={traj.source}"
+            else:
+                mean_lp = sum(seg.logprobs) / max(len(seg.token_ids), 1)
+                tag += f" v{seg.policy_version} mean_logprob={mean_lp:.2f}"
             body = f"{green}⟦{text}⟧{reset}" if not color else f"{green}{text}{reset}"
         else:
             body = f"{dim}{text}{reset}"
