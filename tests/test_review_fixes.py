@@ -292,3 +292,49 @@ def test_inspect_shows_a_demonstrations_action_text(policy_dir):
         text = tok.decode(list(seg.token_ids), skip_special_tokens=False)
         body = f"⟦{text}⟧" if seg.kind == "action" else text
         assert f"source=expert] {body}" in out if seg.kind == "action" else f"n={len(seg.token_ids)}] {body}" in out
+
+
+# -- the standalone proxy: a seed per episode, tools listed before the first call --------------
+
+
+def test_standalone_proxy_gives_each_episode_its_own_seed(policy_dir):
+    openai = pytest.importorskip("openai")
+    from taurl.policy.local_engine import LocalEngine
+    from taurl.policy.model import load_policy
+    from taurl.proxy.server import ProxyLimits, ProxyServer
+
+    model, tok = load_policy(policy_dir)
+    limits = ProxyLimits(max_action_tokens=12, max_context=1024, temperature=None)
+    messages = [{"role": "user", "content": "In which country is Lyon?"}]
+
+    def sample(**seed):
+        with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits, **seed) as p:
+            out = {}
+            for eid in ("ep-a", "ep-b", "ep-c"):  # opened by their first call, as episodes run by hand are
+                c = openai.OpenAI(base_url=p.base_url(eid), api_key="x", max_retries=0)
+                c.chat.completions.create(model="m", messages=messages)
+                out[eid] = (p.episodes[eid].seed, p.episodes[eid].capture.chains[0].segments[-1].token_ids)
+            return out
+
+    first, again = sample(), sample()  # the default server seed
+    assert len({seed for seed, _ in first.values()}) == 3  # distinct seeds ...
+    assert len({ids for _, ids in first.values()}) == 3  # ... so distinct samples of one prompt
+    assert first == again  # and a server seed fixes them
+    assert {s for s, _ in sample(seed=1).values()}.isdisjoint({s for s, _ in first.values()})
+
+
+def test_proxy_lists_its_tools_before_the_episodes_first_model_call(policy_dir):
+    from types import SimpleNamespace
+
+    import httpx
+
+    from taurl.policy.local_engine import LocalEngine
+    from taurl.policy.model import load_policy
+    from taurl.proxy.server import ProxyServer
+
+    model, tok = load_policy(policy_dir)
+    tools = SimpleNamespace(declarations=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}])
+    with ProxyServer(LocalEngine(model, tok), tok, tools=tools) as p:
+        r = httpx.get(f"{p.url}/rollouts/fresh-episode/tools")
+        assert r.status_code == 200 and r.json()["tools"] == tools.declarations
+        assert p.episodes["fresh-episode"].status == "open"

@@ -24,6 +24,8 @@ def add_proxy_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="cap on a call's max_tokens")
     p.add_argument("--max-calls", type=int, default=64, help="model calls per episode")
     p.add_argument("--retriever", action="store_true", help="also serve search-v0's retriever per episode")
+    p.add_argument("--seed", type=int, default=0,
+                   help="each episode samples with a seed derived from this and its id (distinct per episode)")
 
 
 def run_proxy_command(args: argparse.Namespace) -> int:
@@ -43,7 +45,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     limits = ProxyLimits(max_calls=args.max_calls, max_action_tokens=args.max_tokens,
                          max_context=model.config.max_position_embeddings, temperature=args.temperature)
     proxy = ProxyServer(LocalEngine(model, tok, version=version), tok, limits=limits, retriever=retriever,
-                        host=args.host, port=args.port).start()
+                        host=args.host, port=args.port, seed=args.seed).start()
     print(f"serving {args.model} (policy version {version}) at {proxy.url}/rollouts/<episode id>/v1 "
           "— Ctrl-C to stop", flush=True)
     try:

@@ -15,7 +15,8 @@ names its trajectory without any change to the agent):
     POST /rollouts/{id}/end                   the agent says the episode is over
     GET  /rollouts/{id}                       what was captured (chains, calls, status)
 
-A call to an unknown id opens that episode (the standalone `taurl proxy`); the agent
+A call to an unknown id (a model call, the tools list, a tool call, a search) opens that
+episode (the standalone `taurl proxy`), with a seed derived from the server's and the id; the agent
 runner (`taurl.proxy.runner`) opens them itself with the task, and a call after an
 episode ended is refused (409), so an agent that outlived its timeout cannot write into
 a finished record.
@@ -45,6 +46,7 @@ from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
+from taurl.rollout.episodes import episode_seed
 
 MODEL_NAME = "taurl-policy"
 
@@ -91,13 +93,14 @@ class ProxyServer:
 
     def __init__(self, engine: Any, tokenizer: Any, *, limits: ProxyLimits | None = None,
                  retriever: Any = None, max_doc_chars: int | None = 400, tools: Any = None,
-                 admission: Any = None, host: str = "127.0.0.1", port: int = 0):
+                 admission: Any = None, host: str = "127.0.0.1", port: int = 0, seed: int = 0):
         self.engine, self.tok, self.limits = engine, tokenizer, limits or ProxyLimits()
         self.retriever, self.max_doc_chars = retriever, max_doc_chars
         self.tools = tools  # taurl.proxy.tools.ProxyTools, or None: no tools/ endpoints
         self.admission = admission  # taurl.proxy.admission.Admission, or None: admit every call
         self.throttled = 0  # 429s answered, over all episodes
         self.host, self.port = host, port
+        self.seed = seed  # an episode a call opens samples with a seed of its own, derived from this and its id
         self.episodes: dict[str, ProxyEpisode] = {}
         self.lock = threading.Lock()
         self._server: Any = None
@@ -173,7 +176,7 @@ class ProxyServer:
         if ep is None:
             if not create:
                 raise ProxyError(f"no episode {episode_id!r}", 404, "not_found")
-            ep = self.open(episode_id)
+            ep = self.open(episode_id, seed=episode_seed(self.seed, episode_id))
         if ep.status != "open":
             raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not recorded", 409,
                              "episode_ended", {"x-should-retry": "false"})  # the openai SDK retries 409s unless told
@@ -249,7 +252,7 @@ class ProxyServer:
     def search(self, episode_id: str, body: dict) -> dict:
         from taurl.envs.search.env import NO_RESULTS, format_hits
 
-        ep = self.episode(episode_id, create=False)
+        ep = self.episode(episode_id)
         if self.retriever is None:
             raise ProxyError("this proxy runs no retriever", 404, "not_found")
         query = body.get("query")
@@ -268,7 +271,7 @@ class ProxyServer:
         """One OpenAI tool call through the episode's gate (`taurl.proxy.tools`)."""
         from taurl.proxy.tools import receipt_json
 
-        ep = self.episode(episode_id, create=False)
+        ep = self.episode(episode_id)
         if self.tools is None:
             raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
         if ep.gate is None:
@@ -391,7 +394,7 @@ def _build_app(proxy: ProxyServer) -> Any:
 
     async def tools(request: Request) -> Any:
         try:
-            proxy.episode(request.path_params["episode_id"], create=False)
+            proxy.episode(request.path_params["episode_id"])  # an agent may list its tools before its first call
             if proxy.tools is None:
                 raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
         except ProxyError as e:
