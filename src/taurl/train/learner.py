@@ -312,7 +312,8 @@ class Learner:
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(batch.rows):
-                lp, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True)  # logprobs
+                lp, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True,  # logprobs
+                                          entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
                     drift.append(self._mismatch(lp.detach(), r, [kept[i] for i in batch.chunks[j]], version))
                     if prox is not None:

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from taurl.credit import broadcast_to_tokens, padded_token_turn_index
 from taurl.data.trajectory import Trajectory
+from taurl.train.token_logprobs import gathered_logprobs
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,15 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0,
-                    with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                    with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """log π(x_t | x_<t) (B, L) at action positions (0 elsewhere), and the entropy there.
 
     One call of the model's own forward. Positions are explicit, ``p_t = Σ_{s<=t} a_s − 1``
     (a = attention), so the rows may be padded on either side. Only the columns whose *next*
     token is an action token in some row are turned into logits (logits at t−1 predict
-    token t), as in `taurl.train.objectives.sequence_logprobs` without the (B, L, V) logits.
+    token t), as in `taurl.train.objectives.sequence_logprobs` without the (B, L, V) logits;
+    their log-softmax is taken a chunk of positions at a time (`taurl.train.token_logprobs`).
+    The entropy carries a gradient only with `entropy_grad` (an entropy bonus).
     """
     sel = rows.mask[:, 1:].bool()  # (B, L-1): token t+1 is an action token
     cols = sel.any(0).nonzero().squeeze(-1)  # (C,) columns any row needs
@@ -101,14 +104,10 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
     logits = model(input_ids=rows.input_ids, **kw).logits  # (B, C, V), or (B, L, V) without logits_to_keep
     if "logits_to_keep" not in params:
         logits = logits[:, cols]
-    logits = logits[sel[:, cols]].float() / temperature  # (K, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, rows.input_ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)  # (K,)
-    lp = lp.to(picked.dtype)
+    picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,  # (K,)
+                                  entropy=with_entropy, entropy_grad=entropy_grad)
     lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
-    if ent is not None:
-        h = -(logp_all.exp() * logp_all).sum(-1)
-        ent = ent.to(h.dtype)
+    if ent is not None and h is not None:
         ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
     return lp, ent
 
