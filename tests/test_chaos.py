@@ -1,6 +1,6 @@
 """Chaos: a real `taurl train` run SIGKILLed at >= 10 random points, then finished; nothing lost.
 
-The kill is real: the run is a separate process (`taurl.chaos.run_cli`) that sends itself
+The kill is real: the run is a separate process (`chaos_harness.run_cli`, beside this file) that sends itself
 SIGKILL at a named kill point (`taurl.chaos`), so no handler, ``finally`` or flush runs.
 The points are drawn at random (seed printed; ``TAURL_CHAOS_SEED`` replays a draw) from
 the trace of an uninterrupted reference run, one at least from each phase the issue
@@ -41,7 +41,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from taurl.chaos import optimizer_digest, run_cli
+from chaos_harness import run_cli  # beside this file (tests/ is on sys.path)
+from taurl.chaos import optimizer_digest
 from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
 
@@ -170,7 +171,7 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert newest_optimizer_digest(run) == newest_optimizer_digest(ref_run)
     # every update has its metrics row exactly once (a kill between a checkpoint and its row:
-    # the resumed run writes the row the checkpoint carries, taurl.recipe.loop.recover_row)
+    # the resumed run writes the row the checkpoint carries, taurl.recipe.record.recover_row)
     rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rows] == [r["update"] for r in rl_rows] == list(range(1, CONFIG["updates"] + 1))
     for f in sorted((ref_dir / "evals").glob("*.json")):

@@ -26,10 +26,11 @@ from taurl.data.ledger import Ledger  # noqa: E402
 from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
 from taurl.envs.search.env import SEARCH_TOOL  # noqa: E402
+from taurl.envs.search.expert import search_tool_expert  # noqa: E402
 from taurl.policy.engine import LocalEngine  # noqa: E402
 from taurl.policy.model import build_default_policy  # noqa: E402
 from taurl.proxy.collect import collect_agent  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, search_tool_expert, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
 from taurl.proxy.runner import episode_records  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402

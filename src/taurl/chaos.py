@@ -1,5 +1,8 @@
 """Named kill points, for the chaos test (`tests/test_chaos.py`, `benchmarks/chaos.py`).
 
+The harness that runs ``taurl`` in a child process for them is `tests/chaos_harness.py`:
+library code never imports the CLI.
+
 A kill point is a place where a real crash must be survivable: `point(event, tag)` is
 called there. Unless ``$TAURL_CHAOS_KILL_AT`` or ``$TAURL_CHAOS_TRACE`` is set it does
 nothing (one dict lookup), so production runs pay nothing.
@@ -27,11 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import random
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,37 +131,3 @@ def state_digests(optimizer: Any) -> dict[str, str]:
     params = [(f"{i}.{j}", p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
     return {"optimizer": optimizer_digest(optimizer.state_dict()), "params": digest_tensors(params),
             "rng": rng_digest()}
-
-
-# ---------------------------------------------------------------------------------------
-# The harness: `taurl ...` in a child process that a kill point may SIGKILL
-
-
-def run_cli(argv: list[str], *, kill_at: str = "", trace: str = "", timeout_s: float = 900.0) -> int:
-    """Run ``taurl <argv>`` in a child process; its exit code (``-9``: SIGKILLed at `kill_at`).
-
-    The child is forked from a server that has imported taurl once (multiprocessing's
-    forkserver), so each restart costs no import time; it is a separate process all the
-    same, with its own memory, file descriptors and a real SIGKILL.
-    """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["taurl.cli.main", "taurl.cli.commands", "taurl.recipe.loop", "taurl.monitor.report"])
-    p = ctx.Process(target=_child, args=(list(argv), {KILL_ENV: kill_at, TRACE_ENV: trace}))
-    p.start()
-    p.join(timeout_s)
-    if p.is_alive():
-        p.kill()
-        p.join()
-        raise TimeoutError(f"taurl {' '.join(argv)} ran over {timeout_s} s")
-    return int(p.exitcode)
-
-
-def _child(argv: list[str], env: dict[str, str]) -> None:
-    for k, v in env.items():
-        if v:
-            os.environ[k] = v
-        else:
-            os.environ.pop(k, None)
-    from taurl.cli.main import main
-
-    sys.exit(main(argv))

@@ -11,13 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from taurl import envs
 from taurl.data.atomic import atomic_write_text
 from taurl.data.runs import RunDir
 from taurl.errors import Error
-from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config
+from taurl.monitor.progress import phase_bar
+from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config, import_modules
 
 log = logging.getLogger("taurl")
 
@@ -105,7 +104,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
     version = policy_version(cfg.model or run.latest_checkpoint())
     engine = LocalEngine(model, tokenizer, version=version, max_batch_size=cfg.concurrency, seed=cfg.seed)
 
-    bar = tqdm(total=len(tasks) * cfg.group_size, desc="rollout", unit="ep", disable=not progress)
+    bar = phase_bar(len(tasks) * cfg.group_size, "rollout", "ep", enabled=progress)
     ledger = Ledger(run.ledger)
     rejected: list[str] = []
 
@@ -206,24 +205,6 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
     return "\n".join(lines)
 
 
-def import_modules(config_path: str | None, cli_imports: list[str] | None) -> list[str]:
-    """Import the config's `imports` and the --import modules (before the config is
-    validated: their envs must be registered by then); returns them, in order."""
-    import yaml
-
-    from_file: list[str] = []
-    if config_path and Path(config_path).is_file():
-        try:
-            data = yaml.safe_load(Path(config_path).read_text()) or {}
-        except yaml.YAMLError:
-            data = {}  # load_config reports the YAML error with its location
-        if isinstance(data, dict) and isinstance(data.get("imports"), list):
-            from_file = [str(m) for m in data["imports"]]
-    modules = list(dict.fromkeys(from_file + list(cli_imports or [])))
-    envs.import_env_modules(modules)
-    return modules
-
-
 def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Path, progress: bool = True,
           default_config: str | None = None, imports: list[str] | None = None) -> dict[str, Any]:
     """`taurl demo` / `taurl train`: run (or resume) the recipe; returns summary.json."""
@@ -312,8 +293,9 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
 def promote(run_dir: str | Path, candidate: str, baseline: str | None = None, progress: bool = True):
     """`taurl promote`: `taurl.eval.promote_run.promote` (the decision is recorded in promotions.jsonl)."""
     from taurl.eval.promote_run import promote as run_promote
+    from taurl.recipe.config import run_config
 
-    return run_promote(run_dir, candidate, baseline, progress=progress)
+    return run_promote(run_dir, candidate, baseline, progress=progress, load_config=run_config)
 
 
 def rollback(run_dir: str | Path, to: str | None = None):

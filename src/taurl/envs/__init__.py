@@ -8,7 +8,8 @@ from taurl.envs.registry import import_env_modules, make, make_tasks, register, 
 # `import taurl` loads no env's dependencies
 register("search-v0", "taurl.envs.search:SearchEnv", tasks="taurl.envs.search:generate_tasks",
          expert="taurl.envs.search.expert:search_expert", verifier="taurl.envs.search.verifier:SearchVerifier",
-         policy_hooks="taurl.envs.search.hooks:SearchPolicyHooks")
+         policy_hooks="taurl.envs.search.hooks:SearchPolicyHooks",
+         tool_expert="taurl.envs.search.expert:search_tool_expert")
 register("code-v0", "taurl.envs.code:CodeEnv", tasks="taurl.envs.code:generate_tasks",
          expert="taurl.envs.code:expert", verifier="taurl.envs.code:make_holdout_verifier",
          policy_hooks="taurl.envs.code.hooks:CodePolicyHooks")

@@ -37,7 +37,7 @@ _LOADED_ENTRY_POINTS = [False]
 
 def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | str | None = None, *,
              expert: Expert | str | None = None, verifier: Callable[[], Verifier] | str | None = None,
-             policy_hooks: Any = None) -> None:
+             policy_hooks: Any = None, tool_expert: Expert | str | None = None) -> None:
     """Register `factory` under `name` (``family-vN``) with its optional plug points.
 
     tasks: ``tasks(split, n, seed, **options) -> list[Task]``, the env's task source; its
@@ -46,6 +46,8 @@ def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | s
     verifier: a zero-argument callable returning the evaluator's verifier instance.
     policy_hooks: an object with ``tokenizer_texts`` and/or ``warmup`` (see EnvSpec), or its
     class (instantiated on first use).
+    tool_expert: the expert in the proxy's wire format (tool calls), ``(task, rng, **options)
+    -> [reply text, ...]`` one per model call: demonstrations for agents behind `taurl.proxy`.
     Each of them may be a ``"module:attr"`` string, imported on first use (Gymnasium's entry
     points: ``import taurl`` stays light, an env's heavy dependencies load only when used).
     """
@@ -54,7 +56,7 @@ def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | s
                           f"{_SOURCE[-1]} registers it again: give your env another name (e.g. "
                           f"'{name.rsplit('-v', 1)[0]}-mine-v0'), or register it once")
     _SPECS[name] = EnvSpec(name=name, factory=factory, tasks=tasks, expert=expert, verifier=verifier,
-                           policy_hooks=policy_hooks, source=_SOURCE[-1])
+                           policy_hooks=policy_hooks, tool_expert=tool_expert, source=_SOURCE[-1])
 
 
 def registered() -> list[str]:
@@ -73,7 +75,7 @@ def _check(name: str) -> None:
                               "taurl.envs.register) or a `taurl.envs` entry point of an installed package")
 
 
-_LAZY = ("factory", "tasks", "expert", "verifier", "policy_hooks")
+_LAZY = ("factory", "tasks", "expert", "verifier", "policy_hooks", "tool_expert")
 
 
 def _load(ref: Any) -> Any:

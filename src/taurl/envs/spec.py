@@ -72,6 +72,9 @@ class EnvSpec:
     expert: Expert | None = None
     verifier: Callable[[], Verifier] | None = None  # makes a fresh instance per evaluation
     policy_hooks: Any = None  # a PolicyHooks object (duck-typed: any subset of its methods)
+    # the expert in the proxy's wire format (tool calls): ``(task, rng, **options) -> [reply, ...]``
+    # one reply per model call, for agents trained through `taurl.proxy` (their demonstrations)
+    tool_expert: Expert | None = None
     source: str = "taurl"  # who registered it: taurl, a module name, or an entry point
 
     def make_verifier(self) -> Verifier | None:

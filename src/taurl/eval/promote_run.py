@@ -10,6 +10,8 @@ settings from the run's config.yaml and kept as ``evals/promote-<split>-v<N>.jso
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +31,24 @@ from taurl.eval.promote import (
 )
 
 SPLITS = ("holdout", "validation")
+log = logging.getLogger("taurl.eval.promote")
 
 
 def recipe_promotion(run: RunDir, promotion: dict[str, Any], evals: dict[str, dict[str, dict[str, Any]]],
                      baseline: int, candidate: int) -> dict[str, Any]:
     """The recipe's last step: the final policy (`candidate`) against the SFT one (`baseline`)
     from the evaluations the recipe already ran; appends the record once (a resumed run that
-    finds its record reuses it) and prints the decision."""
+    finds its record reuses it) and logs the decision."""
     for rec in read_records(run.root):
         if rec.get("source") == "recipe" and rec["candidate"] == candidate and rec.get("baseline") == baseline:
-            print(_line(rec), flush=True)
+            log.info(_line(rec))
             return rec
     as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
     decision = decide(as_results["final"], as_results["sft"], promotion_config(promotion),
                       candidate_version=candidate, baseline_version=baseline,
                       current=current_version(run.root), source="recipe")
     append_record(run.root, decision)
-    print(decision.line(), flush=True)
+    log.info(decision.line())
     return decision.to_dict()
 
 
@@ -76,17 +79,6 @@ def _need_version(run: RunDir, v: int, flag: str) -> None:
         raise Error(f"{flag} v{v}: {run.root} has no checkpoint v{v} (it has "
                     f"{', '.join(f'v{x}' for x in run.versions())}; training keeps the newest "
                     "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 keeps all)")
-
-
-def run_config(run: RunDir):
-    """The run's TrainConfig, as `taurl eval` loads it (no SFT/demo settings needed)."""
-    from taurl.cli.commands import import_modules
-    from taurl.recipe.config import TrainConfig, load_config
-
-    modules = import_modules(str(run.config), None)
-    return load_config(TrainConfig, path=run.config, overrides={
-        "imports": modules or None, "sft": "none", "sft_data": "", "expert_options": {}, "demos": 0,
-        "warmup_options": {}})
 
 
 def _matches(d: dict[str, Any], version: int, split: str, tasks: list, cfg: Any) -> bool:
@@ -138,10 +130,13 @@ def _default_baseline(run: RunDir, candidate: int) -> int:
 
 
 def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | None = None,
-            progress: bool = True) -> PromotionDecision:
+            progress: bool = True, *, load_config: Callable[[RunDir], Any]) -> PromotionDecision:
     """`taurl promote RUN --candidate vN [--baseline vM]`: evaluate what is missing, decide, record.
     The baseline defaults to the current policy (or, when that is the candidate, the
-    promoted version before it). Every input is checked before any evaluation or file."""
+    promoted version before it). Every input is checked before any evaluation or file.
+
+    load_config(run): the run's training config (`taurl.recipe.config.run_config`; given by
+    the caller, so that this evaluation stage does not import the recipe above it)."""
     from taurl.envs.tasks import plan_tasks
 
     run = _open_run(run_dir)
@@ -151,7 +146,7 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     _need_version(run, base, "--baseline")
     if base == cand:
         raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two versions")
-    cfg = run_config(run)
+    cfg = load_config(run)
     thresholds = promotion_config(cfg.promotion)
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
                       n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from taurl.train.objectives import sequence_logprobs as logprobs_from_logits
+from taurl.policy.logits import sequence_logprobs as logprobs_from_logits
 
 
 def sequence_logprobs(model: torch.nn.Module, token_ids: Sequence[int], temperature: float = 1.0) -> torch.Tensor:
@@ -14,7 +14,7 @@ def sequence_logprobs(model: torch.nn.Module, token_ids: Sequence[int], temperat
 
     π = softmax(logits / temperature), the quantity the engine records as the behaviour
     logprob (temperature 0, greedy, is scored at 1, as the engine does). The math is
-    `taurl.train.objectives.sequence_logprobs`; this only runs the model (its own forward,
+    `taurl.policy.logits.sequence_logprobs`; this only runs the model (its own forward,
     on its own device; the caller puts it in eval mode, as the engine does).
     """
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=next(model.parameters()).device)

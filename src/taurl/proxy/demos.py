@@ -14,9 +14,10 @@ import random
 import time
 from typing import Any
 
+from taurl import envs
 from taurl.errors import ConfigError
 from taurl.proxy.collect import collect_agent
-from taurl.proxy.experts import DEFAULT_EXPERTS, ReplyEngine
+from taurl.proxy.experts import ReplyEngine
 from taurl.proxy.runner import AgentConfig, load_callable
 from taurl.rollout.episodes import EpisodeSpec
 
@@ -24,11 +25,11 @@ from taurl.rollout.episodes import EpisodeSpec
 def expert_replies(cfg: Any, tasks: list) -> list[list[str]]:
     """The expert's reply texts for demonstration `i` of `tasks`, drawn from ``Random(f"{seed}:{i}")``."""
     agent = AgentConfig.from_dict(cfg.agent)
-    ref = agent.expert or DEFAULT_EXPERTS.get(cfg.env)
-    if not ref:
+    expert = load_callable(agent.expert) if agent.expert else envs.spec(cfg.env).tool_expert
+    if expert is None:
         raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert to "
-                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or use sft: none")
-    expert = load_callable(ref)
+                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or register "
+                          "the env with tool_expert=, or use sft: none")
     return [expert(t, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options) for i, t in enumerate(tasks)]
 
 

@@ -7,42 +7,17 @@ rendered with the agent's own system prompt, tool schemas and history handling, 
 chat/tool-call format the proxy serves (Hermes ``<tool_call>`` blocks, `taurl.tools.parsers`).
 
 An expert here is ``expert(task, rng, **options) -> [reply text, ...]``, one per model
-call; `DEFAULT_EXPERTS` names the one of each env that has one.
+call: the agent config's ``expert``, else the env's registered ``tool_expert``
+(`taurl.envs.spec.EnvSpec`; search-v0's is `taurl.envs.search.expert.search_tool_expert`).
 """
 
 from __future__ import annotations
 
-import json
-import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from taurl.envs.core import Task
 from taurl.policy.protocol import Generation, SamplingParams
-
-DEFAULT_EXPERTS = {"search-v0": "taurl.proxy.experts:search_tool_expert"}
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A Hermes tool call, exactly as the chat template renders one (transformers' `tojson`
-    keeps non-ASCII as is: "São Paulo", never "S\\u00e3o Paulo")."""
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
-
-
-def search_tool_expert(task: Task, rng: random.Random, **options: Any) -> list[str]:
-    """search-v0's expert (`taurl.envs.search.expert.search_expert`, same knobs and draws)
-    with each ``<search> q</search>`` as a ``search`` tool call and the answer as the reply."""
-    from taurl.envs.search.expert import search_expert
-
-    out = []
-    for action in search_expert(task, rng, **options):
-        m = re.search(r"<search>(.*?)</search>", action, re.DOTALL)
-        if m:
-            out.append(tool_call_text("search", {"query": m.group(1).strip()}))
-        else:
-            out.append(re.search(r"<answer>.*?</answer>", action, re.DOTALL).group(0))
-    return out
+from taurl.tools.parsers import tool_call_text  # noqa: F401  (re-exported: its old home)
 
 
 class ReplyEngine:

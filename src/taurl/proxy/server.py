@@ -47,6 +47,7 @@ from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
 from taurl.rollout.episodes import episode_seed
+from taurl.tools.passages import NO_RESULTS, format_hits
 
 MODEL_NAME = "taurl-policy"
 
@@ -250,8 +251,6 @@ class ProxyServer:
         return call
 
     def search(self, episode_id: str, body: dict) -> dict:
-        from taurl.envs.search.env import NO_RESULTS, format_hits
-
         ep = self.episode(episode_id)
         if self.retriever is None:
             raise ProxyError("this proxy runs no retriever", 404, "not_found")

@@ -460,5 +460,47 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
+def import_modules(config_path: str | None, cli_imports: list[str] | None) -> list[str]:
+    """Import the config's `imports` and the --import modules (before the config is
+    validated: their envs must be registered by then); returns them, in order."""
+    from_file: list[str] = []
+    if config_path and Path(config_path).is_file():
+        try:
+            data = yaml.safe_load(Path(config_path).read_text()) or {}
+        except yaml.YAMLError:
+            data = {}  # load_config reports the YAML error with its location
+        if isinstance(data, dict) and isinstance(data.get("imports"), list):
+            from_file = [str(m) for m in data["imports"]]
+    modules = list(dict.fromkeys(from_file + list(cli_imports or [])))
+    from taurl.envs import import_env_modules
+
+    import_env_modules(modules)
+    return modules
+
+
+def check_config(cfg: Any) -> Any:
+    """`cfg` (a config dataclass built in Python, e.g. ``TrainConfig(updates="30")``) checked as
+    `load_config` checks a file: its `imports` imported, then every type, value and option;
+    one ConfigError with every problem. Returns the validated config."""
+    from taurl.envs import import_env_modules
+
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise ConfigError(f"expected a config such as TrainConfig(...), got {type(cfg).__name__}")
+    data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    imports = data.get("imports")
+    if isinstance(imports, (list, tuple)) and all(isinstance(m, str) for m in imports):
+        import_env_modules(imports)  # their envs must be registered before the env is checked
+    return load_config(type(cfg), data=data)
+
+
+def run_config(run: Any) -> TrainConfig:
+    """The TrainConfig of the run at `run` (a `taurl.data.runs.RunDir`), as `taurl eval` and
+    `taurl promote` load it: its `imports` imported, no SFT/demo settings needed."""
+    modules = import_modules(str(run.config), None)
+    return load_config(TrainConfig, path=run.config, overrides={
+        "imports": modules or None, "sft": "none", "sft_data": "", "expert_options": {}, "demos": 0,
+        "warmup_options": {}})
+
+
 def dump_config(cfg: Any) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)

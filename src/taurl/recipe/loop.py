@@ -36,7 +36,6 @@ import time
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from taurl import chaos, envs
 from taurl.data.atomic import atomic_write_text
@@ -44,16 +43,17 @@ from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
 from taurl.envs.core import Task
 from taurl.envs.tasks import plan_tasks
-from taurl.errors import ConfigError, Error
+from taurl.errors import Error
 from taurl.eval.eval_run import evaluate_policy
 from taurl.eval.evaluate import paired_difference
 from taurl.monitor.alarms import Watch, staleness_max
-from taurl.monitor.metrics import console_line, rollout_metrics, same_reward_share
+from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
 from taurl.policy.factory import make_engine
-from taurl.policy.model import build_default_policy, load_policy, load_policy_meta
-from taurl.recipe.config import TrainConfig, async_engine_rows, dump_config
+from taurl.policy.model import build_default_policy, load_policy
+from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
+from taurl.recipe.record import end_update, recover_row
 from taurl.recipe.state import Hook, Run, check_run_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train import lora
@@ -74,8 +74,7 @@ log = logging.getLogger("taurl.recipe.loop")
 
 def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook | None = None) -> dict[str, Any]:
     """Run (or resume) the recipe in `run_dir`; returns summary.json's content."""
-    if problems := cfg.problems():  # every problem at once, before any file is written
-        raise ConfigError(problems)
+    cfg = check_config(cfg)  # types, values and imports: every problem at once, before any file is written
     spec = envs.spec(cfg.env)
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
                       n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
@@ -337,64 +336,6 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     bar.close()
 
 
-def recover_row(r: Run, version: int) -> None:
-    """Write the metrics row of RL checkpoint `version` if metrics.jsonl lacks it.
-
-    A checkpoint carries its update's row (``metrics_row`` in taurl.json; with ``schedule:
-    sync`` without what is measured after the save: its timings and alarms). The row is
-    appended to metrics.jsonl only after the checkpoint is whole, so a kill between the two
-    leaves a checkpoint without its row. The resumed run writes it from the checkpoint,
-    flagged ``run/recovered_row``, and fires the ``update_done`` hook the killed run did not
-    reach."""
-    meta = load_policy_meta(r.run.checkpoint(version))
-    row = meta.get("metrics_row")
-    if meta.get("phase") != "rl" or row is None:
-        return
-    update = row["update"]
-    if any(x.get("phase") == "rl" and x.get("update") == update for x in r.metrics.read()):
-        return
-    log.warning("update %d's metrics row was lost to an interruption after its checkpoint was written; "
-                "written now from checkpoint v%d", update, version)
-    r.metrics.write(update, {**row, "run/recovered_row": 1.0})
-    r.hook("update_done", {"update": update, "version": version})
-
-
-def end_update(r: Run, watch: Watch, bar: Any, row: dict[str, Any], update: int, version: int, t0: float,
-               t_start: float) -> bool:
-    """Alarms, metrics row, progress line and hooks of a finished update (every schedule);
-    True when RL stops here (an alarm in ``alarms.stop_on``, or the ``rl_max_seconds`` budget)."""
-    stop = judge_update(r, watch, row, update, t_start)
-    record_update(r, bar, row, update, version, t0)
-    if stop is not None:
-        r.save_state(**stop)
-    return stop is not None
-
-
-def judge_update(r: Run, watch: Watch, row: dict[str, Any], update: int, t_start: float) -> dict[str, Any] | None:
-    """The alarms of an update (each adds alarm/<name> to `row` and logs a warning); the run
-    state to save if RL stops after it (an alarm in ``alarms.stop_on``, the ``rl_max_seconds``
-    budget), else None."""
-    cfg = r.cfg
-    fired = watch.observe(row)
-    if (stop := watch.stops(fired)) and update < cfg.updates:
-        log.warning("RL stopped after update %d of %d by alarm(s) %s (alarms.stop_on)", update, cfg.updates,
-                    ", ".join(stop))
-        return {"rl_stopped_early": update, "rl_stopped_by": stop}
-    if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
-        log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
-        return {"rl_stopped_early": update}
-    return None
-
-
-def record_update(r: Run, bar: Any, row: dict[str, Any], update: int, version: int, t0: float) -> None:
-    """The metrics row, progress line and ``update_done`` hook of an update whose checkpoint is written."""
-    r.metrics.write(update, row)
-    bar.update(1)
-    tqdm.write(console_line(row, r.cfg.updates)) if r.progress else log.info(console_line(row, r.cfg.updates))
-    r.hook("update_done", {"update": update, "version": version})
-    r.phase_done("rl", time.perf_counter() - t0)
-
-
 # ---------------------------------------------------------------------------------------
 # Evaluation and summary
 
@@ -426,8 +367,8 @@ def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[st
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
     r.phase_done(f"eval_{tag}", time.perf_counter() - t0)
     lo, hi = result.ci95
-    print(f"{tag} (v{version}): success {result.success:.3f} [{lo:.3f}, {hi:.3f}] over {result.episodes} "
-          f"episodes of {result.tasks} tasks, pass@{result.trials} {result.pass_at_k:.3f}", flush=True)
+    log.info("%s (v%d): success %.3f [%.3f, %.3f] over %d episodes of %d tasks, pass@%d %.3f", tag, version,
+             result.success, lo, hi, result.episodes, result.tasks, result.trials, result.pass_at_k)
     return result.to_dict()
 
 

@@ -36,16 +36,32 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
-from taurl.recipe.config import TrainConfig
 from taurl.rollout.episodes import EpisodeSpec, store_episode
 from taurl.rollout.runner import close_round
 
 log = logging.getLogger("taurl.scale.ray")
+
+
+class WorkerConfig(Protocol):
+    """What the collector and its workers read of the run's config (`TrainConfig` is one;
+    named by its fields here, so that scale-out does not import the recipe above it)."""
+
+    env: str
+    imports: Any
+    system_prompt: str | None
+    torch_threads: int
+    engine_options: dict[str, Any]
+    backend_options: dict[str, Any]
+    concurrency: int
+
+    def env_kwargs(self) -> dict[str, Any]: ...
+
+    def rollout_config(self, temperature: float | None = None) -> Any: ...
 
 
 class RolloutWorker:
@@ -55,7 +71,7 @@ class RolloutWorker:
     the worker's LocalEngine batches the episodes in flight.
     """
 
-    def __init__(self, cfg: TrainConfig, checkpoint_dir: str, version: int, *, seed: int, run_id: str,
+    def __init__(self, cfg: WorkerConfig, checkpoint_dir: str, version: int, *, seed: int, run_id: str,
                  max_batch_size: int):
         import torch
 

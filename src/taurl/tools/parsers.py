@@ -143,3 +143,9 @@ def parse_xml(text: str, tools: Mapping[str, Mapping[str, Any]], *,
             args[k] = value
         calls.append(ToolCall(name, args, m.group(0)))
     return ParseResult(tuple(calls))
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A Hermes tool call, exactly as the chat template renders one (transformers' `tojson`
+    keeps non-ASCII as is: "São Paulo", never "S\\u00e3o Paulo")."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'

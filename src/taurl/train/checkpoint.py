@@ -2,7 +2,7 @@
 
     checkpoints/v<N>/   config.json, model.safetensors, tokenizer files (`save_policy`),
                         taurl.json (policy_version, phase, update; an RL one also its
-                        update's metrics_row, for `taurl.recipe.loop.recover_row`), and in the newest RL
+                        update's metrics_row, for `taurl.recipe.record.recover_row`), and in the newest RL
                         checkpoint only: optimizer.pt (AdamW state) and trainer_state.pt
                         (RNG states of python, numpy and torch, the LR scheduler if any)
 

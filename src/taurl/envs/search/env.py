@@ -26,9 +26,10 @@ from typing import Any
 
 from taurl.data.trajectory import ToolReceipt
 from taurl.envs.core import Task
-from taurl.envs.search.retriever import Hit, Retriever, shared_retriever
+from taurl.envs.search.retriever import Retriever, shared_retriever
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.reward.exact_match import VERIFIER_VERSION, exact_match
+from taurl.tools.passages import NO_RESULTS, format_hits
 
 VERSION = "1"  # bump when an observation, the parser or the reward changes meaning
 
@@ -46,7 +47,6 @@ INVALID_OBSERVATION = (
     "<search> and </search>. If I want to give the final answer, I should put the answer "
     "between <answer> and </answer>. Let me try again.\n"
 )
-NO_RESULTS = "No documents matched the query."
 SEARCH_FAILED = "The search failed. Try again or give your answer."
 
 SEARCH_TOOL: dict[str, Any] = {
@@ -77,18 +77,6 @@ def parse_action(text: str) -> dict[str, str]:
     if tag == "search":
         return {"kind": "search", "query": content} if content else {"kind": "invalid"}
     return {"kind": "answer", "answer": content}
-
-
-def format_hits(hits: list[Hit], max_doc_chars: int | None) -> str:
-    """Search-R1's passage format: ``Doc i(Title: t) text`` one per line (trailing newline
-    stripped, as Search-R1 strips the block)."""
-    lines = []
-    for i, h in enumerate(hits, 1):
-        text = h.doc.text
-        if max_doc_chars is not None and len(text) > max_doc_chars:
-            text = text[:max_doc_chars].rstrip() + "..."
-        lines.append(f"Doc {i}(Title: {h.doc.title}) {text}")
-    return "\n".join(lines)
 
 
 class SearchEnv:

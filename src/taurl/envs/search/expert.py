@@ -15,11 +15,14 @@ memory some of the time), which reinforcement learning then has to unlearn.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from taurl.envs.core import Task
 from taurl.envs.search.distractors import distractor_actions
 from taurl.errors import ConfigError
+from taurl.tools.parsers import tool_call_text
 
 
 def search_expert(task: Task, rng: random.Random, p_skip_search: float = 0.0,
@@ -73,3 +76,16 @@ class ExpertQuality:
 def expert_actions(task: Task, quality: ExpertQuality = ExpertQuality(), rng: random.Random | None = None) -> list[str]:
     """`search_expert` with the knobs of `quality` (and ``random.Random(0)`` by default)."""
     return search_expert(task, rng or random.Random(0), **quality.options())
+
+
+def search_tool_expert(task: Task, rng: random.Random, **options: Any) -> list[str]:
+    """`search_expert` in the proxy's wire format (same knobs and draws)
+    with each ``<search> q</search>`` as a ``search`` tool call and the answer as the reply."""
+    out = []
+    for action in search_expert(task, rng, **options):
+        m = re.search(r"<search>(.*?)</search>", action, re.DOTALL)
+        if m:
+            out.append(tool_call_text("search", {"query": m.group(1).strip()}))
+        else:
+            out.append(re.search(r"<answer>.*?</answer>", action, re.DOTALL).group(0))
+    return out

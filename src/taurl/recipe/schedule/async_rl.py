@@ -39,6 +39,7 @@ from taurl.errors import Error
 from taurl.monitor.alarms import Watch
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.policy.model import load_policy_meta
+from taurl.recipe.record import judge_update, record_update
 from taurl.recipe.schedule.admission import (
     capacity,
     split_fresh,
@@ -314,8 +315,6 @@ async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any],
     """Once checkpoint `version` is whole on disk: its hook, the update's metrics row (so a
     row is never ahead of the checkpoints: a killed run resumes at the first update without
     one), and the retention of old checkpoints."""
-    from taurl.recipe.loop import record_update
-
     await proc.saved(version)
     r.hook("checkpoint_saved", {"version": version})
     record_update(r, bar, row, update, version, t0)
@@ -338,10 +337,6 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
-    from taurl.recipe.loop import (
-        judge_update,  # the recipe imports this module when schedule: async
-    )
-
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # the learner runs in its own process (taurl.recipe.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here

@@ -11,7 +11,7 @@ then per update: receives the batch, updates, sends the learn/* metrics back ("l
 and receives the update's metrics row from the parent (`commit`); a thread of the child
 then writes checkpoint v+1 (whole or not at all, with the async bookkeeping and the row in
 its taurl.json, so a kill before the parent appends the row loses none:
-`taurl.recipe.loop.recover_row`), drops the previous optimizer state and says ("saved", v+1),
+`taurl.recipe.record.recover_row`), drops the previous optimizer state and says ("saved", v+1),
 while the learner already takes the next batch. The next optimizer step
 waits for that write, so a checkpoint is the state after its update, bitwise, and a kill
 loses at most the update in flight (a critic or step scorer is saved in the foreground).

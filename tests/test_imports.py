@@ -1,0 +1,160 @@
+"""The package's import graph has no cycle: stages import only what lies below them.
+
+The graph is built statically (ast) from every ``import`` in ``src/taurl``, at module level
+and inside functions alike: a function-level import is still a dependency, it only runs
+later (a lazy import hides a cycle, it does not remove it). Imports under
+``if TYPE_CHECKING:`` are left out: they never run and exist for annotations only.
+An edge goes to the most specific module named (``from taurl.a import b`` is an edge to
+``taurl.a.b`` when that is a module, else to ``taurl.a``); parent packages a module's import
+runs on the way are not edges (taurl's ``__init__`` files import nothing eagerly).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under ``root/package``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The package modules that module `name` (at `path`) imports."""
+    skip = _type_checking_nodes(tree)
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def target(dotted: str) -> str | None:
+        while dotted and dotted not in modules:  # taurl.a.func -> taurl.a
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                found.add(target(a.name) or "")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            for a in node.names:
+                found.add(target(f"{base}.{a.name}") or target(base) or "")
+    found.discard("")
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (anywhere in its body)."""
+    modules = _modules(root, package)
+    return {name: _imported(name, path, ast.parse(path.read_text(), str(path)), modules)
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        comp.append(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_taurl_has_no_import_cycle():
+    found = cycles(import_graph(SRC, "taurl"))
+    assert not found, "import cycles (each line one strongly connected component):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+@pytest.mark.parametrize("how", ["module level", "in a function", "relative"])
+def test_a_cycle_is_found(tmp_path, how):
+    back = {"module level": "from pkg.a import f\n",
+            "in a function": "def g():\n    from pkg.a import f\n    return f\n",
+            "relative": "from . import a\n"}[how]
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.b import g\ndef f(): ...\n",
+                      "pkg/sub/__init__.py": "", "pkg/sub/b.py": back.replace(". import", ".. import"),
+                      "pkg/c.py": "import pkg.a\n"})
+    assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"]]
+
+
+def test_no_cycle_without_the_back_edge(tmp_path):
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.b import g\n",
+                      "pkg/sub/__init__.py": "", "pkg/sub/b.py": "import json\n",
+                      "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from pkg.a import f\n",
+                      "pkg/d.py": "import pkg.c\n"})
+    # a TYPE_CHECKING import is no edge: c -> a is left out, so a, b, c, d form no cycle
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.c"] == set()
+    assert cycles(graph) == []
