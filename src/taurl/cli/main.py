@@ -10,6 +10,7 @@ import sys
 import typing
 
 from taurl.errors import ConfigError, Error
+from taurl.monitor.progress import console_logging
 
 EPILOG = """\
 examples:
@@ -193,15 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # taurl's library code logs; here its lines are shown (above the progress bars)
+    console_logging(logging.DEBUG if args.verbose else logging.INFO)
     if args.command is None:
         parser.print_help()
         return 2
-    if getattr(args, "no_progress", False):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # the per-load "Loading weights" bars of transformers
     try:
         return _dispatch(args)
     except Error as e:

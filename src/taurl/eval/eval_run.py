@@ -16,11 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from taurl.data.ledger import Ledger
 from taurl.envs.core import Env, Task
 from taurl.eval.evaluate import EvalConfig, EvalResult, summarize
+from taurl.monitor.progress import phase_bar
 from taurl.policy.local_engine import LocalEngine
 from taurl.policy.model import load_policy, load_policy_meta
 from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
@@ -39,7 +38,7 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
     specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k), f"eval-{tag}:{t.task_id}")
              for i, t in enumerate(tasks) for k in range(ecfg.trials)]
     t0 = time.perf_counter()
-    bar = tqdm(total=len(specs), desc=f"eval {tag}", unit="ep", disable=not progress, leave=False)
+    bar = phase_bar(len(specs), f"eval {tag}", "ep", enabled=progress)
     with tempfile.TemporaryDirectory() as tmp:  # a checkpoint outside a run keeps its episodes in a scratch ledger
         own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
         try:

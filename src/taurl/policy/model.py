@@ -20,11 +20,12 @@ supported by the local engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,22 @@ SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(128, 4, 4, 2, 384),  # head_dim 32
     "small": ModelSize(256, 6, 4, 2, 1024),  # head_dim 64
 }
+
+
+@contextlib.contextmanager
+def quiet_hf() -> Iterator[None]:
+    """transformers' own progress bars off inside (its "Writing model shards" on every checkpoint,
+    "Loading weights" on every load): taurl shows one bar per phase, not one per file. The
+    setting is restored after, so an application's own transformers calls keep their bars."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def tiny_config(
@@ -182,10 +199,11 @@ def save_policy(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        model.save_pretrained(tmp)
-        if hasattr(model, "get_base_model"):  # peft adapters alone (taurl.policy.adapter): plus the architecture
-            model.get_base_model().config.save_pretrained(tmp)
-        save_tokenizer(tokenizer, tmp)
+        with quiet_hf():
+            model.save_pretrained(tmp)
+            if hasattr(model, "get_base_model"):  # peft adapters alone (taurl.policy.adapter): plus the architecture
+                model.get_base_model().config.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
         (tmp / META_FILE).write_text(meta_text + "\n", encoding="utf-8")
         _swap_in(tmp, path)
     finally:
@@ -308,7 +326,8 @@ def load_policy(
         raise ConfigError(f"the tokenizer in {str(path)!r} has no chat template; {CHAT_TEMPLATE_FIX}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    with quiet_hf():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     vocab = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > vocab:
         raise ConfigError(

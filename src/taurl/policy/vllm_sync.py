@@ -116,7 +116,10 @@ def _local_logprobs(path: Path, prompt: list[int], ids: list[int]) -> list[float
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    from taurl.policy.model import quiet_hf
+
+    with quiet_hf():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
     lp = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from taurl import envs
 from taurl.data.atomic import atomic_write_text
 from taurl.data.ledger import Ledger
@@ -23,6 +21,7 @@ from taurl.envs.spec import EnvSpec
 from taurl.envs.tasks import TaskPlan
 from taurl.errors import EnvCheckError
 from taurl.monitor.metrics import MetricsWriter
+from taurl.monitor.progress import phase_bar
 from taurl.recipe.config import TrainConfig
 
 Hook = Callable[[str, dict[str, Any]], None]
@@ -79,8 +78,9 @@ class Run:
         timings[name] = timings.get(name, 0.0) + seconds
         self.save_state(timings=timings)
 
-    def bar(self, total: int, desc: str, unit: str = "ep") -> tqdm:
-        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+    def bar(self, total: int, desc: str, unit: str = "ep") -> Any:
+        """The phase's progress (`taurl.monitor.progress.phase_bar`: a bar on a terminal, plain lines else)."""
+        return phase_bar(total, desc, unit, enabled=self.progress)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl rollout`)."""
