@@ -1,6 +1,6 @@
 """The reward stack (docs/design.md#reward): outcome (dominant), constraints (hard), shaping (small).
 
-    r = w_o · outcome · [no violation voids it]            outcome ∈ [0, 1], from a Verifier
+    r = w_o · outcome · [no violation voids it]            outcome ∈ [0, 1], from a Judge
       + Σ_v penalty_v                                      constraint: each ≤ 0
       + clip(Σ_s w_s · signal_s, −c, +c)                   process shaping, |·| ≤ c
 
@@ -79,12 +79,19 @@ class Verdict:
 
 
 @runtime_checkable
-class Verifier(Protocol):
-    """A deterministic, versioned judge of a terminal state. No caches across calls."""
+class Judge(Protocol):
+    """A deterministic, versioned judge of a terminal state: its `Verdict`. No caches across calls.
+
+    (Named apart from `taurl.envs.spec.Verifier`, the evaluator's ``(traj, task) -> score``:
+    one name per protocol. ``Verifier`` below is this protocol's old name.)
+    """
 
     version: str
 
     def verify(self, task: Any, submission: Any) -> Verdict: ...
+
+
+Verifier = Judge  # the old name, kept importable
 
 
 @dataclass(frozen=True)

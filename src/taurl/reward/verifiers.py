@@ -1,4 +1,4 @@
-"""Small outcome verifiers that plug into the reward stack (`taurl.reward.stack.Verifier`)."""
+"""Small outcome verifiers that plug into the reward stack (`taurl.reward.stack.Judge`)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ action segment with the new version (`_Episode.append_piece`: one segment per ve
 turn names the first, `taurl.credit.tokens` gives it the rest). The action's token budget
 counts every piece. A stop string split across the cut is not seen (stop ids are).
 
+The outcome: an env may carry ``taurl_outcome(traj, task) -> float`` (`taurl.train`'s
+``reward=`` sets it); the finished record's ``outcome`` component is then its value, the
+env's other components (constraint, shaping, step rewards) are kept as they are.
+
 Who acted: an engine with ``source`` other than ``"policy"`` (`taurl.rollout.synth.ScriptedEngine`:
 ``"scripted"``, ``"expert"``) did not sample from a policy, so its actions are recorded
 without logprobs or version and the trajectory says ``source``. ``info["provenance"]``
@@ -328,7 +332,7 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
     unexplained = st.reward - sum(components.values())
     if abs(unexplained) > 1e-9:  # step rewards the final components do not cover
         components["env_steps"] = unexplained
-    return Trajectory(
+    traj = Trajectory(
         episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
         group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
         seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns), messages=tuple(ep.messages),
@@ -341,6 +345,16 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
         source=st.source, provenance=st.provenance,
     )
+    outcome = getattr(env, "taurl_outcome", None)
+    return traj if outcome is None else _rescored(traj, task, outcome)
+
+
+def _rescored(traj: Trajectory, task: Task, outcome: Callable[[Trajectory, Task], float]) -> Trajectory:
+    """The record with its outcome component replaced by ``outcome(traj, task)`` (`taurl.train`'s
+    ``reward=``); the env's constraint and shaping components stay, and the reward is their sum."""
+    components = {**traj.reward_components, "outcome": outcome(traj, task)}
+    return dataclasses.replace(traj, reward=sum(components.values()), reward_components=components,
+                               verifier_version=str(getattr(outcome, "version", "") or "python"))
 
 
 def _step_problem(reward: Any, info: Any) -> str | None:

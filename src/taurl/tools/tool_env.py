@@ -32,7 +32,7 @@ from typing import Any
 
 from taurl.envs.core import Task
 from taurl.errors import ConfigError, ResetNeeded
-from taurl.reward.stack import RewardStack, Verdict, Verifier, Violation
+from taurl.reward.stack import Judge, RewardStack, Verdict, Violation
 from taurl.tools.executor import CallOutcome, ToolBox, run_blocking
 from taurl.tools.gate import Gate, GateConfig
 from taurl.tools.specs import ToolSpec
@@ -49,7 +49,7 @@ class ToolEnv:
     stop = ("</tool_call>",)  # one call per message; a special token in taurl's tokenizer
     system_prompt = ""
 
-    def __init__(self, tools: Sequence[ToolSpec], *, verifier_factory: Callable[[], Verifier],
+    def __init__(self, tools: Sequence[ToolSpec], *, verifier_factory: Callable[[], Judge],
                  gate: GateConfig | None = None, stack: RewardStack | None = None, max_turns: int = 8,
                  submit_tool: str = "submit", max_consecutive_errors: int = 3, parser: str = "hermes",
                  default_timeout_s: float = 30.0, max_output_chars: int = 8000) -> None:
@@ -61,7 +61,7 @@ class ToolEnv:
         if submit_tool not in {t.name for t in tools}:
             problems.append(f"submit_tool {submit_tool!r} is not among the tools {[t.name for t in tools]}")
         if not callable(verifier_factory):
-            problems.append("verifier_factory must be a callable returning a fresh Verifier")
+            problems.append("verifier_factory must be a callable returning a fresh Judge (taurl.reward.stack)")
         if problems:
             raise ConfigError(problems)
         self.toolbox = ToolBox(tools, parser=parser, default_timeout_s=default_timeout_s,
@@ -99,7 +99,7 @@ class ToolEnv:
         return _verdict_text(verdict)
 
     # -- the protocol -------------------------------------------------------------------
-    def make_verifier(self) -> Verifier:
+    def make_verifier(self) -> Judge:
         """A fresh verifier instance: what the holdout evaluator uses."""
         return self.verifier_factory()
 
@@ -187,7 +187,7 @@ class ToolEnv:
             self._end()
 
 
-async def _judge(verifier: Verifier, task: Task, submission: Any) -> Verdict:
+async def _judge(verifier: Judge, task: Task, submission: Any) -> Verdict:
     """The verifier's verdict; a verifier that raises gives an error verdict (invalid sample)."""
     try:
         averify = getattr(verifier, "averify", None)

@@ -55,7 +55,7 @@ from taurl.envs.code.tasks import SOLUTION_FILE, VISIBLE_TEST_FILE, stub_source,
 from taurl.envs.code.verifier import HiddenTestVerifier, Submission
 from taurl.envs.core import Task
 from taurl.errors import ConfigError, SandboxError
-from taurl.reward.stack import RewardStack, Verifier
+from taurl.reward.stack import Judge, RewardStack
 from taurl.tools import workspace as ws
 from taurl.tools.gate import GateConfig
 from taurl.tools.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxLimits
@@ -98,7 +98,7 @@ class CodeEnv(ToolEnv):
 
     def __init__(self, *, max_turns: int = 12, sandbox_config: SandboxConfig | None = None,
                  gate: GateConfig | None = None, stack: RewardStack | None = None,
-                 verifier_factory: Callable[[], Verifier] | None = None, root: str | None = None,
+                 verifier_factory: Callable[[], Judge] | None = None, root: str | None = None,
                  max_output_chars: int = 4000, tools: list[str] | tuple[str, ...] | None = None,
                  compact_tools: bool = False) -> None:
         if not isinstance(compact_tools, bool):
