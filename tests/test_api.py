@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 class EchoEnv:
     """One turn: the agent says a word; the env's own reward is 1 when it is the task's."""
 
-    name, version, verifier_version = "echo-api", "1", "echo-exact-1"
+    name, version, verifier_version = "echo-v0", "1", "echo-exact-1"
     observation_style, stop, tools = "inline", ("</answer>",), []
     system_prompt = "Repeat the word as <answer>word</answer>."
 
@@ -40,6 +40,7 @@ class EchoEnv:
             raise ResetNeeded("call reset() first")
         answer = action.split("<answer>")[-1].removesuffix("</answer>").strip()
         reward = float(answer == self.task.answers[0])
+        self.task = None  # one turn: the episode is over
         info = {"action": {"kind": "answer"}, "invalid": False, "stop_reason": "answered",
                 "reward_components": {"outcome": reward, "shaping": 0.0}, "verifier_version": "echo-exact-1"}
         return "", reward, True, False, info
@@ -51,7 +52,7 @@ WORDS = ["apple", "berry", "cedar", "delta", "ember", "fjord", "grape", "hazel",
 
 def tasks() -> list[taurl.Task]:
     splits = ["train"] * 8 + ["validation"] * 3 + ["holdout"] * 3
-    return [taurl.Task(f"echo/{w}", f"Say: {w}", (w,), s, "echo-api") for w, s in zip(WORDS, splits, strict=True)]
+    return [taurl.Task(f"echo/{w}", f"Say: {w}", (w,), s, "echo-v0") for w, s in zip(WORDS, splits, strict=True)]
 
 
 def length_reward(traj, task) -> float:

@@ -281,6 +281,8 @@ def plain_asdict(obj: Any) -> Any:
 # Validation: each rule has a stable name; `check_trajectory` lists every violation.
 
 
+# Over 60 lines on purpose: one block per named contract rule, in the order of the rules table
+# (taurl.data.admission.RULES); a flat list is how the rules are audited.
 def check_trajectory(traj: Trajectory) -> list[ContractError]:
     """Every contract rule `traj` breaks, as ContractErrors (empty when valid)."""
     errs: list[ContractError] = []

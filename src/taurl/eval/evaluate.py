@@ -261,6 +261,8 @@ def _score(verifier: Any, traj: Trajectory, task: Task) -> float:
     return float(v)
 
 
+# Over 60 lines on purpose: every figure of an EvalResult computed from the same per-task
+# tallies in one pass; split, the tallies would travel between helpers.
 def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
               verifier: Verifier | None = None, wall_s: float = 0.0, *, split: str = "holdout") -> EvalResult:
     """Score `trajs` — up to `trials` records per task of `tasks` — with `verifier` (default:

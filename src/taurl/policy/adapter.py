@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from taurl.errors import ConfigError
+from taurl.policy.files import load_hf_policy, load_policy_meta, save_policy
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_FIX = "pip install 'taurl[real]' (or pip install peft)"
@@ -70,8 +71,6 @@ def adapter_meta(checkpoint_parent: str | Path, base: str | Path, options: dict[
 
 def adapter_base(path: str | Path) -> Path:
     """The base policy directory of adapter checkpoint `path` (from its taurl.json)."""
-    from taurl.policy.model import load_policy_meta
-
     lora = load_policy_meta(path).get("lora")
     if not isinstance(lora, dict) or "base" not in lora:
         raise ConfigError(f"{str(path)!r} holds an adapter but its taurl.json names no base model "
@@ -93,8 +92,6 @@ def adapter_problems(path: str | Path) -> list[str]:
     if not base.is_dir():
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is gone; an adapter "
                 "checkpoint needs its base (keep the run's SFT checkpoint, or export with --merged)"]
-    from taurl.policy.model import load_policy_meta
-
     want = load_policy_meta(path)["lora"].get("base_sha256")
     if want and weights_sha256(base) != want:
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is not the one it was trained on "
@@ -113,10 +110,9 @@ def load_merged(path: str | Path, device: str | torch.device = "cpu", *, dtype: 
         raise ConfigError(problems)
     from peft import PeftModel
 
-    from taurl.policy.model import load_policy
     from taurl.policy.tokenizer import load_tokenizer
 
-    base, _ = load_policy(adapter_base(path), device, dtype=dtype, chat_template=chat_template)
+    base, _ = load_hf_policy(adapter_base(path), device, dtype=dtype, chat_template=chat_template)
     model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
     tokenizer = load_tokenizer(path)
     if chat_template is not None:
@@ -136,8 +132,6 @@ def serving_dir(path: str | Path) -> Path:
     path = Path(path)
     if not is_adapter_dir(path):
         return path
-    from taurl.policy.model import save_policy
-
     root = path.parent / ".merged"
     out = root / path.name
     if not (out / "config.json").is_file():

@@ -31,6 +31,9 @@ from taurl.rollout.runner import close_round
 log = logging.getLogger("taurl.proxy")
 
 
+# Over 60 lines on purpose: starts the proxy, runs each agent episode through it and stores its
+# records, with its failure accounting; one body so the episode's life (open, run, capture,
+# close) reads in order.
 async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any], specs: Sequence[Any], *,
                         agent: dict[str, Any] | AgentConfig, config: Any, ledger: Ledger, run_id: str,
                         concurrency: int = 64, bar: Any = None, on_stored: Callable | None = None,

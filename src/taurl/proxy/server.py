@@ -331,6 +331,8 @@ def _completion_body(rid: str, call: Call) -> dict:
             "choices": [{"index": 0, "text": call.text, "finish_reason": _finish(call), "logprobs": None}]}
 
 
+# Over 60 lines on purpose: one closure per HTTP route over the same `proxy`, read as the route
+# table it is; split apart, each handler would need the server and starlette's types passed in.
 def _build_app(proxy: ProxyServer) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request

@@ -6,16 +6,17 @@ Each field's comment is its documentation; `taurl COMMAND --help` and docs/refer
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from taurl.errors import ConfigError, UnknownEnvError
+from taurl.errors import UnknownEnvError
+from taurl.recipe.validate import (  # noqa: F401  (re-exported: their old home was this module)
+    check_config,
+    dump_config,
+    import_modules,
+    load_config,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class RolloutRunConfig:
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
+    # Over 60 lines on purpose: one check per config key, every problem gathered into one
+    # ConfigError; a flat list reads better than checks scattered over helpers (item 4 of issue
+    # 27, config sections, splits it by section).
     def problems(self) -> list[str]:
         out = []
         for name in ("episodes", "group_size", "concurrency", "max_turns", "max_action_tokens",
@@ -402,97 +406,6 @@ def _rollout_config(cfg: Any, **sampling: Any):
     return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling)
 
 
-def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,
-                overrides: dict[str, Any] | None = None):
-    """Build `cls` from a YAML file, a dict and overrides (later wins); validate everything.
-
-    Unknown keys (with a "did you mean"), wrong types and out-of-range values are all
-    collected and raised together as one ConfigError.
-    """
-    merged: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot read config {path}: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config {path} must be a mapping of option: value")
-        merged.update(loaded)
-    merged.update(data or {})
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    problems = []
-    for key in list(merged):
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            problems.append(f"unknown option {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-            merged.pop(key)
-        elif not _type_ok(merged[key], hints[key]):
-            problems.append(f"{key} must be {_type_name(hints[key])} (got {merged[key]!r})")
-            merged.pop(key)
-    if problems:
-        raise ConfigError(problems)
-    cfg = cls(**merged)
-    if hasattr(cfg, "problems") and (more := cfg.problems()):
-        raise ConfigError(more)
-    return cfg
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple))
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def import_modules(config_path: str | None, cli_imports: list[str] | None) -> list[str]:
-    """Import the config's `imports` and the --import modules (before the config is
-    validated: their envs must be registered by then); returns them, in order."""
-    from_file: list[str] = []
-    if config_path and Path(config_path).is_file():
-        try:
-            data = yaml.safe_load(Path(config_path).read_text()) or {}
-        except yaml.YAMLError:
-            data = {}  # load_config reports the YAML error with its location
-        if isinstance(data, dict) and isinstance(data.get("imports"), list):
-            from_file = [str(m) for m in data["imports"]]
-    modules = list(dict.fromkeys(from_file + list(cli_imports or [])))
-    from taurl.envs import import_env_modules
-
-    import_env_modules(modules)
-    return modules
-
-
-def check_config(cfg: Any) -> Any:
-    """`cfg` (a config dataclass built in Python, e.g. ``TrainConfig(updates="30")``) checked as
-    `load_config` checks a file: its `imports` imported, then every type, value and option;
-    one ConfigError with every problem. Returns the validated config."""
-    from taurl.envs import import_env_modules
-
-    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
-        raise ConfigError(f"expected a config such as TrainConfig(...), got {type(cfg).__name__}")
-    data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    imports = data.get("imports")
-    if isinstance(imports, (list, tuple)) and all(isinstance(m, str) for m in imports):
-        import_env_modules(imports)  # their envs must be registered before the env is checked
-    return load_config(type(cfg), data=data)
-
-
 def run_config(run: Any) -> TrainConfig:
     """The TrainConfig of the run at `run` (a `taurl.data.runs.RunDir`), as `taurl eval` and
     `taurl promote` load it: its `imports` imported, no SFT/demo settings needed."""
@@ -500,7 +413,3 @@ def run_config(run: Any) -> TrainConfig:
     return load_config(TrainConfig, path=run.config, overrides={
         "imports": modules or None, "sft": "none", "sft_data": "", "expert_options": {}, "demos": 0,
         "warmup_options": {}})
-
-
-def dump_config(cfg: Any) -> str:
-    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)

@@ -174,6 +174,8 @@ class RayCollector:
 
     # -----------------------------------------------------------------------------------
 
+    # Over 60 lines on purpose: the Ray collector's submit / wait / store loop with its reuse,
+    # retry and failure accounting; one body so the failure policy is read in one place.
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:

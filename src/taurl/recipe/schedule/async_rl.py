@@ -335,6 +335,9 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
     asyncio.run(_loop(r, model, tok, learner, collector, version, first, seed))
 
 
+# Over 60 lines on purpose: the async schedule's update loop: admit groups, learn in the learner
+# process, swap weights behind, record; its awaits and their order are the schedule, kept
+# visible in one body.
 async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
                 seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]

@@ -218,6 +218,8 @@ class CheckpointWriter:
             self._pending.pop().result()
 
 
+# Over 60 lines on purpose: the learner process's main: its imports, its state and its command
+# loop (update, save, stop) must live in the child's one frame.
 def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: int, meta: dict[str, Any]) -> None:
     _die_with_parent()
     import torch
