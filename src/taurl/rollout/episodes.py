@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env, Task
 from taurl.rollout.loop import RolloutConfig
 from taurl.rollout.runner import EpisodeError, close_round, run_one
+from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)
 
 __all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
 
@@ -34,11 +34,6 @@ class EpisodeSpec:
     task: Task
     seed: int
     group_id: str
-
-
-def episode_seed(*parts: Any) -> int:
-    """A 31-bit seed fixed by `parts` (stable across processes, unlike hash())."""
-    return random.Random(":".join(map(str, parts))).getrandbits(31)
 
 
 def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], failed: list[str],

@@ -66,7 +66,8 @@ from taurl.envs.core import Env, StepInfo, Task
 from taurl.errors import Error
 from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
-from taurl.rollout.stream import ChatCodec, _cut, _derive_seed, _Episode
+from taurl.rollout.seeds import _derive_seed
+from taurl.rollout.stream import ChatCodec, _cut, _Episode
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ chat_template(messages)`` holds by construction. History is never re-encoded.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -95,10 +94,3 @@ def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], in
         return ids, 0
     tail = min(keep_tail, max_tokens)
     return ids[:max_tokens - tail] + ids[len(ids) - tail:], len(ids) - max_tokens
-
-
-def _derive_seed(seed: int, turn: int, piece: int = 0) -> int:
-    """The sampling seed of `turn`'s action; piece k >= 1: its continuation after the k-th
-    abort (a partial rollout). Keyed by both, so no continuation reuses another turn's seed."""
-    key = f"{seed}:{turn}" if piece == 0 else f"{seed}:{turn}:{piece}"
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
