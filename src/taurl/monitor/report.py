@@ -42,6 +42,7 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "rollout/failed_episodes": "episodes that produced no record (an exception or a ledger rejection), logged",
     "rollout/shrunk_groups": "groups trained with fewer records than episodes (some produced none; taurl.rollout.runner)",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
+    "mem/rollout_peak_rss_mb, mem/learn_peak_rss_mb, mem/checkpoint_peak_rss_mb": "peak resident memory (MB) of the process in each phase of the update (VmHWM reset at the phase's start; taurl.monitor.memory)",
     "copy/loss": "copy warm-up: token-mean NLL of the copied name (taurl.train.copy_warmup)",
     "copy/exact_unseen": "copy warm-up: share of names it never trained on copied exactly (greedy)",
     "sft/loss": "token-mean NLL of the demonstrations' action tokens",
@@ -111,6 +112,8 @@ CURVES: list[tuple[str, list[str]]] = [
     ("Gradient norm", ["learn/grad_norm"]),
     ("Episode length (tokens)", ["rollout/tokens_mean", "rollout/action_tokens_mean"]),
     ("Time per update (s): rollout / learn / checkpoint", ["time/rollout_s", "time/learn_s", "time/checkpoint_s"]),
+    ("Peak memory per phase (MB RSS): rollout / learn / checkpoint",
+     ["mem/rollout_peak_rss_mb", "mem/learn_peak_rss_mb", "mem/checkpoint_peak_rss_mb"]),
 ]
 
 

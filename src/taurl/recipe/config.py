@@ -154,6 +154,7 @@ class TrainConfig:
     alarms: dict[str, Any] = field(default_factory=dict)  # health-alarm options (docs/monitoring.md): enabled, disable, stop_on, thresholds
     trackers: list[str] = field(default_factory=list)  # extra metric sinks: tensorboard, wandb (offline); pip install 'taurl[track]'
     generate_timeout_s: float = 600.0  # an engine call longer than this ends its episode as an error (counted)
+    checkpoint_every: int = 1  # RL: a checkpoint (weights + optimizer, resumable) every k updates, and at the last; the updates between serve their weights without one (docs/lora.md: cost control)
     keep_checkpoints: int = 2  # RL checkpoints kept: the newest k, plus v0, the SFT version and every promoted one (0: all)
     estimator: str = "grpo"  # advantage estimator by name (taurl.credit.ESTIMATORS)
     estimator_options: dict[str, Any] = field(default_factory=dict)  # its keyword options
@@ -232,6 +233,11 @@ class TrainConfig:
                        "train at temperature 1.0 (the default) and set eval_temperature: 0 for greedy evaluation")
         if not self.generate_timeout_s > 0:
             out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
+        if isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1:
+            out.append(f"checkpoint_every must be an integer >= 1 (1: every update); got {self.checkpoint_every!r}")
+        elif self.checkpoint_every > 1 and self.schedule == "async":
+            out.append("checkpoint_every > 1 runs with schedule: sync (the async learner checkpoints every "
+                       "version); use checkpoint_every: 1 or schedule: sync")
         if self.keep_checkpoints < 0:
             out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
         if self.group_size < 2:

@@ -47,13 +47,14 @@ from taurl.errors import Error
 from taurl.eval.eval_run import evaluate_policy
 from taurl.eval.evaluate import paired_difference
 from taurl.monitor.alarms import Watch, staleness_max
+from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
 from taurl.policy.factory import make_engine
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
-from taurl.recipe.record import end_update, recover_row
+from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.state import Hook, Run, check_run_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train import lora
@@ -62,7 +63,9 @@ from taurl.train.checkpoint import (
     load_optimizer_state,
     load_trainer_state,
     prune_checkpoints,
+    remove_served,
     save_checkpoint,
+    save_served,
     seed_rng,
 )
 from taurl.train.default_policy import default_policy_texts
@@ -301,8 +304,14 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
     # a LoRA checkpoint names its base (the SFT checkpoint) and that base's digest
     adapter = {"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))} if cfg.lora else {}
+    # rows of updates after the newest checkpoint (checkpoint_every > 1) were written before a
+    # restart; those updates are redone from the ledger's episodes, their rows not written twice
+    recorded = {x.get("update") for x in r.metrics.read() if x.get("phase") == "rl"}
+    remove_served(r.run)
+    peak = PeakRSS()  # per phase: rollout, learn, checkpoint (taurl.monitor.memory)
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
+        peak.reset()
         tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update])
         specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
@@ -312,26 +321,40 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
             raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version {version} "
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
+        mem = {"mem/rollout_peak_rss_mb": peak.read_mb()}
+        peak.reset()
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)
         credit = learner.assign(train_batch)  # advantages per turn (taurl.credit)
         lstats = learner.update(train_batch, version=version, credit=credit)
         mix.observe(batch)
         t1 = time.perf_counter()
+        mem["mem/learn_peak_rss_mb"] = peak.read_mb()
+        peak.reset()
         version += 1
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
-               "rollout/staleness_max": staleness_max(batch, version - 1)}
-        # the row goes into the checkpoint too: a kill between the two loses no row (recover_row)
-        save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
-                        write_extra=learner.save_state, metrics_row=row, **adapter, **r.checkpoint_meta())
-        drop_optimizer_state(r.run.checkpoint(version - 1))  # a restart needs only the newest
-        r.hook("checkpoint_saved", {"version": version})
-        prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
-        collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
-        row = {**row, "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0}
-        if end_update(r, watch, bar, row, update, version, t0, t_start):
+               "rollout/staleness_max": staleness_max(batch, version - 1), **mem}
+        stop = judge_update(r, watch, row, update, t_start)
+        # a checkpoint every checkpoint_every updates, at the last one and where RL stops
+        if update % cfg.checkpoint_every == 0 or update == cfg.updates or stop is not None:
+            # the row goes into the checkpoint too: a kill between the two loses no row (recover_row)
+            save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
+                            write_extra=learner.save_state, metrics_row=row, **adapter, **r.checkpoint_meta())
+            for v in r.run.versions()[:-1]:  # a restart needs only the newest optimizer state
+                drop_optimizer_state(r.run.checkpoint(v))
+            remove_served(r.run)
+            r.hook("checkpoint_saved", {"version": version})
+            prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
+            collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
+        else:  # the weights alone, outside the checkpoints, for the engines to load
+            collector.load_weights(save_served(r.run, version, model, tok, **adapter), version)
+        row = {**row, "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
+               "mem/checkpoint_peak_rss_mb": peak.read_mb()}
+        record_update(r, bar, row, update, version, t0, write=update not in recorded)
+        if stop is not None:
+            r.save_state(**stop)
             break
     bar.close()
 

@@ -41,17 +41,6 @@ def recover_row(r: Run, version: int) -> None:
     r.hook("update_done", {"update": update, "version": version})
 
 
-def end_update(r: Run, watch: Watch, bar: Any, row: dict[str, Any], update: int, version: int, t0: float,
-               t_start: float) -> bool:
-    """Alarms, metrics row, progress line and hooks of a finished update (every schedule);
-    True when RL stops here (an alarm in ``alarms.stop_on``, or the ``rl_max_seconds`` budget)."""
-    stop = judge_update(r, watch, row, update, t_start)
-    record_update(r, bar, row, update, version, t0)
-    if stop is not None:
-        r.save_state(**stop)
-    return stop is not None
-
-
 def judge_update(r: Run, watch: Watch, row: dict[str, Any], update: int, t_start: float) -> dict[str, Any] | None:
     """The alarms of an update (each adds alarm/<name> to `row` and logs a warning); the run
     state to save if RL stops after it (an alarm in ``alarms.stop_on``, the ``rl_max_seconds``
@@ -68,9 +57,12 @@ def judge_update(r: Run, watch: Watch, row: dict[str, Any], update: int, t_start
     return None
 
 
-def record_update(r: Run, bar: Any, row: dict[str, Any], update: int, version: int, t0: float) -> None:
-    """The metrics row, progress line and ``update_done`` hook of an update whose checkpoint is written."""
-    r.metrics.write(update, row)
+def record_update(r: Run, bar: Any, row: dict[str, Any], update: int, version: int, t0: float,
+                  write: bool = True) -> None:
+    """The metrics row (unless `write` is False: a redone update's row is there already),
+    progress line and ``update_done`` hook of an update whose weights serve."""
+    if write:
+        r.metrics.write(update, row)
     bar.update(1)
     log.info(console_line(row, r.cfg.updates))  # one line per update (shown above the bar by the front end)
     r.hook("update_done", {"update": update, "version": version})

@@ -18,6 +18,11 @@ Any HF causal LM is saved this way (`save_pretrained` handles its tied or untied
 embeddings); the optimizer state is read onto the CPU and moved by the optimizer to
 wherever its parameters live, so a run saved on one device resumes on another.
 
+With ``checkpoint_every: k`` the RL loop checkpoints every k-th update (and the last); the
+updates between write their policy alone to ``checkpoints/.served-v<N>`` for the engines
+(`save_served`). A restart resumes from the newest checkpoint and redoes the updates after
+it on the ledger's stored episodes (same seeds), so it reaches the same weights.
+
 Retention (`prune_checkpoints`): the newest k versions, v0, the SFT version and every
 version a promotion made current are kept; the others are deleted whole.
 """
@@ -77,6 +82,29 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+SERVED_PREFIX = ".served-v"  # checkpoints/.served-vN: weights between checkpoints (`save_served`)
+
+
+def save_served(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any, **meta: Any) -> Path:
+    """Write policy `version` for the engines to load, outside the checkpoints: an update that
+    is not checkpointed (``checkpoint_every`` > 1). The policy only (with LoRA the adapter), no
+    optimizer or RNG state, not fsynced; a sibling of the checkpoints (an adapter's ``../vN``
+    base resolves), dot-named (`RunDir.versions` never lists it); the previous one is removed."""
+    path = run.root / "checkpoints" / f"{SERVED_PREFIX}{version}"
+    save_policy(model, tokenizer, path, {"policy_version": version, "served_only": True, **meta})
+    remove_served(run, keep=path)
+    return path
+
+
+def remove_served(run: RunDir, keep: Path | None = None) -> None:
+    """Delete the `save_served` directories (all, or all but `keep`)."""
+    parent = run.root / "checkpoints"
+    if parent.is_dir():
+        for p in parent.glob(f"{SERVED_PREFIX}*"):
+            if p != keep:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = None, *,
