@@ -77,6 +77,9 @@ class Chain:
     tools_key: str = ""
     open: bool = False  # the last message is our reply, not yet extended
     calls: list[Call] = field(default_factory=list)
+    # the state before the last extension (messages, wire, text length), so a call the proxy
+    # then refuses (`EpisodeCapture.retract`) leaves no observation without its action
+    _before_extension: tuple[int, list[dict[str, Any]], int] | None = None
 
     def append(self, kind: str, ids: list[int], logprobs: list[float] | None = None,
                version: int | None = None) -> int:
@@ -141,6 +144,7 @@ class EpisodeCapture:
             why = _extension_problem(c, wire, key)
             if why is None:
                 new = wire[len(c.wire):]
+                c._before_extension = (len(c.render_msgs), c.wire, len(c.text))
                 c.render_msgs += [template_message(m) for m in new]
                 delta = c.codec.delta(c.text, c.render_msgs, add_generation_prompt=True)
                 obs = c.append("observation", c.codec.encode(delta))
@@ -186,6 +190,22 @@ class EpisodeCapture:
         c.calls.append(call)
         return call
 
+    def retract(self, chain: int, obs: int | None) -> None:
+        """Undo `chat_prompt`'s or `completion_prompt`'s (chain, obs) for a call that was refused before sampling: the
+        chain it started is dropped, the observation it appended removed, so the record ends
+        where the last sampled action did (as the built-in loop's does at a full context)."""
+        c = self.chains[chain]
+        if obs is None:
+            if chain == len(self.chains) - 1 and not c.calls:
+                self.chains.pop()
+            return
+        seg = c.segments.pop()
+        del c.ids[len(c.ids) - len(seg.token_ids):]
+        n_msgs, c.wire, n_text = c._before_extension
+        del c.render_msgs[n_msgs:]
+        c.text = c.text[:n_text]
+        c.open, c._before_extension = True, None
+
     # -- completions ----------------------------------------------------------------
     def completion_prompt(self, prompt: str) -> tuple[int, int | None]:
         if not isinstance(prompt, str) or not prompt:
@@ -193,6 +213,7 @@ class EpisodeCapture:
         for i in range(len(self.chains) - 1, -1, -1):
             c = self.chains[i]
             if c.kind == "completion" and c.open and prompt.startswith(c.text) and len(prompt) > len(c.text):
+                c._before_extension = (len(c.render_msgs), c.wire, len(c.text))
                 obs = c.append("observation", c.codec.encode(prompt[len(c.text):]))
                 c.open = False
                 return i, obs

@@ -75,9 +75,6 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
             except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
                 failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
                 return
-        if not trajs:
-            failed.append(f"{s.episode_id}: the agent made no model call")
-            return
         if on_stored is not None:
             on_stored("episode_finished", trajs[-1])
         report = ledger.append_many([t for t in trajs if t.episode_id not in ledger])

@@ -21,9 +21,13 @@ the agent and waits what it says (at most `ADMISSION_PATIENCE_S` in all; an epis
 admitted by then is not run and is counted in ``rollout/failed_episodes``).
 
 An agent that raises, exits non-zero or outlives `timeout_s` ends its episode truncated
-with stop reason ``error`` (an invalid sample; counted as ``rollout/agent_errors``); an
-episode that made no model call at all leaves no record (``rollout/failed_episodes``).
-Either way the other episodes and the run go on.
+with stop reason ``error`` (an invalid sample; counted as ``rollout/agent_errors``) — unless
+the proxy refused a call first for a budget: ``agent.max_calls`` spent (``max_turns``) or a
+conversation longer than the context (``context_full``). That refusal ends the episode as
+the built-in loop's budgets do, a valid truncation trained on as such, whatever the agent
+does after it (its SDK raises on the 400). An episode without any sampled call leaves no
+record (``rollout/failed_episodes``) with its cause, the refusal first; a round in which no
+episode left one stops the run with that cause (`taurl.rollout.runner.close_round`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from taurl.data.trajectory import (
 from taurl.errors import ConfigError, Error
 from taurl.proxy.capture import Call, Chain
 from taurl.proxy.server import ProxyEpisode, ProxyLimits, ProxyServer
+from taurl.rollout.runner import EpisodeError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 ADMISSION_PATIENCE_S = 600.0  # the most the runner waits for an episode's admission
@@ -233,7 +238,10 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
     if ep.engine_error and error is None:
         error = ep.engine_error
     agent_error = error
-    if ep.gate_stop is not None:
+    # the gate or a budget refusal of the proxy ended the episode: the agent's failure after
+    # that is expected (its SDK raises on the refusal), so the record is that truncation, valid
+    refusal = ep.refusal if ep.gate_stop is None and not ep.engine_error else None
+    if ep.gate_stop is not None or refusal is not None:
         error = None
     out = []
     for k, chain in enumerate(chains):
@@ -241,14 +249,14 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
         segs = tuple(s if source == POLICY_SOURCE or s.kind != "action" else Segment(s.kind, s.token_ids)
                      for s in chain.segments)
         turns = _turns(chain, ep.receipts, ep.tool_errors)
-        if ep.gate_stop is not None and last:  # the gate ended it; the agent's failure after that is expected
+        if ep.gate_stop is not None and last:  # the gate ended it
             stop, terminated = StopReason(ep.gate_stop[0]), False
+        elif refusal is not None and last:  # max_turns or context_full, as the built-in loop's
+            stop, terminated = StopReason(refusal[0]), False
         elif error:
             stop, terminated = StopReason.ERROR, False
         elif not last:
             stop, terminated = StopReason("history_rewritten"), False
-        elif ep.budget_hit:
-            stop, terminated = StopReason.MAX_TURNS, False
         elif turns[-1].action["kind"] == "answer":
             stop, terminated = StopReason.ANSWERED, True
         else:
@@ -262,6 +270,7 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
             timings={"wall_s": wall_s, "generate_s": sum(c.generate_s for c in chain.calls)},
             metadata={"answers": list(task.answers), "error": error, "agent": agent_name, "agent_answer": answer,
                       "agent_error": agent_error, "gate_stop": ep.gate_stop[2] if ep.gate_stop else None,
+                      "proxy_refusal": ep.refusal[1] if ep.refusal else None,
                       "throttled_calls": ep.throttled, "admission_waits": ep.admission_waits,
                       "admission_wait_s": ep.admission_wait_s,
                       "chain": k, "chains": len(chains), "chain_started_by": chain.reason,
@@ -295,9 +304,27 @@ async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable
         answer, error = await run_agent(agent, fn, proxy, spec.episode_id, spec.task.prompt)
     finally:
         ep = proxy.pop(spec.episode_id)
-    return episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id, env_name=env_name,
-                           env_version=env_version, verifier=verifier, error=error, agent_name=agent.name,
-                           answer=answer, source=source, wall_s=time.perf_counter() - t0)
+    records = episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id, env_name=env_name,
+                              env_version=env_version, verifier=verifier, error=error, agent_name=agent.name,
+                              answer=answer, source=source, wall_s=time.perf_counter() - t0)
+    if not records:  # no call was sampled: nothing to record, and the cause is what the run reports
+        raise EpisodeError(no_record_cause(ep, error))
+    return records
+
+
+def no_record_cause(ep: ProxyEpisode, error: str | None) -> str:
+    """Why an episode left no record, the proxy's refusal first (the agent's error follows from it)."""
+    if ep.refusal is not None:
+        then = f" (then {error})" if error else ""
+        return (f"every model call was refused: {ep.refusal[1]}{then}; raise agent.max_calls or max_context, or "
+                "shorten the agent's prompt")
+    if ep.engine_error:
+        return ep.engine_error
+    if error:
+        return f"the agent made no model call that was answered: {error}"
+    if ep.throttled:
+        return f"every model call was throttled ({ep.throttled} answered 429)"
+    return "the agent made no model call"
 
 
 async def admitted(proxy: ProxyServer, ep: ProxyEpisode) -> None:

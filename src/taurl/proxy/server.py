@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from taurl.data.trajectory import ToolReceipt
+from taurl.data.trajectory import StopReason, ToolReceipt
 from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
@@ -75,6 +75,9 @@ class ProxyEpisode:
     reward_components: dict[str, float] = field(default_factory=dict)
     receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)  # (calls so far, receipt)
     budget_hit: bool = False
+    # the first call the proxy refused for a budget: (stop reason, why) — max_turns (agent.max_calls
+    # spent) or context_full (the conversation outgrew the context); the episode is truncated there
+    refusal: tuple[str, str] | None = None
     engine_error: str | None = None
     calls: int = 0
     temperature: float | None = None  # the first call's sampling temperature
@@ -203,6 +206,14 @@ class ProxyServer:
                               stop=stop_strings, stop_token_ids=stop_ids,
                               seed=(ep.seed * 1_000_003 + ep.calls) % 2**31)
 
+    @staticmethod
+    def refuse(ep: ProxyEpisode, reason: StopReason, why: str, code: str) -> ProxyError:
+        """The 400 for a call over a budget; the first one is the episode's truncation (its record's
+        stop reason, whatever the agent does after it)."""
+        if ep.refusal is None:
+            ep.refusal = (reason.value, why)
+        return ProxyError(why, 400, code)
+
     def admit(self, ep: ProxyEpisode, engine: Any) -> float | None:
         """None when the admission policy admits `ep`'s next call, else the seconds to wait."""
         if self.admission is None:
@@ -225,21 +236,26 @@ class ProxyServer:
                              "staleness_bound", retry_after_headers(wait))
         if ep.calls >= self.limits.max_calls:
             ep.budget_hit = True
-            raise ProxyError(f"episode {episode_id!r} used its {self.limits.max_calls} model calls", 400,
-                             "budget_exceeded")
+            raise self.refuse(ep, StopReason.MAX_TURNS, f"episode {episode_id!r} used its {self.limits.max_calls} "
+                              "model calls (agent.max_calls)", "budget_exceeded")
         tools = body.get("tools") or None
         if chat:
             chain, obs = ep.capture.chat_prompt(body.get("messages"), tools)
         else:
             chain, obs = ep.capture.completion_prompt(body.get("prompt"))
         ids = ep.capture.chains[chain].ids
-        sampling = self.sampling(ep, body, len(ids), engine)
+        try:
+            sampling = self.sampling(ep, body, len(ids), engine)
+        except ProxyError as e:
+            ep.capture.retract(chain, obs)
+            raise self.refuse(ep, StopReason.CONTEXT_FULL, str(e), e.code) from None
         ep.calls += 1
         try:
             gen = await engine.generate(list(ids), sampling)
         except Error as e:
             ep.engine_error = f"engine: {e}"
             raise ProxyError(f"the engine failed: {e}", 500, "engine_error") from None
+        ep.refusal = None  # the agent went on after a refused call (a shorter history): not truncated there
         if chat:
             call = ep.capture.chat_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
                                           gen.finish_reason, tools is not None, gen.generate_s)
