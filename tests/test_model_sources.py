@@ -34,15 +34,15 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 def write_tiny_gguf(path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                     ffn: int = 64) -> Path:
     """A random Llama in GGUF with llama.cpp's tensor names and a GPT-2 byte-level BPE vocabulary
-    (256 byte symbols, a few merges, the ChatML markers), float32."""
+    (256 byte symbols, a few merges, GPT-2's end token and the ChatML markers), float32."""
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
-    specials = ["<|im_start|>", "<|im_end|>"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # transformers adds <|endoftext|> to a gpt2 vocabulary without one
     tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges] + specials
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama-test")
-    w.add_context_length(256)
+    w.add_context_length(2048)  # room for a search-v0 episode in byte-level tokens
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
@@ -216,3 +216,27 @@ def test_a_template_without_tools_is_detected_and_can_be_replaced_at_import(tiny
     with pytest.raises(ConfigError, match="neither one of"):
         import_gguf(tiny_gguf, name="bad", home=tmp_path, chat_template="no-such-template")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_recipe_trains_a_gguf_model_and_records_where_it_came_from(tiny_gguf, tmp_path, monkeypatch):
+    """`model:` a .gguf file with demo.yaml's warm-up options still set: converted once, trained
+    (SFT + one GRPO update), and summary.json says where the model came from."""
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.loop import train
+
+    monkeypatch.setenv("TAURL_HOME", str(tmp_path / "home"))
+    cfg = TrainConfig(model=str(tiny_gguf), warmup_options={"steps": 300}, demos=8, system_prompt="",
+                      expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
+                      task_options={"families": ["country_continent"], "split_by": "country"},
+                      sft_batch_size=4, sft_epochs=1, sft_lr=1e-3, sft_warmup_steps=1, updates=1, tasks_per_update=2,
+                      group_size=2, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
+                      max_episode_tokens=8, concurrency=4, temperature=1.0)
+    summary = train(cfg, str(tmp_path / "run"), progress=False)
+    source = summary["model_source"]
+    assert source["kind"] == "gguf" and source["given"] == str(tiny_gguf)
+    assert source["gguf_sha256"] == sources.file_sha256(tiny_gguf)
+    assert source["path"] == str(tmp_path / "home" / "models" / "tiny-llama.f32")
+    assert summary["train"]["updates"] == 1
+    v0 = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "v0", dtype=torch.float32)
+    converted = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(v0.state_dict().values(), converted.state_dict().values()))

@@ -172,6 +172,10 @@ def _convert(file: Path, target: Path, record: dict[str, Any], template: str | N
     if template is not None:
         tok.chat_template = template
     gguf_model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32).eval()
+    vocab = gguf_model.get_input_embeddings().num_embeddings
+    if len(tok) > vocab:  # transformers' GGUF tokenizer reader added tokens the model has no rows for
+        raise ConfigError(f"converting {str(file)!r}: its tokenizer loads with {len(tok)} tokens but the model has "
+                          f"{vocab} embedding rows; this GGUF's vocabulary is incomplete for transformers")
     config = gguf_model.config.to_dict()
     config.pop("quantization_config", None)  # the weights are float now; this entry blocks save_pretrained
     plain = AutoModelForCausalLM.from_config(type(gguf_model.config).from_dict(config), dtype=torch.float32)
