@@ -239,4 +239,5 @@ def test_the_recipe_trains_a_gguf_model_and_records_where_it_came_from(tiny_gguf
     assert summary["train"]["updates"] == 1
     v0 = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "v0", dtype=torch.float32)
     converted = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(v0.state_dict().values(), converted.state_dict().values()))
+    a, b = v0.state_dict(), converted.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
