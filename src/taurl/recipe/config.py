@@ -141,11 +141,12 @@ class TrainConfig:
     sft_batch_size: int = 32  # demonstrations per SFT step
     sft_lr: float = 3e-3  # SFT AdamW peak learning rate (linear warm-up, then linear decay to a tenth)
     sft_warmup_steps: int = 50  # SFT steps of linear learning-rate warm-up
-    sft_max_seconds: float = 0.0  # stop SFT after this many seconds (0: no limit)
+    sft_max_steps: int = 0  # SFT optimizer steps, the budget (0: every step of sft_epochs); steps, not seconds, so a seed fixes the result on any machine
+    sft_max_seconds: float = 0.0  # safety cap: stop SFT after this many seconds (0: none); a run it cuts says so (summary train.cut_by) and depends on the machine
     updates: int = 30  # RL updates (each one is a new policy version)
     tasks_per_update: int = 8  # tasks per RL batch
     group_size: int = 8  # G: rollouts per task (group-relative advantages)
-    rl_max_seconds: float = 0.0  # stop RL after this many seconds (0: no limit)
+    rl_max_seconds: float = 0.0  # safety cap: stop RL after this many seconds (0: none; `updates` is the budget); a run it cuts says so (summary train.cut_by)
     schedule: str = "sync"  # sync (collect a batch, then learn) | async (rollouts run ahead of the learner, staleness <= staleness_eta; docs/training/schedules.md)
     staleness_eta: int = 1  # async: η, the most policy versions an episode trained on may lag the learner (0: on-policy)
     overprovision: int = 0  # async: groups started beyond the staleness rule, so a batch takes the first complete ones (the rest carry or are aborted)
@@ -221,7 +222,7 @@ class TrainConfig:
                      "tasks_per_update"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts"):
+        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts", "sft_max_steps"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
         if not self.temperature > 0:

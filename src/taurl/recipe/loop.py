@@ -202,7 +202,7 @@ def sft(r: Run, trajs: list) -> None:
     """checkpoints/v1: v0 fine-tuned on `trajs` (v0 itself when there is no SFT data)."""
     cfg, t0 = r.cfg, time.perf_counter()
     model, tok = load_policy(r.run.checkpoint(0))
-    steps = 0
+    run = None
     if trajs:
         if cfg.lora:  # SFT trains an adapter, merged into v1 below: the RL base (taurl.train.lora)
             model = lora.attach(model, lora.LoraOptions.from_dict(cfg.lora), cfg.seed)
@@ -215,15 +215,17 @@ def sft(r: Run, trajs: list) -> None:
             r.metrics.write(step, {"phase": "sft", **m})
             r.hook("sft_step", {"step": step})
 
-        steps = sft_loop(model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                         warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
-                         micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_seconds=cfg.sft_max_seconds,
-                         on_step=on_step)
+        run = sft_loop(model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                       warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
+                       micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_steps=cfg.sft_max_steps,
+                       max_seconds=cfg.sft_max_seconds, on_step=on_step)
         bar.close()
         model = lora.merged(model)
+    steps = run.steps if run else 0
     save_checkpoint(r.run, 1, model, tok, None, phase="sft", sft_steps=steps, **r.checkpoint_meta())
     r.phase_done("sft", time.perf_counter() - t0)
-    r.save_state(sft_version=1, sft_steps=steps, sft_examples=len(trajs))
+    r.save_state(sft_version=1, sft_steps=steps, sft_planned_steps=run.planned if run else 0,
+                 sft_stopped_by=run.stopped_by if run else None, sft_examples=len(trajs))
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,6 +397,13 @@ def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[st
     return result.to_dict()
 
 
+def cut_by(state: dict[str, Any]) -> list[str]:
+    """The safety caps in seconds that cut this run short (sft_max_seconds, rl_max_seconds):
+    empty when it ran its step budgets, the only case a seed reproduces on another machine."""
+    out = [state["sft_stopped_by"]] if state.get("sft_stopped_by") else []
+    return out + [c for c in state.get("rl_stopped_by") or [] if c == "rl_max_seconds"]
+
+
 def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     versions, v_sft = r.run.versions(), r.state["sft_version"]
 
@@ -414,7 +423,9 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
                   "sft_steps": r.state.get("sft_steps", 0), "sft_examples": r.state.get("sft_examples", 0),
                   "demos": len(r.plan.demos), "estimator": c.estimator, "objective": c.objective,
                   "group_size": c.group_size, "tasks_per_update": c.tasks_per_update,
-                  "stopped_early": r.state.get("rl_stopped_early"), "skipped_task_rows": r.plan.skipped_rows},
+                  "sft_planned_steps": r.state.get("sft_planned_steps", 0),
+                  "stopped_early": r.state.get("rl_stopped_early"), "stopped_by": r.state.get("rl_stopped_by"),
+                  "cut_by": cut_by(r.state), "skipped_task_rows": r.plan.skipped_rows},
         "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
         "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
         "timings": r.state.get("timings", {}),

@@ -52,8 +52,9 @@ def judge_update(r: Run, watch: Watch, row: dict[str, Any], update: int, t_start
                     ", ".join(stop))
         return {"rl_stopped_early": update, "rl_stopped_by": stop}
     if cfg.rl_max_seconds and time.perf_counter() - t_start > cfg.rl_max_seconds and update < cfg.updates:
-        log.info("RL stopped by its time budget after update %d of %d", update, cfg.updates)
-        return {"rl_stopped_early": update}
+        log.warning("RL cut by rl_max_seconds=%g after update %d of %d: this result depends on the machine's "
+                    "speed (updates is the budget a seed fixes)", cfg.rl_max_seconds, update, cfg.updates)
+        return {"rl_stopped_early": update, "rl_stopped_by": ["rl_max_seconds"]}
     return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -67,20 +68,33 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
     return losses
 
 
+@dataclass(frozen=True)
+class SFTRun:
+    """What `sft_loop` did: the steps it took, the steps it planned, and what cut it short."""
+
+    steps: int
+    planned: int  # sft_epochs' steps, or max_steps when smaller: the budget that fixes the result
+    stopped_by: str | None = None  # "sft_max_seconds": the safety cap cut it (a machine-dependent result)
+
+
 def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int, batch_size: int, lr: float,
              warmup_steps: int, grad_clip: float, pad_id: int, micro_batch_tokens: int, seed: int,
-             max_seconds: float = 0.0, on_step: Callable[[int, int, dict[str, float]], None] | None = None) -> int:
-    """The recipe's SFT phase: length-bucketed masked NLL with the `sft_lr_factor` schedule,
-    stopped early by `max_seconds` (0: none). Returns the optimizer steps taken;
-    on_step(step, total, metrics) after each."""
+             max_steps: int = 0, max_seconds: float = 0.0,
+             on_step: Callable[[int, int, dict[str, float]], None] | None = None) -> SFTRun:
+    """The recipe's SFT phase: length-bucketed masked NLL with the `sft_lr_factor` schedule over
+    `planned` steps — every step of `epochs`, or the first `max_steps` (0: all) — so the steps,
+    and the result, are fixed by the seed on any machine. `max_seconds` (0: none) is a safety
+    cap only: a loop it cuts says so (`SFTRun.stopped_by`). on_step(step, total, metrics) after each."""
     import time
 
     opt = torch.optim.AdamW(trainable(model), lr=lr)
     rng = random.Random(seed)
     batches = [b for _ in range(epochs) for b in length_buckets(trajs, batch_size, rng)]
+    if max_steps:
+        batches = batches[:max_steps]
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: sft_lr_factor(s, warmup=warmup_steps, total=len(batches)))
-    t0, steps = time.perf_counter(), 0
+    t0, steps, stopped_by = time.perf_counter(), 0, None
     model.train()
     for steps, batch in enumerate(batches, 1):  # noqa: B007 — `steps` is returned
         m = sft_step(model, opt, batch, pad_id=pad_id, grad_clip=grad_clip, micro_batch_tokens=micro_batch_tokens)
@@ -88,10 +102,14 @@ def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int
         if on_step is not None:
             on_step(steps, len(batches), {**m, "sft/lr": sched.get_last_lr()[0],
                                           "sft/elapsed_s": time.perf_counter() - t0})
-        if max_seconds and time.perf_counter() - t0 > max_seconds:
+        if max_seconds and time.perf_counter() - t0 > max_seconds and steps < len(batches):
+            log.warning("SFT cut by sft_max_seconds=%g after %d of %d steps: this result depends on the "
+                        "machine's speed (set sft_max_steps for a budget the seed fixes)", max_seconds, steps,
+                        len(batches))
+            stopped_by = "sft_max_seconds"
             break
     model.eval()
-    return steps
+    return SFTRun(steps, len(batches), stopped_by)
 
 
 def read_sft_file(path: str, env: str) -> list:
