@@ -307,7 +307,7 @@ KILL_CFG = dict(tasks=str(TASKS), demos=16, sft_batch_size=16, sft_epochs=1, upd
 def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_path):
     import yaml
 
-    from taurl.chaos import run_cli
+    from chaos_harness import run_cli  # beside this file
 
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(KILL_CFG))
@@ -354,7 +354,7 @@ def test_a_kill_between_a_checkpoint_and_its_metrics_row_loses_no_row(tmp_path):
     the resumed run writes it, flagged; without `recover_row` update 2 would have no row."""
     import yaml
 
-    from taurl.chaos import run_cli
+    from chaos_harness import run_cli  # beside this file
 
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump({**KILL_CFG, "updates": 3}))
