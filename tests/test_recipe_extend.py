@@ -36,7 +36,8 @@ def test_an_extended_run_re_evaluates_its_new_final_version(tmp_path, monkeypatc
 
     monkeypatch.setattr(recipe, "evaluate_policy", fake_evaluate)
     (tmp_path / "evals").mkdir()
-    cfg = SimpleNamespace(eval_config=lambda: None, rollout_config=lambda t: None, eval_temperature=1.0, agent={})
+    cfg = SimpleNamespace(eval_config=lambda: None, rollout_config=lambda t: None, eval_temperature=1.0, agent={},
+                          eval_trials=2, eval_seed=0)
     r = SimpleNamespace(run=SimpleNamespace(root=tmp_path, checkpoint=lambda v: tmp_path / f"v{v}"), cfg=cfg,
                         make_env=None, spec=SimpleNamespace(make_verifier=lambda: None), ledger=None, progress=False,
                         metrics=SimpleNamespace(write=lambda *a: None), phase_done=lambda *a: None)

@@ -40,7 +40,6 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "ray/rerun_episodes": "backend: ray — episodes sent again (same id and seed) because their worker died before returning them",
     "time/ray_startup_s": "backend: ray — seconds to start the cluster and its rollout workers (first update's row only)",
     "rollout/failed_episodes": "episodes that produced no record (an exception or a ledger rejection), logged",
-    "rollout/shrunk_groups": "groups trained with fewer records than episodes (some produced none; taurl.rollout.runner)",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
     "mem/rollout_peak_rss_mb, mem/learn_peak_rss_mb, mem/checkpoint_peak_rss_mb": "peak resident memory (MB) of the process in each phase of the update (VmHWM reset at the phase's start; taurl.monitor.memory)",
     "copy/loss": "copy warm-up: token-mean NLL of the copied name (taurl.train.copy_warmup)",

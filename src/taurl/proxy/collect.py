@@ -26,7 +26,7 @@ from taurl.proxy.runner import (
     run_agent_episode,
 )
 from taurl.proxy.server import ProxyServer
-from taurl.rollout.runner import close_round
+from taurl.rollout.runner import close_round, stored_episodes
 
 log = logging.getLogger("taurl.proxy")
 
@@ -54,7 +54,7 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
         from taurl import envs
 
         verifier = envs.spec(env.name).make_verifier()
-    out: dict[str, list[Trajectory]] = {s.episode_id: [ledger.get(s.episode_id)] for s in specs if s.episode_id in ledger}
+    out = {e: [t] for e, t in stored_episodes(ledger, specs, None).items()}  # checked to be this run's
     reused = set(out)
     failed: list[str] = []
     sem = asyncio.Semaphore(concurrency)

@@ -55,7 +55,8 @@ from taurl.policy.model import build_default_policy, load_policy
 from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
-from taurl.recipe.state import Hook, Run, check_run_env
+from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
+from taurl.recipe.state import Hook, Run, check_run_env, make_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train import lora
 from taurl.train.checkpoint import (
@@ -84,6 +85,9 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     # the env keeps the protocol, or the run is refused before any file is written
     env_check = check_run_env(cfg, (plan.rl or plan.demos or plan.validation)[0], episode_seed(cfg.seed, "env-check"))
+    # a resume is this run, or refused (taurl.recipe.resume), also before any file is written
+    identity = run_identity(cfg, make_env(cfg))
+    check_resume(run_dir, identity)
     run = RunDir.create(run_dir)
     run.clean()  # what an interrupted write left half-done is never trusted
     state_path = run.root / "state.json"
@@ -95,6 +99,7 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
                                                       dataclasses.asdict(cfg)) as metrics:
         r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
+        r.save_state(identity=identity)  # what a later start in this directory must match
         metrics.write(0, env_check)
         if cfg.schedule == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
             from taurl.recipe.schedule.learner_proc import LearnerProcess
@@ -375,14 +380,14 @@ def evaluate_both(r: Run, tag: str, version: int) -> dict[str, Any]:
 
 def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[str, Any]:
     path = r.run.root / "evals" / f"{tag}.json"
-    episodes_tag = tag
-    if path.exists():
+    episodes_tag, c = tag, r.cfg
+    if path.exists():  # reused only when it is this evaluation (version, tasks, trials, seed, temperature)
         stored = json.loads(path.read_text())
-        if stored.get("policy_version", version) == version:
+        asked = (version, c.eval_trials, c.eval_temperature, c.eval_seed, [t.task_id for t in tasks])
+        if not (mismatch := eval_mismatch(stored, *asked)):
             return stored
-        # the run was extended (more updates) after this evaluation: the new version gets
-        # episodes of its own, never the old version's from the ledger
-        episodes_tag = f"{tag}-v{version}"
+        # another evaluation gets episodes of its own, never the stored one's from the ledger
+        episodes_tag = eval_tag(tag, mismatch, *asked)
     t0 = time.perf_counter()
     result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),

@@ -20,7 +20,7 @@ from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env, Task
 from taurl.rollout.loop import RolloutConfig
-from taurl.rollout.runner import EpisodeError, close_round, run_one
+from taurl.rollout.runner import EpisodeError, close_round, run_one, stored_episodes
 from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)
 
 __all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
@@ -77,7 +77,7 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
         return await collect_agent(engine, tokenizer, make_env, specs, agent=agent, config=config, ledger=ledger,
                                    run_id=run_id, concurrency=concurrency, bar=bar, on_stored=on_stored,
                                    all_chains=all_chains)
-    out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}
+    out = stored_episodes(ledger, specs, config.temperature)  # a resumed round's, checked to be its own
     sem = asyncio.Semaphore(concurrency)
     failed: list[str] = []
 

@@ -83,3 +83,28 @@ def close_round(specs: Sequence[Any], records: Mapping[str, Any], failed: Sequen
 
 def _final(record: Any) -> Trajectory:
     return record[-1] if isinstance(record, list) else record
+
+
+def stored_episodes(ledger: Any, specs: Sequence[Any], temperature: float | None) -> dict[str, Trajectory]:
+    """The episodes of `specs` the ledger holds already (a resumed round), each checked to be
+    the episode its spec asks for — the same task, seed and sampling temperature — not only
+    one with the same id: a record of another run is refused, never trained or scored."""
+    out = {}
+    for s in specs:
+        if s.episode_id in ledger:
+            out[s.episode_id] = check_stored(ledger.get(s.episode_id), s, temperature)
+    return out
+
+
+def check_stored(traj: Trajectory, spec: Any, temperature: float | None) -> Trajectory:
+    """`traj` if it is the episode of `spec` (`stored_episodes`), else an Error saying why."""
+    stored_t = (traj.metadata.get("sampling") or {}).get("temperature")
+    asked = {"task": spec.task.task_id, "seed": spec.seed, "temperature": temperature}
+    found = {"task": traj.task_id, "seed": traj.seed, "temperature": stored_t}
+    wrong = [k for k in asked if asked[k] is not None and found[k] is not None and asked[k] != found[k]]
+    if wrong:
+        raise Error(f"the ledger's episode {spec.episode_id} is not this run's: it has "
+                    + ", ".join(f"{k} {found[k]!r} (this run: {asked[k]!r})" for k in wrong)
+                    + ". The run directory holds another run's episodes: resume with that run's configuration, "
+                      "or give another --run-dir")
+    return traj

@@ -42,7 +42,7 @@ from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
 from taurl.rollout.episodes import EpisodeSpec, store_episode
-from taurl.rollout.runner import close_round
+from taurl.rollout.runner import close_round, stored_episodes
 
 log = logging.getLogger("taurl.scale.ray")
 
@@ -129,12 +129,14 @@ class RayCollector:
 
     def __init__(self, workers: list[Any], checkpoint_dir: str, version: int, *, per_worker: int,
                  max_restarts: int, max_attempts: int, hook: Callable[[str, dict[str, Any]], None],
-                 pids: list[int], owns_ray: bool, temp_dir: str | None, startup_s: float | None):
+                 pids: list[int], owns_ray: bool, temp_dir: str | None, startup_s: float | None,
+                 temperature: float | None = None):
         self.workers, self.checkpoint_dir, self.version = workers, checkpoint_dir, version
         self.per_worker, self.max_restarts, self.max_attempts = per_worker, max_restarts, max_attempts
         self.hook, self.pids = hook, pids
         self._owns_ray, self._temp_dir, self.startup_s = owns_ray, temp_dir, startup_s
         self._dead: set[int] = set()  # workers whose restarts are spent
+        self.temperature = temperature  # the rollouts' (a stored episode is reused only at it)
 
     @classmethod
     def start(cls, r: Any, checkpoint_dir: Path, version: int, *, seed: int) -> RayCollector:
@@ -170,7 +172,7 @@ class RayCollector:
         r.hook("ray_workers_started", {"pids": list(pids), "startup_s": startup_s, "temp_dir": temp_dir})
         return cls(workers, str(checkpoint_dir), version, per_worker=per_worker, max_restarts=max_restarts,
                    max_attempts=max_attempts, hook=r.hook, pids=list(pids), owns_ray=owns, temp_dir=temp_dir,
-                   startup_s=startup_s)
+                   startup_s=startup_s, temperature=cfg.temperature)
 
     # -----------------------------------------------------------------------------------
 
@@ -182,7 +184,7 @@ class RayCollector:
         """`taurl.rollout.episodes.collect`'s contract, the episodes run on the workers: reused from
         the ledger, or run remotely and appended here the moment each one comes back."""
         ray = _ray()
-        out: dict[str, Trajectory] = {s.episode_id: ledger.get(s.episode_id) for s in specs if s.episode_id in ledger}
+        out = stored_episodes(ledger, specs, self.temperature)  # a resumed round's, checked to be its own
         queue = deque(s for s in specs if s.episode_id not in out)
         reused = set(out)
         attempts: Counter[str] = Counter()

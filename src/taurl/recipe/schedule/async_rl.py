@@ -47,7 +47,7 @@ from taurl.recipe.schedule.admission import (
 )
 from taurl.recipe.schedule.learner_proc import LearnerProcess
 from taurl.rollout.episodes import EpisodeSpec, episode_seed, store_episode
-from taurl.rollout.runner import EpisodeError, run_one, shrunk_groups
+from taurl.rollout.runner import EpisodeError, check_stored, run_one, shrunk_groups
 from taurl.train.checkpoint import prune_checkpoints
 
 log = logging.getLogger("taurl.recipe.schedule")
@@ -137,7 +137,10 @@ class AsyncSchedule:
         self.next_group = max([*closed, *stored, -1]) + 1
         for g, ids in sorted(stored.items()):
             group = self._group(g)
-            group.episodes = {e: self.r.ledger.get(e) for e in ids}
+            specs = {s.episode_id: s for s in group.specs}
+            # each one checked to be the episode its spec asks for (task, seed, temperature)
+            group.episodes = {e: check_stored(self.r.ledger.get(e), specs[e], self.rollout.temperature)
+                              for e in ids if e in specs}
             versions = [v for t in group.episodes.values() for v in t.policy_versions]
             group.oldest = min(versions, default=None)
             self.counts["reused_episodes"] += len(ids)
