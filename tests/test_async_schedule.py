@@ -564,6 +564,7 @@ def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within
     """The whole recipe (learner process, producers, swaps): the first write of an RL episode
     fails as a full disk does; `train` raises that error within 10 s of it, instead of hanging."""
     import sqlite3
+    import threading
     import time
 
     from taurl.data.ledger import LedgerWriteError
@@ -584,3 +585,5 @@ def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within
     with pytest.raises(LedgerWriteError, match="disk is full"):
         train(cfg, str(tmp_path / "run"), progress=False)
     assert failed_at and time.monotonic() - failed_at[0] < 10
+    # no thread outlives the run (one left waiting for the learner's connection kept the process from exiting)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("asyncio_")]

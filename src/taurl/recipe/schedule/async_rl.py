@@ -417,7 +417,7 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                 log.warning("the engine could not load the last version after the final update "
                             "(%s: %s); the checkpoint is written and the evaluations load it themselves",
                             type(res).__name__, res)
-        proc.close()
+        proc.close(kill=not ended)  # after an error, at once: its cause is on its way out
         left = await sched.close()
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)

@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -162,14 +163,21 @@ class LearnerProcess:
         """Return once checkpoint `version` is whole on disk (raises what the learner raised)."""
         await self._saved_future(version)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """End the learner process: it finishes what it was sent, or, with `kill` (the run
+        stopped with an error), at once (its writes are atomic: a kill leaves no half file)."""
         if self.closed:
             return
         self.closed = self.closing = True
         if self.connecting is not None:
             self.connecting.cancel()
-        if self.conn is None:  # never connected (the run ended first): nothing to finish
+        if self.conn is None or kill:  # never connected (the run ended first), or an error: nothing to finish
             self.proc.kill()
+            if self.conn is None and self.connecting is not None:
+                # a thread of `_connect` may wait in accept(): a bare connection, closed at once,
+                # makes it return (its handshake fails), so no thread outlives the run
+                with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.listener.address)
         elif self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.conn.send(None)
