@@ -24,9 +24,10 @@ from taurl import envs  # noqa: E402
 from taurl.data.ledger import Ledger  # noqa: E402
 from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
+from taurl.envs.search.expert import search_tool_expert  # noqa: E402
 from taurl.policy.protocol import Generation  # noqa: E402
 from taurl.proxy.collect import collect_agent  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, search_tool_expert  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
 from taurl.rollout.loop import ChatCodec, RolloutConfig  # noqa: E402
 from taurl.rollout.runner import EpisodeError  # noqa: E402
