@@ -79,4 +79,4 @@ def test_the_demo_budgets_are_steps_and_its_seconds_only_caps():
     cfg = load_config(TrainConfig, path=Path(__file__).resolve().parents[1] / "configs/demo.yaml")
     planned = -(-cfg.demos // cfg.sft_batch_size) * cfg.sft_epochs
     assert 0 < cfg.sft_max_steps < planned and cfg.updates > 0
-    assert cfg.sft_max_seconds >= 3 * 300 and cfg.rl_max_seconds >= 4 * 120
+    assert cfg.sft_max_seconds >= 5 * 300 and cfg.rl_max_seconds >= 5 * 120
