@@ -219,13 +219,15 @@ def renders_tools(path: str | Path) -> bool:
 
     A template that does not (SmolLM2's plain ChatML) drops the tool schemas silently, so a
     model on an env with chat tool calls would never see them."""
-    from taurl.policy.model import _read_json
-
     path = Path(path)
     jinja = path / "chat_template.jinja"
-    text = jinja.read_text(encoding="utf-8") if jinja.is_file() else \
-        str((_read_json(path / "tokenizer_config.json") or {}).get("chat_template", ""))
-    return "tools" in text
+    if jinja.is_file():
+        return "tools" in jinja.read_text(encoding="utf-8")
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return "tools" in str(config.get("chat_template", "")) if isinstance(config, dict) else False
 
 
 def logit_difference(a: Any, b: Any, tok: Any, text: str = PROBE_TEXT) -> float:
