@@ -176,7 +176,7 @@ NOT_PYTHON = {"taurl.json", "taurl.export_version"}  # a checkpoint's file; a Pa
 
 
 def test_every_module_and_name_the_docs_cite_exists():
-    """`taurl.x.y` in README.md and docs/ (the experiment logs excepted: they are history)
+    """`taurl.x.y` in README.md and docs/ (prose, code and figures; the experiment logs excepted: they are history)
     resolves to a module or an attribute, so a moved module cannot leave the docs behind."""
     import importlib
 
@@ -184,7 +184,7 @@ def test_every_module_and_name_the_docs_cite_exists():
     for page in pages():
         if "experiments" in page.parts:
             continue
-        for name in sorted(set(re.findall(r"`(taurl(?:\.\w+)+)", page.read_text())) - NOT_PYTHON):
+        for name in sorted(set(re.findall(r"(?<![\w./-])(taurl(?:\.\w+)+)", page.read_text())) - NOT_PYTHON):
             parts = name.split(".")
             for i in range(len(parts), 0, -1):
                 try:
