@@ -314,3 +314,21 @@ def test_merged_export_gives_the_runs_recorded_logprobs(lora_run, tmp_path):
 
 def lora_files(path) -> bool:
     return (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+
+
+def test_a_reloading_server_gets_a_merged_copy_outside_the_checkpoint(tok, tmp_path):
+    """vLLM reloads weights from a directory: `serving_dir` gives an adapter checkpoint's merged
+    copy (a plain HF directory beside the checkpoints, the older one removed)."""
+    from taurl.policy.adapter import serving_dir
+
+    run, model, learner = _run_with_adapter(tmp_path, "qwen2", tok)
+    assert serving_dir(run.checkpoint(1)) == run.checkpoint(1)  # a full checkpoint serves itself
+    served = serving_dir(run.checkpoint(2))
+    assert served.parent.name == ".merged" and run.versions() == [1, 2]
+    plain = AutoModelForCausalLM.from_pretrained(served).eval()
+    ids = list(range(3, 40))
+    model.eval()
+    assert float((sequence_logprobs(plain, ids) - sequence_logprobs(model, ids)).abs().max()) <= TOL
+    learner.update(_batch(model, 7), version=0)
+    save_checkpoint(run, 3, model, tok, None, phase="rl", lora=lora.checkpoint_meta(run, 1, OPTS))
+    assert serving_dir(run.checkpoint(3)).is_dir() and not served.exists()
