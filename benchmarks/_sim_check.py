@@ -62,7 +62,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     for name in ("config.yaml", "metrics.jsonl", "state.json", "ledger.sqlite"):
         if not (run_dir / name).exists():
             raise Error(f"{run_dir} has no {name}: not a finished run directory (run --real --keep DIR first)")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    from taurl.recipe.sections import flatten
+
+    cfg = flatten(yaml.safe_load((run_dir / "config.yaml").read_text()), warn=False)  # sections or flat: flat names
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rl = [r for r in rows if r.get("phase") == "rl"]
     db = sqlite3.connect(f"file:{run_dir / 'ledger.sqlite'}?mode=ro", uri=True)

@@ -51,10 +51,14 @@ def field_default(f: dataclasses.Field) -> typing.Any:
 
 def options_table(cls: type) -> str:
     """The option table of a config class (docs/reference/config.md is generated with it)."""
+    from taurl.recipe.sections import HOME
+
     docs = field_docs(cls)
-    rows = [f"| `{f.name}` | `{json.dumps(field_default(f))}` | {docs.get(f.name, '').replace('|', '/')} |"
-            for f in dataclasses.fields(cls)]
-    return "\n".join(["| option | default | meaning |", "|---|---|---|", *rows])
+    home = HOME if getattr(cls, "SECTIONED", False) else {}  # its file is in sections: name both
+    flag = {"imports": "import"}
+    rows = [f"| `{home.get(f.name, f.name)}` (`--{flag.get(f.name, f.name).replace('_', '-')}`) | `{json.dumps(field_default(f))}` | "
+            f"{docs.get(f.name, '').replace('|', '/')} |" for f in dataclasses.fields(cls)]
+    return "\n".join(["| option in the file (flag) | default | meaning |", "|---|---|---|", *rows])
 
 
 def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from taurl.errors import UnknownEnvError
 from taurl.recipe.validate import (  # noqa: F401  (re-exported: their old home was this module)
@@ -104,7 +104,13 @@ class RolloutRunConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe.loop`)."""
+    """`taurl train` / `taurl demo`: every option of the recipe (`taurl.recipe.loop`).
+
+    Its file is written in sections (`taurl.recipe.sections`: ``rl.lr``, ``eval.tasks``, ...);
+    in Python the options keep their flat names (``cfg.lr``, ``cfg.eval_tasks``).
+    """
+
+    SECTIONED: ClassVar[bool] = True
 
     seed: int = 0  # seeds the policy, task sampling, demonstrations and rollouts
     rl_seed: int | None = None  # seeds the RL rollouts only (null: seed): repeat RL from one SFT policy and task plan

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from taurl.errors import ConfigError
+from taurl.recipe.sections import flatten, sectioned
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,
@@ -29,6 +30,7 @@ def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path 
     collected and raised together as one ConfigError.
     """
     merged: dict[str, Any] = {}
+    sections = getattr(cls, "SECTIONED", False)  # its file is written in sections (taurl.recipe.sections)
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -36,8 +38,9 @@ def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path 
             raise ConfigError(f"cannot read config {path}: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping of option: value")
-        merged.update(loaded)
-    merged.update(data or {})
+        merged.update(flatten(loaded, warn=True) if sections else loaded)  # a file's flat keys: say where they went
+    merged.update(flatten(data, warn=False) if sections and data else data or {})
+    overrides = flatten(overrides, warn=False) if sections and overrides else overrides
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -113,4 +116,6 @@ def check_config(cfg: Any) -> Any:
 
 
 def dump_config(cfg: Any) -> str:
-    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+    """`cfg` as YAML that `load_config` reads back (in sections, for a sectioned config)."""
+    data = dataclasses.asdict(cfg)
+    return yaml.safe_dump(sectioned(data) if getattr(cfg, "SECTIONED", False) else data, sort_keys=False)

@@ -1,0 +1,80 @@
+"""Config files in sections (rl.lr, eval.tasks, ...): every shipped config uses them, flat keys
+of earlier files still load with one warning naming each key's new place, and a run's
+config.yaml is written in sections and read back unchanged."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from taurl.errors import ConfigError
+from taurl.recipe.config import TrainConfig, dump_config, load_config
+from taurl.recipe.sections import HOME, SECTIONS, rewrite_in_sections
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAT = """# a flat config of the previous release
+env: frozenlake-v0
+lr: 0.002          # the RL learning rate
+sft: none
+eval_tasks: 7
+engine: local
+schedule: sync
+max_turns: 2
+"""
+
+
+def test_every_option_has_one_place():
+    import dataclasses
+
+    from taurl.recipe.sections import TOP
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert names == set(HOME) | TOP and not set(HOME) & TOP  # a new option must be given a section (or TOP)
+
+
+def test_every_shipped_config_is_in_sections_and_loads_without_a_warning(caplog):
+    import yaml
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        flat = [k for k, v in raw.items() if k in HOME and not (k in SECTIONS and isinstance(v, dict))]
+        assert not flat, f"{path.name}: flat keys {flat}"
+        with caplog.at_level(logging.WARNING, logger="taurl"):
+            load_config(TrainConfig, path=path)
+        assert "deprecated" not in caplog.text, path.name
+
+
+def test_flat_keys_load_with_a_warning_naming_the_new_key(tmp_path, caplog):
+    (tmp_path / "flat.yaml").write_text(FLAT)
+    (tmp_path / "sections.yaml").write_text(rewrite_in_sections(FLAT))
+    with caplog.at_level(logging.WARNING, logger="taurl"):
+        old = load_config(TrainConfig, path=tmp_path / "flat.yaml")
+    for moved in ("lr -> rl.lr", "sft -> sft.data", "eval_tasks -> eval.tasks", "engine -> engine.kind",
+                  "schedule -> schedule.kind", "max_turns -> rollout.max_turns"):
+        assert moved in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="taurl"):
+        new = load_config(TrainConfig, path=tmp_path / "sections.yaml")
+    assert not caplog.text and new == old
+    assert (old.lr, old.sft, old.eval_tasks, old.max_turns) == (0.002, "none", 7, 2)
+    assert "# the RL learning rate" in (tmp_path / "sections.yaml").read_text()  # comments kept
+
+
+def test_a_run_writes_its_config_in_sections_and_reads_it_back(tmp_path):
+    cfg = load_config(TrainConfig, data={"rl": {"lr": 1e-3, "updates": 4}, "eval": {"tasks": 5}, "seed": 3})
+    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    text = (tmp_path / "config.yaml").read_text()
+    assert "\nrl:\n" in text and "\neval:\n" in text and "\nlr:" not in text
+    assert load_config(TrainConfig, path=tmp_path / "config.yaml") == cfg
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rl": {"lrr": 1.0}}, "unknown option rl.lrr; did you mean rl.lr?"),
+    ({"rl": {"lr": 1e-3}, "lr": 2e-3}, "rl.lr is given twice"),
+    ({"eval": {"tasks": "many"}}, "eval_tasks must be int"),
+])
+def test_section_mistakes_are_named(data, message):
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
+        load_config(TrainConfig, data=data)
