@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from taurl.errors import Error
+from taurl.recipe.sections import flatten
 
 # options a resume may change: how far the run goes and what it keeps, not what a record means
 RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
@@ -92,7 +93,8 @@ def _stored_identity(root: Path) -> dict[str, Any] | None:
         if recorded is not None:
             return recorded
     if state.exists() and (root / "config.yaml").exists():
-        config = yaml.safe_load((root / "config.yaml").read_text()) or {}
+        # in sections since the config file has them; a run from before, flat (taurl.recipe.sections)
+        config = flatten(yaml.safe_load((root / "config.yaml").read_text()) or {}, warn=False)
         return {"config": {k: v for k, v in json.loads(json.dumps(config, default=str)).items()
                            if k not in RESUMABLE}}
     return None
