@@ -342,33 +342,9 @@ class TrainConfig:
 
     def lora_problems(self) -> list[str]:
         """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names included."""
-        from taurl.credit import needs_values
-        from taurl.train.lora import lora_problems, model_target_problems
+        from taurl.train.lora import run_problems
 
-        if not self.lora:
-            return []
-        out = lora_problems(self.lora)
-        if self.schedule == "async" or self.step_scorer != "none":
-            out.append("lora runs with schedule: sync and step_scorer: none for now; drop lora or those options")
-        if needs_values(self.estimator):
-            out.append(f"lora: estimator {self.estimator!r} builds its critic from a copy of the policy; "
-                       "use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or drop lora")
-        if not out:
-            out += model_target_problems(self.lora, self._model_config())
-        return out
-
-    def _model_config(self) -> Any:
-        """The HF config of the policy to train: `model`'s, or the default policy's shape."""
-        if self.model:
-            from transformers import AutoConfig
-
-            try:
-                return AutoConfig.from_pretrained(self.model)
-            except (OSError, ValueError):
-                return None  # policy_problems reports the directory
-        from taurl.policy.model import tiny_config
-
-        return tiny_config(self.vocab_size, self.model_size if self.model_size in ("tiny", "small") else "tiny")
+        return run_problems(self)
 
     def mixing_problems(self) -> list[str]:
         """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""

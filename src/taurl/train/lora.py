@@ -178,3 +178,39 @@ def checkpoint_meta(run: Any, base_version: int, options: LoraOptions) -> dict[s
     from taurl.policy.adapter import adapter_meta
 
     return adapter_meta(run.root / "checkpoints", run.checkpoint(base_version), options.as_dict())
+
+
+def run_problems(cfg: Any) -> list[str]:
+    """Problems with a run config's ``lora:`` (a `taurl.recipe.config.TrainConfig`): the
+    options, the options it does not combine with yet, and the targets against the model."""
+    from taurl.credit import needs_values
+
+    if not cfg.lora:
+        return []
+    out = lora_problems(cfg.lora)
+    if cfg.schedule == "async" or cfg.step_scorer != "none":
+        out.append("lora runs with schedule: sync and step_scorer: none for now; drop lora or those options")
+    if needs_values(cfg.estimator):
+        out.append(f"lora: estimator {cfg.estimator!r} builds its critic from a copy of the policy; "
+                   "use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or drop lora")
+    if not out:
+        out += model_target_problems(cfg.lora, _model_config(cfg))
+    return out
+
+
+def _model_config(cfg: Any) -> Any:
+    """The HF config of the run's policy: `model`'s, or the default policy's shape (None: unknown)."""
+    if cfg.model:
+        from transformers import AutoConfig
+
+        from taurl.policy.sources import models_home, source_kind
+
+        # a named model already converted: its cached directory (not converted yet: unchecked here)
+        path = models_home() / cfg.model if source_kind(cfg.model) == "registry" else Path(cfg.model)
+        try:
+            return AutoConfig.from_pretrained(path)
+        except (OSError, ValueError):
+            return None  # model_problems reports the directory
+    from taurl.policy.model import tiny_config
+
+    return tiny_config(cfg.vocab_size, cfg.model_size if cfg.model_size in ("tiny", "small") else "tiny")
