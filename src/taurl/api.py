@@ -36,6 +36,7 @@ from taurl.envs.tasks import SPLITS, _row_problem
 from taurl.errors import ConfigError, Error
 from taurl.monitor.progress import console_logging, remove_console_logging
 from taurl.recipe.config import TrainConfig, import_modules, load_config
+from taurl.recipe.sections import flatten
 
 Reward = Callable[[Any, Task], float]
 
@@ -170,8 +171,8 @@ def _config_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, TrainConfig):  # the options it sets: those that differ from the defaults
         return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                 if getattr(config, f.name) != _default(f)}
-    if isinstance(config, Mapping):
-        return dict(config)
+    if isinstance(config, Mapping):  # flat names or sections (taurl.recipe.sections)
+        return flatten(dict(config), warn=False)
     if isinstance(config, (str, Path)):
         import yaml
 
@@ -181,7 +182,7 @@ def _config_dict(config: Any) -> dict[str, Any]:
             raise ConfigError(f"cannot read config {config}: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {config} must be a mapping of option: value")
-        return loaded
+        return flatten(loaded, warn=True)  # a file's flat keys are named with their new place
     raise ConfigError(f"config must be a TrainConfig, a dict or a YAML file path, got {type(config).__name__}")
 
 

@@ -230,6 +230,9 @@ def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
     return turns
 
 
+# Over 60 lines on purpose: one trajectory per captured chain with the episode's reward, verdict
+# and stop reason decided once for all of them; split, those decisions would travel between
+# helpers.
 def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, env_name: str, env_version: str,
                     verifier: Any, error: str | None, agent_name: str, answer: str | None,
                     source: str = POLICY_SOURCE, wall_s: float = 0.0) -> list[Trajectory]:

@@ -46,9 +46,6 @@ class RolloutRunConfig:
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
-    # Over 60 lines on purpose: one check per config key, every problem gathered into one
-    # ConfigError; a flat list reads better than checks scattered over helpers (item 4 of issue
-    # 27, config sections, splits it by section).
     def problems(self) -> list[str]:
         out = []
         for name in ("episodes", "group_size", "concurrency", "max_turns", "max_action_tokens",
@@ -216,6 +213,8 @@ class TrainConfig:
     def env_kwargs(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, **self.env_config}
 
+    # Over 60 lines on purpose: one check per option (or pair of options), every problem
+    # gathered into one ConfigError before any work; a flat list of checks is how they are audited.
     def problems(self) -> list[str]:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry

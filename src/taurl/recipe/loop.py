@@ -300,6 +300,9 @@ def make_step_scorer(r: Run, model: Any, tok: Any) -> Any:
                        log_path=r.run.root / "shaping.jsonl")
 
 
+# Over 60 lines on purpose: the synchronous RL phase read top to bottom, one update per
+# iteration: collect, credit, update, checkpoint, serve, record; the loop's steps are what a
+# reader follows.
 def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collector, version: int, first: int,
              seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
