@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from taurl.data.ledger import Ledger
 from taurl.envs.core import Env, Task
 from taurl.eval.evaluate import EvalConfig, EvalResult, summarize
@@ -29,10 +31,12 @@ from taurl.rollout.loop import RolloutConfig
 def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *, make_env: Callable[[], Env],
                     rollout: RolloutConfig, verifier: Any = None, ledger: Ledger | None = None,
                     run_id: str = "eval", tag: str = "eval", progress: bool = True,
-                    agent: dict | None = None) -> EvalResult:
+                    agent: dict | None = None,
+                    placement: tuple[torch.device | str, torch.dtype] = ("cpu", torch.float32)) -> EvalResult:
     """Evaluate the policy at `path` on `tasks` (k = ecfg.trials each); an episode that
-    produced no record counts as a failure (`summarize`)."""
-    model, tok = load_policy(path)
+    produced no record counts as a failure (`summarize`). `placement`: the (device, dtype)
+    the policy is served on (the recipe's `device`, `torch_dtype`)."""
+    model, tok = load_policy(path, placement[0], dtype=placement[1])
     version = int(load_policy_meta(path).get("policy_version", 0))
     engine = LocalEngine(model, tok, version=version, max_batch_size=ecfg.concurrency, seed=ecfg.seed)
     specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k), f"eval-{tag}:{t.task_id}")

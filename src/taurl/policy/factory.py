@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from taurl.errors import EngineError
 from taurl.policy.protocol import Engine
 
@@ -57,7 +59,8 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         from taurl.policy.local_engine import LocalEngine
         from taurl.policy.model import load_policy
 
-        model, _ = load_policy(checkpoint_dir)
+        # the recipe's `device` / `torch_dtype` (taurl.policy.device); not engine_options of the user's
+        model, _ = load_policy(checkpoint_dir, options.pop("device", "cpu"), dtype=options.pop("dtype", torch.float32))
         allowed = set(LOCAL_ENGINE_OPTIONS + LOCAL_ENGINE_RUN_KEYS)
         if unknown := sorted(set(options) - allowed):
             raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "

@@ -78,7 +78,7 @@ class GrowLayer(DynamicLayer):
     def move_rows(self, dst: list[int], src: list[int], rows: int) -> None:
         """Rows `src` take the places `dst`; the first `rows` rows are then in use."""
         if dst:
-            d, s = torch.tensor(dst), torch.tensor(src)
+            d, s = (torch.tensor(x, device=self.keys.device) for x in (dst, src))
             for buf in (self.keys, self.values):
                 buf[d, :, :self.width] = buf[s, :, :self.width]
         self.rows = rows

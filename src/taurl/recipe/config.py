@@ -131,6 +131,8 @@ class TrainConfig:
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
+    device: str = "auto"  # where the policy, KL reference, critic and step scorer live: auto (CUDA when available, else CPU) | cpu | cuda | cuda:N
+    torch_dtype: str = "float32"  # their dtype: float32 | bfloat16 (where the device supports it; docs/models-and-engines.md: logprob fidelity)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
     engine: str = "local"  # the RL rollouts' engine: local (in-process LocalEngine) | vllm (a vLLM server; docs/models-and-engines.md)
     engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode, replicas; vllm: url, or python to start one; verify; ...)
@@ -257,6 +259,9 @@ class TrainConfig:
         elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems()
+        from taurl.policy.device import device_problems
+
+        out += device_problems(self.device, self.torch_dtype)
         from taurl.scale import backend_problems
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine)

@@ -206,7 +206,8 @@ def sft_data(r: Run) -> list:
 def sft(r: Run, trajs: list) -> None:
     """checkpoints/v1: v0 fine-tuned on `trajs` (v0 itself when there is no SFT data)."""
     cfg, t0 = r.cfg, time.perf_counter()
-    model, tok = load_policy(r.run.checkpoint(0))
+    device, dtype = r.placement()
+    model, tok = load_policy(r.run.checkpoint(0), device, dtype=dtype)
     run = None
     if trajs:
         if cfg.lora:  # SFT trains an adapter, merged into v1 below: the RL base (taurl.train.lora)
@@ -246,12 +247,14 @@ def reinforce(r: Run) -> None:
     prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
+    device, dtype = r.placement()  # the policy's; the reference, critic and step scorer follow it
     if cfg.lora:  # adapters on the SFT policy; the KL reference is that policy, adapters off
         model, tok = lora.rl_policy(r.run, version, v_sft, lora.LoraOptions.from_dict(cfg.lora), seed=cfg.seed)
+        model.to(device=device, dtype=dtype)
         reference = None
     else:
-        model, tok = load_policy(r.run.checkpoint(version))
-        reference = load_policy(r.run.checkpoint(v_sft))[0] if cfg.kl_coef > 0 else None
+        model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
+        reference = load_policy(r.run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
     learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
                       shaper=make_step_scorer(r, model, tok))
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
@@ -261,6 +264,8 @@ def reinforce(r: Run) -> None:
     # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
+    if cfg.engine == "local":  # its own copy of the weights, beside the policy
+        opts.update(device=device, dtype=dtype)
     if cfg.schedule == "async" and cfg.engine == "local" and "max_batch_size" not in cfg.engine_options:
         opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update, cfg.overprovision,
                                                    cfg.group_size)  # one batch of rows (its docstring: why)
@@ -395,7 +400,7 @@ def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[st
     result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
                              rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
                              ledger=r.ledger, run_id=r.run.root.name, tag=episodes_tag, progress=r.progress,
-                             agent=r.cfg.agent)
+                             agent=r.cfg.agent, placement=r.placement())
     atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
     r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
     r.phase_done(f"eval_{tag}", time.perf_counter() - t0)

@@ -26,7 +26,7 @@ from taurl.recipe.sections import flatten
 
 # options a resume may change: how far the run goes and what it keeps, not what a record means
 RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
-             "generate_timeout_s")
+             "generate_timeout_s", "device")
 
 
 class ResumeError(Error, ValueError):

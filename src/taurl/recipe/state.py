@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from taurl import envs
 from taurl.data.atomic import atomic_write_text
 from taurl.data.ledger import Ledger
@@ -22,6 +24,7 @@ from taurl.envs.tasks import TaskPlan
 from taurl.errors import EnvCheckError
 from taurl.monitor.metrics import MetricsWriter
 from taurl.monitor.progress import phase_bar
+from taurl.policy.device import resolve_device, resolve_dtype
 from taurl.recipe.config import TrainConfig
 
 Hook = Callable[[str, dict[str, Any]], None]
@@ -81,6 +84,10 @@ class Run:
     def bar(self, total: int, desc: str, unit: str = "ep") -> Any:
         """The phase's progress (`taurl.monitor.progress.phase_bar`: a bar on a terminal, plain lines else)."""
         return phase_bar(total, desc, unit, enabled=self.progress)
+
+    def placement(self) -> tuple[torch.device, torch.dtype]:
+        """Where the policy and the models that follow it live (`device`, `torch_dtype`)."""
+        return resolve_device(self.cfg.device), resolve_dtype(self.cfg.torch_dtype)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl rollout`)."""

@@ -212,8 +212,9 @@ class Learner:
         # a checkpoint written in the background waits here, so it holds the state after its update
         self.before_step: list[Callable[[], None]] = []
         self.reference = reference if config.kl_coef > 0 else None
-        if self.reference is not None:
-            self.reference.eval().requires_grad_(False)
+        if self.reference is not None:  # on the policy's device: its rows are made there (a policy
+            # moved to a GPU by the caller takes its reference along)
+            self.reference.to(model_device(model)).eval().requires_grad_(False)
         # with LoRA the reference is the base under the adapters (`taurl.train.lora.base_only`)
         self.reference_is_base = config.kl_coef > 0 and reference is None and is_lora(model)
         # the trained parameters only: with LoRA the adapters', so no AdamW state for the base

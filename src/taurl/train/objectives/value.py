@@ -28,7 +28,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     returns = returns.detach().to(values.dtype)
     err = (values - returns) ** 2
     if clip is None:
-        per_tok, clipped_frac = 0.5 * err, torch.zeros(())
+        per_tok, clipped_frac = 0.5 * err, torch.zeros((), device=err.device)
     else:
         old = old_values.detach().to(values.dtype)
         v_clip = old + torch.clamp(values - old, -clip, clip)
@@ -41,8 +41,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     with torch.no_grad():
         m = mask.bool()
         r, v = returns[m], values[m]
-        var = r.var(unbiased=False) if r.numel() else torch.zeros(())
-        ev = 1.0 - (r - v).var(unbiased=False) / var if r.numel() and var > 0 else torch.zeros(())
+        var = r.var(unbiased=False) if r.numel() else torch.zeros((), device=r.device)
+        ev = 1.0 - (r - v).var(unbiased=False) / var if r.numel() and var > 0 else torch.zeros((), device=r.device)
         metrics = {"learn/vf_loss": float(loss.detach()), "learn/vf_clip_frac": float(clipped_frac),
                    "learn/vf_explained_var": float(ev)}
     return loss, metrics
