@@ -32,7 +32,7 @@ log = logging.getLogger("taurl.recipe.config")
 SECTIONS: dict[str, dict[str, str]] = {
     "policy": {"model": "model", "size": "model_size", "tokenizer_texts": "tokenizer_texts",
                "vocab_size": "vocab_size", "chat_template": "chat_template", "warmup_options": "warmup_options",
-               "lora": "lora"},
+               "lora": "lora", "device": "device", "torch_dtype": "torch_dtype"},
     "rollout": {k: k for k in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                                "max_context", "max_tool_calls", "temperature", "concurrency",
                                "generate_timeout_s", "backend", "backend_options")},
