@@ -111,7 +111,7 @@ def test_checkpoint_holds_the_adapter_and_what_rebuilds_the_policy(tok, tmp_path
     ckpt = run.checkpoint(2)
     files = {p.name for p in ckpt.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "taurl.json"} <= files
-    assert "model.safetensors" not in files
+    assert "model.safetensors" not in files and "README.md" not in files
     meta = json.loads((ckpt / "taurl.json").read_text())["lora"]
     assert meta["base"] == "../v1" and len(meta["base_sha256"]) == 64 and meta["rank"] == OPTS.rank
     adapter_bytes = (ckpt / "adapter_model.safetensors").stat().st_size

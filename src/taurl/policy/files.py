@@ -72,6 +72,7 @@ def save_policy(
             model.save_pretrained(tmp)
             if hasattr(model, "get_base_model"):  # peft adapters alone (taurl.policy.adapter): plus the architecture
                 model.get_base_model().config.save_pretrained(tmp)
+                (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, for the hub
             save_tokenizer(tokenizer, tmp)
         (tmp / META_FILE).write_text(meta_text + "\n", encoding="utf-8")
         _swap_in(tmp, path)
