@@ -47,7 +47,13 @@ def model_fingerprint(path: str | Path) -> str:
     """A digest of a model directory: its config files whole, and each weight file's size and
     first and last MiB (cheap on a large model, and it changes when the weights do)."""
     h = hashlib.sha256()
-    for f in sorted(p for p in Path(path).iterdir() if p.is_file()):
+    root = Path(path).expanduser()
+    if not root.exists():
+        # a named model (smollm2-135m-instruct, a hub id): its name is its identity, the
+        # registry package or hub revision pins the weights; converting it here would be costly
+        return "name:" + str(path)
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
+    for f in files:
         h.update(f.name.encode())
         size = f.stat().st_size
         h.update(str(size).encode())
