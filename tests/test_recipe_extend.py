@@ -40,7 +40,8 @@ def test_an_extended_run_re_evaluates_its_new_final_version(tmp_path, monkeypatc
                           eval_trials=2, eval_seed=0)
     r = SimpleNamespace(run=SimpleNamespace(root=tmp_path, checkpoint=lambda v: tmp_path / f"v{v}"), cfg=cfg,
                         make_env=None, spec=SimpleNamespace(make_verifier=lambda: None), ledger=None, progress=False,
-                        metrics=SimpleNamespace(write=lambda *a: None), phase_done=lambda *a: None)
+                        metrics=SimpleNamespace(write=lambda *a: None), phase_done=lambda *a: None,
+                        placement=lambda: ("cpu", None))
     assert recipe.evaluate_split(r, "holdout-final", [], 21)["policy_version"] == 21
     assert recipe.evaluate_split(r, "holdout-final", [], 21)["policy_version"] == 21  # a resume reuses it
     assert recipe.evaluate_split(r, "holdout-final", [], 31)["policy_version"] == 31  # extended: evaluated again
