@@ -138,3 +138,13 @@ def test_a_stored_episode_of_another_task_or_seed_is_refused_not_reused(done, tm
         batch, stats = asyncio.run(collect(LocalEngine(model, tok, version=1), tok, lambda: make_env(cfg), [same],
                                            config=cfg.rollout_config(), ledger=ledger, run_id="x"))
         assert batch == [stored] and stats["run/reused_episodes"] == 1
+def test_a_named_or_single_file_model_has_a_fingerprint_without_being_converted(tmp_path):
+    # `--model smollm2-135m-instruct` is a name, not a directory: the identity must not list it
+    from taurl.recipe.resume import model_fingerprint
+
+    assert model_fingerprint("smollm2-135m-instruct") == "name:smollm2-135m-instruct"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    first = model_fingerprint(gguf)
+    gguf.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 10)
+    assert model_fingerprint(gguf) != first
