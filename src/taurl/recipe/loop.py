@@ -71,6 +71,7 @@ from taurl.train.checkpoint import (
 )
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
+from taurl.train.prm import step_scorer
 from taurl.train.sft import read_sft_file, sft_loop
 
 log = logging.getLogger("taurl.recipe.loop")
@@ -256,7 +257,7 @@ def reinforce(r: Run) -> None:
         model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
         reference = load_policy(r.run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
     learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
-                      shaper=make_step_scorer(r, model, tok))
+                      shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     if learner.load_state(r.run.checkpoint(version)):
@@ -292,17 +293,6 @@ def reinforce(r: Run) -> None:
         loop(r, model, tok, learner, collector, version, first, seed)
     finally:
         collector.close()
-
-
-def make_step_scorer(r: Run, model: Any, tok: Any) -> Any:
-    """The learned step scorer of `step_scorer` (taurl.train.prm), or None; shaping only."""
-    if r.cfg.step_scorer == "none":
-        return None
-    from taurl.train.prm import ImplicitPRM, PRMConfig
-
-    return ImplicitPRM(model, PRMConfig(**r.cfg.step_scorer_options), pad_id=tok.pad_token_id,
-                       temperature=r.cfg.temperature, micro_batch_tokens=r.cfg.micro_batch_tokens,
-                       log_path=r.run.root / "shaping.jsonl")
 
 
 # Over 60 lines on purpose: the synchronous RL phase read top to bottom, one update per

@@ -220,3 +220,12 @@ class ImplicitPRM:
             return False
         load_weights(self.model, d / WEIGHTS_FILE, f"the step scorer in {d}")
         return True
+
+
+def step_scorer(cfg: Any, model: Any, tok: Any, log_path: Path) -> ImplicitPRM | None:
+    """The learned step scorer a run config's `step_scorer` names, or None; shaping only."""
+    if cfg.step_scorer == "none":
+        return None
+    return ImplicitPRM(model, PRMConfig(**cfg.step_scorer_options), pad_id=tok.pad_token_id,
+                       temperature=cfg.temperature, micro_batch_tokens=cfg.micro_batch_tokens,
+                       log_path=log_path)
