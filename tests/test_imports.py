@@ -158,3 +158,11 @@ def test_no_cycle_without_the_back_edge(tmp_path):
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.c"] == set()
     assert cycles(graph) == []
+
+
+def test_no_module_is_over_450_lines():
+    # the house rule (docs/design.md#layout): a module a reader can hold, one job each
+    src = Path(__file__).parents[1] / "src" / "taurl"
+    long = {str(p.relative_to(src)): n for p in src.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}, f"split these modules: {long}"
