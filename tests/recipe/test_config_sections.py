@@ -50,7 +50,7 @@ def test_every_shipped_config_is_in_sections_and_loads_without_a_warning(caplog)
         assert not flat, f"{path.name}: flat keys {flat}"
         # a registry model (configs/real.yaml) needs its optional package; the rest of the file
         # must still load, so without the package the model is swapped for the default policy
-        overrides = {} if _registry_installed(raw) else {"model": None}
+        overrides = {} if _registry_installed(raw) else {"model": ""}
         with caplog.at_level(logging.WARNING, logger="taurl"):
             load_config(TrainConfig, path=path, overrides=overrides)
         assert "deprecated" not in caplog.text, path.name
