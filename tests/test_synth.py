@@ -169,3 +169,21 @@ def test_concurrent_demonstrations_equal_sequential_ones(tok, tasks):
            [(d.task_id, d.token_ids, d.action_mask, d.reward) for d in par]
     with pytest.raises(ConfigError, match="concurrency must be an int >= 1"):
         asyncio.run(demonstrations(tasks[:1], tok, make_env, expert=search_expert, concurrency=0))
+
+
+def test_a_scripted_engine_ends_its_turn_with_eos_when_out_of_actions_or_when_told_each_time(tok):
+    """One engine for scripts: plain actions stop without EOS; eos_each (the proxy's expert
+    replies, ReplyEngine) ends every one with EOS, cut to leave room for it."""
+    from taurl.policy.protocol import SamplingParams
+    from taurl.proxy.experts import ReplyEngine
+
+    text = "<search>Paris</search>"
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    plain, replies = ScriptedEngine(tok, [text]), ReplyEngine(tok, [text])
+    wide, narrow = SamplingParams(max_tokens=64), SamplingParams(max_tokens=n)
+    first, last = asyncio.run(plain.generate([1], wide)), asyncio.run(plain.generate([1], wide))
+    assert (first.finish_reason, len(first.token_ids)) == ("stop", n)
+    assert (last.finish_reason, last.token_ids) == ("eos", [tok.eos_token_id])
+    cut = asyncio.run(replies.generate([1], narrow))
+    assert (cut.finish_reason, len(cut.token_ids), cut.token_ids[-1]) == ("eos", n, tok.eos_token_id)
+    assert replies.source == "expert" and asyncio.run(replies.generate([1], wide)).token_ids == [tok.eos_token_id]

@@ -16,32 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from taurl.policy.protocol import Generation, SamplingParams
+from taurl.rollout.synth import ScriptedEngine
 from taurl.tools.parsers import tool_call_text  # noqa: F401  (re-exported: its old home)
 
 
-class ReplyEngine:
+class ReplyEngine(ScriptedEngine):
     """Plays fixed replies, one per call, each ended by EOS (the model learns to end its turn).
 
     Not a policy (`source` "expert"): the runner records its actions without logprobs or version.
     """
 
-    source = "expert"
-
     def __init__(self, tokenizer: Any, replies: Sequence[str], max_context: int = 2048):
-        self.tok, self.replies, self._max_context, self._calls = tokenizer, list(replies), max_context, 0
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        text = self.replies[self._calls] if self._calls < len(self.replies) else ""
-        self._calls += 1
-        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])[:max(0, sampling.max_tokens - 1)]
-        ids.append(self.tok.eos_token_id)
-        return Generation(ids, [0.0] * len(ids), "eos", 0, prompt_tokens=len(prompt_ids))
+        super().__init__(tokenizer, replies, max_context, source="expert", eos_each=True)

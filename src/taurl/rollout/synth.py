@@ -55,15 +55,20 @@ class ScriptedEngine:
     ("scripted" unless told, "expert" for demonstrations) tells the loop so, and the loop
     records its actions without logprobs or version. (Its `Generation` still fills the
     fields the Engine protocol requires — logprob 0.0, version 0 — which the loop drops.)
+
+    ``eos_each=True`` ends every action with EOS (cut to leave room for it), as a chat
+    model ends its turn: the proxy's expert replies (`taurl.proxy.experts.ReplyEngine`).
     """
 
-    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048, source: str = "scripted"):
+    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048, source: str = "scripted",
+                 eos_each: bool = False):
         if source == "policy" or not NAME_PATTERN.match(source):
             raise ConfigError(f"source {source!r} must be a snake_case name other than 'policy' "
                               "(a script is not a policy), e.g. 'scripted' or 'expert'")
         self.tokenizer = tokenizer
         self.actions = list(actions)
         self.source = source
+        self.eos_each = eos_each
         self._max_context = max_context
         self._calls = 0
 
@@ -76,15 +81,13 @@ class ScriptedEngine:
         return self._max_context
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        if self._calls < len(self.actions):
-            text, reason = self.actions[self._calls], "stop"
-        else:
-            text, reason = "", "eos"
+        text = self.actions[self._calls] if self._calls < len(self.actions) else None
         self._calls += 1
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-        if reason == "eos":
-            ids.append(self.tokenizer.eos_token_id)
-        ids = ids[:sampling.max_tokens]
+        if text is None or self.eos_each:  # the turn ends: EOS, after as much of the text as fits
+            ids, reason = ids[:max(0, sampling.max_tokens - 1)] + [self.tokenizer.eos_token_id], "eos"
+        else:
+            ids, reason = ids[:sampling.max_tokens], "stop"
         return Generation(ids, [0.0] * len(ids), reason, 0, prompt_tokens=len(prompt_ids))
 
 
