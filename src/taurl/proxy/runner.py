@@ -8,10 +8,12 @@
       tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate (`taurl.proxy.tools`)
 
 A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
-thread (plus ``tools_url=`` when it takes that argument and `tools` is set); a command
-runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``TAURL_TASK``,
-``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` (with `tools`) and ``TAURL_EPISODE_ID`` in
-its environment and prints its answer on the last line of stdout. Either way the agent imports nothing from
+thread, plus, for each it takes as an argument: ``anthropic_base_url=`` (the `anthropic`
+SDK's base URL, `taurl.proxy.messages`), and with `tools` set ``tools_url=`` and
+``mcp_url=`` (the episode's MCP endpoint, `taurl.proxy.mcp_endpoint`). A command
+runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``,
+``ANTHROPIC_API_KEY``, ``TAURL_TASK``, ``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` and
+``TAURL_MCP_URL`` (with `tools`) and ``TAURL_EPISODE_ID`` in its environment and prints its answer on the last line of stdout. Either way the agent imports nothing from
 taurl. What the proxy captured becomes the episode's trajectories (one per chain,
 `taurl.proxy.capture`), scored by ``POST /reward`` or else by the env's verifier reading
 the final answer; then the recipe's own credit, learner, ledger and evaluation take over.
@@ -173,14 +175,17 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
     base = proxy.base_url(episode_id)
     retriever = f"{proxy.url}/rollouts/{episode_id}/retriever"
     tools = f"{proxy.url}/rollouts/{episode_id}/tools" if proxy.tools is not None else None
+    urls = {"tools_url": tools, "mcp_url": proxy.mcp_url(episode_id),
+            "anthropic_base_url": proxy.anthropic_base_url(episode_id)}
     try:
         if fn is not None:
-            kw = {"tools_url": tools} if tools and _takes(fn, "tools_url") else {}
+            kw = {k: v for k, v in urls.items() if v and _takes(fn, k)}
             answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
         else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
+                   "ANTHROPIC_BASE_URL": urls["anthropic_base_url"], "ANTHROPIC_API_KEY": "taurl",
                    "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id,
-                   **({"TAURL_TOOLS_URL": tools} if tools else {})}
+                   **({"TAURL_TOOLS_URL": tools, "TAURL_MCP_URL": urls["mcp_url"]} if tools else {})}
             answer = await _run_command(agent.command, env, agent.timeout_s)
         return (None if answer is None else str(answer)), None
     except asyncio.TimeoutError:

@@ -5,6 +5,10 @@ names its trajectory without any change to the agent):
 
     POST /rollouts/{id}/v1/chat/completions   messages, tools / tool_calls, stream true|false
     POST /rollouts/{id}/v1/completions        prompt (a string), stream true|false
+    POST /rollouts/{id}/v1/responses          the OpenAI Responses API (`taurl.proxy.responses`)
+    POST /rollouts/{id}/v1/messages           Anthropic's Messages API (`taurl.proxy.messages`)
+    GET|POST /rollouts/{id}/mcp               the episode's MCP endpoint, with tools
+                                              (`taurl.proxy.mcp_endpoint`)
     GET  /rollouts/{id}/v1/models             the served policy, as one model
     POST /rollouts/{id}/retriever/search      {"query", "k"}: the episode's retriever (a tool
                                               receipt is recorded for every search)
@@ -14,6 +18,8 @@ names its trajectory without any change to the agent):
     POST /rollouts/{id}/reward                {"reward": float, "components": {...}}
     POST /rollouts/{id}/end                   the agent says the episode is over
     GET  /rollouts/{id}                       what was captured (chains, calls, status)
+
+Any other path answers 404 with the routes served (`taurl.proxy.app`, the HTTP layer).
 
 A call to an unknown id (a model call, the tools list, a tool call, a search) opens that
 episode (the standalone `taurl proxy`), with a seed derived from the server's and the id; the agent
@@ -34,7 +40,7 @@ Without one every call is admitted (the synchronous recipe needs none).
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import socket
 import threading
 import time
@@ -46,7 +52,6 @@ from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
-from taurl.proxy.wire import MODEL_NAME, _chat_body, _chat_chunks, _completion_body  # noqa: F401
 from taurl.rollout.seeds import episode_seed
 from taurl.tools.passages import NO_RESULTS, format_hits
 
@@ -89,6 +94,7 @@ class ProxyEpisode:
     throttled: int = 0  # calls answered 429 (admission refused them)
     admission_waits: int = 0  # times the runner waited before starting the agent
     admission_wait_s: float = 0.0
+    responses: dict[str, list[dict]] = field(default_factory=dict)  # Responses API: id -> its conversation
 
 
 class ProxyServer:
@@ -108,7 +114,14 @@ class ProxyServer:
         self.lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        self.app = _build_app(self)
+        from taurl.proxy.app import build_app
+
+        self._mcp: tuple[Any, Any] | None = None  # (endpoint, session manager): with tools
+        if tools is not None:
+            from taurl.proxy.mcp_endpoint import mcp_app
+
+            self._mcp = mcp_app(self)
+        self.app = build_app(self, self._mcp[0] if self._mcp else None)
 
     # -- lifecycle ------------------------------------------------------------------
     @property
@@ -116,7 +129,16 @@ class ProxyServer:
         return f"http://{self.host}:{self.port}"
 
     def base_url(self, episode_id: str) -> str:
+        """The OpenAI SDK's base URL (Chat Completions, Responses) for one episode."""
         return f"{self.url}/rollouts/{episode_id}/v1"
+
+    def anthropic_base_url(self, episode_id: str) -> str:
+        """The `anthropic` SDK's base URL (it adds ``/v1/messages`` itself)."""
+        return f"{self.url}/rollouts/{episode_id}"
+
+    def mcp_url(self, episode_id: str) -> str | None:
+        """The episode's MCP endpoint (streamable HTTP), or None without tools."""
+        return f"{self.url}/rollouts/{episode_id}/mcp" if self._mcp else None
 
     def start(self) -> ProxyServer:
         import uvicorn
@@ -127,8 +149,8 @@ class ProxyServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
-                                        name="taurl-proxy", daemon=True)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve(sock)), name="taurl-proxy",
+                                        daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
@@ -136,6 +158,12 @@ class ProxyServer:
                 raise Error(f"the proxy did not start on {self.url}")
             time.sleep(0.01)
         return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if self._mcp is not None:  # the MCP endpoint's sessions live on the serving loop
+                await stack.enter_async_context(self._mcp[1].run())
+            await self._server.serve(sockets=[sock])
 
     def stop(self) -> None:
         if self._server is not None:
@@ -301,130 +329,3 @@ class ProxyServer:
             ep.gate_stop = (d.stop_reason, d.penalty, f"{d.rule}: {d.reason}")
             self.end(episode_id)
         return {"message": gated.message, "receipt": receipt_json(gated), "episode_ended": ep.gate_stop is not None}
-
-
-# ---------------------------------------------------------------------------------------
-# HTTP: the OpenAI wire format
-
-
-# Over 60 lines on purpose: one closure per HTTP route over the same `proxy`, read as the route
-# table it is; split apart, each handler would need the server and starlette's types passed in.
-def _build_app(proxy: ProxyServer) -> Any:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, StreamingResponse
-    from starlette.routing import Route
-
-    def error(e: ProxyError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(e), "type": e.code, "code": e.code}}, status_code=e.status,
-                            headers=e.headers or None)
-
-    async def read(request: Request) -> dict:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ProxyError("the request body is not JSON") from None
-        if not isinstance(body, dict):
-            raise ProxyError("the request body must be a JSON object")
-        return body
-
-    def sse(chunks: list[dict]) -> StreamingResponse:
-        async def gen():
-            for c in chunks:
-                yield f"data: {json.dumps(c)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(gen(), media_type="text/event-stream")
-
-    async def completions(request: Request, chat: bool) -> Any:
-        eid = request.path_params["episode_id"]
-        try:
-            body = await read(request)
-            call = await proxy.call(eid, body, chat)
-        except ProxyError as e:
-            return error(e)
-        except Error as e:  # e.g. a chat template that cannot extend the stream as a delta
-            return error(ProxyError(f"cannot capture this call: {e}", 500, "capture_error"))
-        ep = proxy.episodes.get(eid)
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{eid}-{ep.calls if ep else 0}"
-        prompt_tokens = call.prompt_tokens
-        if chat:
-            return sse(_chat_chunks(rid, call)) if body.get("stream") else JSONResponse(_chat_body(rid, call, prompt_tokens))
-        if body.get("stream"):
-            return sse([_completion_body(rid, call)])
-        return JSONResponse(_completion_body(rid, call))
-
-    async def chat(request: Request) -> Any:
-        return await completions(request, True)
-
-    async def complete(request: Request) -> Any:
-        return await completions(request, False)
-
-    async def models(request: Request) -> Any:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
-
-    async def search(request: Request) -> Any:
-        try:
-            return JSONResponse(proxy.search(request.path_params["episode_id"], await read(request)))
-        except ProxyError as e:
-            return error(e)
-
-    async def tools(request: Request) -> Any:
-        try:
-            proxy.episode(request.path_params["episode_id"])  # an agent may list its tools before its first call
-            if proxy.tools is None:
-                raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
-        except ProxyError as e:
-            return error(e)
-        return JSONResponse({"tools": proxy.tools.declarations})
-
-    async def tool_call(request: Request) -> Any:
-        try:
-            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"], await read(request)))
-        except ProxyError as e:
-            return error(e)
-
-    async def reward(request: Request) -> Any:
-        try:
-            ep = proxy.episode(request.path_params["episode_id"], create=False)
-            body = await read(request)
-            r = body.get("reward")
-            if isinstance(r, bool) or not isinstance(r, (int, float)):
-                raise ProxyError("'reward' must be a number")
-            comps = body.get("components") or {"outcome": float(r)}
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in comps.values()):
-                raise ProxyError("'components' maps names to numbers")
-            ep.reward, ep.reward_components = float(r), {str(k): float(v) for k, v in comps.items()}
-        except ProxyError as e:
-            return error(e)
-        return JSONResponse({"ok": True})
-
-    async def end(request: Request) -> Any:
-        eid = request.path_params["episode_id"]
-        if eid not in proxy.episodes:
-            return error(ProxyError(f"no episode {eid!r}", 404, "not_found"))
-        proxy.end(eid)
-        return JSONResponse({"ok": True})
-
-    async def show(request: Request) -> Any:
-        ep = proxy.episodes.get(request.path_params["episode_id"])
-        if ep is None:
-            return error(ProxyError("no such episode", 404, "not_found"))
-        return JSONResponse({"episode_id": ep.episode_id, "status": ep.status, "calls": ep.calls,
-                             "malformed_calls": ep.capture.malformed_calls, "reward": ep.reward,
-                             "chains": [{"reason": c.reason, "kind": c.kind, "segments": [
-                                 {"kind": s.kind, "token_ids": list(s.token_ids), "policy_version": s.policy_version}
-                                 for s in c.segments]} for c in ep.capture.chains]})
-
-    p = "/rollouts/{episode_id}"
-    return Starlette(routes=[
-        Route(p + "/v1/chat/completions", chat, methods=["POST"]),
-        Route(p + "/v1/completions", complete, methods=["POST"]),
-        Route(p + "/v1/models", models, methods=["GET"]),
-        Route(p + "/retriever/search", search, methods=["POST"]),
-        Route(p + "/tools", tools, methods=["GET"]),
-        Route(p + "/tools/call", tool_call, methods=["POST"]),
-        Route(p + "/reward", reward, methods=["POST"]),
-        Route(p + "/end", end, methods=["POST"]),
-        Route(p, show, methods=["GET"]),
-    ])
