@@ -250,6 +250,14 @@ CASES: dict[str, list[Any]] = {
     "version_range": [_seg(valid_dict(), 3, policy_version=-1)],
     "non_action_logprobs": [_seg(valid_dict(), 2, logprobs=[0.0] * len(INFO)),
                             _seg(valid_dict(), 0, policy_version=3)],
+    # a later stream starts at a prompt segment, after the last one, with a snake_case reason;
+    # a prompt segment in the middle of a stream would hide a stream from the learner
+    "stream_start": [_with(valid_dict(), stream_starts=[{"segment": 2, "message": 2, "reason": "compaction"}]),
+                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:]),
+                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:],
+                           stream_starts=[{"segment": 2, "message": 2, "reason": "Compacted!"}]),
+                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:],
+                           stream_starts=[{"segment": 2, "message": 9, "reason": "compaction"}])],
     "turn_segment": [json.loads(json.dumps(dataclasses.replace(
         make_traj(), turns=(dataclasses.replace(make_traj().turns[0], action_segment=2),)).to_dict()))],
     "missing_stop_reason": [_with(valid_dict(), stop_reason=None)],
@@ -462,7 +470,8 @@ def test_stats(filled):
 def test_export_fields_cover_rows():
     row = _row()
     assert set(row) == set(EXPORT_FIELDS) - {"record"}
-    assert set(parquet_schema().names) == set(EXPORT_FIELDS) - {"segments", "turns", "messages", "timings", "metadata"}
+    assert set(parquet_schema().names) == set(EXPORT_FIELDS) - {"segments", "turns", "messages", "stream_starts",
+                                                                 "timings", "metadata"}
     md = export_fields_markdown()
     assert all(f"`{k}`" in md for k in EXPORT_FIELDS)
     assert "| `token_ids` | list<int32> |" in md

@@ -77,6 +77,7 @@ RULES: dict[str, str] = {
     "source_name": "source is not 'policy' or another snake_case name",
     "version_range": "a policy version that is not an integer in [0, 2**31)",
     "non_action_logprobs": "logprobs or a policy version on a prompt/observation/template segment",
+    "stream_start": "a later token stream of a chain that does not start at a prompt segment after the previous one, a reason that is not snake_case, or a prompt segment that starts no stream",
     "turn_segment": "a turn whose action/observation segment index points at the wrong kind",
     "missing_stop_reason": "no stop_reason",
     "stop_reason_name": "stop_reason is not a snake_case name",

@@ -21,6 +21,13 @@ Version 2 (from 1): `source` and `provenance` are new; `logprobs` is null for a 
 no policy sampled (``source != "policy"``, e.g. an expert demonstration) — it used to be
 0.0 with policy version 0, as if a policy had sampled it; `stop_reason` is any snake_case
 name (the env's own reasons included), its kind given by `terminated`/`truncated`.
+
+Version 3 (from 2): an episode is a chain of token streams (docs/long_horizons.md): the new
+`stream_starts` (JSONL; in Parquet inside `record`) says where each stream after the first
+begins and why, and `num_streams` counts them. The flat arrays concatenate the streams, so
+for a chain they are *not* one sequence a model can read: cut them at the streams' prompt
+segments (`taurl.data.chains.stream_views`). A one-stream episode (``num_streams`` 1,
+``stream_starts`` empty) reads as in version 2, and version-2 rows load unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Any, Protocol
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ContractError
 
-EXPORT_VERSION = 2  # bump when a field changes meaning; stored in the Parquet metadata
+EXPORT_VERSION = 3  # bump when a field changes meaning; stored in the Parquet metadata
 
 
 class TrajectorySource(Protocol):
@@ -65,7 +72,7 @@ EXPORT_FIELDS: dict[str, str] = {
     "source": "string: who produced the actions: 'policy' (sampled; logprobs and versions given) or e.g. 'expert' (none)",
     "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset about its world (corpus fingerprint, map seed, snapshot id)",
     # flat arrays, each of length num_tokens
-    "token_ids": "list<int32>: the whole token stream, segments concatenated",
+    "token_ids": "list<int32>: the whole token stream, segments concatenated (a chain's streams one after the other: split them at stream_starts)",
     "action_mask": "list<int8>: 1 on ids the policy sampled (trained on), 0 on prompt/observation/template ids",
     "logprobs": "list<float32>, null when source is not 'policy': behaviour logprob of each sampled id, 0.0 where action_mask is 0",
     "token_versions": "list<int32>: policy version that sampled each id, -1 where no policy did (action_mask 0, or source not 'policy')",
@@ -77,10 +84,12 @@ EXPORT_FIELDS: dict[str, str] = {
     "num_tool_calls": "int32: turns with a tool receipt",
     "num_invalid_actions": "int32: turns whose action could not be parsed or was not allowed",
     "num_errors": "int32: turns with an environment or tool failure",
+    "num_streams": "int32: token streams in the episode's chain (1 unless the context was compacted or history rewritten)",
     # the nested record
     "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream by segment (logprobs/policy_version null off actions and when source is not 'policy')",
     "turns": "JSONL only, list of Turn objects: action/observation text, parsed action, tool receipt, timings",
     "messages": "JSONL only, list of chat messages: the chat the token stream renders",
+    "stream_starts": "JSONL only, list of {segment, message, reason}: where each token stream after the first begins (its prompt segment, its first message) and why ('compaction', 'template_rewrite', 'agent_rewrite')",
     "timings": "JSONL only, object name -> seconds",
     "metadata": "JSONL only, object: free-form, JSON-able",
     "record": "Parquet only, string: JSON of the full Trajectory.to_dict() (Trajectory.from_dict rebuilds it)",
@@ -88,8 +97,8 @@ EXPORT_FIELDS: dict[str, str] = {
 
 FLAT_ARRAYS = ("token_ids", "action_mask", "logprobs", "token_versions")
 COUNTS = ("num_tokens", "num_action_tokens", "num_turns", "num_tool_calls",
-          "num_invalid_actions", "num_errors")
-_JSONL_ONLY = ("segments", "turns", "messages", "timings", "metadata")
+          "num_invalid_actions", "num_errors", "num_streams")
+_JSONL_ONLY = ("segments", "turns", "messages", "stream_starts", "timings", "metadata")
 _LOGPROB_TOL = 1e-6  # relative: float32 rounding (2**-24 ≈ 6e-8) passes, a different value does not
 
 

@@ -39,6 +39,15 @@ env set — the record keeps both the reason and the flags.
 `provenance` is what the env reported at reset about the world it ran (a corpus
 fingerprint, a map seed, a snapshot id): a JSON object, kept as given.
 
+An episode is a *chain* of token streams (docs/long_horizons.md). Most episodes are one
+stream: the prompt, then actions and observations appended. When the context is compacted,
+or a chat template rewrites history, the next prompt no longer extends the stream: a new
+stream begins with a new ``prompt`` segment, rendered once, and `stream_starts` records where
+(its segment and its first message) and why (`StreamStart.reason`). Each stream is
+token-exact on its own; the flat views (`token_ids`, ...) concatenate the streams, and
+`taurl.data.chains.stream_views` splits them again. A one-stream episode is a chain of one
+(``stream_starts == ()``).
+
 Records are immutable. `to_dict` / `from_dict` give the JSON form stored in the ledger
 and written by the JSONL export.
 """
@@ -51,6 +60,7 @@ from typing import Any
 
 from taurl.data.json_fields import _NUM, _fields, _is, _num_map, _spec
 from taurl.data.stop_reason import NAME_PATTERN, StopReason
+from taurl.data.streams import StreamStart, stream_problems
 from taurl.errors import ContractError
 
 SEGMENT_KINDS = ("prompt", "action", "observation", "template")
@@ -141,7 +151,7 @@ class Trajectory:
     seed: int
     segments: tuple[Segment, ...]
     turns: tuple[Turn, ...]
-    messages: tuple[dict[str, str], ...]  # the chat the token stream renders
+    messages: tuple[dict[str, str], ...]  # the chat the token stream renders (each stream its part)
     terminated: bool
     truncated: bool
     stop_reason: StopReason | None
@@ -152,6 +162,7 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str = POLICY_SOURCE
     provenance: dict[str, Any] = field(default_factory=dict)
+    stream_starts: tuple[StreamStart, ...] = ()  # where each stream after the first begins
 
     def __post_init__(self) -> None:
         # a plain string names the same reason; an unreadable one is left for check_trajectory
@@ -222,6 +233,11 @@ class Trajectory:
     @property
     def num_action_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.kind == "action")
+
+    @property
+    def num_streams(self) -> int:
+        """Token streams in the chain (1 for an episode that was never compacted)."""
+        return 1 + len(self.stream_starts)
 
     @property
     def num_tool_calls(self) -> int:
@@ -330,6 +346,7 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
                 bad("version_range", f"{where}: policy_version {s.policy_version!r} must be an integer in [0, 2**31)")
         elif s.logprobs is not None or s.policy_version is not None:
             bad("non_action_logprobs", f"{where}: only action segments carry logprobs and a policy version")
+    errs.extend(ContractError("stream_start", d) for d in stream_problems(traj))
     for t in traj.turns:
         if not 0 <= t.action_segment < len(traj.segments) or traj.segments[t.action_segment].kind != "action":
             bad("turn_segment", f"turn {t.index}: action_segment {t.action_segment} is not an action segment")
@@ -413,6 +430,8 @@ def _from_dict_checked(d: Any) -> Trajectory:
     kw["run_id"] = kw.get("run_id", "")
     kw["segments"] = tuple(_segment(s, i) for i, s in enumerate(kw["segments"]))
     kw["turns"] = tuple(_turn(t, i) for i, t in enumerate(kw["turns"]))
+    kw["stream_starts"] = tuple(StreamStart(**_fields(s, _spec(StreamStart), f"stream_starts[{i}]"))
+                                for i, s in enumerate(kw.get("stream_starts", ())))
     for i, m in enumerate(kw["messages"]):
         if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
             raise ContractError("schema", f"message {i} must be a JSON object with string keys")

@@ -177,6 +177,7 @@ class TrainConfig:
     eps_low: float = 0.2  # PPO clip range below 1
     eps_high: float = 0.28  # PPO clip range above 1 (clip-higher)
     aggregation: str = "token-mean"  # loss aggregation mode (taurl.train.objectives.AGGREGATIONS)
+    segment_weighting: str = "token"  # an episode of several token streams (compaction): token (each action token weighs the same) | episode (each episode 1/E), taurl.train.chains
     lr: float = 5e-4  # RL AdamW learning rate
     lr_warmup_steps: int = 0  # RL optimizer steps of linear lr warm-up: step n uses lr * min(1, n / lr_warmup_steps); 0: off
     weight_decay: float = 0.0  # RL AdamW weight decay

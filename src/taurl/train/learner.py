@@ -62,6 +62,7 @@ from taurl.credit import (
 from taurl.credit.batch import drop_invalid
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
+from taurl.train import chains
 from taurl.train.critic import Critic, CriticConfig
 from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
@@ -108,6 +109,7 @@ class LearnerConfig:
     vf_clip: float | None = 0.2  # PPO value-loss clip around the critic's old values (None: plain MSE)
     critic_epochs: int = 0  # critic optimizer steps on each batch (0: `epochs`, the policy's)
     critic_warmup_updates: int = 0  # the critic's first updates train only the critic, no policy step (its values are fitted before they shape advantages)
+    segment_weighting: str = "token"  # how a chain's streams weigh: token (each action token) | episode (each episode 1/E): taurl.train.chains
 
     def problems(self) -> list[str]:
         out = estimator_problems(self.estimator, self.estimator_options)
@@ -144,7 +146,7 @@ class LearnerConfig:
             out.append("kl_coef and entropy_coef must be >= 0")
         if self.kl_kind not in KL_ESTIMATORS:
             out.append(f"kl_kind must be one of {KL_ESTIMATORS} (got {self.kl_kind!r})")
-        return out
+        return out + chains.weighting_problems(self.segment_weighting, self.aggregation)
 
     def loss_norm_constant(self) -> float | None:
         """The constant C of seq-mean-token-sum-norm for every loss term (objective_options win)."""
@@ -180,7 +182,8 @@ class _Batch:
     """The rows of one update, cut into micro-batches; `denom` divides every micro-batch's loss."""
 
     rows: list[Rows]
-    chunks: list[list[int]]  # which kept trajectories each micro-batch holds
+    views: list[Trajectory]  # the rows' records: one per token stream of each kept episode
+    chunks: list[list[int]]  # which views each micro-batch holds
     n_tok: float  # action tokens of the whole batch
     denom: float  # the global loss denominator (tokens for token-mean, else rows)
 
@@ -240,6 +243,7 @@ class Learner:
         if not valid:
             return None
         batch = TurnBatch.from_trajectories(valid)
+        chains.refuse_critic_chains(self.critic, valid)
         if self.critic is not None:
             values, last = self.critic.values(valid, batch.max_turns)
             batch = batch.replace(values=values, bootstrap_values=last)
@@ -316,7 +320,7 @@ class Learner:
                 lp, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True,  # logprobs
                                           entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
-                    drift.append(self._mismatch(lp.detach(), r, [kept[i] for i in batch.chunks[j]], version))
+                    drift.append(self._mismatch(lp.detach(), r, [batch.views[i] for i in batch.chunks[j]], version))
                     if prox is not None:
                         prox.append(lp.detach())
                 loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,   # loss
@@ -350,12 +354,13 @@ class Learner:
         return kept, adv, stats
 
     def _rows(self, kept: list[Trajectory], adv: np.ndarray) -> _Batch:
-        """`kept` as padded rows on the model's device, cut into length-bucketed micro-batches."""
-        chunks = micro_batches(kept, self.config.micro_batch_tokens)
-        device = model_device(self.model)
-        rows = [make_rows([kept[i] for i in c], adv[c], self.pad_id, device, self.token_keep) for c in chunks]
+        """`kept` as padded rows (one per token stream: `taurl.train.chains`), in micro-batches."""
+        views, adv = chains.split_streams(kept, adv, self.config.segment_weighting)
+        chunks, device = micro_batches(views, self.config.micro_batch_tokens), model_device(self.model)
+        keep = chains.with_untrained(self.token_keep)
+        rows = [make_rows([views[i] for i in c], adv[c], self.pad_id, device, keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
-        return _Batch(rows, chunks, n_tok, n_tok if self.config.aggregation == "token-mean" else float(len(kept)))
+        return _Batch(rows, views, chunks, n_tok, n_tok if self.config.aggregation == "token-mean" else float(len(views)))
 
     def _reference_logprobs(self, rows: list[Rows]) -> list[torch.Tensor] | None:
         """log π_ref on each micro-batch's action tokens (None without a KL term)."""
@@ -420,6 +425,7 @@ class Learner:
         device = model_device(self.model)
         cfg = self.config
         drift: list[Mismatch] = []
+        trajs = [v for t in trajs for v in chains.stream_views(t)]
         self.model.eval()
         with torch.no_grad():
             for c in micro_batches(trajs, cfg.micro_batch_tokens):

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from taurl.credit import broadcast_to_tokens, padded_token_turn_index
 from taurl.data.trajectory import Trajectory
+from taurl.errors import ContractError
 from taurl.train.token_logprobs import gathered_logprobs
 
 
@@ -46,7 +47,11 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
               token_keep: Callable[[Trajectory], Sequence[float]] | None = None) -> Rows:
     """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT).
     token_keep(traj): per-token weights multiplied into the action mask (e.g. the async
-    schedule's ``mask_stale``: 0 on the older versions' part of a partial rollout)."""
+    schedule's ``mask_stale``: 0 on the older versions' part of a partial rollout).
+    Each trajectory is one token stream: a chain is refused (ContractError "stream_rows")."""
+    if chained := [t.episode_id for t in trajs if t.stream_starts]:
+        raise ContractError("stream_rows", f"episodes {chained[:3]} are chains of several token streams; a row "
+                            "is one stream: split them with taurl.data.chains.stream_views (the learner does)")
     width = max(t.num_tokens for t in trajs)
     n = len(trajs)
     ids = torch.full((n, width), pad_id, dtype=torch.long)

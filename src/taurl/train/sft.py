@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from taurl.credit.batch import drop_invalid
+from taurl.data.chains import stream_views
 from taurl.data.trajectory import Trajectory
 from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
@@ -152,6 +153,7 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
     if not trajs:
         return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
                 "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
+    trajs = [v for t in trajs for v in stream_views(t)]  # a chain trains as its token streams
     chunks = micro_batches(trajs, micro_batch_tokens)
     device = model_device(model)
     rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
