@@ -28,6 +28,17 @@ def search_tokenizer(taurl_cache):
     return build_tokenizer(texts + [envs.make("search-v0").system_prompt], vocab_size=4096)
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread for the test: one summation order, so results compare bitwise."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_configure(config):
     """Markers registered here (pyproject's list is --strict-markers' other source)."""
     config.addinivalue_line("markers", "vllm: needs a real vLLM server (TAURL_VLLM_PYTHON set); "

@@ -35,14 +35,6 @@ def _weights(run: RunDir, v: int) -> dict[str, torch.Tensor]:
     return load_file(str(run.checkpoint(v) / "model.safetensors"))
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # one summation order: bitwise comparisons
-    yield
-    torch.set_num_threads(n)
-
-
 def test_checkpoints_every_k_updates_and_a_killed_run_ends_where_a_whole_one_does(tmp_path, one_thread):
     whole = tmp_path / "whole"
     train(EVERY, str(whole), progress=False)

@@ -49,7 +49,9 @@ def tok(tmp_path_factory):
 class ScriptedPolicy(ReplyEngine):
     """The expert's replies, served as a policy's samples (logprobs and a version)."""
 
-    source = "policy"
+    def __init__(self, tokenizer, replies):
+        super().__init__(tokenizer, replies)
+        self.source = "policy"
 
     async def generate(self, prompt_ids, sampling):
         g = await super().generate(prompt_ids, sampling)

@@ -181,14 +181,6 @@ def learner_free_logprobs(model, rows):
         return action_logprobs(model, rows)[0]
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # one summation order: bitwise comparisons
-    yield
-    torch.set_num_threads(n)
-
-
 def test_resume_restores_adapters_and_optimizer_bitwise(tok, tmp_path, one_thread):
     cfg = LearnerConfig(lr=5e-2, kl_coef=0.05)
     straight = lora.attach(_base("qwen2", tok), OPTS, seed=0)
