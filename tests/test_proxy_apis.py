@@ -192,6 +192,20 @@ def test_both_apis_get_429_back_pressure_and_budgets_in_their_own_error_shape(po
         assert records(p, "b")[-1].stop_reason is StopReason.MAX_TURNS
 
 
+def test_a_cut_is_incomplete_only_at_the_agents_own_limit(policy):
+    """The proxy's action budget cuts an action and the episode goes on (status completed: the
+    Agents SDK raises on incomplete); the agent's own max_output_tokens is the API's incomplete."""
+    with proxy_for(policy, max_action_tokens=4) as p:
+        c = openai.OpenAI(base_url=p.base_url("e"), api_key="x", max_retries=0)
+        own = c.responses.create(model="m", input="hi", max_output_tokens=3)
+        budget = c.responses.create(model="m", input="hi again")
+        trajs = records(p, "e")
+    assert own.status == "incomplete" and own.incomplete_details.reason == "max_output_tokens"
+    assert own.usage.output_tokens == 3
+    assert budget.status == "completed" and budget.usage.output_tokens == 4
+    assert trajs[-1].turns[-1].finish_reason == "length"
+
+
 def test_an_unknown_route_names_the_routes_served(policy):
     with proxy_for(policy) as p:
         r = httpx.post(f"{p.url}/rollouts/e/v1/embeddings", json={})

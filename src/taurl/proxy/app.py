@@ -88,7 +88,7 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         n = ep.calls if ep else 0
         stream = bool(body.get("stream"))
         if api == "responses":
-            out = responses.reply(call, ep, f"resp_{eid}_{n}", conversation)
+            out = responses.reply(call, ep, f"resp_{eid}_{n}", conversation, body.get("max_output_tokens"))
             return sse(responses.events(out)) if stream else JSONResponse(out)
         if api == "messages":
             out = messages.reply(call, f"msg_{eid}_{n}")

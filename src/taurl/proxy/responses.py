@@ -22,7 +22,11 @@ Request → chat messages:
 Reply: the sampled text's leading ``<think>…</think>`` (a reasoning model's) becomes a
 ``reasoning`` item with that text (``reasoning_text``), the rest an ``output_text``
 message, each parsed tool call a ``function_call`` item (``call_id`` = the chat tool
-call's id). A completion cut at ``max_output_tokens`` is ``status: incomplete``.
+call's id). A completion cut at the agent's own ``max_output_tokens`` is ``status:
+incomplete``, as the API says; one cut by the proxy's per-action budget
+(``max_action_tokens``) is ``completed``: the action budget cuts an action and the episode
+goes on, as in the built-in loop, where an ``incomplete`` would end it (the Agents SDK
+raises on one). The record keeps the cut either way (``Turn.finish_reason`` ``length``).
 Streaming sends the documented event sequence (``response.created`` … ``response.completed``)
 built from the same reply, so streaming never changes what is captured.
 """
@@ -143,7 +147,7 @@ def input_messages(items: list[Any]) -> list[dict]:
     return out
 
 
-def reply(call: Call, ep: Any, rid: str, conversation: list[dict]) -> dict:
+def reply(call: Call, ep: Any, rid: str, conversation: list[dict], asked: Any = None) -> dict:
     """The Response object of `call`; its conversation is kept for ``previous_response_id``."""
     assistant: dict[str, Any] = {"role": "assistant", "content": call.content}
     if call.tool_calls:
@@ -160,7 +164,7 @@ def reply(call: Call, ep: Any, rid: str, conversation: list[dict]) -> dict:
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
     output += [{"type": "function_call", "id": f"fc_{tc['id']}", "call_id": tc["id"], "status": "completed",
                 "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]} for tc in call.tool_calls]
-    cut = call.finish_reason == "length" and not call.tool_calls
+    cut = call.finish_reason == "length" and isinstance(asked, int) and call.sampled >= asked  # the agent's limit
     return {"id": rid, "object": "response", "created_at": int(time.time()), "model": MODEL_NAME,
             "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,

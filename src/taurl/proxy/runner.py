@@ -8,7 +8,9 @@
       tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate (`taurl.proxy.tools`)
 
 A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
-thread, plus, for each it takes as an argument: ``anthropic_base_url=`` (the `anthropic`
+thread; an ``async def`` one is awaited on one event loop shared by every episode for the
+process's life (async frameworks keep clients bound to the loop they first ran on: the
+Agents SDK's shared HTTP client), so it must not block that loop. Either gets, for each it takes as an argument: ``anthropic_base_url=`` (the `anthropic`
 SDK's base URL, `taurl.proxy.messages`), and with `tools` set ``tools_url=`` and
 ``mcp_url=`` (the episode's MCP endpoint, `taurl.proxy.mcp_endpoint`). A command
 runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``,
@@ -154,6 +156,27 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
     return await fut
 
 
+_AGENT_LOOP: dict[str, Any] = {}
+_AGENT_LOOP_LOCK = threading.Lock()
+
+
+def _agent_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop every ``async def`` agent runs on, for the process's life."""
+    with _AGENT_LOOP_LOCK:
+        loop = _AGENT_LOOP.get("loop")
+        if loop is None or loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="taurl-agents", daemon=True).start()
+            _AGENT_LOOP["loop"] = loop
+        return loop
+
+
+async def _on_agent_loop(coro: Any, timeout: float) -> Any:
+    """Await `coro` on the agents' loop; at the timeout it is cancelled there."""
+    return await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _agent_loop())),
+                                  timeout)
+
+
 async def _run_command(argv: Sequence[str], env: dict[str, str], timeout: float) -> str:
     proc = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -180,7 +203,10 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
     try:
         if fn is not None:
             kw = {k: v for k, v in urls.items() if v and _takes(fn, k)}
-            answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
+            if inspect.iscoroutinefunction(fn):
+                answer = await _on_agent_loop(fn(prompt, base, retriever, **kw), agent.timeout_s)
+            else:
+                answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
         else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
                    "ANTHROPIC_BASE_URL": urls["anthropic_base_url"], "ANTHROPIC_API_KEY": "taurl",
