@@ -66,6 +66,16 @@ class Calls:
             monkeypatch.setattr(cls, "generate", generate)
 
 
+def streams(t) -> list[list]:
+    """A row's token streams (a new one at each prompt segment: a chain's, docs/long_horizons.md)."""
+    out: list[list] = []
+    for seg in t.segments:
+        if seg.kind == "prompt" or not out:
+            out.append([])
+        out[-1].append(seg)
+    return out
+
+
 def check_token_exact(run: RunDir, calls: Calls) -> dict[str, int]:
     """Every ledger row against the engine calls (module docstring); counts of what was checked."""
     from taurl.policy.model import load_policy
@@ -77,30 +87,31 @@ def check_token_exact(run: RunDir, calls: Calls) -> dict[str, int]:
         rows = list(ledger.iter_query())
     for t in rows:
         counts["rows"] += 1
-        ids, mask, at = list(t.token_ids), list(t.action_mask), 0
-        for seg in t.segments:
-            n = len(seg.token_ids)
-            assert set(mask[at:at + n]) == ({1} if seg.kind == "action" else {0}), (t.episode_id, seg.kind)
-            if seg.kind == "action":  # one engine call's sampled ids, after exactly the row's tokens so far
-                key = (tuple(ids[:at]), tuple(seg.token_ids))
-                assert key in by_prompt, f"{t.episode_id}: an action no engine call sampled after this prefix"
-                if t.source == POLICY_SOURCE:
-                    assert seg.logprobs == pytest.approx(by_prompt[key], abs=1e-6)  # stored as float32
-                counts["actions"] += 1
-            at += n
         counts["tool_calls"] += t.num_tool_calls
-        if t.source != POLICY_SOURCE:
-            continue
-        (version,) = set(t.policy_versions)
-        if version not in models:
-            models[version] = load_policy(run.checkpoint(version))[0]
-        x = torch.tensor([ids])
-        with torch.no_grad():  # temperature 1.0, the config's
-            lp = torch.log_softmax(models[version](input_ids=x).logits[0, :-1].float(), -1).gather(-1, x[0, 1:, None])[:, 0]
-        m = torch.tensor(mask[1:], dtype=torch.bool)
-        worst = float((lp[m] - torch.tensor(t.logprobs[1:])[m]).abs().max())
-        assert worst <= 1e-4, (t.episode_id, worst)
-        counts["policy_rows"] += 1
+        for stream in streams(t):
+            ids: list[int] = []
+            mask: list[int] = []
+            lps: list[float] = []
+            for seg in stream:
+                if seg.kind == "action":  # one engine call's sampled ids, after exactly the stream's tokens so far
+                    key = (tuple(ids), tuple(seg.token_ids))
+                    assert key in by_prompt, f"{t.episode_id}: an action no engine call sampled after this prefix"
+                    if t.source == POLICY_SOURCE:
+                        assert seg.logprobs == pytest.approx(by_prompt[key], abs=1e-6)  # stored as float32
+                        lps += seg.logprobs
+                    counts["actions"] += 1
+                ids += seg.token_ids
+                mask += [int(seg.kind == "action")] * len(seg.token_ids)
+            if t.source == POLICY_SOURCE:
+                (version,) = {s.policy_version for s in stream if s.kind == "action"}
+                if version not in models:
+                    models[version] = load_policy(run.checkpoint(version))[0]
+                x = torch.tensor([ids])
+                with torch.no_grad():  # temperature 1.0, the config's
+                    lp = torch.log_softmax(models[version](input_ids=x).logits[0, :-1].float(), -1)
+                got = lp.gather(-1, x[0, 1:, None])[:, 0][torch.tensor(mask[1:], dtype=torch.bool)]
+                assert float((got - torch.tensor(lps)).abs().max()) <= 1e-4, t.episode_id
+        counts["policy_rows"] += t.source == POLICY_SOURCE
     return counts
 
 
