@@ -100,7 +100,7 @@ def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
                           overrides={**eval_only, **overrides})
     write()
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
-                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed)
+                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
 
     def make_env() -> Any:
         made = registry.make(cfg.env, **cfg.env_kwargs())

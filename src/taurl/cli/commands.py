@@ -35,7 +35,8 @@ def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
         return load_policy(latest)
     spec = envs.spec(cfg.env)
     # as many training tasks as the generic text collection steps (an env may have few)
-    train_tasks = (envs.make_tasks(cfg.env, "train", n=GENERIC_EXPERT_TASKS, seed=cfg.seed, **cfg.task_options)
+    train_tasks = (envs.make_tasks(cfg.env, "train", n=GENERIC_EXPERT_TASKS, seed=cfg.seed,
+                                   env_config=cfg.env_config, **cfg.task_options)
                    if spec.tasks else [])
     texts = default_policy_texts(spec, lambda: envs.make(cfg.env, **cfg.env_config), train_tasks,
                                  task_options=cfg.task_options, expert_options={}, seed=cfg.seed)
@@ -95,7 +96,7 @@ def rollout(cfg: RolloutRunConfig, run_dir: str | Path, progress: bool = True) -
         return env
 
     # before any file is written: the tasks, and one env (its constructor checks env_config's values)
-    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, cfg.task_options)
+    tasks = sample_tasks(cfg.env, cfg.split, n_tasks, cfg.seed, {"env_config": cfg.env_config, **cfg.task_options})
     check_env_builds(make_env, cfg.env, env_config)
     run = RunDir.create(run_dir)
     if not run.config.exists():  # a later rollout into the same run leaves the first config as it was
@@ -277,7 +278,7 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
         overrides.update(saved)  # a bare checkpoint: evaluate it as it was trained
     cfg = load_config(TrainConfig, path=config_path, overrides=overrides)
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
-                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed)
+                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
 
     def make_env():
         env = envs.make(cfg.env, **cfg.env_kwargs())

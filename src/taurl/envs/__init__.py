@@ -19,5 +19,8 @@ register("taxi-v0", "taurl.envs.gym.taxi:taxi_env", tasks="taurl.envs.gym.taxi:t
          expert="taurl.envs.gym.taxi:taxi_expert", verifier="taurl.envs.gym.taxi:taxi_verifier")
 register("mcp-v0", "taurl.envs.mcp.env:MCPEnv", tasks="taurl.envs.mcp:generate_tasks", expert="taurl.envs.mcp:expert",
          verifier="taurl.envs.mcp:SubmissionVerifier")
+# the field's environment standards (docs/envs.md), each needing its package ('taurl[ecosystem]')
+register("reasoning-gym", "taurl.envs.rgym.env:ReasoningGymEnv", tasks="taurl.envs.rgym.tasks:rg_tasks",
+         expert="taurl.envs.rgym.tasks:rg_expert", verifier="taurl.envs.rgym.tasks:RGVerifier")
 
 __all__ = ["Env", "Task", "check_env", "import_env_modules", "make", "make_tasks", "register", "registered", "spec"]

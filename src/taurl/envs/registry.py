@@ -115,7 +115,7 @@ def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     s = spec(name)
     if s.tasks is None:
         return [f"environment {name!r} has no registered task source; give `tasks: FILE.jsonl` instead"]
-    fixed = {"split", "n", "seed"}
+    fixed = {"split", "n", "seed", "env_config"}
     problems = [f"task option {o!r} is not an option: it is make_tasks' own argument" for o in sorted(set(options) & fixed)]
     return problems + signature_problems(s.tasks, options, f"{name}'s task source", "option", fixed)
 
@@ -146,14 +146,28 @@ def signature_problems(fn: Callable[..., Any], options: dict[str, Any], owner: s
     return out
 
 
-def make_tasks(name: str, split: str, n: int, seed: int = 0, **options: Any) -> list[Task]:
-    """`n` tasks of `split` from the env's registered task source, with its `options`."""
+def make_tasks(name: str, split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | None = None,
+               **options: Any) -> list[Task]:
+    """`n` tasks of `split` from the env's registered task source, with its `options`.
+
+    A task source that declares an ``env_config`` parameter also gets the env's options (an
+    adapter whose tasks depend on them: reasoning-gym's ``dataset``, an OpenEnv server)."""
     s = spec(name)
     if s.tasks is None:
         raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks yourself")
     if problems := task_option_problems(name, options):
         raise ConfigError(problems)
+    if wants_env_config(s.tasks):
+        options["env_config"] = dict(env_config or {})
     return s.tasks(split, n=n, seed=seed, **options)
+
+
+def wants_env_config(fn: Callable[..., Any]) -> bool:
+    """Does a task source take the env's options (an ``env_config`` parameter)?"""
+    try:
+        return "env_config" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def import_env_modules(modules: Iterable[str]) -> list[str]:

@@ -101,8 +101,9 @@ class TaskPlan:
 
 
 def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demos: int, n_rl: int,
-               n_eval: int, seed: int, eval_seed: int) -> TaskPlan:
-    """Draw the plan from the task file (when given) or the env's task source."""
+               n_eval: int, seed: int, eval_seed: int, env_config: dict[str, Any] | None = None) -> TaskPlan:
+    """Draw the plan from the task file (when given) or the env's task source (which gets
+    `env_config` too when it asks for it: `taurl.envs.registry.make_tasks`)."""
     if task_file:
         tf = read_task_file(task_file, env)
         pools = {s: list(ts) for s, ts in tf.by_split.items()}
@@ -112,9 +113,10 @@ def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demo
         train, validation, holdout = pools["train"], pools["validation"][:n_eval], pools["holdout"][:n_eval]
         skipped = len(tf.problems)
     else:
-        train = envs.make_tasks(env, "train", n=n_demos + n_rl, seed=seed, **task_options)
-        validation = envs.make_tasks(env, "validation", n=n_eval, seed=eval_seed, **task_options)
-        holdout = envs.make_tasks(env, "holdout", n=n_eval, seed=eval_seed, **task_options)
+        source = {"env_config": env_config, **task_options}
+        train = envs.make_tasks(env, "train", n=n_demos + n_rl, seed=seed, **source)
+        validation = envs.make_tasks(env, "validation", n=n_eval, seed=eval_seed, **source)
+        holdout = envs.make_tasks(env, "holdout", n=n_eval, seed=eval_seed, **source)
         skipped = 0
     problems = []
     if len(train) < n_demos + n_rl:

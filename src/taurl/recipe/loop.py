@@ -56,7 +56,7 @@ from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, du
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
-from taurl.recipe.state import Hook, Run, check_run_env, make_env
+from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train import lora
 from taurl.train.checkpoint import (
@@ -81,7 +81,7 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
     """Run (or resume) the recipe in `run_dir`; returns summary.json's content."""
     cfg = check_config(cfg)  # types, values and imports: every problem at once, before any file is written
     spec = envs.spec(cfg.env)
-    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, env_config=cfg.env_config,
                       n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     # the env keeps the protocol, or the run is refused before any file is written
@@ -420,7 +420,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     c = r.cfg
     summary = {
-        "run": r.run.root.resolve().name, "env": c.env,
+        "run": r.run.root.resolve().name, "env": c.env, "env_provenance": env_provenance(r.make_env(), c),
         "holdout": compare("holdout"), "validation": compare("validation"),
         "train": {"updates": versions[-1] - v_sft, "policy_version": versions[-1], "sft_version": v_sft,
                   "sft_steps": r.state.get("sft_steps", 0), "sft_examples": r.state.get("sft_examples", 0),

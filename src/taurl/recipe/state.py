@@ -39,6 +39,14 @@ def make_env(cfg: TrainConfig) -> Env:
     return env
 
 
+def env_provenance(env: Env, cfg: TrainConfig) -> dict[str, Any]:
+    """Which world the run trained and was evaluated in, for summary.json: the env's name and
+    version, what an adapter reports of its source (``env.provenance``: the package, its
+    version, the env id) and the seeds that drew the tasks."""
+    return {"env": cfg.env, "env_version": env.version, **dict(getattr(env, "provenance", {}) or {}),
+            "seed": cfg.seed, "eval_seed": cfg.eval_seed}
+
+
 def check_run_env(cfg: TrainConfig, task: Task, seed: int) -> dict[str, Any]:
     """`taurl.envs.check_env` on the run's env (registered or imported) and one of its tasks,
     before any work: an env that breaks the protocol is refused here, with what to fix,
