@@ -233,7 +233,10 @@ def summary_text(summary: dict[str, Any], run_dir: str | Path) -> str:
         lines.append(f"{split:<10} gain {h['gain']:+.3f}{paired}; intervals "
                      f"{'overlap' if h['intervals_overlap'] else 'do not overlap'}")
     t = summary["train"]
-    lines.append(f"{t['updates']} RL updates ({t['estimator']}, {t['objective']}); wall {summary['wall_seconds']:.0f} s")
+    stage = t.get("stage", "rl")
+    what = (f"{t['updates']} RL updates ({t['estimator']}, {t['objective']})" if stage in ("rl", "dpo")
+            else f"{t['updates']} {stage} {'rounds' if stage == 'rejection' else 'updates'}")
+    lines.append(f"{what}; wall {summary['wall_seconds']:.0f} s")
     lines.append(f"report: {Path(run_dir) / 'report.html'}  summary: {Path(run_dir) / 'summary.json'}")
     return "\n".join(lines)
 

@@ -138,7 +138,8 @@ class TrainConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)  # its options (local: max_batch_size, prefix_cache_tokens, slim_decode, replicas; vllm: url, or python to start one; verify; ...)
     backend: str = "local"  # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray cluster; docs/scale-out.md)
     backend_options: dict[str, Any] = field(default_factory=dict)  # ray: workers, num_cpus, max_restarts, max_attempts
-    sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none
+    sft: str = "expert"  # SFT data: expert (the env's expert through the real loop) | file (sft_data) | none | rejection (the policy's own verified samples, sft.rejection; docs/beyond_rl.md)
+    rejection: dict[str, Any] = field(default_factory=dict)  # sft: rejection's options (taurl.rollout.rejection.RejectionOptions): rounds, attempts, tasks, temperature, filters
     sft_data: str = ""  # a trajectory file in the export format (JSONL) when sft: file
     demos: int = 12000  # expert demonstrations (one per training task)
     expert_options: dict[str, Any] = field(default_factory=dict)  # the expert's quality knobs (search-v0: p_skip_search, p_guess_right)
@@ -172,7 +173,10 @@ class TrainConfig:
     step_scorer_options: dict[str, Any] = field(default_factory=dict)  # its options: weight, clip, beta, lr, steps, pairs, label_smoothing, grad_clip
     replay: dict[str, Any] = field(default_factory=dict)  # experience replay of stored groups (docs/training/replay-curriculum.md): capacity, max_age, fraction; {}: off
     curriculum: dict[str, Any] = field(default_factory=dict)  # tasks by online success-rate bucket (docs/training/replay-curriculum.md): mix, easy, hard, min_seen; {}: off
-    objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
+    objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo | dpo (trajectory-pair DPO, rl.dpo; docs/beyond_rl.md)
+    dpo: dict[str, Any] = field(default_factory=dict)  # objective: dpo's options (taurl.train.pair_learner.DPOOptions): beta, pairs, anchor, data (offline)
+    teacher: str = ""  # on-policy distillation from this checkpoint directory (same tokenizer), instead of RL (docs/beyond_rl.md)
+    distill: dict[str, Any] = field(default_factory=dict)  # teacher's options (taurl.train.distill.DistillOptions): loss, reward_weight
     objective_options: dict[str, Any] = field(default_factory=dict)  # its extra keyword options
     eps_low: float = 0.2  # PPO clip range below 1
     eps_high: float = 0.28  # PPO clip range above 1 (clip-higher)
@@ -222,8 +226,10 @@ class TrainConfig:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
         from taurl.eval.promote import promotion_problems
+        from taurl.recipe.stages import stage_problems
 
-        out = (self.learner_config().problems() + self.eval_config().problems()
+        pg = self if self.objective != "dpo" else dataclasses.replace(self, objective="ppo", objective_options={})
+        out = (pg.learner_config().problems() + self.eval_config().problems() + stage_problems(self)
                + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
@@ -268,8 +274,8 @@ class TrainConfig:
         out += backend_problems(self.backend, self.backend_options, engine=self.engine)
         if self.backend == "ray" and self.agent:  # the proxy collector runs agents in this process only
             out.append("agent: (your agent through the proxy) runs with backend: local only; drop backend: ray")
-        if self.sft not in ("expert", "file", "none"):
-            out.append(f"sft must be expert, file or none (got {self.sft!r})")
+        if self.sft not in ("expert", "file", "none", "rejection"):
+            out.append(f"sft must be expert, file, none or rejection (got {self.sft!r})")
         if self.sft == "file" and not Path(self.sft_data).is_file():
             out.append(f"sft: file needs sft_data, a trajectory JSONL file (got {self.sft_data!r})")
         if self.sft != "file" and self.sft_data:
@@ -301,7 +307,7 @@ class TrainConfig:
                 out += registry.expert_option_problems(self.env, self.expert_options)
             if self.demos < 1:
                 out.append("sft: expert needs demos >= 1")
-        elif self.expert_options:
+        elif self.expert_options and self.sft == "file":  # (a demo config reused with sft none/rejection keeps them)
             out.append("expert_options are set but sft is not 'expert'")
         hooks = spec.policy_hooks
         # with a given model the warm-up is not applied (default_policy_options_ignored, which the recipe logs)

@@ -56,6 +56,7 @@ from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, du
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
+from taurl.recipe.stages import make_learner, run_own_stage, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
 from taurl.train import lora
@@ -71,7 +72,6 @@ from taurl.train.checkpoint import (
 )
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
-from taurl.train.prm import step_scorer
 from taurl.train.sft import read_sft_file, sft_loop
 
 log = logging.getLogger("taurl.recipe.loop")
@@ -111,7 +111,8 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
             if "sft_version" not in r.state:
                 sft(r, sft_data(r))
             evals = {"sft": evaluate_both(r, "sft", r.state["sft_version"])}
-            reinforce(r)
+            if not run_own_stage(r):  # rejection rounds, offline DPO (taurl.recipe.stages); else the RL loop
+                reinforce(r)
         finally:
             if r.learner_process is not None:  # (RL closed it; here if RL did not run or failed first)
                 r.learner_process.close()
@@ -180,7 +181,7 @@ def given_model(r: Run) -> str:
 def sft_data(r: Run) -> list:
     """The SFT trajectories: expert demonstrations (stored as ``demo-<i>``), a file, or none."""
     cfg, t0 = r.cfg, time.perf_counter()
-    if cfg.sft == "none":
+    if cfg.sft in ("none", "rejection"):  # rejection: the policy's own samples, after this (taurl.recipe.stages)
         return []
     if cfg.sft == "file":
         return read_sft_file(cfg.sft_data, cfg.env)
@@ -256,8 +257,7 @@ def reinforce(r: Run) -> None:
     else:
         model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
         reference = load_policy(r.run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
-    learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
-                      shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
+    learner = make_learner(r, model, tok, reference)  # RL's, or online DPO's or distillation's (taurl.recipe.stages)
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     if learner.load_state(r.run.checkpoint(version)):
@@ -428,7 +428,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
                   "group_size": c.group_size, "tasks_per_update": c.tasks_per_update,
                   "sft_planned_steps": r.state.get("sft_planned_steps", 0),
                   "stopped_early": r.state.get("rl_stopped_early"), "stopped_by": r.state.get("rl_stopped_by"),
-                  "cut_by": cut_by(r.state), "skipped_task_rows": r.plan.skipped_rows},
+                  "cut_by": cut_by(r.state), "skipped_task_rows": r.plan.skipped_rows, **stage_summary(r)},
         "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
         "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
         "timings": r.state.get("timings", {}),
