@@ -129,6 +129,7 @@ def test_taurl_train_exits_non_zero_with_the_refusal_when_no_episode_left_a_reco
     monkeypatch.chdir(tmp_path)
     cfg = {"env": "search-v0", "system_prompt": "", "task_options": {"families": ["city_country"], "split_by": "city"},
            "agent": {"callable": "long_prompt_agent.py:run_agent", "timeout_s": 30}, "sft": "none",
+           "warmup_options": {"steps": 0},  # the policy's copy warm-up (300 steps) is not under test
            "tokenizer_texts": 2000, "max_context": 1024, "updates": 1, "tasks_per_update": 2, "group_size": 2,
            "eval_tasks": 2, "eval_trials": 1, "concurrency": 4}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
