@@ -90,6 +90,56 @@ def test_slim_step_matches_the_forward_on_a_left_padded_cache_with_holes():
         torch.testing.assert_close(a.used()[0], b.used()[0], atol=1e-5, rtol=1e-5)
 
 
+def _smollm2_shaped(layers=30):
+    """A small decoder of SmolLM2-135M's kind (Llama, 3 query heads per key/value head, tied
+    embeddings, RoPE theta 1e5, rms eps 1e-5, 30 layers), with Llama's biases on and nonzero."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=500, hidden_size=72, num_hidden_layers=layers, num_attention_heads=9,
+                      num_key_value_heads=3, head_dim=8, intermediate_size=192, max_position_embeddings=256,
+                      tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0,
+                      attention_bias=True, mlp_bias=True, pad_token_id=0, eos_token_id=1)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):  # transformers initializes biases to zero
+                p.normal_(0, 0.1)
+    return model
+
+
+def _decode_step_both_ways(model, lengths):
+    """One decode step after a left-padded prefill: (slim logits, the model's forward logits)."""
+    rng = random.Random(1)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = torch.tensor([rng.randrange(3, 400) for _ in range(n)])
+        mask[i, width - n:] = 1
+    kv = BatchKV.empty(mask, lengths)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+              use_cache=True, past_key_values=kv.cache)
+        kv.zero_padding()
+        nxt = torch.tensor([[7 + i] for i in range(len(lengths))])
+        ext = kv.extend_mask()
+        trial = kv.clone()
+        want = model(input_ids=nxt, attention_mask=ext, position_ids=torch.tensor([[n] for n in lengths]),
+                     use_cache=True, past_key_values=kv.cache).logits[:, -1]
+        got = SlimDecoder.for_model(model)(nxt, torch.tensor(lengths), trial.mask, trial.cache)
+    return got, want
+
+
+@pytest.mark.parametrize("lengths", [[9], [5, 17], [5, 17, 11, 30, 2, 8]])
+def test_slim_step_is_the_llama_forward_bit_for_bit(lengths):
+    # the slim path runs the kernels the model's forward runs on the same shapes: one row's
+    # projections one by one (a matrix-vector product rounds by the matrix's height), grouped
+    # query heads packed as transformers' SDPA path packs them (SDPA's enable_gqa sums in another
+    # order: SmolLM2-135M's 30 layers grew that past the engine's 1e-4 check, which then dropped
+    # the slim path), Llama's MLP biases. So its logits are the forward's, not merely close
+    got, want = _decode_step_both_ways(_smollm2_shaped(), lengths)
+    assert torch.equal(got, want), float((got - want).abs().max())
+
+
 def test_architectures_it_does_not_know_keep_the_models_forward(tok):
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=500, n_embd=32, n_layer=1, n_head=2, n_positions=128)).eval()
     assert SlimDecoder.for_model(gpt2) is None

@@ -14,7 +14,14 @@ left-padded cache, explicit positions), per layer:
 with rope(t) = t·cos + rotate_half(t)·sin at each row's own position, from the model's own
 ``rotary_emb.inv_freq`` and ``attention_scaling`` (so scaled RoPE variants such as Llama 3's
 are what the model computes), and attention = softmax(q·Kᵀ·scale + mask) · V over the
-cache, grouped-query heads shared (``enable_gqa``).
+cache, grouped-query heads shared.
+
+Exact, not merely close: each step runs the kernels transformers' forward runs, on the same
+shapes, so on one machine its logits are the forward's bit for bit. That is why one row
+(a matrix-vector product, whose rounding depends on the matrix's height) is projected by the
+model's own q/k/v and gate/up layers, and grouped-query heads are packed as transformers' SDPA
+path packs them for one query token (SDPA's ``enable_gqa`` sums in another order: on
+SmolLM2-135M's 30 layers that rounding grew past `TOLERANCE`, and the check dropped the path).
 
 It covers the architectures whose decoder layer is exactly that (Qwen2, Llama, Mistral:
 `SUPPORTED`), with full attention in every layer, up to `MAX_PARAMS`; `for_model` returns
@@ -59,7 +66,7 @@ class SlimDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.rotary = inner.rotary_emb
         self.scale = float(self.layers[0].self_attn.scaling)
-        self.fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        self.fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]] = []
         self.refresh()
 
     @classmethod
@@ -90,14 +97,9 @@ class SlimDecoder:
         self.fused = []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            biases = [m.bias for m in (a.q_proj, a.k_proj, a.v_proj)]
-            qkv_b = None
-            if any(b is not None for b in biases):
-                qkv_b = torch.cat([b if b is not None else m.weight.new_zeros(m.weight.shape[0])
-                                   for b, m in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)])
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-            self.fused.append((qkv_w, qkv_b, gate_up))
+            qkv_w, qkv_b = _fuse([a.q_proj, a.k_proj, a.v_proj])
+            gate_up, gate_up_b = _fuse([mlp.gate_proj, mlp.up_proj])  # Llama's mlp_bias: biased
+            self.fused.append((qkv_w, qkv_b, gate_up, gate_up_b))
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         b = ids.shape[0]
@@ -109,28 +111,55 @@ class SlimDecoder:
         cos = (emb.cos() * scaling).to(x.dtype)[:, None, None, :]  # (B, 1, 1, D)
         sin = (emb.sin() * scaling).to(x.dtype)[:, None, None, :]
         # additive mask: 0 where the row attends, the dtype's minimum on its padding
-        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
-        bias.masked_fill_(mask == 0, torch.finfo(x.dtype).min)
-        bias = bias[:, None, None, :]
+        bias = None
+        if not bool(mask.all()):
+            bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+            bias.masked_fill_(mask == 0, torch.finfo(x.dtype).min)
+            bias = bias[:, None, None, :]
         d, h, kvh = self.head_dim, self.n_heads, self.n_kv
         for i, layer in enumerate(self.layers):
-            qkv_w, qkv_b, gate_up = self.fused[i]
+            qkv_w, qkv_b, gate_up, gate_up_b = self.fused[i]
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             hs = F.rms_norm(x, n1.weight.shape, n1.weight, n1.variance_epsilon)
-            qkv = F.linear(hs, qkv_w, qkv_b).view(b, h + 2 * kvh, d)
+            if b == 1:  # one row is a matrix-vector product, whose rounding depends on the
+                # matrix's row count: the model's own three projections, as its forward does
+                a = layer.self_attn
+                qkv = torch.cat([a.q_proj(hs), a.k_proj(hs), a.v_proj(hs)], dim=-1)
+            else:  # a matrix product: each output is the same dot product, fused or not
+                qkv = F.linear(hs, qkv_w, qkv_b)
+            qkv = qkv.view(b, h + 2 * kvh, d)
             qk = qkv[:, :h + kvh, None, :]  # (B, h + kvh, 1, D): rotated together
             qk = qk * cos + _rotate_half(qk) * sin
             q = qk[:, :h]
             k = qk[:, h:]
             v = qkv[:, h + kvh:, None, :]
             keys, values = cache.layers[i].update(k, v)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale,
-                                               enable_gqa=kvh != h)
+            # grouped-query heads as transformers' SDPA path runs them for one query token
+            # (`pack_gqa`): the kv_heads' query heads as a (B, kvh, h/kvh, D) query block.
+            # `enable_gqa` computes the same attention in another order; over SmolLM2's 30
+            # layers that rounding grew past `TOLERANCE` and the check dropped the slim path
+            if bias is None:  # no padding: transformers drops the mask and runs SDPA's own GQA
+                o = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, enable_gqa=kvh != h)
+            else:
+                o = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh, d), keys, values,
+                                                   attn_mask=bias, scale=self.scale)
             x = x + layer.self_attn.o_proj(o.reshape(b, 1, h * d))
             hs = F.rms_norm(x, n2.weight.shape, n2.weight, n2.variance_epsilon)
-            gate, up = F.linear(hs, gate_up).chunk(2, dim=-1)
+            if b == 1:
+                gate, up = layer.mlp.gate_proj(hs), layer.mlp.up_proj(hs)
+            else:
+                gate, up = F.linear(hs, gate_up, gate_up_b).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         return self.lm_head(self.norm(x))[:, -1, :]
+
+
+def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias, if any of them has one) computing `linears` side by side."""
+    weight = torch.cat([m.weight for m in linears])
+    if all(m.bias is None for m in linears):
+        return weight, None
+    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                              for m in linears])
 
 
 def _rotate_half(t: torch.Tensor) -> torch.Tensor:
