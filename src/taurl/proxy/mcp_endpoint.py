@@ -42,9 +42,10 @@ def mcp_app(proxy: Any) -> tuple[Any, Any]:
         return eid
 
     async def list_tools(ctx: Any, params: Any) -> Any:
-        proxy.episode(episode_id(ctx))  # refused (409) after the episode ended
-        if proxy.tools is None:
-            raise ProxyError("this proxy runs no tools (agent.tools / --mcp is not set)", 404, "not_found")
+        try:
+            proxy.episode(episode_id(ctx))  # refused (409) after the episode ended
+        except ProxyError as e:  # a JSON-RPC error to the client, not a server fault
+            return types.ErrorData(code=types.INVALID_REQUEST, message=str(e))
         return types.ListToolsResult(tools=[
             types.Tool(name=s.name, description=s.description, input_schema=s.parameters,
                        annotations=types.ToolAnnotations(read_only_hint=s.scopes <= {"read"},
