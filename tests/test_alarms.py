@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from taurl import envs
-from taurl.envs import Task
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.monitor.alarms import ALARMS, AlarmConfig, Watch, alarm_config, check, scan
 from taurl.monitor.report import alarms_section
 from taurl.recipe.config import TrainConfig, load_config
 from taurl.recipe.loop import train
+from word_env import answer_of, say_the_answer, word_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -172,24 +172,15 @@ class CollapseEnv:
         if not self._live:  # the Env contract (check_env): a step needs a reset first
             raise ResetNeeded("echotrap-v0: call reset(task, seed) before step")
         self._live = False
-        answer = action.split("<answer>")[-1].removesuffix("</answer>").strip()
+        answer = answer_of(action)
         reward = 0.0 if COLLAPSED["on"] else float(self.seed % 2)
         return "", reward, True, False, {"action": {"kind": "answer", "answer": answer}, "invalid": False,
                                          "stop_reason": "answered"}
 
 
-def collapse_tasks(split, n, seed=0):
-    offset = {"train": 0, "validation": 1, "holdout": 2}[split]
-    words = [f"{a}{b}{c}" for a in "abcdefgh" for b in "abcdefgh" for c in "abcd"]
-    return [Task(f"echo/{w}", f"Echo: {w}", (w,), split, "echotrap-v0") for w in words[offset::3]][:n]
-
-
-def collapse_expert(task, rng):
-    return [f"<answer>{task.answers[0]}</answer>"]
-
-
 if "echotrap-v0" not in envs.registry._SPECS:
-    envs.register("echotrap-v0", CollapseEnv, tasks=collapse_tasks, expert=collapse_expert)
+    envs.register("echotrap-v0", CollapseEnv, tasks=word_tasks("echotrap-v0", "Echo", prefix="echo"),
+                  expert=say_the_answer)
 
 TINY = dict(env="echotrap-v0", demos=16, sft_epochs=1, sft_batch_size=8, tasks_per_update=2, group_size=4,
             eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=6, max_episode_tokens=6, concurrency=8)

@@ -16,34 +16,10 @@ import taurl
 import taurl.envs
 from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
-from taurl.errors import ConfigError, Error, ResetNeeded
+from taurl.errors import ConfigError, Error
+from word_env import EchoEnv
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-class EchoEnv:
-    """One turn: the agent says a word; the env's own reward is 1 when it is the task's."""
-
-    name, version, verifier_version = "echo-v0", "1", "echo-exact-1"
-    observation_style, stop, tools = "inline", ("</answer>",), []
-    system_prompt = "Repeat the word as <answer>word</answer>."
-
-    def __init__(self, max_turns: int = 1):  # every env takes the config's max_turns
-        self.task = None
-
-    def reset(self, task, seed=None):
-        self.task = task
-        return "", {}
-
-    def step(self, action):
-        if self.task is None:
-            raise ResetNeeded("call reset() first")
-        answer = action.split("<answer>")[-1].removesuffix("</answer>").strip()
-        reward = float(answer == self.task.answers[0])
-        self.task = None  # one turn: the episode is over
-        info = {"action": {"kind": "answer"}, "invalid": False, "stop_reason": "answered",
-                "reward_components": {"outcome": reward, "shaping": 0.0}, "verifier_version": "echo-exact-1"}
-        return "", reward, True, False, info
 
 
 WORDS = ["apple", "berry", "cedar", "delta", "ember", "fjord", "grape", "hazel", "igloo", "joker",
