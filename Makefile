@@ -43,9 +43,11 @@ chromium:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "chromium is not installed (apt-get install -y chromium): the report's browser test will skip"
 
+# Two pytest workers (pytest-xdist), one test file a unit, the sandbox-starting files one unit
+# (tests/conftest.py says why); the mutation check's runs stay serial.
 test: $(STAMP) chromium
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 	$(BIN)/python tests/mutation_check.py
 
 # The security and cheat suites again with isolation, resource limits, then cheat detection off

@@ -1,6 +1,8 @@
 """Session-wide test settings."""
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +70,10 @@ def mutation():
         yield MUTATION
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        _one_worker_per_file(items)
     if not MUTATION:
         return
     from mutation_check import EXEMPT
@@ -77,6 +82,32 @@ def pytest_collection_modifyitems(config, items):
         for mark in item.iter_markers("mutation_exempt"):
             if mark.args[0] == MUTATION:
                 item.add_marker(pytest.mark.skip(reason=EXEMPT + mark.args[1]))
+
+
+# --- pytest-xdist: `make test` runs `pytest -n 2 --dist loadgroup` ---------------------
+# Each test file is one unit on one worker (its module fixtures are built once, its tests run
+# in order). The files that start sandboxes share one unit: every sandbox runs as the same
+# host uid, whose process limit (nproc) test_sandbox_security's fork tests fill for seconds,
+# which would fail a sandbox starting on the other worker meanwhile.
+STARTS_SANDBOXES = re.compile(r"[Ss]andbox|zygote|WarmPython|CodeEnv|code-v0|code\.yaml")
+
+
+def _one_worker_per_file(items) -> None:
+    starts: dict[Path, bool] = {}
+    for item in items:
+        if item.path not in starts:
+            starts[item.path] = bool(STARTS_SANDBOXES.search(item.path.read_text(encoding="utf-8")))
+        item.add_marker(pytest.mark.xdist_group("sandbox" if starts[item.path] else str(item.path)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_per_worker():
+    """Under xdist, each worker keeps to one torch thread (two workers on two cores)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+    yield
 
 
 @pytest.fixture
