@@ -108,6 +108,7 @@ def test_python_tool_runs_in_the_sandbox_with_a_receipt():
     assert plain.step("<python>print(1)</python>")[4]["invalid"]  # no tool unless offered
 
 
+@pytest.mark.slow  # ~30 s idle (the recipe end to end); minutes on a loaded machine
 def test_taurl_train_two_updates_with_provenance(tmp_path, monkeypatch, capsys):
     """`taurl train --env reasoning-gym --env-config '{"dataset": NAME}'` end to end (tiny
     policy): 2 updates, holdout figures and provenance in summary.json and every record."""

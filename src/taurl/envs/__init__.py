@@ -22,5 +22,7 @@ register("mcp-v0", "taurl.envs.mcp.env:MCPEnv", tasks="taurl.envs.mcp:generate_t
 # the field's environment standards (docs/envs.md), each needing its package ('taurl[ecosystem]')
 register("reasoning-gym", "taurl.envs.rgym.env:ReasoningGymEnv", tasks="taurl.envs.rgym.tasks:rg_tasks",
          expert="taurl.envs.rgym.tasks:rg_expert", verifier="taurl.envs.rgym.tasks:RGVerifier")
+register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.openenv_bridge:openenv_tasks",
+         verifier="taurl.envs.openenv_bridge:OpenEnvVerifier")
 
 __all__ = ["Env", "Task", "check_env", "import_env_modules", "make", "make_tasks", "register", "registered", "spec"]
