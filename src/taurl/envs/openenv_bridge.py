@@ -32,12 +32,12 @@ record's stored reward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from importlib.metadata import version as package_version
 from typing import Any
 
-from taurl.data.trajectory import ToolReceipt
 from taurl.envs.core import Task
 from taurl.envs.gym.splits import derive_seed, split_of
 from taurl.envs.openenv_server_proc import server_url
@@ -95,10 +95,8 @@ class Session:
     def close(self) -> None:
         if self.client is not None:
             client, self.client = self.client, None
-            try:
+            with contextlib.suppress(Exception):  # a session that is gone is closed
                 run_blocking(client.disconnect(), 10)
-            except Exception:  # noqa: BLE001 — a session that is gone is closed
-                pass
 
 
 def resolve(env_config: dict[str, Any]) -> dict[str, Any]:

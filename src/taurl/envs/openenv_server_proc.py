@@ -49,7 +49,7 @@ def server_url(app: str) -> str:
             return _SERVERS[app][1]
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
-        log = tempfile.TemporaryFile()
+        log = tempfile.TemporaryFile()  # noqa: SIM115 — the server's output, read only if it fails to start
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
                                  "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env,
