@@ -1,0 +1,44 @@
+"""docs/compatibility.md's "Agent frameworks and model APIs" table is kept by the tests: every
+``package==version`` it names is the installed version (the one the ecosystem tests ran),
+and every package those tests import is in it."""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+SECTION = "## Agent frameworks and model APIs"
+# the distributions tests/test_ecosystem_*.py and tests/test_proxy_apis.py run against
+TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp", "mcp-server-time")
+
+
+def pins() -> dict[str, str]:
+    text = DOC.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    section = text[start:end if end > 0 else None]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
+
+
+def test_the_table_names_every_tested_package():
+    assert set(TESTED) <= set(pins()), f"add a row for {sorted(set(TESTED) - set(pins()))} to {DOC.name}"
+
+
+def test_the_table_versions_are_the_installed_ones():
+    missing, wrong = [], []
+    for name, version in pins().items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if installed != version:
+            wrong.append(f"{name}: the table says {version}, installed {installed}")
+    assert not wrong, f"update {DOC.name} after rerunning the ecosystem tests: {wrong}"
+    if missing:  # as the ecosystem tests themselves skip without the extra
+        pytest.skip(f"not installed (pip install 'taurl[ecosystem]'): {missing}")
