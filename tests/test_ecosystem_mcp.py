@@ -6,7 +6,8 @@ client sends it: the proof of what reached the server. The config marks ``conver
 as needing the ``network`` scope (the config's word replaces the server's annotations,
 `taurl.tools.mcp`), which the gate does not grant: a forbidden scope. The model's replies
 are scripted (`ReplyEngine`): what is under test is the path from the agent's MCP client
-to the server and back into the record, not the policy.
+to the server and back into the record, not the policy. Last, the SDK's streamed run
+(``Runner.run_streamed``) on the Responses API's event stream, reasoning items included.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ agents = pytest.importorskip("agents")
 pytest.importorskip("mcp_server_time")
 pytest.importorskip("starlette")
 
-from agents import Agent, RunConfig, Runner, set_tracing_disabled  # noqa: E402
+from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
 from agents.mcp import MCPServerStreamableHttp  # noqa: E402
 from agents.models.openai_provider import OpenAIProvider  # noqa: E402
 
@@ -147,3 +148,27 @@ def test_taurl_proxy_mcp_config_is_checked_before_anything_starts(tmp_path, tok)
                                                                                    "time__get_current_time"]
     finally:
         proxy.stop()
+
+
+def test_an_agents_sdk_streamed_run_sends_back_its_reasoning_items_in_one_chain(tok):
+    @function_tool
+    def search(query: str) -> str:
+        """Search an encyclopedia."""
+        return "Lyon is in France."
+
+    async def streamed(base_url: str) -> tuple[set, str]:
+        agent = Agent(name="geo", instructions="Be brief.", tools=[search])
+        run = Runner.run_streamed(agent, "Where is Lyon?",
+                                  run_config=RunConfig(model_provider=OpenAIProvider(base_url=base_url, api_key="x")))
+        kinds = {ev.type async for ev in run.stream_events()}
+        return kinds, str(run.final_output)
+
+    replies = ["<think>Search.</think>" + tool_call_text("search", {"query": "Lyon"}), "<think>Found.</think>France"]
+    with ProxyServer(None, tok, limits=ProxyLimits(max_action_tokens=200, max_context=16384)) as proxy:
+        proxy.open("e", engine=ReplyEngine(tok, replies, 16384))
+        kinds, answer = asyncio.run(streamed(proxy.base_url("e")))
+        ep = proxy.pop("e")
+    assert answer == "France" and "raw_response_event" in kinds
+    (chain,) = ep.capture.chains  # the reasoning items it sent back rebuilt the sampled text
+    assert [c.text for c in chain.calls][0].startswith("<think>Search.</think><tool_call>")
+    assert "Lyon is in France." in tok.decode(chain.segments[chain.calls[1].observation_segment].token_ids)
