@@ -20,6 +20,9 @@ or config can switch a protection off by accident):
 * ``no-centering``: the learned step scorer's shaping is no longer centred per episode
   (`taurl.credit.prm.episode_neutral_shaping` with ``center=False``: the clipped step
   rewards are summed as they are), so padding and repetition can pay (the PRM canary).
+* ``no-lockstep``: the local engine's deterministic mode no longer hears of its slots
+  (`LocalEngine.join` / ``leave`` do nothing), so its steps follow timing again: two runs of
+  one seed under other timing must then differ (tests/test_deterministic.py).
 
 Each mutation runs its suites' tests with its marker (``attack``: isolation and cheats;
 ``limits``: resource limits) and requires every one to fail.
@@ -46,6 +49,7 @@ MUTATIONS = {  # name: (marker, suites)
     "no-limits": ("limits", ("tests/test_sandbox_security.py",)),
     "no-detection": ("attack", ("tests/test_cheats.py",)),
     "no-centering": ("attack", ("tests/train/test_prm_canary.py",)),
+    "no-lockstep": ("attack", ("tests/test_deterministic.py",)),
 }
 
 
@@ -62,6 +66,11 @@ def apply(name: str, mp) -> None:
         _no_detection(mp)
     elif name == "no-centering":
         _no_centering(mp)
+    elif name == "no-lockstep":
+        from taurl.policy.local_engine import LocalEngine
+
+        mp.setattr(LocalEngine, "join", lambda self, slots: None)
+        mp.setattr(LocalEngine, "leave", lambda self: None)
     else:
         raise SystemExit(f"{ENV}={name!r}: unknown mutation; use one of {sorted(MUTATIONS)}")
 

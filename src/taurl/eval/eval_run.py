@@ -38,7 +38,8 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
     the policy is served on (the recipe's `device`, `torch_dtype`)."""
     model, tok = load_policy(path, placement[0], dtype=placement[1])
     version = int(load_policy_meta(path).get("policy_version", 0))
-    engine = LocalEngine(model, tok, version=version, max_batch_size=ecfg.concurrency, seed=ecfg.seed)
+    engine = LocalEngine(model, tok, version=version, max_batch_size=ecfg.concurrency, seed=ecfg.seed,
+                         deterministic=ecfg.deterministic)
     specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k), f"eval-{tag}:{t.task_id}")
              for i, t in enumerate(tasks) for k in range(ecfg.trials)]
     t0 = time.perf_counter()

@@ -77,6 +77,7 @@ class EvalConfig:
     temperature: float = 1.0  # sampling temperature of the evaluated policy
     seed: int = 1234  # seeds the choice of holdout tasks and the sampling
     concurrency: int = 64  # episodes in flight at once
+    deterministic: bool = False  # lock-step batching (LocalEngine): the figures do not depend on machine load
 
     def problems(self) -> list[str]:
         return [f"eval {k} must be >= 1 (got {getattr(self, k)})" for k in ("tasks", "trials", "concurrency")

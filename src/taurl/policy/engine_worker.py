@@ -5,6 +5,7 @@ together (left-padded, identical prompts once, a prompt that extends a finished 
 from its cached keys/values) and merged into the running batch; every decode step advances
 every row by one token in one forward pass; a finished row leaves at once, so its slot is
 free for the next request. Results go back to each caller's event loop thread-safely.
+In deterministic mode a step waits for every joined slot's request (`LocalEngine`'s docstring).
 
 `BatchWorker` is the worker half of `LocalEngine` (a mixin): it uses the state that
 `LocalEngine.__init__` sets (model, lock, pending heap, events, stats, prefix cache).
@@ -72,7 +73,9 @@ class BatchWorker:
             with self._lock:
                 abort, self._abort = self._abort, False
                 frozen = self._paused and self._mode == "keep"
-                if not self._paused:
+                # deterministic mode: a step waits until every slot's request is here (LocalEngine)
+                waiting = not self._paused and len(batch) + len(self._pending) < self._members
+                if not self._paused and not waiting:
                     while self._pending and len(batch) + len(admitted) < self.max_batch_size:
                         admitted.append(heapq.heappop(self._pending)[2])
                 if abort:  # end the running rows now, with what they have sampled so far
@@ -86,6 +89,10 @@ class BatchWorker:
                     return
                 if frozen and batch:
                     self._kept = len(batch)
+            if waiting and (batch or self._pending):  # lock-step: a slot's request is still to come
+                self._wake.wait(1.0)  # generate, join and leave set it; the timeout is a safety net
+                self._wake.clear()
+                continue
             if frozen and batch:  # paused with mode "keep": hold the rows and their KV
                 self._frozen.set()
                 self._wake.wait(0.05)

@@ -13,7 +13,7 @@ from taurl.policy.protocol import Engine
 # engine_options of engine "local", the one list the run config and `make_engine` both check:
 # `replicas` is make_engine's (N engines behind a router), the rest LocalEngine's keywords
 LOCAL_ENGINE_OPTIONS = ("max_batch_size", "prefix_cache_tokens", "slim_decode", "replicas")
-LOCAL_ENGINE_RUN_KEYS = ("seed", "max_context")  # LocalEngine's too, set by a run from its own keys
+LOCAL_ENGINE_RUN_KEYS = ("seed", "max_context", "deterministic")  # LocalEngine's too, set by a run from its own keys
 
 
 def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, version: int,
@@ -21,7 +21,8 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
     """The engine named `kind` serving the checkpoint at `checkpoint_dir` as `version`.
 
     kind "local": `LocalEngine` in this process over its own copy of the weights; options
-      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens, slim_decode).
+      are LocalEngine's (max_batch_size, seed, max_context, prefix_cache_tokens, slim_decode,
+      deterministic).
     kind "vllm": `VLLMEngine` over a vLLM OpenAI-compatible server; options are
       `VLLMEngine.from_options`'s (url, or python to start a local server; ...). The
       server is made to serve `checkpoint_dir` as `version` before this returns.

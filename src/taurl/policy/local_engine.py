@@ -22,6 +22,17 @@ The engine contract (`Engine`): ``generate``, ``load_weights(checkpoint_dir, ver
 No completion ever mixes two policy versions: a weight load waits until nothing is in
 flight (or refuses while paused requests are kept), so ``Generation.policy_version`` is
 the version that produced every one of its tokens.
+
+Deterministic mode (``deterministic=True``, docs/reproducibility.md): a row's numbers depend on
+the batch it is computed in (a CPU matmul's blocking follows the batch's shape, attention's
+reductions the batch's padding), and which requests share a batch depends on timing. In this
+mode a collector declares its episodes' slots (`join` / `leave`, `taurl.rollout.episodes.
+collect` does) and the worker steps in lock-step with them: it runs a step only once every
+slot's request has arrived (or the slot has left), and admits waiting requests in an order
+fixed by their content (priority, seed, prompt), not by their arrival. Every batch is then a
+function of the episodes alone, so a seed fixes every sampled token and logprob under any
+machine load; the cost is that the engine waits out each env step instead of decoding
+through it.
 """
 
 import asyncio
@@ -52,7 +63,7 @@ class LocalEngine(BatchWorker):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
                  max_batch_size: int = 64, seed: int = 0, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536, slim_decode: bool = True):
+                 prefix_cache_tokens: int = 65536, slim_decode: bool = True, deterministic: bool = False):
         self.model = model.eval()  # no dropout: the behaviour logprobs are those of the plain forward
         self.tokenizer = tokenizer
         # inputs follow the model (cpu, cuda, ...); sampling draws its uniforms on the CPU so a
@@ -89,6 +100,9 @@ class LocalEngine(BatchWorker):
         self._running = 0
         self._idle = threading.Event()  # no row is running (the batch is empty)
         self._idle.set()
+        # deterministic mode (module docstring): the slots whose requests each step waits for
+        self.deterministic = deterministic
+        self._members = 0
         self._frozen = threading.Event()  # the worker holds its rows for pause("keep")
         self.stats = {"steps": 0, "tokens": 0, "prefills": 0, "batch_size_sum": 0,
                       "prefill_tokens": 0, "prefix_tokens_reused": 0, "prefill_rows_shared": 0}
@@ -121,14 +135,34 @@ class LocalEngine(BatchWorker):
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         req = _Request(prompt, sampling, loop.create_future(), loop, gen, time.perf_counter())
         req.max_new = min(sampling.max_tokens, self._max_context - len(prompt))
+        # the queue's order: by arrival, or in deterministic mode by content (arrival only
+        # breaks ties between identical requests, whose samples are identical too)
+        order = ((sampling.seed if sampling.seed is not None else -1, tuple(prompt), next(self._arrivals))
+                 if self.deterministic else (next(self._arrivals),))
         with self._lock:
-            heapq.heappush(self._pending, (sampling.priority, next(self._arrivals), req))
+            heapq.heappush(self._pending, (sampling.priority, order, req))
             self._idle.clear()
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._serve, name="taurl-engine")
                 self._worker.start()
         self._wake.set()
         return await req.future
+
+    def join(self, slots: int) -> None:
+        """Deterministic mode: `slots` more callers, each with at most one request in flight,
+        that every step waits for (until each `leave`s). A collector joins before its
+        episodes start and leaves a slot the moment it has no episode left to run."""
+        if not self.deterministic:
+            raise EngineError("join/leave are the deterministic mode's; build the engine with deterministic=True")
+        with self._lock:
+            self._members += slots
+        self._wake.set()
+
+    def leave(self) -> None:
+        """One slot of `join` is done: no step waits for it any more."""
+        with self._lock:
+            self._members = max(0, self._members - 1)
+        self._wake.set()
 
     async def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Serve `state_dict` as policy `version` once every in-flight request is done.

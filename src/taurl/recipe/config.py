@@ -131,6 +131,7 @@ class TrainConfig:
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
+    deterministic: bool = False  # lock-step batching in the local engine: a seed fixes every rollout and evaluation under any machine load (docs/reproducibility.md)
     device: str = "auto"  # where the policy, KL reference, critic and step scorer live: auto (CUDA when available, else CPU) | cpu | cuda | cuda:N
     torch_dtype: str = "float32"  # their dtype: float32 | bfloat16 (where the device supports it; docs/models-and-engines.md: logprob fidelity)
     torch_threads: int = 1  # torch CPU threads (0: torch's default); a tiny policy is fastest on one (BENCHMARKS.md)
@@ -212,7 +213,7 @@ class TrainConfig:
         from taurl.eval.evaluate import EvalConfig
 
         return EvalConfig(tasks=self.eval_tasks, trials=self.eval_trials, temperature=self.eval_temperature,
-                          seed=self.eval_seed, concurrency=self.concurrency)
+                          seed=self.eval_seed, concurrency=self.concurrency, deterministic=self.deterministic)
 
     def rollout_config(self, temperature: float | None = None):
         return _rollout_config(self, temperature=self.temperature if temperature is None else temperature)
@@ -265,7 +266,7 @@ class TrainConfig:
             out.append(f"engine must be local or vllm (got {self.engine!r})")
         elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
             out.append(bad)
-        out += self.schedule_problems() + self.lora_problems()
+        out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
         from taurl.policy.device import device_problems
 
         out += device_problems(self.device, self.torch_dtype)
@@ -350,6 +351,20 @@ class TrainConfig:
             out.append("schedule: async does not take step_scorer, replay or curriculum yet (they hook the "
                        "synchronous loop); drop them or use schedule: sync")
         return out
+
+    def deterministic_problems(self) -> list[str]:
+        """``deterministic: true`` is the local engine's lock-step mode: the one engine of this
+        process, fed by the synchronous collector and the built-in agent loop."""
+        if not self.deterministic:
+            return []
+        other = [f"{k}: {v}" for k, v, ok in (("engine", self.engine, "local"), ("backend", self.backend, "local"),
+                                                ("schedule", self.schedule, "sync")) if v != ok]
+        other += ["engine_options.replicas > 1"] * (self.engine_options.get("replicas", 1) != 1)
+        other += ["agent: (your agent through the proxy)"] * bool(self.agent)
+        if other:
+            return [f"rollout.deterministic: true needs engine local (one replica), backend local, schedule sync and "
+                    f"the built-in agent loop; this config has {', '.join(other)}. Drop deterministic, or those"]
+        return []
 
     def lora_problems(self) -> list[str]:
         """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names included."""

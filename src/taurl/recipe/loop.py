@@ -266,7 +266,7 @@ def reinforce(r: Run) -> None:
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
     if cfg.engine == "local":  # its own copy of the weights, beside the policy
-        opts.update(device=device, dtype=dtype)
+        opts.update(device=device, dtype=dtype, deterministic=cfg.deterministic)
     if cfg.schedule == "async" and cfg.engine == "local" and "max_batch_size" not in cfg.engine_options:
         opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update, cfg.overprovision,
                                                    cfg.group_size)  # one batch of rows (its docstring: why)

@@ -8,8 +8,9 @@ re-samples exactly the episodes it had not stored yet: none is lost or stored tw
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,12 +79,10 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
                                    run_id=run_id, concurrency=concurrency, bar=bar, on_stored=on_stored,
                                    all_chains=all_chains)
     out = stored_episodes(ledger, specs, config.temperature)  # a resumed round's, checked to be its own
-    sem = asyncio.Semaphore(concurrency)
     failed: list[str] = []
 
     async def one(s: EpisodeSpec) -> None:
-        async with sem:
-            traj = await run_one(engine, make_env, tokenizer, s, config=config, run_id=run_id)
+        traj = await run_one(engine, make_env, tokenizer, s, config=config, run_id=run_id)
         if isinstance(traj, str):  # a counted failure (taurl.rollout.runner)
             failed.append(f"{s.episode_id}: {traj}")
             return
@@ -96,9 +95,44 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     reused_ids = set(out)
     if bar is not None:
         bar.update(len(reused_ids))
-    await asyncio.gather(*(one(s) for s in specs if s.episode_id not in out))
+    await run_in_slots(engine, [one(s) for s in specs if s.episode_id not in out], concurrency)
     stats = close_round(specs, out, failed, reused_ids)  # nothing usable: the run stops with the first cause
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
+
+
+async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]], concurrency: int) -> None:
+    """Run `jobs` in order, at most `concurrency` at once: each of that many slots takes the
+    next job when its last one is done.
+
+    An engine in deterministic mode (`LocalEngine`'s ``deterministic``) is told the slots
+    (`join`) and when each has no job left (`leave`): its steps wait for every slot's request,
+    so which episodes share a batch does not depend on timing. A slot stays joined from one
+    episode to the next, so an episode ending and the next one starting is never a moment in
+    which the engine steps without the newcomer.
+    """
+    queue = collections.deque(jobs)
+    n = min(concurrency, len(queue))
+    lockstep = n > 0 and getattr(engine, "deterministic", False)
+
+    async def slot() -> None:
+        try:
+            while queue:
+                await queue.popleft()
+        finally:
+            if lockstep:
+                engine.leave()
+
+    if lockstep:
+        engine.join(n)
+    tasks = [asyncio.ensure_future(slot()) for _ in range(n)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # a job that raised ends the round: the other slots stop too, and leave
+        for t in tasks:
+            t.cancel()
+        for job in queue:  # never started: close them, or Python warns they were never awaited
+            job.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ---------------------------------------------------------------------------------------
