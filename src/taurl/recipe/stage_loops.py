@@ -53,7 +53,8 @@ def rejection_rounds(r: Any) -> None:
         tasks = [pool[((rnd - 1) * n_tasks + i) % len(pool)] for i in range(n_tasks)]
         _, tok = load_policy(r.run.checkpoint(version), "cpu")
         engine = make_engine("local", r.run.checkpoint(version), tok, version=version, device=device, dtype=dtype,
-                             max_batch_size=cfg.concurrency, seed=seed, **cfg.engine_options)
+                             max_batch_size=cfg.concurrency, seed=seed, deterministic=cfg.deterministic,
+                             **cfg.engine_options)
         collector = LocalCollector(engine, tok, r.make_env, cfg.rollout_config(temperature), r.run.root.name,
                                    cfg.concurrency, {"agent": cfg.agent})
         specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
