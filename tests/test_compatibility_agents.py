@@ -13,7 +13,8 @@ import pytest
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
 SECTION = "## Agent frameworks and model APIs"
 # the distributions tests/test_ecosystem_*.py and tests/test_proxy_apis.py run against
-TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp", "mcp-server-time")
+TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp", "mcp-server-time",
+          "pydantic-ai-slim")
 
 
 def pins() -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""MCP for any agent: an Agents SDK agent's own MCP client (``MCPServerStreamableHttp``) calls
-`mcp-server-time` (from the registry) through its episode's MCP endpoint, behind taurl's gate.
+"""MCP for any agent: an Agents SDK agent's own MCP client (``MCPServerStreamableHttp``), and a
+pydantic-ai agent's (``MCPToolset``), call `mcp-server-time` (from the registry) through the
+episode's MCP endpoint, behind taurl's gate.
 
 The time server runs behind a tee (tests/fixtures/mcp_tee.py) that logs every message the
 client sends it: the proof of what reached the server. The config marks ``convert_time``
@@ -73,28 +74,46 @@ def messages(e: BaseException) -> str:
     return " ".join([str(e), *(messages(x) for x in getattr(e, "exceptions", ()))])
 
 
+async def pydantic_ai_clock_agent(task: str, base_url: str, retriever_url: str, mcp_url: str) -> str:
+    """A pydantic-ai agent (Chat Completions) whose toolset is the episode's MCP endpoint."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.mcp import MCPToolset
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider as PydanticOpenAIProvider
+
+    model = OpenAIChatModel("policy", provider=PydanticOpenAIProvider(base_url=base_url, api_key="x"))
+    result = await PydanticAgent(model, toolsets=[MCPToolset(mcp_url)]).run(task)
+    return str(result.output)
+
+
+CLIENTS = {"openai-agents": (clock_agent, "agents"), "pydantic-ai": (pydantic_ai_clock_agent, "pydantic_ai")}
+
+
 @pytest.fixture(scope="module")
 def tok():
     texts = [t.prompt for t in generate_tasks("train", n=40)] + [NOW, CONVERT]
     return build_tokenizer(texts * 4, vocab_size=600, model_max_length=16384)
 
 
-def play(tok, tools: ProxyTools, replies: list[str]):
-    agent = AgentConfig(callable="test:clock_agent", timeout_s=60, max_calls=4, name="clock_agent")
+def play(tok, tools: ProxyTools, replies: list[str], fn=clock_agent):
+    agent = AgentConfig(callable=f"test:{fn.__name__}", timeout_s=60, max_calls=4, name=fn.__name__)
     limits = ProxyLimits(max_calls=4, max_action_tokens=200, max_context=16384)
     with ProxyServer(None, tok, limits=limits, tools=tools) as proxy:
         trajs = asyncio.run(run_agent_episode(
-            proxy, agent, clock_agent, EpisodeSpec("e0", TASK, 0, "g"), run_id="t", env_name="search-v0",
+            proxy, agent, fn, EpisodeSpec("e0", TASK, 0, "g"), run_id="t", env_name="search-v0",
             env_version="1", verifier=None, engine=ReplyEngine(tok, replies, 16384), source="expert"))
     for t in trajs:
         validate_trajectory(t)
     return trajs
 
 
-def test_an_agents_sdk_mcp_client_calls_mcp_server_time_through_the_gate(tok, tmp_path):
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_a_frameworks_own_mcp_client_calls_mcp_server_time_through_the_gate(client, tok, tmp_path):
+    fn, module = CLIENTS[client]
+    pytest.importorskip(module)
     log = tmp_path / "to_server.jsonl"
     tools = ProxyTools.from_config(time_tools(log))
-    trajs = play(tok, tools, [NOW, CONVERT, "<answer>noon</answer>"])
+    trajs = play(tok, tools, [NOW, CONVERT, "<answer>noon</answer>"], fn)
     traj = trajs[-1]
     assert len(trajs) == 1  # the SDK sent back what it got: one chain
     allowed, denied = traj.turns[0].receipt, traj.turns[1].receipt
