@@ -168,12 +168,14 @@ class EvalResult:
     tokens_per_success: float | None = None  # all tokens of recorded episodes / successes (None: no success)
     tool_calls_per_success: float | None = None
     wall_s_per_success: float | None = None  # episode wall seconds summed / successes
+    truncation_ci95: tuple[float, float] = (0.0, 1.0)  # task-clustered interval of truncation_rate (recorded episodes)
+    streams_per_episode: float = 1.0  # token streams per recorded episode (> 1: contexts were compacted)
     eval_seed: int | None = None  # EvalConfig.seed and temperature (None: not recorded), so a pairing can be checked
     temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["ci95"], d["ci95_iid"] = list(self.ci95), list(self.ci95_iid)
+        d["ci95"], d["ci95_iid"], d["truncation_ci95"] = list(self.ci95), list(self.ci95_iid), list(self.truncation_ci95)
         return d
 
     @classmethod
@@ -184,7 +186,7 @@ class EvalResult:
         if unknown:
             raise Error(f"evaluation record has unknown key(s) {unknown}: it was written by a newer taurl")
         kw = dict(d)
-        for key in ("ci95", "ci95_iid"):
+        for key in ("ci95", "ci95_iid", "truncation_ci95"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         return cls(**kw)
@@ -264,6 +266,16 @@ def _score(verifier: Any, traj: Trajectory, task: Task) -> float:
 
 # Over 60 lines on purpose: every figure of an EvalResult computed from the same per-task
 # tallies in one pass; split, the tallies would travel between helpers.
+def _clustered_rate(trajs: Sequence[Trajectory], flag: Any) -> tuple[float, float]:
+    """The task-clustered 95% interval of the share of recorded episodes where `flag` holds."""
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        per_task[t.task_id].append(bool(flag(t)))
+    if not per_task:
+        return (0.0, 1.0)
+    return cluster_wilson_interval([sum(v) for v in per_task.values()], [len(v) for v in per_task.values()])
+
+
 def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
               verifier: Verifier | None = None, wall_s: float = 0.0, *, split: str = "holdout") -> EvalResult:
     """Score `trajs` — up to `trials` records per task of `tasks` — with `verifier` (default:
@@ -314,6 +326,8 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
         turns_mean=mean([len(t.turns) for t in trajs]),
         invalid_rate=sum(t.num_invalid_actions for t in trajs) / max(actions, 1),
         truncation_rate=mean([t.truncated for t in trajs]),
+        truncation_ci95=_clustered_rate(trajs, lambda t: t.truncated),
+        streams_per_episode=mean([t.num_streams for t in trajs]) if trajs else 1.0,
         stop_reasons={k: c / n for k, c in sorted(stops.items())},
         verifier_disagreements=sum((_training_outcome(t) >= 1.0) != (v >= 1.0)
                                    for t, v in zip(trajs, verdicts, strict=True)),

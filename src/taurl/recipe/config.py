@@ -41,13 +41,16 @@ class RolloutRunConfig:
     max_episode_tokens: int = 384  # sampled tokens per episode
     max_observation_tokens: int = 256  # observation cut, in tokens
     max_context: int = 1536  # prompt + actions + observations
+    compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...} (taurl.rollout.compaction)
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
 
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
     def problems(self) -> list[str]:
-        out = []
+        from taurl.rollout.compaction import compaction_problems
+
+        out = compaction_problems(self.compaction)
         for name in ("episodes", "group_size", "concurrency", "max_turns", "max_action_tokens",
                      "max_episode_tokens", "max_observation_tokens", "max_context"):
             if getattr(self, name) < 1:
@@ -128,6 +131,7 @@ class TrainConfig:
     max_episode_tokens: int = 128  # sampled tokens per episode
     max_observation_tokens: int = 256  # observation cut, in tokens
     max_context: int = 1024  # prompt + actions + observations
+    compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...}; a full context then starts a new token stream (taurl.rollout.compaction)
     max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
@@ -228,9 +232,11 @@ class TrainConfig:
         from taurl.envs import registry
         from taurl.eval.promote import promotion_problems
         from taurl.recipe.stages import stage_problems
+        from taurl.rollout.compaction import compaction_problems
 
         pg = self if self.objective != "dpo" else dataclasses.replace(self, objective="ppo", objective_options={})
         out = (pg.learner_config().problems() + self.eval_config().problems() + stage_problems(self)
+               + compaction_problems(self.compaction)
                + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
@@ -415,10 +421,12 @@ def _local_engine_option_problem(options: dict[str, Any]) -> str | None:
 
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
+    from taurl.rollout.compaction import CompactionConfig
     from taurl.rollout.loop import RolloutConfig
 
     timeout = {"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s") else {}
-    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling)
+    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling,
+                         compaction=CompactionConfig.from_dict(cfg.compaction))
 
 
 def run_config(run: Any) -> TrainConfig:

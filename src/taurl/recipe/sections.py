@@ -35,7 +35,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                "lora": "lora", "device": "device", "torch_dtype": "torch_dtype"},
     "rollout": {k: k for k in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                                "max_context", "max_tool_calls", "temperature", "concurrency",
-                               "deterministic", "generate_timeout_s", "backend", "backend_options")},
+                               "deterministic", "generate_timeout_s", "backend", "backend_options", "compaction")},
     "engine": {"kind": "engine", "options": "engine_options"},
     "sft": {"data": "sft", "file": "sft_data", "demos": "demos", "expert_options": "expert_options",
             "epochs": "sft_epochs", "batch_size": "sft_batch_size", "lr": "sft_lr",

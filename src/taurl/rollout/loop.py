@@ -63,9 +63,11 @@ from taurl.data.trajectory import (
     sampling_record,
 )
 from taurl.envs.core import Env, StepInfo, Task
-from taurl.errors import Error
+from taurl.errors import ContractError, Error
 from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
+from taurl.rollout import compaction
+from taurl.rollout.compaction import CompactionConfig
 from taurl.rollout.seeds import _derive_seed
 from taurl.rollout.stream import ChatCodec, _cut, _Episode
 
@@ -85,6 +87,7 @@ class RolloutConfig:
     top_p: float = 1.0
     generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
     resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
+    compaction: CompactionConfig = CompactionConfig()  # context management: a new token stream instead of a full context
 
 @dataclass
 class _State:
@@ -141,6 +144,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     routing_key.set(episode_id or f"{group_id}/{seed}")
     st = _start(engine, env, tokenizer, task, seed, config)
     for t in range(config.max_turns if st.stop is None else 0):
+        if compaction.due(st) and (await compaction.compact(engine, env, task, st, t) or st.stop is not None):
+            break
         action = await _sample(engine, st, t)
         if action is None:
             break
@@ -305,7 +310,10 @@ def _append_observation(st: _State, obs: str, info: StepInfo) -> tuple[int | Non
     else:  # cut the message content, then render it as a template delta
         content_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens, 0)
         message = {"role": info.get("role", "tool"), "content": codec.decode(content_ids)}
-        obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
+        try:
+            obs_ids = codec.encode(codec.delta(ep.text, ep.messages + [message], True))
+        except ContractError:  # the template re-renders history (Qwen3's <think>): a new stream
+            return (*compaction.rewrite_stream(st, message), dropped)
     if len(ep.ids) + len(obs_ids) + 8 >= st.max_context:
         st.stop, st.terminated = StopReason.CONTEXT_FULL, False
         return None, "", dropped
@@ -322,11 +330,7 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
     """Close the stream with the template's end-of-turn tokens (mask 0) and build the record."""
     ep = st.ep
     stop = st.stop if st.stop is not None else StopReason.MAX_TURNS
-    if ep.messages[-1]["role"] != "assistant":
-        ep.add_to_assistant("")  # the stream ends inside an opened assistant turn: close it empty
-    closing = ep.codec.delta(ep.text, ep.messages, add_generation_prompt=False)
-    if closing:
-        ep.append("template", ep.codec.encode(closing))
+    ep.close_stream()
     info = st.info
     components = dict(info.get("reward_components") or {"outcome": st.reward})
     error = st.contract_error or info.get("error")
@@ -336,7 +340,7 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
     traj = Trajectory(
         episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
         group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
-        seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns), messages=tuple(ep.messages),
+        seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns), messages=tuple(ep.all_messages),
         terminated=st.terminated, truncated=not st.terminated, stop_reason=stop,
         reward=sum(components.values()), reward_components=components,
         verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
@@ -344,7 +348,7 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
         metadata={"answers": list(task.answers), "error": error if stop == StopReason.ERROR else None,
                   "sampling": sampling_record(st.config.temperature, st.config.top_p),
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
-        source=st.source, provenance=st.provenance,
+        source=st.source, provenance=st.provenance, stream_starts=tuple(ep.starts),
     )
     outcome = getattr(env, "taurl_outcome", None)
     return traj if outcome is None else _rescored(traj, task, outcome)

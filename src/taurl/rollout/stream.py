@@ -4,6 +4,10 @@
 `_Episode` appends segments (prompt, action, observation, template) to the ids and keeps
 the text view (`messages`) built from the decoded segments, so ``decode(ids) ==
 chat_template(messages)`` holds by construction. History is never re-encoded.
+
+An episode may be a chain of streams (`taurl.rollout.compaction`): `new_stream` closes the
+current one and begins another with a prompt rendered once; `ids`, `text` and `messages` are
+then the new stream's, `all_messages` and `starts` the chain's.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from taurl.data.streams import StreamStart
 from taurl.data.trajectory import Segment
 from taurl.errors import ContractError
 
@@ -60,8 +65,53 @@ class _Episode:
         self.codec = codec
         self.messages = messages
         self.segments: list[Segment] = []
-        self.ids: list[int] = []
+        self.ids: list[int] = []  # the current stream's
         self.text = ""
+        self.header = [dict(m) for m in messages]  # the episode's first messages (system, task)
+        self.done_messages: list[dict] = []  # the messages of the streams before this one
+        self.starts: list[StreamStart] = []
+        self.first_segment = 0  # the current stream's prompt segment
+
+    @property
+    def all_messages(self) -> list[dict]:
+        return self.done_messages + self.messages
+
+    def close_stream(self, strict: bool = True) -> None:
+        """Close the stream with the template's end-of-turn ids (kind "template", mask 0).
+        Not `strict`: a template that cannot render the close as a delta leaves it open."""
+        if self.messages[-1]["role"] != "assistant":
+            self.add_to_assistant("")  # the stream ends inside an opened assistant turn: close it empty
+        try:
+            closing = self.codec.delta(self.text, self.messages, add_generation_prompt=False)
+        except ContractError:
+            if strict:
+                raise
+            closing = ""
+        if closing:
+            self.append("template", self.codec.encode(closing))
+
+    def new_stream(self, messages: list[dict], reason: str, prefix: str = "") -> None:
+        """Close this stream and begin another: `messages` rendered once (with the generation
+        prompt) + `prefix` (inline: the start of the assistant message) as its prompt."""
+        self.close_stream(strict=False)
+        self.done_messages += self.messages
+        self.starts.append(StreamStart(len(self.segments), len(self.done_messages), reason))
+        self.first_segment = len(self.segments)
+        self.messages, self.ids, self.text = [dict(m) for m in messages], [], ""
+        self.append("prompt", self.codec.encode(self.codec.render(self.messages, add_generation_prompt=True) + prefix))
+        if prefix:
+            self.add_to_assistant(prefix)
+
+    @property
+    def turns_in_stream(self) -> bool:
+        """Whether the current stream holds anything past its prompt (there is something to compact)."""
+        return len(self.segments) > self.first_segment + 1
+
+    def exchanges(self) -> list[tuple[dict, dict]]:
+        """(assistant, answer) message pairs of the current stream (a messages env's turns)."""
+        ms = self.messages
+        return [(ms[i], ms[i + 1]) for i in range(len(self.header) - 1, len(ms) - 1)
+                if ms[i]["role"] == "assistant" and ms[i + 1]["role"] not in ("assistant", "system")]
 
     def append(self, kind: str, ids: list[int], logprobs=None, version=None) -> tuple[int, str]:
         text = self.codec.decode(ids)

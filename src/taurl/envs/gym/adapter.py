@@ -147,6 +147,15 @@ class GymTextEnv:
                 "provenance": self.game.world(task)}
         return "", info
 
+    def compact_prompt(self, task: Task) -> str:
+        """The task prompt with its last ``<information>`` (the start) replaced by the current
+        state: where the episode stands, for the loop's ``compaction: {policy: env}``."""
+        if self._gym is None:
+            raise ResetNeeded(f"{self.name}: compact_prompt called before reset(); call reset(task) first")
+        head, sep, _ = task.prompt.rpartition("<information>")
+        now = f"<information>{self.game.describe(self._gym, self._obs)}</information>"
+        return f"{head}{now}" if sep else f"{task.prompt}\n{now}"
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._gym is None or self._done:
             raise ResetNeeded(f"{self.name}: step called before reset() or after the episode ended; call reset(task) first")

@@ -1,0 +1,212 @@
+"""Context management in the agent loop: compaction that starts a new token stream.
+
+An episode longer than its context (`RolloutConfig.max_context`) is not cut off: before a
+turn, when the stream holds `CompactionConfig.trigger` of the context (or the next action
+would not fit), the loop compacts. The current stream is closed (the template's end-of-turn
+ids, mask 0); a new stream begins whose prompt is the compacted conversation, rendered once
+with the chat template and recorded as a ``prompt`` segment (mask 0); the record says where
+and why (`taurl.data.streams.StreamStart`, reason ``"compaction"``). Sampled ids are never
+re-encoded: they stay in the stream that sampled them, token-exact; what the new prompt
+shows of them is text, read as a prompt.
+
+Policies (``CompactionConfig.policy``):
+
+=========  ==================================================================================
+none       no compaction: a full context ends the episode (``context_full``, a truncation)
+drop       the task prompt and the last `keep_turns` turns (their actions and observations)
+truncate   the task prompt and every turn, observations before the last `keep_turns` cut to
+           `truncate_tokens` tokens
+summarize  the policy itself writes a summary first: a request (``summary_request``, mask 0)
+           is appended to the stream and the policy samples up to `summary_tokens` ids (an
+           action, a turn whose action is ``{"kind": "summary", "trained": ...}``); the new
+           prompt is the task prompt, the summary, and the last `keep_turns` turns.
+           ``summary: trained`` trains it as the episode's action it is; ``masked`` keeps it
+           off the loss (`taurl.train.chains.untrained_keep`)
+env        the env's hook ``compact_prompt(task) -> str``: a new user message that states
+           where the episode stands (FrozenLake: the map and the current cell)
+=========  ==================================================================================
+
+A chat template that rewrites history (Qwen3's drops earlier ``<think>`` blocks when a new
+user message follows) cannot have an observation appended as a template delta: the loop
+then begins a new stream whose prompt is the whole conversation rendered once with the
+observation (`rewrite_stream`, reason ``"template_rewrite"``), instead of re-encoding the
+sampled history into the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from taurl.data.trajectory import StopReason, Turn
+from taurl.errors import ConfigError, Error
+from taurl.policy.protocol import SamplingParams
+from taurl.rollout.seeds import _derive_seed
+from taurl.rollout.stream import _cut
+
+if TYPE_CHECKING:
+    from taurl.rollout.loop import _State
+
+POLICIES = ("none", "drop", "truncate", "summarize", "env")
+SUMMARY_SEED_SALT = 7919  # a summary's sampling seed differs from the turn's action seed
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    """How the loop compacts a context that is filling up (module docstring)."""
+
+    policy: str = "none"  # none | drop | truncate | summarize | env
+    trigger: float = 0.8  # compact before a turn once the stream holds this share of max_context
+    keep_turns: int = 1  # drop / truncate / summarize: the last turns kept whole in the new prompt
+    truncate_tokens: int = 8  # truncate: older observations cut to this many tokens
+    summary_tokens: int = 48  # summarize: the summary's token budget
+    summary: str = "trained"  # summarize: trained (the summary is trained on) | masked (mask 0 in the loss)
+    summary_request: str = "Summarize the progress so far."  # summarize: the request appended before the summary
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> CompactionConfig:
+        if problems := compaction_problems(d):
+            raise ConfigError(problems)
+        return cls(**(d or {}))
+
+    @property
+    def on(self) -> bool:
+        return self.policy != "none"
+
+
+def compaction_problems(d: Any) -> list[str]:
+    """Every problem with a ``rollout.compaction`` mapping, before any work."""
+    if d is None or d == {}:
+        return []
+    if not isinstance(d, dict):
+        return [f"rollout.compaction must be a mapping (policy: drop, ...), got {type(d).__name__}"]
+    known = {f.name for f in fields(CompactionConfig)}
+    out = [f"rollout.compaction: unknown option {k!r}; known: {sorted(known)}" for k in d if k not in known]
+    if d.get("policy", "none") not in POLICIES:
+        out.append(f"rollout.compaction.policy must be one of {', '.join(POLICIES)} (got {d.get('policy')!r})")
+    if d.get("summary", "trained") not in ("trained", "masked"):
+        out.append(f"rollout.compaction.summary must be trained or masked (got {d.get('summary')!r})")
+    trigger = d.get("trigger", 0.8)
+    if isinstance(trigger, bool) or not isinstance(trigger, (int, float)) or not 0 < trigger <= 1:
+        out.append(f"rollout.compaction.trigger must be a share of max_context in (0, 1] (got {trigger!r})")
+    for k in ("keep_turns", "truncate_tokens", "summary_tokens"):
+        v = d.get(k, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "keep_turns" else 1):
+            out.append(f"rollout.compaction.{k} must be an integer >= {0 if k == 'keep_turns' else 1} (got {v!r})")
+    return out
+
+
+def due(st: _State) -> bool:
+    """Compact before the next turn: the stream holds `trigger` of the context, or the next
+    action and an answer as long as the longest so far would not fit (and the stream holds a
+    turn to compact away)."""
+    c, ep = st.config.compaction, st.ep
+    if not c.on or not ep.turns_in_stream:
+        return False
+    answer = max((len(s.token_ids) for s in ep.segments if s.kind == "observation"), default=0)
+    return (len(ep.ids) >= c.trigger * st.max_context
+            or len(ep.ids) + st.config.max_action_tokens + answer + 8 >= st.max_context)
+
+
+async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
+    """Close the stream and begin a new one with the compacted conversation as its prompt;
+    `st.stop` is set when that fails (an engine error, a prompt that still does not fit)."""
+    c, ep = st.config.compaction, st.ep
+    summary = ""
+    if c.policy == "summarize":
+        summary = await _summarize(engine, st, t)
+        if st.stop is not None:
+            return
+    hook = getattr(env, "compact_prompt", None)
+    if c.policy == "env" and hook is None:
+        st.stop, st.info = StopReason.ERROR, {"error": f"compaction policy env: {type(env).__name__} has no "
+                                                       "compact_prompt(task) hook; use drop, truncate or summarize"}
+        return
+    user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
+    if summary:
+        user = f"{user}\n{summary}"
+    kept = [] if c.policy == "env" else _kept_turns(st, c)
+    messages = [*ep.header[:-1], {"role": "user", "content": user}]
+    if st.inline:  # the kept turns open the assistant message, as the loop appends them
+        ep.new_stream(messages, "compaction", prefix="".join(a + o for a, o in kept))
+    else:
+        ep.new_stream(messages + [m for a, o in kept for m in (a, o)], "compaction")
+    if len(ep.ids) + st.config.max_action_tokens + 8 > st.max_context:
+        st.stop, st.terminated = StopReason.CONTEXT_FULL, False
+
+
+def _kept_turns(st: _State, c: CompactionConfig) -> list[tuple[Any, Any]]:
+    """(action, observation) of the env turns the new prompt keeps: text (inline) or messages.
+    ``truncate`` keeps them all, the older observations cut; the others keep the last few."""
+    turns = [t for t in st.turns if t.action.get("kind") != "summary"]
+    if st.inline:
+        pairs: list[tuple[Any, Any]] = [(t.action_text, t.observation_text) for t in turns]
+    else:
+        pairs = st.ep.exchanges()
+    keep = c.keep_turns
+    if c.policy != "truncate":
+        return pairs[len(pairs) - keep:] if keep else []
+    out = []
+    for i, (a, o) in enumerate(pairs):
+        if i < len(pairs) - keep:
+            o = _shorten(st, o, c.truncate_tokens)
+        out.append((a, o))
+    return out
+
+
+def _shorten(st: _State, obs: Any, n: int) -> Any:
+    codec = st.ep.codec
+    if isinstance(obs, dict):
+        return {**obs, "content": codec.decode(_cut(codec.encode(obs["content"]), n, 0)[0])}
+    # inline: keep the closing tag (the last ids) so the text still parses as an observation
+    m = re.match(r"(\s*<\w+>)(.*?)(</\w+>\s*)$", obs, re.DOTALL)
+    if m is None:
+        return codec.decode(_cut(codec.encode(obs), n, 0)[0])
+    return m.group(1) + codec.decode(_cut(codec.encode(m.group(2)), n, 0)[0]) + m.group(3)
+
+
+async def _summarize(engine: Any, st: _State, t: int) -> str:
+    """The policy writes a summary in the current stream: the request (mask 0), then its
+    sampled ids (a summary turn). Returns the summary's text ('' when it does not fit)."""
+    c, ep, cfg = st.config.compaction, st.ep, st.config
+    if st.inline:
+        o_idx, _ = ep.append("observation", ep.codec.encode(f"\n{c.summary_request}\n"))
+        ep.add_to_assistant(ep.codec.decode(ep.segments[o_idx].token_ids))
+    else:
+        message = {"role": "user", "content": c.summary_request}
+        ep.append("observation", ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
+        ep.messages.append(message)
+    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8, cfg.max_episode_tokens - st.sampled)
+    if budget < 1:
+        return ""
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=budget,
+                              seed=_derive_seed(st.seed, t, SUMMARY_SEED_SALT))
+    try:
+        gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
+    except (Error, asyncio.TimeoutError) as e:
+        st.stop, st.info = StopReason.ERROR, {"error": f"engine (summary): {e or type(e).__name__}"}
+        return ""
+    st.sampled += len(gen.token_ids)
+    st.gen_s += gen.generate_s
+    a_idx, text = ep.append("action", gen.token_ids, gen.logprobs if st.policy else None,
+                            gen.policy_version if st.policy else None)
+    if st.eos_text and text.endswith(st.eos_text):
+        text = text[:-len(st.eos_text)]
+    ep.add_to_assistant(text)
+    st.turns.append(Turn(index=t, action_text=text, action={"kind": "summary", "trained": c.summary == "trained"},
+                         observation_text="", action_segment=a_idx, observation_segment=None,
+                         finish_reason=gen.finish_reason, generate_s=gen.generate_s))
+    return text.strip()
+
+
+def rewrite_stream(st: _State, message: dict) -> tuple[int | None, str]:
+    """A template that re-renders history cannot take `message` as a delta: begin a new
+    stream whose prompt is the conversation with `message`, rendered once (reason
+    "template_rewrite"); (None, its content) as the turn's observation (it lives in the prompt)."""
+    ep = st.ep
+    ep.new_stream(ep.messages + [message], "template_rewrite")
+    if len(ep.ids) + 8 >= st.max_context:
+        st.stop, st.terminated = StopReason.CONTEXT_FULL, False
+    return None, message["content"]

@@ -1,0 +1,225 @@
+"""Context management in the agent loop (issue 30): a compaction or a template that rewrites
+history begins a new token stream; every stream stays token-exact on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from taurl import envs
+from taurl.data.chains import stream_views
+from taurl.data.trajectory import StopReason, validate_trajectory
+from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
+from taurl.errors import ConfigError
+from taurl.policy.engine import LocalEngine
+from taurl.policy.logprobs import sequence_logprobs
+from taurl.policy.model import create_policy
+from taurl.policy.tokenizer import build_tokenizer
+from taurl.rollout.compaction import CompactionConfig, compaction_problems
+from taurl.rollout.loop import RolloutConfig, run_episode
+from taurl.rollout.stream import ChatCodec
+from taurl.rollout.synth import ScriptedEngine
+from taurl.train.chains import untrained_keep
+from taurl.train.learner import Learner, LearnerConfig
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def lake():
+    tasks = frozenlake_tasks("train", 12, size=8)
+    texts = [t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))]
+    tok = build_tokenizer(texts + ["Summarize the progress so far."] * 5, vocab_size=400)
+    return tasks, tok
+
+
+class Recording:
+    """An engine that remembers what it was asked (the ids it read) and what it sampled."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, ids, sampling):
+        gen = await self.engine.generate(ids, sampling)
+        self.calls.append((list(ids), list(gen.token_ids)))
+        return gen
+
+
+def _config(policy: str, max_turns: int = 20, **kw) -> RolloutConfig:
+    return RolloutConfig(max_turns=max_turns, max_action_tokens=8, max_episode_tokens=400, max_context=256,
+                         compaction=CompactionConfig(policy=policy, **kw))
+
+
+def _episode(engine, tok, task, config, seed=0):
+    env = envs.make("frozenlake-v0", max_turns=config.max_turns)
+    env.system_prompt = ""
+    return validate_trajectory(asyncio.run(run_episode(engine, env, tok, task, seed=seed, config=config)))
+
+
+def _renders_itself(tok, view) -> bool:
+    codec = ChatCodec(tok)
+    return codec.decode(view.token_ids) == codec.render(list(view.messages), add_generation_prompt=False)
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate", "summarize", "env"])
+def test_a_compacted_episode_is_token_exact_stream_by_stream(lake, policy):
+    """A tiny random policy, sampled for real: each stream decodes to its own rendering, mask 1
+    is exactly the sampled ids, every call read one stream, and the learner's logprobs of each
+    stream, recomputed on its own ids, are the behaviour logprobs within 1e-4."""
+    tasks, tok = lake
+    model = create_policy(tok, "tiny", seed=0).eval()
+    engine = Recording(LocalEngine(model, tok, version=0, seed=0))
+    tr = _episode(engine, tok, tasks[0], _config(policy, max_turns=6, keep_turns=0, summary_tokens=8))
+    views = stream_views(tr)
+    assert tr.num_streams >= 3 and {s.reason for s in tr.stream_starts} == {"compaction"}, tr.stop_reason
+    assert all(len(v.token_ids) <= 256 for v in views)
+    assert all(_renders_itself(tok, v) for v in views)
+    sampled = [i for _, ids in engine.calls for i in ids]
+    assert [t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m] == sampled
+    for prompt, ids in engine.calls:  # the engine read a prefix of exactly one stream
+        assert sum(v.token_ids[:len(prompt) + len(ids)] == prompt + ids for v in views) == 1
+    for v in views:
+        lp = sequence_logprobs(model, v.token_ids)
+        on = torch.tensor(v.action_mask, dtype=torch.bool)
+        assert torch.allclose(lp[on], torch.tensor(v.behaviour_logprobs)[on], atol=1e-4)
+    if policy == "summarize":
+        summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
+        assert len(summaries) == tr.num_streams - 1 and all(t.action["trained"] for t in summaries)
+
+
+def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
+    """The shortest-path expert on 8x8 maps (14+ moves) with 256 tokens of context: without
+    compaction every episode ends context_full; with the env's hook every one reaches the goal."""
+    tasks, tok = lake
+    for task in tasks[:4]:
+        moves = frozenlake_expert(task, random.Random(0))
+        cut = _episode(ScriptedEngine(tok, moves), tok, task, _config("none"))
+        assert cut.stop_reason is StopReason.CONTEXT_FULL and cut.truncated and cut.num_streams == 1
+        done = _episode(ScriptedEngine(tok, moves), tok, task, _config("env"))
+        assert done.stop_reason == "goal" and done.reward == 1.0 and done.num_streams >= 2
+        assert all(_renders_itself(tok, v) for v in stream_views(done))
+        # the new prompt states where the walk stands: the cell the last move reached
+        second = stream_views(done)[1]
+        assert second.messages[-2]["content"].endswith(done.turns[len(stream_views(done)[0].turns) - 1]
+                                                       .observation_text.strip())
+
+
+def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
+    tasks, tok = lake
+    moves = frozenlake_expert(tasks[1], random.Random(0))
+    script = [m for k, m in enumerate(moves) for m in ([m] if k % 3 or k == 0 else ["went down", m])]
+    config = RolloutConfig(max_turns=20, max_action_tokens=8, max_episode_tokens=400, max_context=256,
+                           compaction=CompactionConfig(policy="summarize", summary="masked", keep_turns=1,
+                                                       trigger=0.55, summary_tokens=4))
+    tr = _episode(ScriptedEngine(tok, script, source="scripted"), tok, tasks[1], config)
+    summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
+    assert summaries and all(t.action == {"kind": "summary", "trained": False} for t in summaries)
+    for view in stream_views(tr):
+        keep = untrained_keep(view)
+        for t in view.turns:
+            seg = view.segments[t.action_segment]
+            start = sum(len(s.token_ids) for s in view.segments[:t.action_segment])
+            assert set(keep[start:start + len(seg.token_ids)]) <= ({0.0} if t.action["kind"] == "summary" else {1.0})
+
+
+def test_compaction_options_are_checked_before_any_work():
+    assert compaction_problems({"policy": "fold"}) and compaction_problems({"trigger": 1.5})
+    assert compaction_problems({"keep_turn": 1}) and compaction_problems({"summary": "maybe"})
+    with pytest.raises(ConfigError, match="policy"):
+        CompactionConfig.from_dict({"policy": "fold"})
+    assert CompactionConfig.from_dict({"policy": "env"}).on and not CompactionConfig.from_dict(None).on
+
+
+# ---------------------------------------------------------------------------------------
+# A Qwen3-style template that strips earlier <think> blocks
+
+
+class Guess:
+    """A messages env whose answers are user messages (as a chat game would send): the first
+    one makes the template drop the earlier <think> blocks. Three guesses; the third wins."""
+
+    name, version, verifier_version = "guess-v0", "0", "0"
+    observation_style, stop, tools, system_prompt = "messages", (), [], "Guess the number."
+
+    def reset(self, task, seed=None):
+        self.turn = 0
+        return "", {}
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == 3:
+            return "", 1.0, True, False, {"action": {"kind": "guess"}, "invalid": False, "stop_reason": "answered",
+                                          "reward_components": {"outcome": 1.0}}
+        return "Higher.", 0.0, False, False, {"action": {"kind": "guess"}, "invalid": False, "role": "user"}
+
+
+@pytest.fixture(scope="module")
+def thinking():
+    texts = ["<think>it is above 3</think>\n4 Higher. Guess the number. 7"] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    tok.chat_template = (FIXTURES / "qwen3_think_template.jinja").read_text()
+    from taurl.envs.core import Task
+    return tok, Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0")
+
+
+class Thinking:
+    """An engine whose actions think first: the script's ids with the behaviour logprobs the
+    policy gives them on the ids it was asked about (what sampling them would record)."""
+
+    source, max_context = "policy", 4096
+
+    def __init__(self, model, tok, script):
+        self.model, self.tok, self.script, self.calls = model, tok, list(script), []
+
+    async def generate(self, ids, sampling):
+        from taurl.policy.protocol import Generation
+
+        out = list(self.tok(self.script.pop(0), add_special_tokens=False)["input_ids"])
+        lp = sequence_logprobs(self.model, list(ids) + out)[len(ids):].tolist()
+        self.calls.append((list(ids), out))
+        return Generation(out, lp, "stop", 0, prompt_tokens=len(ids))
+
+
+def test_a_think_stripping_template_trains_token_exact(thinking):
+    """Re-rendering the conversation drops the earlier <think> blocks, so the loop never does:
+    each user answer begins a new stream (reason template_rewrite) whose prompt is rendered
+    once. Every stream decodes to its own rendering, the sampled ids (thinking included) are
+    mask 1 where they were sampled, and the learner's recomputed logprobs match within 1e-4."""
+    tok, task = thinking
+    model = create_policy(tok, "tiny", seed=1).eval()
+    config = RolloutConfig(max_turns=3, max_action_tokens=12, max_episode_tokens=64, max_context=256)
+    trajs, engines = [], []
+    for g, guesses in enumerate((("4", "6", "7"), ("5", "8", "9"))):
+        engine = Thinking(model, tok, [f"<think>it is above {int(x) - 1}</think>\n{x}" for x in guesses])
+        trajs.append(validate_trajectory(asyncio.run(run_episode(engine, Guess(), tok, task, seed=g, config=config,
+                                                                 group_id="g"))))
+        engines.append(engine)
+    codec = ChatCodec(tok)
+    for tr, engine in zip(trajs, engines, strict=True):
+        views = stream_views(tr)
+        assert [s.reason for s in tr.stream_starts] == ["template_rewrite"] * 2
+        assert all(_renders_itself(tok, v) for v in views)
+        sampled = [i for _, ids in engine.calls for i in ids]
+        assert [t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m] == sampled
+        for (prompt, ids), v in zip(engine.calls, views, strict=True):  # call k read stream k
+            assert v.token_ids[:len(prompt) + len(ids)] == prompt + ids
+        # the later prompts were rendered with the earlier thinking stripped; each action keeps its own
+        assert "<think>" not in codec.decode(views[1].segments[0].token_ids)
+        assert "<think>" in codec.decode(views[1].segments[1].token_ids)
+        # the one-stream alternative is not token-exact: the whole conversation re-rendered has
+        # lost the thinking the model sampled in its first action
+        first = codec.decode(views[0].segments[1].token_ids)
+        assert "<think>" in first and first not in codec.render(list(views[-1].messages), False)
+    rewarded = [dataclasses.replace(t, reward=r, reward_components={"outcome": r})
+                for t, r in zip(trajs, (1.0, 0.0), strict=True)]
+    out = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update(rewarded)
+    assert out["learn/skipped"] == 0.0 and out["mismatch/abs_max"] < 1e-4
