@@ -144,3 +144,21 @@ def test_a_round_that_raises_leaves_no_slot_behind(policy, tmp_path):
 
     gen = asyncio.run(asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=1)), 10))
     assert len(gen.token_ids) >= 1
+
+
+def test_a_resume_may_switch_the_mode(tmp_path):
+    """The mode changes how later rows are computed, not what a stored record is: like
+    `device` and `torch_threads`, a resume may switch it (another change is still refused)."""
+    import dataclasses
+    import json
+    import types
+
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.resume import ResumeError, check_resume, run_identity
+
+    env = types.SimpleNamespace(name="search-v0", version="1", verifier_version="1")  # what the identity reads
+    cfg = TrainConfig(deterministic=False)
+    (tmp_path / "state.json").write_text(json.dumps({"identity": run_identity(cfg, env)}))
+    check_resume(tmp_path, run_identity(dataclasses.replace(cfg, deterministic=True), env))
+    with pytest.raises(ResumeError, match="eval_trials"):
+        check_resume(tmp_path, run_identity(dataclasses.replace(cfg, deterministic=True, eval_trials=5), env))
