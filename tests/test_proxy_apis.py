@@ -214,3 +214,25 @@ def test_an_unknown_route_names_the_routes_served(policy):
         for route in ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/mcp"):
             assert route in msg, msg
         assert httpx.get(f"{p.url}/rollouts/e/v1/responses").status_code == 405
+
+
+def test_responses_input_items_map_to_chat_messages_and_odd_ones_are_refused_by_name():
+    from taurl.proxy.capture import ProxyError
+    from taurl.proxy.responses import input_messages
+
+    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+             {"role": "user", "content": "q"},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}], "encrypted_content": "x"},
+             {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "plan"}], "summary": []},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+             {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{"query": "q"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "found"}]
+    assert input_messages(items) == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<think>plan</think>Looking.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "q"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    for bad, says in (({"type": "item_reference", "id": "x"}, "input item type 'item_reference'"),
+                      ({"role": "user", "content": [{"type": "input_image"}]}, "content part 'input_image'")):
+        with pytest.raises(ProxyError, match=says):
+            input_messages([bad])

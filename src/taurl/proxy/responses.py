@@ -13,7 +13,8 @@ Request → chat messages:
   ``system``); ``function_call`` items → the assistant's ``tool_calls``;
   ``function_call_output`` → ``tool`` messages;
 * ``reasoning`` items → the ``<think>…</think>`` text they were cut from (below), so an
-  agent that sends back what it got extends its chain;
+  agent that sends back what it got extends its chain; one without ``content`` (a summary,
+  encrypted content from another model) is accepted and renders nothing;
 * ``previous_response_id`` → that response's whole conversation (input and output) first;
   it names a response of the same episode;
 * ``tools``: function tools (``{"type": "function", "name", "parameters"}``); hosted tools
@@ -117,7 +118,8 @@ def input_messages(items: list[Any]) -> list[dict]:
             raise ProxyError("every input item is a JSON object")
         kind = item.get("type", "message")
         if kind == "reasoning":
-            think.append(_text(item.get("content") or []))
+            if item.get("content") is not None:  # ours carry their text; another model's (summary, encrypted) no text to render
+                think.append(_text(item["content"]))
         elif kind == "message" and item.get("role") == "assistant":
             msg = assistant()
             if msg["tool_calls"]:  # text after a tool call: a new turn of its own
