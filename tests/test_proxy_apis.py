@@ -236,3 +236,23 @@ def test_responses_input_items_map_to_chat_messages_and_odd_ones_are_refused_by_
                       ({"role": "user", "content": [{"type": "input_image"}]}, "content part 'input_image'")):
         with pytest.raises(ProxyError, match=says):
             input_messages([bad])
+
+
+def test_a_command_agent_on_the_anthropic_sdk_finds_the_proxy_by_its_environment(policy):
+    """`command:` agents get ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY (the SDK's own variables)."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from taurl.proxy.runner import AgentConfig, run_agent_episode
+    from taurl.rollout.episodes import EpisodeSpec
+
+    model, tok = policy
+    example = Path(__file__).resolve().parents[1] / "examples" / "anthropic_agent.py"
+    agent = AgentConfig(command=(sys.executable, str(example)), timeout_s=60, name="anthropic_agent")
+    with proxy_for(policy, max_action_tokens=32) as p:
+        (traj,) = asyncio.run(run_agent_episode(
+            p, agent, None, EpisodeSpec("e", TASK, 0, "g"), run_id="t", env_name="search-v0", env_version="1",
+            verifier=None, engine=ReplyEngine(tok, ["<answer>France</answer>"]), source="expert"))
+    assert traj.metadata["agent_answer"] == "<answer>France</answer>" and traj.metadata["error"] is None
+    assert traj.turns[0].action == {"kind": "answer", "answer": "France"}
