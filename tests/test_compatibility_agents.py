@@ -17,13 +17,21 @@ TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai
           "pydantic-ai-slim")
 
 
-def pins() -> dict[str, str]:
+def section() -> str:
     text = DOC.read_text()
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
-    section = text[start:end if end > 0 else None]
-    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    return text[start:end if end > 0 else None]
+
+
+def pins() -> dict[str, str]:
+    table = "\n".join(line for line in section().splitlines() if line.startswith("|"))
     return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
+
+
+def test_the_tests_and_examples_it_cites_exist():
+    cited = set(re.findall(r"`((?:tests|examples)/[\w/.-]+\.py)`", section()))
+    assert cited and not [c for c in cited if not (DOC.parents[1] / c).exists()]
 
 
 def test_the_table_names_every_tested_package():
