@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
 from taurl import envs  # noqa: E402
+from taurl.data.chains import stream_views  # noqa: E402
 from taurl.data.ledger import Ledger  # noqa: E402
 from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
@@ -211,11 +212,11 @@ def test_history_rewriting_agent_gets_new_chains_and_no_retokenized_action(polic
                   {"role": "user", "content": "third"}]
         c.chat.completions.create(model="m", messages=edited)  # an edited assistant turn: a new chain
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "fresh"}])  # a new conversation
-        trajs = records(p, "ep")
-    assert len(trajs) == 3
-    assert [t.metadata["chain_started_by"] for t in trajs] == ["first_call", "assistant_edited", "history_edited"]
-    assert [t.episode_id for t in trajs] == ["ep.c0", "ep.c1", "ep"]
-    assert trajs[0].stop_reason.value == "history_rewritten" and trajs[0].truncated
+        (episode,) = records(p, "ep")  # one episode: its chains are its token streams
+    assert episode.episode_id == "ep" and episode.metadata["chains"] == 3
+    assert [s.reason for s in episode.stream_starts] == ["assistant_edited", "history_edited"]
+    trajs = stream_views(episode)
+    assert len(trajs) == 3 and [len(t.turns) for t in trajs] == [2, 1, 1]
     sampled = [g.token_ids for _, g in engine.calls]
     for t in trajs:
         check_invariants(t, tok, model, tools=None)

@@ -2,9 +2,10 @@
 
 Same contract as `taurl.rollout.episodes.collect` (deterministic ids, reuse from the ledger,
 append at once, failures counted): the proxy starts on loopback for the batch, each
-episode's agent gets its own base URL, and every chain the proxy captured is appended.
-The records returned are the training batch (`all_chains=True`: every chain, each a
-transition with the episode's reward) or, for evaluation, one per episode (its final chain).
+episode's agent gets its own base URL, and each episode's record is appended: one record
+whose token streams are the chains the proxy captured (`taurl.data.streams`), trained as one
+episode with one advantage (`taurl.train.chains`). `all_chains` is kept for its callers: the
+records are one per episode either way.
 """
 
 from __future__ import annotations
@@ -96,8 +97,7 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
     stats = close_round(specs, out, failed, reused, what="agent episode")
     finals = [out[s.episode_id][-1] for s in specs if s.episode_id in out]
     stats = {**stats, "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
-             "rollout/chains_per_episode": sum(len(out[s.episode_id]) for s in specs if s.episode_id in out)
-             / max(1, len(finals)),
+             "rollout/chains_per_episode": sum(t.num_streams for t in finals) / max(1, len(finals)),
              "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
              "rollout/agent_tool_errors": float(sum(t.num_errors for t in finals)),
              "rollout/throttled_calls": float(proxy.throttled),

@@ -16,8 +16,9 @@ SDK's base URL, `taurl.proxy.messages`), and with `tools` set ``tools_url=`` and
 runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``,
 ``ANTHROPIC_API_KEY``, ``TAURL_TASK``, ``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` and
 ``TAURL_MCP_URL`` (with `tools`) and ``TAURL_EPISODE_ID`` in its environment and prints its answer on the last line of stdout. Either way the agent imports nothing from
-taurl. What the proxy captured becomes the episode's trajectories (one per chain,
-`taurl.proxy.capture`), scored by ``POST /reward`` or else by the env's verifier reading
+taurl. What the proxy captured becomes the episode's trajectory: one record whose token
+streams are its chains (`taurl.proxy.capture`; `taurl.data.streams`, each stream's reason the
+chain's), scored by ``POST /reward`` or else by the env's verifier reading
 the final answer; then the recipe's own credit, learner, ledger and evaluation take over.
 
 With an admission policy (`taurl.proxy.admission`), the runner asks it before starting
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from taurl.data.chains import join_streams
 from taurl.data.trajectory import (
     POLICY_SOURCE,
     Segment,
@@ -267,7 +269,9 @@ def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
 def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, env_name: str, env_version: str,
                     verifier: Any, error: str | None, agent_name: str, answer: str | None,
                     source: str = POLICY_SOURCE, wall_s: float = 0.0) -> list[Trajectory]:
-    """One trajectory per chain; the last one (the agent's final answer) has the episode's id."""
+    """The episode's record: one token stream per chain (a chain of one when the agent only
+    appended), its identity and stop from the last chain (the agent's final answer); ``[]``
+    when no call was sampled."""
     chains = [c for c in ep.capture.chains if c.calls]
     if ep.engine_error and error is None:
         error = ep.engine_error
@@ -295,9 +299,8 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
             stop, terminated = StopReason.ANSWERED, True
         else:
             stop, terminated = StopReason.NO_ANSWER, True
-        reason = chains[k + 1].reason if not last else ""
         traj = Trajectory(
-            episode_id=ep.episode_id if last else f"{ep.episode_id}.c{k}", run_id=run_id, task_id=task.task_id,
+            episode_id=ep.episode_id, run_id=run_id, task_id=task.task_id,
             group_id=group_id, split=task.split, env_name=env_name, env_version=env_version, seed=ep.seed,
             segments=segs, turns=tuple(turns), messages=tuple(dict(m) for m in chain.render_msgs),
             terminated=terminated, truncated=not terminated, stop_reason=stop,
@@ -307,15 +310,15 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
                       "proxy_refusal": ep.refusal[1] if ep.refusal else None,
                       "throttled_calls": ep.throttled, "admission_waits": ep.admission_waits,
                       "admission_wait_s": ep.admission_wait_s,
-                      "chain": k, "chains": len(chains), "chain_started_by": chain.reason,
-                      "chain_abandoned_by": reason, "malformed_calls": ep.capture.malformed_calls,
+                      "chains": len(chains), "malformed_calls": ep.capture.malformed_calls,
                       "sampling": sampling_record(1.0 if ep.temperature is None else ep.temperature, ep.top_p),
                       **{key: v for key, v in task.metadata.items() if key in ("family", "hops")}},
             source=source)
         out.append(traj)
     if not out:
         return []
-    # one reward for the episode, given to every chain (each call's transition shares it)
+    # one record: the chains are its token streams, each started for its chain's reason
+    out = [join_streams(out, [c.reason for c in chains[1:]])] if len(out) > 1 else out
     if ep.reward is not None:
         comps, version = dict(ep.reward_components), "agent"
     elif error or verifier is None:
@@ -324,6 +327,7 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
         comps, version = {"outcome": float(verifier(out[-1], task))}, verifier.version
     if ep.gate_stop is not None and ep.reward is None:  # the host gate's penalty (a forbidden tool, a budget)
         comps["constraint"] = ep.gate_stop[1]
+    # one reward for the episode, the outcome of its last chain's answer
     return [replace(t, reward=sum(comps.values()), reward_components=comps, verifier_version=version) for t in out]
 
 
