@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,ecosystem]'
-	$(BIN)/pip install -q --no-deps openenv-core==0.3.0  # see pyproject's ecosystem extra: gradio left out
+	$(BIN)/pip install -q --no-deps openenv-core==0.3.0 verifiers==0.1.14  # pyproject's ecosystem extra says why
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -24,5 +24,7 @@ register("reasoning-gym", "taurl.envs.rgym.env:ReasoningGymEnv", tasks="taurl.en
          expert="taurl.envs.rgym.tasks:rg_expert", verifier="taurl.envs.rgym.tasks:RGVerifier")
 register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.openenv_bridge:openenv_tasks",
          verifier="taurl.envs.openenv_bridge:OpenEnvVerifier")
+register("verifiers", "taurl.envs.verifiers_bridge:VerifiersEnv", tasks="taurl.envs.verifiers_bridge:verifiers_tasks",
+         verifier="taurl.envs.verifiers_bridge:VerifiersVerifier")
 
 __all__ = ["Env", "Task", "check_env", "import_env_modules", "make", "make_tasks", "register", "registered", "spec"]
