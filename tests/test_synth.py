@@ -47,6 +47,7 @@ def tasks():
 
 def scripted(tok, task, actions, seed=0):
     return asyncio.run(run_episode(ScriptedEngine(tok, actions), make_env(), tok, task, seed=seed,
+                                   config=RolloutConfig(max_turns=4),  # the longest script: 3 searches, an answer
                                    episode_id=f"s-{seed}"))
 
 

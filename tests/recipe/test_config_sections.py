@@ -88,3 +88,23 @@ def test_a_run_writes_its_config_in_sections_and_reads_it_back(tmp_path):
 def test_section_mistakes_are_named(data, message):
     with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
         load_config(TrainConfig, data=data)
+
+
+def test_each_section_is_a_typed_dataclass_with_the_flat_configs_defaults():
+    """``cfg.section("rl")``: the options of one section of the file, keyed as there, typed
+    and frozen; its class's defaults are TrainConfig's (one set of defaults)."""
+    import dataclasses
+    import typing
+
+    cfg = TrainConfig(lr=1e-4, eval_tasks=7, engine_options={"replicas": 2})
+    rl, ev, engine = cfg.section("rl"), cfg.section("eval"), cfg.section("engine")
+    assert (rl.lr, rl.updates, ev.tasks, engine.options) == (1e-4, 30, 7, {"replicas": 2})
+    assert typing.get_type_hints(type(rl))["lr"] is float and typing.get_type_hints(type(ev))["tasks"] is int
+    for name, keys in SECTIONS.items():
+        cls = type(cfg.section(name))
+        assert [f.name for f in dataclasses.fields(cls)] == list(keys)
+        assert cls() == TrainConfig().section(name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rl.lr = 1.0
+    with pytest.raises(ConfigError, match="unknown config section 'evals'"):
+        cfg.section("evals")

@@ -17,6 +17,7 @@ from taurl.recipe.validate import (  # noqa: F401  (re-exported: their old home 
     import_modules,
     load_config,
 )
+from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episode-budget defaults
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,13 @@ class RolloutRunConfig:
     seed: int = 0  # seeds task sampling, the default policy and sampling
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     top_p: float = 1.0  # nucleus sampling mass
-    max_turns: int = 4  # actions per episode
-    max_action_tokens: int = 96  # sampled tokens per action
-    max_episode_tokens: int = 384  # sampled tokens per episode
-    max_observation_tokens: int = 256  # observation cut, in tokens
-    max_context: int = 1536  # prompt + actions + observations
+    max_turns: int = _Loop.max_turns  # actions per episode
+    max_action_tokens: int = _Loop.max_action_tokens  # sampled tokens per action
+    max_episode_tokens: int = _Loop.max_episode_tokens  # sampled tokens per episode
+    max_observation_tokens: int = _Loop.max_observation_tokens  # observation cut, in tokens
+    max_context: int = _Loop.max_context  # prompt + actions + observations
     compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...} (taurl.rollout.compaction)
-    max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
+    max_tool_calls: int | None = _Loop.max_tool_calls  # tool calls per episode (null: no budget)
 
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
@@ -126,13 +127,13 @@ class TrainConfig:
     vocab_size: int = 1024  # BPE vocabulary of the default policy's tokenizer
     chat_template: str = "chatml"  # the default policy's chat template: chatml (Qwen2.5's Hermes tool preamble) | chatml-compact (tools as one-line signatures)
     warmup_options: dict[str, Any] = field(default_factory=dict)  # options of the env's pre-SFT warm-up hook (search-v0: steps, batch_size)
-    max_turns: int = 3  # actions per episode
-    max_action_tokens: int = 48  # sampled tokens per action
-    max_episode_tokens: int = 128  # sampled tokens per episode
-    max_observation_tokens: int = 256  # observation cut, in tokens
-    max_context: int = 1024  # prompt + actions + observations
+    max_turns: int = _Loop.max_turns  # actions per episode
+    max_action_tokens: int = _Loop.max_action_tokens  # sampled tokens per action
+    max_episode_tokens: int = _Loop.max_episode_tokens  # sampled tokens per episode
+    max_observation_tokens: int = _Loop.max_observation_tokens  # observation cut, in tokens
+    max_context: int = _Loop.max_context  # prompt + actions + observations
     compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...}; a full context then starts a new token stream (taurl.rollout.compaction)
-    max_tool_calls: int | None = None  # tool calls per episode (null: no budget)
+    max_tool_calls: int | None = _Loop.max_tool_calls  # tool calls per episode (null: no budget)
     temperature: float = 1.0  # rollout sampling temperature (training)
     concurrency: int = 64  # episodes in flight at once (the engine batches them)
     deterministic: bool = False  # lock-step batching in the local engine: a seed fixes every rollout and evaluation under any machine load (docs/reproducibility.md)
@@ -204,6 +205,12 @@ class TrainConfig:
     eval_seed: int = 1234  # seeds evaluation task choice and sampling
     promotion: dict[str, Any] = field(default_factory=dict)  # promotion gate thresholds (docs/evaluation.md): margin, safety_tolerance, max_cost_ratio, max_wall_ratio, max_regression
     agent: dict[str, Any] = field(default_factory=dict)  # your own agent through the proxy (docs/agents.md): callable | command, timeout_s, max_calls
+
+    def section(self, name: str) -> Any:
+        """This config's options of one section of its file (``cfg.section("rl").lr``), typed."""
+        from taurl.recipe.sections import section
+
+        return section(self, name)
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
@@ -422,11 +429,10 @@ def _local_engine_option_problem(options: dict[str, Any]) -> str | None:
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
     from taurl.rollout.compaction import CompactionConfig
-    from taurl.rollout.loop import RolloutConfig
 
     timeout = {"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s") else {}
-    return RolloutConfig(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling,
-                         compaction=CompactionConfig.from_dict(cfg.compaction))
+    return _Loop(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling,
+                 compaction=CompactionConfig.from_dict(cfg.compaction))
 
 
 def run_config(run: Any) -> TrainConfig:

@@ -21,8 +21,11 @@ flat names. Options not listed here (``seed``, ``env``, ``imports``, ``env_confi
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import re
+import typing
 from typing import Any
 
 from taurl.errors import ConfigError
@@ -58,6 +61,27 @@ SECTIONS: dict[str, dict[str, str]] = {
 TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks", "task_options", "alarms",
                  "trackers", "promotion", "agent", "torch_threads"})
 HOME: dict[str, str] = {flat: f"{section}.{key}" for section, keys in SECTIONS.items() for key, flat in keys.items()}
+
+
+def section(cfg: Any, name: str) -> Any:
+    """`cfg`'s options of section `name` as that section's frozen dataclass, keyed as in the
+    file: ``section(cfg, "eval").tasks`` is ``cfg.eval_tasks``. The section types are built
+    from the config class's fields (`section_type`): their defaults are its defaults."""
+    if name not in SECTIONS:
+        raise ConfigError(f"unknown config section {name!r}; the sections are {', '.join(SECTIONS)}")
+    return section_type(type(cfg), name)(**{key: getattr(cfg, flat) for key, flat in SECTIONS[name].items()})
+
+
+@functools.cache
+def section_type(cls: type, name: str) -> type:
+    """The dataclass of section `name` of config class `cls` (TrainConfig): one field per key
+    of the section, with the type and the default of the flat option it names."""
+    flat = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    spec = [(key, hints[option], dataclasses.field(default=flat[option].default,
+                                                    default_factory=flat[option].default_factory))
+            for key, option in SECTIONS[name].items()]
+    return dataclasses.make_dataclass(f"{name.title()}Section", spec, frozen=True)
 
 
 def flatten(data: dict[str, Any], *, warn: bool) -> dict[str, Any]:

@@ -67,27 +67,12 @@ from taurl.errors import ContractError, Error
 from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
 from taurl.rollout import compaction
-from taurl.rollout.compaction import CompactionConfig
+from taurl.rollout.budgets import RolloutConfig
 from taurl.rollout.seeds import _derive_seed
 from taurl.rollout.stream import ChatCodec, _cut, _Episode
 
+DEFAULTS = RolloutConfig()  # frozen: one instance serves every call without a config
 
-@dataclass(frozen=True)
-class RolloutConfig:
-    """Budgets and sampling for the agent loop."""
-
-    max_turns: int = 4  # actions per episode (the env may have a smaller budget)
-    max_action_tokens: int = 96  # sampled tokens per action
-    max_episode_tokens: int = 384  # sampled tokens per episode, all actions together
-    max_observation_tokens: int = 256  # an observation is cut to this many tokens
-    observation_keep_tail: int = 4  # ...keeping its last ids (the closing tags)
-    max_context: int = 1536  # prompt + actions + observations (never above the model's)
-    max_tool_calls: int | None = None  # tool calls per episode (None: no budget)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
-    resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
-    compaction: CompactionConfig = CompactionConfig()  # context management: a new token stream instead of a full context
 
 @dataclass
 class _State:
@@ -132,7 +117,7 @@ class _Action:
 
 
 async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, seed: int,
-                      config: RolloutConfig = RolloutConfig(), group_id: str = "", run_id: str = "",
+                      config: RolloutConfig = DEFAULTS, group_id: str = "", run_id: str = "",
                       episode_id: str | None = None) -> Trajectory:
     """Run one episode of `env` on `task` with `engine`; always returns a finished record.
 
@@ -410,7 +395,7 @@ class RolloutResult:
 
 
 async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: Any, tasks: list[Task], *,
-                       group_size: int = 1, config: RolloutConfig = RolloutConfig(), concurrency: int = 32,
+                       group_size: int = 1, config: RolloutConfig = DEFAULTS, concurrency: int = 32,
                        seed: int = 0, run_id: str = "", round_index: int = 0,
                        on_episode: Callable[[Trajectory], None] | None = None) -> RolloutResult:
     """Run `group_size` episodes per task, at most `concurrency` at once.
