@@ -23,25 +23,18 @@ from typing import TypeVar
 import pytest
 
 from taurl.errors import SandboxError
-from taurl.tools import ExecResult, SandboxConfig, SandboxLimits, SandboxPool
+from taurl.tools import ExecResult, SandboxConfig, SandboxPool
 from taurl.tools.zygote import LOST, WarmPython, acquire_warm
+from test_sandbox_security import (  # the attack targets, shared
+    LIMITS,
+    SECRET,
+    host_pids_with,
+    leaked,
+)
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
-LIMITS = SandboxLimits(
-    timeout_s=5.0,
-    cpu_s=1,
-    memory_bytes=512 << 20,
-    nproc=32,
-    fsize_bytes=1 << 20,
-    nofile=64,
-    tmp_bytes=4 << 20,
-    shm_bytes=1 << 20,
-    max_output_bytes=4096,
-    max_drain_bytes=1 << 20,
-)
 CFG = SandboxConfig(limits=LIMITS)
-SECRET = "taurl-secret-" + uuid.uuid4().hex
 
 
 def with_wp(fn: Callable[[WarmPython], Awaitable[T]], config: SandboxConfig = CFG) -> T:
@@ -63,23 +56,6 @@ def with_wp(fn: Callable[[WarmPython], Awaitable[T]], config: SandboxConfig = CF
 def code(src: str, **kw) -> ExecResult:
     """One request in a fresh zygote."""
     return with_wp(lambda wp: wp.run_code(textwrap.dedent(src), **kw))
-
-
-def host_pids_with(marker: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        pids.append(int(entry))
-            except OSError:
-                pass  # exited meanwhile
-    return pids
-
-
-def leaked(r: ExecResult) -> bool:
-    return SECRET in r.stdout or SECRET in r.stderr
 
 
 # --- behaviour ---------------------------------------------------------------------
