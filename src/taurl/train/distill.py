@@ -37,7 +37,7 @@ from taurl.data.trajectory import Trajectory
 from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
 from taurl.train.optim import optimizer_step
-from taurl.train.rows import Rows, _forward_params, make_rows, micro_batches, model_device
+from taurl.train.rows import Rows, column_logits, make_rows, micro_batches, model_device
 
 KINDS = ("reverse_kl", "advantage")
 
@@ -88,15 +88,7 @@ def action_logits(model: torch.nn.Module, rows: Rows) -> tuple[Tensor, Tensor, T
     predicted token ids and the (B, L−1) selection (`taurl.train.rows.action_logprobs`'s layout)."""
     sel = rows.mask[:, 1:].bool()
     cols = sel.any(0).nonzero().squeeze(-1)
-    params = _forward_params(model)
-    kw: dict[str, Any] = {"attention_mask": rows.attention}
-    if "position_ids" in params:
-        kw["position_ids"] = (rows.attention.cumsum(-1) - 1).clamp(min=0)
-    if "logits_to_keep" in params:
-        kw["logits_to_keep"] = cols
-    logits = model(input_ids=rows.input_ids, **kw).logits
-    if "logits_to_keep" not in params:
-        logits = logits[:, cols]
+    logits = column_logits(model, rows, cols)
     return logits[sel[:, cols]], rows.input_ids[:, 1:][sel], sel
 
 

@@ -100,6 +100,18 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
     ent = torch.zeros_like(lp) if with_entropy else None
     if cols.numel() == 0:
         return lp, ent
+    logits = column_logits(model, rows, cols)
+    picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,  # (K,)
+                                  entropy=with_entropy, entropy_grad=entropy_grad)
+    lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
+    if ent is not None and h is not None:
+        ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
+    return lp, ent
+
+
+def column_logits(model: torch.nn.Module, rows: Rows, cols: Tensor) -> Tensor:
+    """The model's logits (B, C, V) at columns `cols` only, from one call of its own forward
+    with explicit positions (`action_logprobs`); `logits_to_keep` where the model takes it."""
     params = _forward_params(model)
     kw: dict[str, Any] = {"attention_mask": rows.attention}
     if "position_ids" in params:
@@ -107,14 +119,7 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
     if "logits_to_keep" in params:
         kw["logits_to_keep"] = cols
     logits = model(input_ids=rows.input_ids, **kw).logits  # (B, C, V), or (B, L, V) without logits_to_keep
-    if "logits_to_keep" not in params:
-        logits = logits[:, cols]
-    picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,  # (K,)
-                                  entropy=with_entropy, entropy_grad=entropy_grad)
-    lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
-    if ent is not None and h is not None:
-        ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)
-    return lp, ent
+    return logits if "logits_to_keep" in params else logits[:, cols]
 
 
 def _forward_params(model: torch.nn.Module) -> Any:
