@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     from taurl.proxy.cli import add_proxy_parser
 
     add_proxy_parser(sub)
+    from taurl.envs.openenv_serve import add_serve_env_parser
+
+    add_serve_env_parser(sub)
     from taurl.recipe.config import TrainConfig
 
     for name, help_, desc in (
@@ -223,6 +226,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from taurl.proxy.cli import run_proxy_command
 
         return run_proxy_command(args)
+    if args.command == "serve-env":
+        from taurl.envs.openenv_serve import run_serve_env_command
+
+        return run_serve_env_command(args)
     if args.command == "models":
         return _models(args)
     from taurl.cli import commands

@@ -164,8 +164,11 @@ class OpenEnvEnv:
     def _tool_schemas(self) -> list[dict[str, Any]]:
         """The env's MCP tools, or one ``step`` tool over its Action schema."""
         self.session.call("reset", seed=0)
-        listing = self.session.call("step", {"type": "list_tools"})
-        tools = listing.observation.get("tools") if isinstance(listing.observation, dict) else None
+        try:
+            listing = self.session.call("step", {"type": "list_tools"})
+            tools = listing.observation.get("tools") if isinstance(listing.observation, dict) else None
+        except RuntimeError:  # a typed-action env refuses the MCP action (a validation error)
+            tools = None
         self._mcp = bool(tools)
         if tools:
             return [{"name": t["name"], "description": t.get("description", ""),
