@@ -26,6 +26,7 @@ def run_figures(run: Path) -> dict:
     stage_s = sum(s["timings"].get(k, 0.0) for k in STAGE_TIMINGS)
     return {"stage": s["train"].get("stage", "rl"), "holdout": h["final"]["success"], "ci95": h["final"]["ci95"],
             "sft_holdout": h["sft"]["success"], "paired_gain": h["paired_gain"], "stage_wall_s": stage_s,
+            "task_successes": h["final"]["task_successes"], "trials": h["final"]["trials"],
             "wall_s": s["wall_seconds"], "updates": s["train"]["updates"], "promotion": s["promotion"].get("decision")}
 
 
@@ -59,6 +60,14 @@ def main() -> None:
         figures["runs"][run.name] = f = run_figures(run)
         print(f"{run.name:10s} holdout {f['holdout']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]  "
               f"gain {f['paired_gain']['difference']:+.3f}  stage {f['stage_wall_s']:.0f} s", flush=True)
+    from taurl.eval.evaluate import paired_difference
+
+    base = figures["runs"].get("grpo")
+    for name, f in figures["runs"].items():  # same tasks and seeds: a paired, task-clustered difference
+        if base is not None and name != "grpo":
+            d = paired_difference(base["task_successes"], f["task_successes"], f["trials"]).to_dict()
+            f["minus_grpo"] = {"difference": d["difference"], "ci95": d["ci95"]}
+            print(f"{name} - grpo: {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
     at = [int(x) for x in a.at.split(",")]
     for name in a.curves.split(","):
         if (root / name / "summary.json").exists():
