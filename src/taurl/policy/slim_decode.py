@@ -37,6 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from taurl.policy.packed_linear import Proj
+
 SUPPORTED = frozenset({"qwen2", "llama", "mistral"})
 TOLERANCE = 1e-4  # max |Δ log-softmax| between the slim step and the model's forward
 MAX_PARAMS = 200_000_000  # larger policies are compute-bound: the slim path would gain little
@@ -54,8 +56,9 @@ class SlimDecoder:
     projection weights, so the path is only offered to policies up to `MAX_PARAMS`.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, packed: bool = True):
         inner = model.model
+        self.pack = packed  # oneDNN-packed GEMMs for batches of 2+ rows (taurl.policy.packed_linear)
         cfg = model.config
         self.layers = list(inner.layers)
         self.embed = inner.embed_tokens
@@ -66,11 +69,11 @@ class SlimDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.rotary = inner.rotary_emb
         self.scale = float(self.layers[0].self_attn.scaling)
-        self.fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]] = []
+        self.projs: list[tuple[Proj, Proj, Proj, Proj]] = []  # per layer: qkv, o, gate|up, down
         self.refresh()
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module) -> SlimDecoder | None:
+    def for_model(cls, model: torch.nn.Module, packed: bool = True) -> SlimDecoder | None:
         """A slim decoder for `model`, or None when its architecture is not one it knows."""
         cfg = getattr(model, "config", None)
         if getattr(cfg, "model_type", None) not in SUPPORTED:
@@ -89,20 +92,27 @@ class SlimDecoder:
             return None
         if not all(hasattr(layer.mlp, n) for layer in inner.layers for n in ("gate_proj", "up_proj", "down_proj")):
             return None
-        return cls(model)
+        return cls(model, packed)
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Rebuild the fused q|k|v and gate|up weights from the model's current ones."""
-        self.fused = []
+        """Rebuild the fused (and packed) weights from the model's current ones."""
+        self.projs = []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            qkv_w, qkv_b = _fuse([a.q_proj, a.k_proj, a.v_proj])
-            gate_up, gate_up_b = _fuse([mlp.gate_proj, mlp.up_proj])  # Llama's mlp_bias: biased
-            self.fused.append((qkv_w, qkv_b, gate_up, gate_up_b))
+            self.projs.append((Proj.of([a.q_proj, a.k_proj, a.v_proj], self.pack), Proj.of([a.o_proj], self.pack),
+                               Proj.of([mlp.gate_proj, mlp.up_proj], self.pack),  # Llama's mlp_bias: biased
+                               Proj.of([mlp.down_proj], self.pack)))
+        self.head = Proj.of([self.lm_head], self.pack)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
+                 exact: bool = False) -> torch.Tensor:
+        """The step's logits. `exact`: through the model's own linear layers (bit for bit its
+        forward: the engine's check), else through the fused, packed projections."""
         b = ids.shape[0]
+        # one row is a matrix-vector product, whose rounding depends on the matrix's height
+        # (and oneDNN gains nothing there): the model's own layers, as its forward runs them
+        own = exact or b == 1
         x = self.embed(ids)  # (B, 1, hidden)
         inv = self.rotary.inv_freq.to(x.device)
         freqs = positions.to(inv.dtype)[:, None] * inv[None, :]  # (B, D/2), fp32 as the model's rotary
@@ -118,15 +128,11 @@ class SlimDecoder:
             bias = bias[:, None, None, :]
         d, h, kvh = self.head_dim, self.n_heads, self.n_kv
         for i, layer in enumerate(self.layers):
-            qkv_w, qkv_b, gate_up, gate_up_b = self.fused[i]
+            qkv_p, o_p, gate_up_p, down_p = self.projs[i]
+            a, mlp = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             hs = F.rms_norm(x, n1.weight.shape, n1.weight, n1.variance_epsilon)
-            if b == 1:  # one row is a matrix-vector product, whose rounding depends on the
-                # matrix's row count: the model's own three projections, as its forward does
-                a = layer.self_attn
-                qkv = torch.cat([a.q_proj(hs), a.k_proj(hs), a.v_proj(hs)], dim=-1)
-            else:  # a matrix product: each output is the same dot product, fused or not
-                qkv = F.linear(hs, qkv_w, qkv_b)
+            qkv = torch.cat([a.q_proj(hs), a.k_proj(hs), a.v_proj(hs)], dim=-1) if own else qkv_p(hs)
             qkv = qkv.view(b, h + 2 * kvh, d)
             qk = qkv[:, :h + kvh, None, :]  # (B, h + kvh, 1, D): rotated together
             qk = qk * cos + _rotate_half(qk) * sin
@@ -143,23 +149,14 @@ class SlimDecoder:
             else:
                 o = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh, d), keys, values,
                                                    attn_mask=bias, scale=self.scale)
-            x = x + layer.self_attn.o_proj(o.reshape(b, 1, h * d))
+            o = o.reshape(b, 1, h * d)
+            x = x + (a.o_proj(o) if own else o_p(o))
             hs = F.rms_norm(x, n2.weight.shape, n2.weight, n2.variance_epsilon)
-            if b == 1:
-                gate, up = layer.mlp.gate_proj(hs), layer.mlp.up_proj(hs)
-            else:
-                gate, up = F.linear(hs, gate_up, gate_up_b).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return self.lm_head(self.norm(x))[:, -1, :]
-
-
-def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias, if any of them has one) computing `linears` side by side."""
-    weight = torch.cat([m.weight for m in linears])
-    if all(m.bias is None for m in linears):
-        return weight, None
-    return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                              for m in linears])
+            gate, up = (mlp.gate_proj(hs), mlp.up_proj(hs)) if own else gate_up_p(hs).chunk(2, dim=-1)
+            act = mlp.act_fn(gate) * up
+            x = x + (mlp.down_proj(act) if own else down_p(act))
+        x = self.norm(x)
+        return (self.lm_head(x) if own else self.head(x))[:, -1, :]
 
 
 def _rotate_half(t: torch.Tensor) -> torch.Tensor:
