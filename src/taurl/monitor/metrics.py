@@ -102,6 +102,16 @@ def console_line(row: dict[str, Any], total: int) -> str:
             f"±{g('rollout/reward_std', 0):.2f}  success {g('rollout/success', 0):.2f}  tools "
             f"{g('rollout/search_rate', 0):.2f}  same-groups {g('rollout/groups_same_reward', 0):.2f}  "
             f"invalid {g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
-            f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
-            f"{g('learn/entropy', 0):.2f}  |g| {g('learn/grad_norm', 0):.2f}  "
+            f"{_learn_part(row)}  |g| {g('learn/grad_norm', 0):.2f}  "
             f"roll {g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")
+
+
+def _learn_part(row: dict[str, Any]) -> str:
+    """The learner's figures of the stage that made `row` (RL, DPO or distillation)."""
+    g = row.get
+    if "distill/reverse_kl_k1" in row:
+        return f"kl(student|teacher) {g('distill/reverse_kl_k1'):.4f}"
+    if "learn/dpo_pairs" in row:
+        return f"pairs {g('learn/dpo_pairs'):.0f}  dpo {g('learn/dpo_loss', 0):.3f}  acc {g('learn/dpo_reward_acc', 0):.2f}"
+    return (f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
+            f"{g('learn/entropy', 0):.2f}")
