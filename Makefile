@@ -48,7 +48,7 @@ chromium:
 # (tests/conftest.py says why); the mutation check's runs stay serial.
 test: $(STAMP) chromium
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(BIN)/python tests/mutation_check.py
 
 # The security and cheat suites again with isolation, resource limits, then cheat detection off

@@ -2,7 +2,6 @@
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -70,10 +69,7 @@ def mutation():
         yield MUTATION
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        _one_worker_per_file(items)
     if not MUTATION:
         return
     from mutation_check import EXEMPT
@@ -84,20 +80,33 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=EXEMPT + mark.args[1]))
 
 
-# --- pytest-xdist: `make test` runs `pytest -n 2 --dist loadgroup` ---------------------
+# --- pytest-xdist: `make test` runs `pytest -n 2 --dist loadfile` ----------------------
 # Each test file is one unit on one worker (its module fixtures are built once, its tests run
 # in order). The files that start sandboxes share one unit: every sandbox runs as the same
 # host uid, whose process limit (nproc) test_sandbox_security's fork tests fill for seconds,
-# which would fail a sandbox starting on the other worker meanwhile.
+# which would fail a sandbox starting on the other worker meanwhile. (xdist's own
+# `xdist_group` mark does not group under pytest 9: it renames `_nodeid`, which pytest 9 no
+# longer reads; its scheduler hook does the same job.)
 STARTS_SANDBOXES = re.compile(r"[Ss]andbox|zygote|WarmPython|CodeEnv|code-v0|code\.yaml")
 
 
-def _one_worker_per_file(items) -> None:
-    starts: dict[Path, bool] = {}
-    for item in items:
-        if item.path not in starts:
-            starts[item.path] = bool(STARTS_SANDBOXES.search(item.path.read_text(encoding="utf-8")))
-        item.add_marker(pytest.mark.xdist_group("sandbox" if starts[item.path] else str(item.path)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    starts: dict[str, bool] = {}
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path not in starts:
+                text = (config.rootpath / path).read_text(encoding="utf-8") if path.endswith(".py") else ""
+                starts[path] = bool(STARTS_SANDBOXES.search(text))
+            return "sandbox-starting files" if starts[path] else path
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
