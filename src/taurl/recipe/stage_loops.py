@@ -32,6 +32,7 @@ def rejection_rounds(r: Any) -> None:
     """`sft.rejection.rounds` rounds of sample → filter → SFT from the SFT checkpoint on."""
     from taurl.eval.evaluate import default_verifier
     from taurl.policy.factory import make_engine
+    from taurl.policy.tokenizer import load_tokenizer
     from taurl.rollout.rejection import RejectionOptions, keep_episodes
     from taurl.train.sft import sft_loop
 
@@ -51,7 +52,7 @@ def rejection_rounds(r: Any) -> None:
         t0 = time.perf_counter()
         version = r.state["sft_version"] + rnd - 1
         tasks = [pool[((rnd - 1) * n_tasks + i) % len(pool)] for i in range(n_tasks)]
-        _, tok = load_policy(r.run.checkpoint(version), "cpu")
+        tok = load_tokenizer(r.run.checkpoint(version))
         engine = make_engine("local", r.run.checkpoint(version), tok, version=version, device=device, dtype=dtype,
                              max_batch_size=cfg.concurrency, seed=seed, deterministic=cfg.deterministic,
                              **cfg.engine_options)
