@@ -93,7 +93,8 @@ def test_a_compacted_episode_is_token_exact_stream_by_stream(lake, policy):
         assert torch.allclose(lp[on], torch.tensor(v.behaviour_logprobs)[on], atol=1e-4)
     if policy == "summarize":
         summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
-        assert len(summaries) == tr.num_streams - 1 and all(t.action["trained"] for t in summaries)
+        # one per compaction that had room to ask for it (a stream too full goes on without)
+        assert 1 <= len(summaries) <= tr.num_streams - 1 and all(t.action["trained"] for t in summaries)
 
 
 def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
@@ -150,16 +151,20 @@ class Guess:
     name, version, verifier_version = "guess-v0", "0", "0"
     observation_style, stop, tools, system_prompt = "messages", (), [], "Guess the number."
 
+    def __init__(self, wins_at: int = 3, role: str = "user"):
+        self.wins_at, self.role = wins_at, role
+
     def reset(self, task, seed=None):
         self.turn = 0
         return "", {}
 
     def step(self, action):
         self.turn += 1
-        if self.turn == 3:
+        if self.turn == self.wins_at:
             return "", 1.0, True, False, {"action": {"kind": "guess"}, "invalid": False, "stop_reason": "answered",
                                           "reward_components": {"outcome": 1.0}}
-        return "Higher.", 0.0, False, False, {"action": {"kind": "guess"}, "invalid": False, "role": "user"}
+        answer = "Higher." if self.role == "user" else "Higher: the number is above your guess, so try a larger one."
+        return answer, 0.0, False, False, {"action": {"kind": "guess"}, "invalid": False, "role": self.role}
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +228,33 @@ def test_a_think_stripping_template_trains_token_exact(thinking):
                 for t, r in zip(trajs, (1.0, 0.0), strict=True)]
     out = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update(rewarded)
     assert out["learn/skipped"] == 0.0 and out["mismatch/abs_max"] < 1e-4
+
+
+@pytest.mark.parametrize(("policy", "keep", "context"), [("drop", 1, 256), ("truncate", 0, 320), ("summarize", 0, 256)])
+def test_a_chat_env_compacts_into_streams_that_render_themselves(policy, keep, context):
+    """A messages-style env (each answer a tool message): the compacted prompt is the task and
+    the kept (assistant, tool) exchanges, rendered once; the episode reaches its end."""
+    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, so try a larger "
+             "one. I guess 5. Summarize the progress so far."] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    from taurl.envs.core import Task
+
+    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0")
+    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200, max_context=context,
+                           compaction=CompactionConfig(policy=policy, keep_turns=keep, truncate_tokens=2,
+                                                       summary_tokens=6))
+    script = [f"I guess {k}" for k in range(1, 16)]
+    tr = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, script), Guess(wins_at=6, role="tool"),
+                                                     tok, task, seed=0, config=config)))
+    assert tr.stop_reason == "answered" and tr.num_streams >= 2, tr.stop_reason
+    views = stream_views(tr)
+    assert all(_renders_itself(tok, v) for v in views) and all(len(v.token_ids) <= context for v in views)
+    second = views[1].messages  # system, task, the kept exchanges, then the stream's own turns
+    answer = tr.turns[0].observation_text
+    if policy == "drop":
+        assert [m["role"] for m in second[2:4]] == ["assistant", "tool"] and second[3]["content"] in answer
+    elif policy == "truncate":
+        assert second[2]["role"] == "assistant" and len(second[3]["content"]) < 20 < len(answer)
+    else:
+        assert second[1]["content"].startswith(task.prompt + "\n") and second[2]["role"] == "assistant"
+        assert any(t.action["kind"] == "summary" for t in tr.turns)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,6 +218,10 @@ def test_history_rewriting_agent_gets_new_chains_and_no_retokenized_action(polic
     assert [s.reason for s in episode.stream_starts] == ["assistant_edited", "history_edited"]
     trajs = stream_views(episode)
     assert len(trajs) == 3 and [len(t.turns) for t in trajs] == [2, 1, 1]
+    from taurl.train.chains import split_streams
+
+    rows, adv = split_streams([episode], np.full((1, 4), 0.5))  # the episode's credit reaches every chain
+    assert len(rows) == 3 and all((adv[j, :len(r.turns)] == 0.5).all() for j, r in enumerate(rows))
     sampled = [g.token_ids for _, g in engine.calls]
     for t in trajs:
         check_invariants(t, tok, model, tools=None)

@@ -100,12 +100,14 @@ def compaction_problems(d: Any) -> list[str]:
 
 def due(st: _State) -> bool:
     """Compact before the next turn: the stream holds `trigger` of the context, or the next
-    action and an answer as long as the longest so far would not fit (and the stream holds a
-    turn to compact away)."""
+    action and an answer as long as the longest so far (summarize: or the summary request and
+    the summary) would not fit; and the stream holds a turn to compact away."""
     c, ep = st.config.compaction, st.ep
     if not c.on or not ep.turns_in_stream:
         return False
     answer = max((len(s.token_ids) for s in ep.segments if s.kind == "observation"), default=0)
+    if c.policy == "summarize":  # after the next turn, room for the request and the summary too
+        answer += len(ep.codec.encode(c.summary_request)) + 8 + c.summary_tokens
     return (len(ep.ids) >= c.trigger * st.max_context
             or len(ep.ids) + st.config.max_action_tokens + answer + 8 >= st.max_context)
 
@@ -171,10 +173,13 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     """The policy writes a summary in the current stream: the request (mask 0), then its
     sampled ids (a summary turn). Returns the summary's text ('' when it does not fit)."""
     c, ep, cfg = st.config.compaction, st.ep, st.config
+    if len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens > st.max_context:
+        return ""  # no room left to ask: the compaction goes on without a summary
     if st.inline:
         o_idx, _ = ep.append("observation", ep.codec.encode(f"\n{c.summary_request}\n"))
         ep.add_to_assistant(ep.codec.decode(ep.segments[o_idx].token_ids))
-    else:
+    else:  # the stream ends in an opened assistant turn (the generation prompt): it closes empty
+        ep.add_to_assistant("")
         message = {"role": "user", "content": c.summary_request}
         ep.append("observation", ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
         ep.messages.append(message)
