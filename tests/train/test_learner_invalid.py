@@ -109,6 +109,23 @@ def test_sft_step_leaves_invalid_samples_out():
     assert skipped["sft/skipped"] == 1.0 and _same(m, model)
 
 
+def test_sft_step_skips_records_without_an_action_token():
+    """A demonstration whose prompt alone filled the context (context_full before the first
+    action: a reasoning-gym arc_agi grid in a tiny policy's 1,024 tokens) has no SFT target;
+    a batch of only such records takes no step instead of failing in backward()."""
+    model = _model()
+    a, _, _ = _batch(model)
+    empty = dataclasses.replace(a, episode_id="e", segments=a.segments[:1], turns=(), terminated=False,
+                                truncated=True, stop_reason=StopReason.CONTEXT_FULL)
+    m = copy.deepcopy(model)
+    assert sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [empty], pad_id=0)["sft/skipped"] == 1.0
+    assert _same(m, model)
+    m1, m2 = copy.deepcopy(model), copy.deepcopy(model)
+    sft_step(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), [a, empty], pad_id=0)
+    sft_step(m2, torch.optim.AdamW(m2.parameters(), lr=1e-2), [a], pad_id=0)
+    assert _same(m1, m2) and not _same(m1, model)
+
+
 def test_a_demonstration_in_the_rl_batch_is_refused_not_read_as_logprob_zero():
     model = _model()
     a, b, _ = _batch(model)

@@ -150,6 +150,9 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
     """
     sft = make_objective("sft")
     trajs, dropped = drop_invalid(trajs)
+    # a record with no action token (the prompt alone filled the context) has no target: a
+    # micro-batch of only such rows would have a loss with no gradient at all
+    trajs = [t for t in trajs if any(g.kind == "action" and g.token_ids for g in t.segments)]
     if not trajs:
         return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
                 "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
