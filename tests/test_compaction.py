@@ -258,3 +258,15 @@ def test_a_chat_env_compacts_into_streams_that_render_themselves(policy, keep, c
     else:
         assert second[1]["content"].startswith(task.prompt + "\n") and second[2]["role"] == "assistant"
         assert any(t.action["kind"] == "summary" for t in tr.turns)
+
+
+def test_a_checkpoints_recorded_compaction_is_read_back():
+    """`taurl eval CHECKPOINT` rebuilds the budgets from the checkpoint's recipe (asdict of its
+    RolloutConfig): a policy trained with compaction is evaluated with it."""
+    from taurl.recipe.config import TrainConfig, load_config
+
+    trained = load_config(TrainConfig, path=str(Path(__file__).parents[1] / "configs/long_horizon.yaml"))
+    recorded = dataclasses.asdict(trained.rollout_config())["compaction"]
+    again = load_config(TrainConfig, overrides={"env": "frozenlake-v0", "compaction": recorded})
+    assert again.rollout_config().compaction == trained.rollout_config().compaction
+    assert again.rollout_config().compaction.policy == "env"

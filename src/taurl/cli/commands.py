@@ -272,7 +272,7 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
     saved = {k: recipe[k] for k in ("env", "system_prompt", "tasks", "task_options") if k in recipe}
     if "env_config" in recipe:
         saved["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
-    for k in ROLLOUT_BUDGETS:
+    for k in (*ROLLOUT_BUDGETS, "compaction"):  # a policy trained with compaction is evaluated with it
         if k in recipe.get("rollout", {}):
             saved[k] = recipe["rollout"][k]
     overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature,
