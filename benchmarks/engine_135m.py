@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per concurrency level")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of LocalEngine")
     ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only (profiling)")
+    ap.add_argument("--mkl-baseline", action="store_true",
+                    help="also a LocalEngine whose slim path uses torch's F.linear (MKL), not packed oneDNN GEMMs")
     args = ap.parse_args()
 
     import torch
@@ -99,6 +101,13 @@ def main() -> None:
     local = LocalEngine(model, tok, version=0, max_batch_size=max(args.concurrency), seed=0)
     local.eos_ids = set()  # every request samples exactly --max-tokens tokens
     engines = {"local": lambda n, s: local_batch(local, n, args.max_tokens, s)}
+    if args.mkl_baseline:
+        from taurl.policy.slim_decode import SlimDecoder
+
+        mkl = LocalEngine(model, tok, version=0, max_batch_size=max(args.concurrency), seed=0)
+        mkl.eos_ids = set()
+        mkl._slim = SlimDecoder.for_model(model, packed=False)
+        engines["local_mkl"] = lambda n, s: local_batch(mkl, n, args.max_tokens, s)
     vllm = None
     if not args.no_vllm:
         from taurl.policy.vllm_engine import VLLMEngine
@@ -137,6 +146,9 @@ def main() -> None:
                 out[name] = {"median": round(statistics.median(v), 1), "min": round(min(v), 1),
                              "max": round(max(v), 1),
                              "tok_per_cpu_s_median": round(statistics.median(tok_cpu_s[name]), 1)}
+            if "local_mkl" in tok_s:
+                out["ratio_packed_vs_mkl_per_cpu_s"] = round(out["local"]["tok_per_cpu_s_median"]
+                                                            / out["local_mkl"]["tok_per_cpu_s_median"], 2)
             if "vllm" in tok_s:
                 out["ratio_local_vs_vllm"] = round(out["local"]["median"] / out["vllm"]["median"], 2)
                 out["ratio_per_cpu_s"] = round(out["local"]["tok_per_cpu_s_median"]
