@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -108,7 +109,7 @@ def main() -> None:
         mkl.eos_ids = set()
         mkl._slim = SlimDecoder.for_model(model, packed=False)
         engines["local_mkl"] = lambda n, s: local_batch(mkl, n, args.max_tokens, s)
-    vllm = None
+    vllm, root = None, None
     if not args.no_vllm:
         from taurl.policy.vllm_engine import VLLMEngine
         from taurl.policy.vllm_server import VLLMServer
@@ -159,6 +160,8 @@ def main() -> None:
     finally:
         if vllm is not None:
             vllm.close()
+        if root is not None:  # the server's caches and log (~150 MB)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
