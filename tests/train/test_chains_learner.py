@@ -110,3 +110,15 @@ def test_episode_weighting_needs_token_mean():
         Learner(tiny_lm(V), LearnerConfig(segment_weighting="episode", aggregation="seq-mean-token-mean"))
     with pytest.raises(ConfigError, match="segment_weighting"):
         Learner(tiny_lm(V), LearnerConfig(segment_weighting="stream"))
+
+
+def test_sft_trains_a_chain_whose_last_stream_sampled_nothing(model):
+    """A compaction right before the end leaves a stream of a prompt alone: SFT trains the
+    other streams and skips it (its own micro-batch would have a loss with no gradient)."""
+    from taurl.train.sft import sft_step
+
+    parts = [_stream(model, "c", [5, 6, 7], [[10, 11], [12, 13]], 1.0), _stream(model, "c", [5, 9, 7], [], 1.0)]
+    chain = validate_trajectory(join_streams(parts, ["compaction"]))
+    m = copy.deepcopy(model)
+    out = sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-3), [chain], pad_id=0, micro_batch_tokens=4)
+    assert out["sft/skipped"] == 0.0 and out["sft/action_tokens"] == 4.0

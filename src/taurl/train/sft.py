@@ -156,7 +156,9 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
     if not trajs:
         return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
                 "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
-    trajs = [v for t in trajs for v in stream_views(t)]  # a chain trains as its token streams
+    # a chain trains as its token streams; a stream with nothing sampled (a compaction's prompt
+    # and its close) has no target either
+    trajs = [v for t in trajs for v in stream_views(t) if v.num_action_tokens]
     chunks = micro_batches(trajs, micro_batch_tokens)
     device = model_device(model)
     rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
