@@ -73,7 +73,10 @@ def arm_overrides(arm: str) -> dict[str, Any]:
     schedule, eta, objective = ARMS[arm]
     out: dict[str, Any] = {"schedule": schedule, "objective": objective, "objective_options": {}}
     if schedule == "async":
-        out.update(staleness_eta=eta, concurrency=64 * (eta + 1), overprovision=0, interrupt="finish")
+        # lock-step batching is the sync schedule's mode (the demo config turns it on); an async
+        # run batches whatever is ready, which is the point of the arm
+        out.update(staleness_eta=eta, concurrency=64 * (eta + 1), overprovision=0, interrupt="finish",
+                   deterministic=False)
     return out
 
 
