@@ -276,6 +276,8 @@ def _clustered_rate(trajs: Sequence[Trajectory], flag: Any) -> tuple[float, floa
     return cluster_wilson_interval([sum(v) for v in per_task.values()], [len(v) for v in per_task.values()])
 
 
+# Over 60 lines on purpose: the checks that make a score honest (unknown tasks, extra trials, the
+# verifier) and then one EvalResult field per line; each figure is read next to its definition.
 def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
               verifier: Verifier | None = None, wall_s: float = 0.0, *, split: str = "holdout") -> EvalResult:
     """Score `trajs` — up to `trials` records per task of `tasks` — with `verifier` (default:
