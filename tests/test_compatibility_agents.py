@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+import compat_doc
+from compat_doc import DOC
+
 SECTION = "## Agent frameworks and model APIs"
 # the distributions tests/test_ecosystem_*.py and tests/test_proxy_apis.py run against
 TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp", "mcp-server-time",
@@ -18,15 +19,11 @@ TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai
 
 
 def section() -> str:
-    text = DOC.read_text()
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
-    return text[start:end if end > 0 else None]
+    return compat_doc.section(SECTION)
 
 
 def pins() -> dict[str, str]:
-    table = "\n".join(line for line in section().splitlines() if line.startswith("|"))
-    return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
+    return compat_doc.pins(SECTION)
 
 
 def test_the_tests_and_examples_it_cites_exist():

@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+import compat_doc
+from compat_doc import DOC
+
 SECTION = "## Environment standards"
 TESTED = ("reasoning-gym", "openenv-core", "verifiers")  # tests/test_env_{reasoning_gym,openenv,verifiers}.py
 
 
 def section() -> str:
-    text = DOC.read_text()
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
-    return text[start:end if end > 0 else None]
+    return compat_doc.section(SECTION)
 
 
 def pins() -> dict[str, str]:
-    table = "\n".join(line for line in section().splitlines() if line.startswith("|"))
-    return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
+    return compat_doc.pins(SECTION)
 
 
 def test_every_adapter_package_has_a_row_and_cited_tests_exist():

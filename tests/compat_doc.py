@@ -1,0 +1,21 @@
+"""docs/compatibility.md read by the tests that keep it: one section, and the
+``package==version`` pins of its tables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+
+
+def section(heading: str) -> str:
+    text = DOC.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end > 0 else None]
+
+
+def pins(heading: str) -> dict[str, str]:
+    table = "\n".join(line for line in section(heading).splitlines() if line.startswith("|"))
+    return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
