@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -35,6 +36,14 @@ examples:
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each config field's trailing comment in config.py: its documentation."""
+    return dict(_field_docs(cls))
+
+
+# Once per class and process: every in-process CLI call builds the parser again, and
+# inspect.getsource re-parses the whole module each time (CPython 3.11's parser is not safe
+# to run in two threads at once: a parse beside an episode thread's raised a SystemError).
+@functools.cache
+def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
     import inspect
 
     docs = {}
@@ -42,7 +51,7 @@ def field_docs(cls: type) -> dict[str, str]:
         name, sep, rest = line.strip().partition(":")
         if sep and "#" in rest:
             docs[name.strip()] = rest.split("#", 1)[1].strip()
-    return docs
+    return tuple(docs.items())
 
 
 def field_default(f: dataclasses.Field) -> typing.Any:
