@@ -93,7 +93,7 @@ class LearnerConfig:
     eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low for negative advantages
     eps_high: float = 0.28  # PPO clip above ("clip-higher", DAPO): ratio <= 1 + eps_high
     aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    lr: float = 1e-3  # AdamW learning rate
+    lr: float = 5e-4  # AdamW learning rate (the recipe's rl.lr default: one value, tests/train/test_learner_defaults.py)
     lr_warmup_steps: int = 0  # optimizer steps of linear lr warm-up (`warmup_lr`); 0: the full lr from the first step
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm
