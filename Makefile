@@ -38,7 +38,7 @@ $(REAL_STAMP): $(STAMP)
 
 demo-real: $(REAL_STAMP)
 	$(BIN)/taurl models import smollm2-135m-instruct
-	$(BIN)/taurl train --config configs/real.yaml --run-dir runs/demo-real --no-progress
+	$(BIN)/taurl train --config configs/real.yaml --run-dir runs/demo-real
 
 # Headless Chromium for tests/test_report_browser.py: Debian's package, installed when
 # missing and we are root with apt-get; otherwise that test skips and says why.
