@@ -9,6 +9,8 @@ own peak: `PeakRSS.reset()` at its start, `PeakRSS.read_mb()` at its end. Elsewh
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 import sys
 from pathlib import Path
@@ -23,7 +25,11 @@ class PeakRSS:
     def __init__(self) -> None:
         self.resettable = self.reset()
 
-    def reset(self) -> bool:
+    def reset(self, release: bool = False) -> bool:
+        """Start a new phase's peak; with `release`, first give the allocator's free memory back
+        (`release_free_memory`), so the peak is the phase's own working set, not the last one's."""
+        if release:
+            release_free_memory()
         try:
             _CLEAR.write_text("5")
             return True
@@ -50,3 +56,33 @@ def current_rss_mb() -> float:
     except OSError:
         pass
     return 0.0
+
+
+_LIBC = None
+
+
+def release_free_memory() -> bool:
+    """Return the C allocator's free memory to the OS (glibc ``malloc_trim(0)``); False where
+    there is no glibc (macOS, musl), where it is a no-op.
+
+    Why: a training step frees gigabytes of tensors (activations, logits, a checkpoint's
+    buffers), but glibc keeps freed heap memory for reuse, and tensors between its mmap threshold
+    (raised dynamically up to 32 MB) and the next phase's sizes land there. Measured on a
+    SmolLM2-135M RL run (docs/lora.md, cost control): resident memory climbed update after
+    update, 5.0 -> 8.6 GB in four learn phases, with no live object behind it (a fixed mmap
+    threshold held it flat but made each learn phase 1.7x slower). Trimming once per phase
+    boundary costs one re-fault of the next phase's pages instead.
+    """
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+            if _LIBC and not hasattr(_LIBC, "malloc_trim"):
+                _LIBC = False
+        except OSError:
+            _LIBC = False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True

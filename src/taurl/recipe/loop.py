@@ -316,7 +316,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     peak = PeakRSS()  # per phase: rollout, learn, checkpoint (taurl.monitor.memory)
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
-        peak.reset()
+        peak.reset(release=True)  # each phase's peak is its own (allocator's free memory returned)
         tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update])
         specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
                              f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
@@ -327,7 +327,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         mem = {"mem/rollout_peak_rss_mb": peak.read_mb()}
-        peak.reset()
+        peak.reset(release=True)
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)
         credit = learner.assign(train_batch)  # advantages per turn (taurl.credit)
@@ -335,7 +335,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         mix.observe(batch)
         t1 = time.perf_counter()
         mem["mem/learn_peak_rss_mb"] = peak.read_mb()
-        peak.reset()
+        peak.reset(release=True)
         version += 1
         row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
                **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
