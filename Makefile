@@ -57,15 +57,6 @@ test: $(STAMP) chromium
 
 # The security and cheat suites again with isolation, resource limits, then cheat detection off
 # (test-only monkeypatches): every attack test must now fail. The last step of `make test`.
-# After upgrading packages in .venv / .venv-vllm and passing `make test` / `make test-vllm`:
-# write the versions down as the ones a fresh machine installs.
-.PHONY: lock
-lock:
-	{ sed -n '1,3p' requirements/lock.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^taurl'; } > requirements/lock.txt.new
-	mv requirements/lock.txt.new requirements/lock.txt
-	test ! -x $(VLLM_VENV)/bin/python || { sed -n '1,2p' requirements/lock-vllm.txt; $(VLLM_VENV)/bin/pip freeze; } > requirements/lock-vllm.txt.new
-	test ! -f requirements/lock-vllm.txt.new || mv requirements/lock-vllm.txt.new requirements/lock-vllm.txt
-
 .PHONY: mutation-check
 mutation-check: $(STAMP)
 	$(BIN)/python tests/mutation_check.py
@@ -88,6 +79,15 @@ $(VLLM_VENV)/bin/python:
 
 test-vllm: $(STAMP) vllm-venv
 	TAURL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm tests/test_vllm_engine.py
+
+# After upgrading packages in .venv / .venv-vllm and passing `make test` / `make test-vllm`:
+# write the versions down as the ones a fresh machine installs.
+.PHONY: lock
+lock:
+	{ sed -n '1,3p' requirements/lock.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^taurl'; } > requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt
+	test ! -x $(VLLM_VENV)/bin/python || { sed -n '1,2p' requirements/lock-vllm.txt; $(VLLM_VENV)/bin/pip freeze; } > requirements/lock-vllm.txt.new
+	test ! -f requirements/lock-vllm.txt.new || mv requirements/lock-vllm.txt.new requirements/lock-vllm.txt
 
 # The documentation site (docs/, mkdocs.yml): every warning is an error. The reference pages
 # (CLI, config, metrics, export fields, ledger rules, API) are generated from the code.

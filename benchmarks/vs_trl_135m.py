@@ -104,7 +104,8 @@ def main() -> None:
                      run_trl(a.trl_python, sft, a.steps, mode == "lora", scratch, a.timeout))
                 r.update({"round": rnd, "mode": mode, "load1_at_start": load,
                           "trained_tokens_per_s": round(r["tokens_per_step"] / r["s_per_step"], 1)})
-                r.pop("example", None) if rnd else None
+                if rnd:  # the token-stream example once is enough
+                    r.pop("example", None)
                 runs.append(r)
                 print(json.dumps(r), flush=True)
     summary = {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
 
 
@@ -27,4 +29,4 @@ LOCK = DOC.parents[1] / "requirements" / "lock.txt"
 def locked() -> dict[str, str]:
     """requirements/lock.txt's ``name==version`` lines (what `make test` installs on a fresh machine)."""
     lines = (line.split("==") for line in LOCK.read_text().splitlines() if "==" in line and not line.startswith("#"))
-    return {re.sub(r"[-_.]+", "-", name.strip().lower()): version.strip() for name, version in lines}
+    return {canonicalize_name(name.strip()): version.strip() for name, version in lines}

@@ -8,6 +8,7 @@ import re
 from importlib import metadata
 
 import pytest
+from packaging.utils import canonicalize_name
 
 import compat_doc
 from compat_doc import DOC
@@ -57,6 +58,6 @@ def test_a_fresh_machine_installs_the_tabled_versions():
 
     lock = compat_doc.locked()
     tabled = {**pins(), **{p: test_compatibility_envs.pins()[p] for p in test_compatibility_envs.TESTED}}
-    drift = {name: (version, lock.get(re.sub(r"[-_.]+", "-", name.lower()))) for name, version in tabled.items()
-             if lock.get(re.sub(r"[-_.]+", "-", name.lower())) != version}
+    locked = {name: lock.get(canonicalize_name(name)) for name in tabled}
+    drift = {name: (version, locked[name]) for name, version in tabled.items() if locked[name] != version}
     assert not drift, f"table vs requirements/lock.txt (run `make lock` after the ecosystem tests pass): {drift}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import resource
 import sys
 from pathlib import Path
@@ -58,7 +59,14 @@ def current_rss_mb() -> float:
     return 0.0
 
 
-_LIBC = None
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (not Linux, no libc found, or a libc without it)."""
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
 
 
 def release_free_memory() -> bool:
@@ -73,16 +81,8 @@ def release_free_memory() -> bool:
     threshold held it flat but made each learn phase 1.7x slower). Trimming once per phase
     boundary costs one re-fault of the next phase's pages instead.
     """
-    global _LIBC
-    if _LIBC is None:
-        name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-        try:
-            _LIBC = ctypes.CDLL(name) if name else False
-            if _LIBC and not hasattr(_LIBC, "malloc_trim"):
-                _LIBC = False
-        except OSError:
-            _LIBC = False
-    if not _LIBC:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    _LIBC.malloc_trim(0)
+    trim(0)
     return True
