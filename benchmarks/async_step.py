@@ -45,6 +45,8 @@ def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt
                 "model": str(policy), "sft": "none", "demos": 0, "updates": steps,
                 "schedule": "async", "staleness_eta": eta, "overprovision": overprovision,
                 "interrupt": interrupt, "objective": objective, "torch_threads": threads,
+                # lock-step batching is a sync-only mode (configs/demo.yaml turns it on)
+                "deterministic": False,
                 # room for the η + 1 batches (+ k groups) the admission rule lets run at once
                 "concurrency": base.tasks_per_update * base.group_size * (eta + 1) + base.group_size * overprovision,
                 "eval_tasks": 1, "eval_trials": 1, "rl_max_seconds": 0, "keep_checkpoints": 1,

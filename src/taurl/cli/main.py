@@ -280,6 +280,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{name}  version {env.version}  style {env.observation_style}  "
                   f"tools {[t['function']['name'] for t in env.tools]}  has {'+'.join(parts) or '-'}  from {s.source}")
     elif args.command in ("demo", "train"):
+        if args.command == "demo":  # the demo's figures are the same on any x86-64 CPU (taurl.cpu_isa)
+            from taurl.cpu_isa import pin_cpu_isa
+
+            pin_cpu_isa()
         from taurl.recipe.config import TrainConfig
 
         overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)
