@@ -177,6 +177,13 @@ def test_idempotent_posts_and_polled_futures(served):
             assert polls[-1].headers["content-type"] == "application/x-protobuf"
             assert all(p.json()["type"] == "try_again" for p in polls[:-1])
             assert http.post("/retrieve_future", json={"request_id": "nope"}).status_code == 404
+            other = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+            session = other.holder.get_session_id()  # a session of its own, finished here
+            beat = {"session_id": session}
+            assert http.post("/session_heartbeat", json=beat).status_code == 200
+            assert http.post(f"/sessions/{session}/finish",
+                             json={"reason": {"type": "success"}}).status_code == 200
+            assert http.post("/session_heartbeat", json=beat).status_code == 410  # stops the SDK's
     finally:
         server.service.futures.long_poll_s = 10.0
     assert len(read_samples(server.service.run_dir)) == before + 1  # sampled once

@@ -39,6 +39,10 @@ def test_capabilities_and_health(served):
     caps = rest.get_server_capabilities().result()
     assert [m.model_name for m in caps.supported_models] == [MODEL]
     assert caps.supported_models[0].trainable and caps.supported_models[0].sampleable
+    tc = served[1].create_lora_training_client(MODEL, rank=4).result()
+    assert tc.get_info().model_data.model_name == MODEL and tc.get_info().lora_rank == 4
+    served_tok = server.service.models.get(MODEL).tokenizer
+    assert tc.get_tokenizer().encode("the city 12") == served_tok.encode("the city 12")
 
 
 def test_cross_entropy_weight_semantics(service):
@@ -55,6 +59,13 @@ def test_cross_entropy_weight_semantics(service):
     half = np.r_[np.zeros(n // 2), np.ones(n - n // 2)]
     partial = tc.forward([datum(SEQ, weights=half)], "cross_entropy").result()
     assert partial.metrics["loss:sum"] == pytest.approx(-float(lp[n // 2:].sum()), rel=1e-5)
+    # top-K cross-entropy: (N, K) targets and weights; weight 1 on the real target only
+    topk = types.Datum(model_input=types.ModelInput.from_ints(SEQ[:-1]), loss_fn_inputs={
+        "target_tokens": np.stack([SEQ[1:], np.full(n, 3)], axis=1).astype(np.int64),
+        "weights": np.stack([np.ones(n), np.zeros(n)], axis=1).astype(np.float32)})
+    out = tc.forward([topk], "cross_entropy").result()
+    assert out.metrics["loss:sum"] == pytest.approx(omitted.metrics["loss:sum"], rel=1e-5)
+    assert logprobs(out)[0].shape == (2 * n,) and out.loss_fn_outputs[0]["logprobs"].shape == [n, 2]
 
 
 def test_forward_backward_and_optim_step_lower_the_loss(service, served):

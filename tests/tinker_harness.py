@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tinker import types  # noqa: F401  (re-exported for the tests)
 
 TEXTS = [f"the city number {i} lies in country {i % 7} and its answer is {i * 3}"
          for i in range(200)]
@@ -26,7 +27,7 @@ def start(policy: Path, run_dir: Path):
     os.environ.setdefault("TINKER_TELEMETRY", "0")  # no telemetry batches to the test server
     import tinker
 
-    from taurl.tinker import TinkerServer
+    from taurl.tinker.server import TinkerServer
 
     server = TinkerServer({MODEL: str(policy)}, run_dir).start()
     return server, tinker.ServiceClient(base_url=server.url, api_key="tml-local")
@@ -34,8 +35,6 @@ def start(policy: Path, run_dir: Path):
 
 def datum(tokens: list[int], **inputs):
     """A next-token datum over `tokens`: input tokens[:-1], targets tokens[1:]."""
-    from tinker import types
-
     loss_inputs = {"target_tokens": np.asarray(tokens[1:], dtype=np.int64)}
     loss_inputs.update({k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()})
     return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),

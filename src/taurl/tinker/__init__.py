@@ -6,9 +6,6 @@ clients (``forward``, ``forward_backward`` with cross_entropy, importance_sampli
 clients (``sample``, ``compute_logprobs``) and ``tinker://`` checkpoints in a run directory.
 Modules: `wire` (protobuf, zstd, futures' JSON), `futures`, `sessions`, `trainer` (a training
 client's model), `losses`, `sampler`, `checkpoints`, `records`, `service`, `app` (routes),
-`server` (uvicorn), `cli`. docs/tinker.md says what differs from the hosted service.
+`server` (`TinkerServer`: uvicorn), `cli`. docs/tinker.md says what differs from the hosted
+service.
 """
-
-from taurl.tinker.server import TinkerServer
-
-__all__ = ["TinkerServer"]

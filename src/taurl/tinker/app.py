@@ -115,8 +115,8 @@ def build_app(service: TinkerService) -> Starlette:
 
     async def create_session(request: Request) -> Response:
         req = await _parse(request, "CreateSessionRequest")
-        return JSONResponse({"type": "create_session",
-                             "session_id": service.registry.new_session(req.sdk_version).session_id})
+        session = service.registry.new_session(req.sdk_version)
+        return JSONResponse({"type": "create_session", "session_id": session.session_id})
 
     async def heartbeat(request: Request) -> Response:
         req = await _parse(request, "SessionHeartbeatRequest")

@@ -15,8 +15,8 @@ from taurl.errors import Error
 class TinkerServer:
     """Serves `models` ({name: what taurl loads}) with checkpoints and records in `run_dir`.
 
-    >>> with TinkerServer({"tiny": "runs/demo/checkpoints/v1"}, "runs/tinker") as server:
-    ...     client = tinker.ServiceClient(base_url=server.url, api_key="tml-local")  # doctest: +SKIP
+    >>> with TinkerServer({"tiny": "runs/demo/checkpoints/v1"}, "runs/t") as s:  # doctest: +SKIP
+    ...     client = tinker.ServiceClient(base_url=s.url, api_key="tml-local")
     """
 
     def __init__(self, models: dict[str, str], run_dir: str | Path, *, host: str = "127.0.0.1",
