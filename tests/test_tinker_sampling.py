@@ -59,6 +59,12 @@ def test_sampling_from_base_and_from_lora_weights(served, trained):
     records = read_samples(served[0].service.run_dir)
     assert [r["model_path"] is None for r in records[-2:]] == [False, True]
     assert records[-2]["weights_version"] == 30 and records[-1]["weights_version"] == 0
+    # named sampler weights: a tinker:// path any client can sample from
+    tc, _ = trained
+    path = tc.save_weights_for_sampler("taught").result().path
+    assert path == f"tinker://{tc.model_id}/sampler_weights/taught"
+    named = served[1].create_sampling_client(model_path=path).result()
+    assert named.sample(prompt(SEQ[:3]), 1, greedy()).result().sequences[0].tokens == SEQ[3:9]
 
 
 def test_stop_token_ids_and_stop_strings(served, trained):

@@ -145,3 +145,12 @@ def test_importance_sampling_and_ppo(service):
     shifted = datum(SEQ, logprobs=lp - 1.0, advantages=np.ones(n))
     assert loss(tc, [shifted], "importance_sampling") == pytest.approx(-np.e * n, rel=1e-4)
     assert loss(tc, [shifted], "ppo") == pytest.approx(-1.2 * n, rel=1e-4)
+
+
+def test_the_cli_command_checks_its_models(capsys, tmp_path):
+    from taurl.cli.main import main
+
+    assert main(["serve-tinker", "--model", str(tmp_path / "missing"), "--run-dir",
+                 str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "serve-tinker" in err and "--model" in err and "missing" in err
