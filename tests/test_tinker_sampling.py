@@ -193,3 +193,18 @@ def test_idempotent_posts_and_polled_futures(served):
     finally:
         server.service.futures.long_poll_s = 10.0
     assert len(read_samples(server.service.run_dir)) == before + 1  # sampled once
+
+
+def test_top_k_keeps_the_k_most_likely_ids_and_renormalizes():
+    import torch
+
+    from taurl.policy.sampling import sample_tokens
+
+    lp = torch.log(torch.tensor([[0.1, 0.5, 0.3, 0.1]]))
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_tokens(lp, [1.0], [gen], top_k=[2]) for _ in range(3000)])
+    assert set(draws.flatten().tolist()) == {1, 2}
+    assert abs((draws == 1).float().mean().item() - 0.5 / 0.8) < 0.03
+    same = torch.Generator().manual_seed(0)  # top_k 0 keeps every id: the old draw
+    assert sample_tokens(lp, [1.0], [same], top_k=[0]).item() == sample_tokens(
+        lp, [1.0], [torch.Generator().manual_seed(0)]).item()
