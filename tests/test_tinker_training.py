@@ -154,3 +154,31 @@ def test_the_cli_command_checks_its_models(capsys, tmp_path):
                  str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
     assert "serve-tinker" in err and "--model" in err and "missing" in err
+
+
+def test_a_forward_backward_split_into_parallel_chunks_equals_one_call(served):
+    """The SDK sends chunks of one call at once (the first last); the server's answer
+    is the one-chunk answer: outputs in datum order, the same loss and gradients."""
+    server, service = served
+    data = [datum(SEQ[:k]) for k in (12, 5, 9, 3, 7)]
+    whole = service.create_lora_training_client(MODEL, rank=4, seed=5).result()
+    server.service.client_config["fwdbwd_max_chunk_len"] = 2  # fetched by new clients
+    try:
+        chunked_service = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+        chunked = chunked_service.create_lora_training_client(MODEL, rank=4, seed=5).result()
+    finally:
+        server.service.client_config["fwdbwd_max_chunk_len"] = 1024
+    a = whole.forward_backward(data, "cross_entropy").result()
+    b = chunked.forward_backward(data, "cross_entropy").result()
+    assert [len(x) for x in logprobs(b)] == [11, 4, 8, 2, 6]
+    rows = [json.loads(line) for line in (server.service.run_dir / "metrics.jsonl")
+            .read_text().splitlines()]
+    sizes = [r["tinker/datums"] for r in rows if r["tinker/model_id"] == chunked.model_id
+             and r["tinker/op"] == "forward_backward"]
+    assert sorted(sizes) == [1, 2, 2]  # three requests reached the server
+    for x, y in zip(logprobs(a), logprobs(b), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=1e-5)
+    whole.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    chunked.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert loss(chunked, data) == pytest.approx(loss(whole, data), rel=1e-5)

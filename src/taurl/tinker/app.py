@@ -103,12 +103,7 @@ def build_app(service: TinkerService) -> Starlette:
         return JSONResponse(service.capabilities())
 
     async def client_config(_: Request) -> Response:
-        # API keys (no JWT exchange); plain httpx transport; zstd fwd/bwd bodies; per-request
-        # polling (no retrieve_futures); custom losses run on the client
-        return JSONResponse({"pjwt_auth_enabled": False, "use_pyqwest_transport": False,
-                             "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": False,
-                             "custom_loss_server_side": False,
-                             "sample_join_sampling_session": False})
+        return JSONResponse(service.client_config)
 
     async def dynamic_config(_: Request) -> Response:
         return JSONResponse({"refresh_interval_sec": 300, "sample_cancel_enabled": False})

@@ -50,6 +50,15 @@ class TinkerService:
         self.engines = EnginePool(self.models)
         self.recorder = Recorder(self.run_dir)
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taurl-tinker")
+        # the flags a new SDK client fetches once (``/api/v1/client/config``): API keys (no JWT
+        # exchange), plain httpx, zstd fwd/bwd bodies, a future polled per request (no
+        # retrieve_futures), custom losses run on the client; the SDK splits a
+        # forward_backward into chunks of at most `fwdbwd_max_chunk_len` datums
+        self.client_config: dict[str, Any] = {
+            "pjwt_auth_enabled": False, "use_pyqwest_transport": False,
+            "proto_compress_fwdbwd": True, "sample_use_retrieve_futures": False,
+            "custom_loss_server_side": False, "sample_join_sampling_session": False,
+            "fwdbwd_max_chunk_len": 1024}
 
     def close(self) -> None:
         self.compute.shutdown(wait=False, cancel_futures=True)
