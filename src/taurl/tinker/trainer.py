@@ -124,6 +124,8 @@ class TrainingModel:
         if unknown := sorted(set(req.loss_fn_config) - set(LOSSES[req.loss_fn].config)):
             raise RequestError(f"loss_fn_config keys {unknown} are not used by {req.loss_fn} "
                                f"(it takes {list(LOSSES[req.loss_fn].config)})")
+        if text := sorted(k for k, v in req.loss_fn_config.items() if isinstance(v, str)):
+            raise RequestError(f"loss_fn_config {text} must be numbers")
         if not req.data:
             raise RequestError("forward_backward got no data")
         for i, d in enumerate(req.data):
@@ -136,7 +138,7 @@ class TrainingModel:
                                                              dict[str, float]]:
         from taurl.train.token_logprobs import gathered_logprobs
 
-        outputs, total, tokens = [], 0.0, 0
+        outputs, total = [], 0.0
         device = next(self.model.parameters()).device
         for d in req.data:
             ids = torch.tensor([d.tokens], dtype=torch.long, device=device)
@@ -154,7 +156,6 @@ class TrainingModel:
                     loss.backward()
             outputs.append({"logprobs": lp.detach().float().cpu().numpy()})
             total += float(loss.detach())
-            tokens += len(d.tokens)
         return outputs, {"loss:sum": total}
 
     def optim_step(self, params: Any) -> dict[str, float]:
