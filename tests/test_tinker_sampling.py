@@ -208,3 +208,16 @@ def test_top_k_keeps_the_k_most_likely_ids_and_renormalizes():
     same = torch.Generator().manual_seed(0)  # top_k 0 keeps every id: the old draw
     assert sample_tokens(lp, [1.0], [same], top_k=[0]).item() == sample_tokens(
         lp, [1.0], [torch.Generator().manual_seed(0)]).item()
+
+
+def test_the_vllm_engine_refuses_top_k_instead_of_dropping_it():
+    import asyncio
+
+    from taurl.errors import EngineError
+    from taurl.policy.protocol import SamplingParams
+    from taurl.policy.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # no server: the check comes first
+    engine.allow_top_p = False
+    with pytest.raises(EngineError, match="top_k"):
+        asyncio.run(engine.generate([1, 2], SamplingParams(top_k=5)))
