@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     from taurl.envs.openenv_serve import add_serve_env_parser
 
     add_serve_env_parser(sub)
+    from taurl.tinker.cli import add_serve_tinker_parser
+
+    add_serve_tinker_parser(sub)
     from taurl.recipe.config import TrainConfig
 
     for name, help_, desc in (
@@ -235,6 +238,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from taurl.proxy.cli import run_proxy_command
 
         return run_proxy_command(args)
+    if args.command == "serve-tinker":
+        from taurl.tinker.cli import run_serve_tinker_command
+
+        return run_serve_tinker_command(args)
     if args.command == "serve-env":
         from taurl.envs.openenv_serve import run_serve_env_command
 

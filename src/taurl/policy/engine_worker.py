@@ -250,7 +250,8 @@ class BatchWorker:
         greedy = temps.squeeze(-1) == 0
         logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
         tokens = sample_tokens(logprobs_all, [r.sampling.top_p for r in reqs],
-                               [r.generator or self._generator for r in reqs])
+                               [r.generator or self._generator for r in reqs],
+                               top_k=[r.sampling.top_k for r in reqs])
         tokens = torch.where(greedy, logits.argmax(-1), tokens)
         chosen = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
         done = []

@@ -23,6 +23,7 @@ class SamplingParams:
     """How to sample one completion.
 
     temperature: 0 means greedy. top_p: nucleus mass kept (1.0 keeps all).
+    top_k: draw among the k most likely ids only (0 keeps all).
     stop: strings that end the completion once the decoded new text contains one.
     stop_token_ids: ids that end the completion (the engine's EOS always does).
     seed: makes the draw reproducible for this request (None: the engine's generator).
@@ -38,12 +39,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     priority: int = 0
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise EngineError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise EngineError(f"top_k must be >= 0 (0 keeps every id), got {self.top_k}")
         if self.max_tokens < 1:
             raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
 

@@ -205,6 +205,9 @@ class VLLMEngine(WeightSync):
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         if sampling.top_p < 1 and not self.allow_top_p:
             raise EngineError(TOP_P_REFUSED)
+        if sampling.top_k:  # refused rather than silently dropped
+            raise EngineError("VLLMEngine does not send top_k; sample with top_k on the local "
+                              "engine (engine: local)")
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineError("prompt_ids is empty; render the prompt with the chat template first")
