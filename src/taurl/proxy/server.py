@@ -21,11 +21,14 @@ names its trajectory without any change to the agent):
 
 Any other path answers 404 with the routes served (`taurl.proxy.app`, the HTTP layer).
 
-A call to an unknown id (a model call, the tools list, a tool call, a search) opens that
-episode (the standalone `taurl proxy`), with a seed derived from the server's and the id; the agent
-runner (`taurl.proxy.runner`) opens them itself with the task, and a call after an
-episode ended is refused (409), so an agent that outlived its timeout cannot write into
-a finished record.
+Episodes are opened by whoever owns them: the agent runner (`taurl.proxy.runner`) opens
+each one with its task (`ProxyServer.open`) and pops it when the agent is done. A call to an
+id the proxy did not open is refused (404), so a made-up id cannot start an episode of its
+own (nor a fresh tool-gate budget); a call after an episode ended or was popped is refused
+(409), so an agent that outlived its timeout cannot write into a finished record or open an
+orphan one. Only the standalone `taurl proxy` (``open_on_call=True``) opens an episode on
+the first call to a new id (any call: a model call, the tools list, a tool call, a search),
+with a seed derived from the server's and the id; an id it closed stays closed there too.
 
 Streaming: the engine protocol returns a whole completion, so a streamed answer is sent
 as SSE chunks once the completion is sampled. Both forms are built from the same
@@ -102,7 +105,8 @@ class ProxyServer:
 
     def __init__(self, engine: Any, tokenizer: Any, *, limits: ProxyLimits | None = None,
                  retriever: Any = None, max_doc_chars: int | None = 400, tools: Any = None,
-                 admission: Any = None, host: str = "127.0.0.1", port: int = 0, seed: int = 0):
+                 admission: Any = None, host: str = "127.0.0.1", port: int = 0, seed: int = 0,
+                 open_on_call: bool = False):
         self.engine, self.tok, self.limits = engine, tokenizer, limits or ProxyLimits()
         self.retriever, self.max_doc_chars = retriever, max_doc_chars
         self.tools = tools  # taurl.proxy.tools.ProxyTools, or None: no tools/ endpoints
@@ -111,6 +115,9 @@ class ProxyServer:
         self.host, self.port = host, port
         self.seed = seed  # an episode a call opens samples with a seed of its own, derived from this and its id
         self.episodes: dict[str, ProxyEpisode] = {}
+        # a call to an unknown id opens it (standalone `taurl proxy`), else 404 (module docstring)
+        self.open_on_call = open_on_call
+        self.closed: set[str] = set()  # ids popped: a later call is refused, never re-opens them
         self.lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -178,9 +185,12 @@ class ProxyServer:
         self.stop()
 
     def open(self, episode_id: str, *, seed: int = 0, engine: Any = None) -> ProxyEpisode:
+        """Open `episode_id` (the owner's call: the runner's; a closed id is opened again only
+        this way, never by an agent's call)."""
         with self.lock:
             if episode_id in self.episodes:
                 raise Error(f"episode {episode_id!r} is already open in the proxy")
+            self.closed.discard(episode_id)
             ep = ProxyEpisode(episode_id, EpisodeCapture(self.tok, episode_id), seed=seed, engine=engine)
             self.episodes[episode_id] = ep
             return ep
@@ -199,18 +209,25 @@ class ProxyServer:
         ep = self.end(episode_id)
         with self.lock:
             del self.episodes[episode_id]
+            self.closed.add(episode_id)
         return ep
 
     def episode(self, episode_id: str, *, create: bool = True) -> ProxyEpisode:
+        """The open episode a call names; ProxyError 409 for an ended or popped one, 404 for an
+        id nobody opened (unless `open_on_call` and `create`: the standalone proxy opens it)."""
         with self.lock:
             ep = self.episodes.get(episode_id)
-        if ep is None:
-            if not create:
-                raise ProxyError(f"no episode {episode_id!r}", 404, "not_found")
+            closed = episode_id in self.closed
+        if ep is None and not closed:
+            if not (create and self.open_on_call):
+                raise ProxyError(f"no episode {episode_id!r}: the proxy serves only the episodes "
+                                 "its runner opened", 404, "episode_not_found",
+                                 {"x-should-retry": "false"})
             ep = self.open(episode_id, seed=episode_seed(self.seed, episode_id))
-        if ep.status != "open":
-            raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not recorded", 409,
-                             "episode_ended", {"x-should-retry": "false"})  # the openai SDK retries 409s unless told
+        if closed or ep.status != "open":
+            # the openai SDK retries 409s unless told
+            raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not "
+                             "recorded", 409, "episode_ended", {"x-should-retry": "false"})
         return ep
 
     # -- the model call -------------------------------------------------------------

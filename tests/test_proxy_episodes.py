@@ -1,0 +1,103 @@
+"""Which episodes the proxy serves, and what each call of one episode is called.
+
+Real HTTP, a real proxy, real `mcp` client; the engine plays scripted replies
+(`ReplyEngine`), since what is checked here is the proxy's bookkeeping, not sampling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("mcp")
+
+import httpx  # noqa: E402
+
+from taurl.envs.search import generate_tasks  # noqa: E402
+from taurl.policy import build_tokenizer  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
+from taurl.proxy.server import ProxyServer  # noqa: E402
+from taurl.proxy.tools import ProxyTools  # noqa: E402
+from taurl.tools.specs import tool  # noqa: E402
+
+USER = [{"role": "user", "content": "In which country is Lyon?"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    texts = [t.prompt for t in generate_tasks("train", n=40, seed=0)]
+    return build_tokenizer(texts * 2, vocab_size=500)
+
+
+def echo(text: str) -> str:
+    """Echo the text.
+
+    Args:
+        text: What to echo.
+    """
+    return text
+
+
+def echo_tools() -> ProxyTools:
+    return ProxyTools.from_specs([tool(echo)])
+
+
+def calls(proxy: ProxyServer, eid: str) -> dict[str, int]:
+    """The status of each kind of call an agent makes to episode `eid`."""
+    root = f"{proxy.url}/rollouts/{eid}"
+    one = {"id": "c1", "type": "function",
+           "function": {"name": "echo", "arguments": '{"text": "hi"}'}}
+    return {"chat": httpx.post(f"{root}/v1/chat/completions", json={"messages": USER}).status_code,
+            "messages": httpx.post(f"{root}/v1/messages",
+                                   json={"messages": USER, "max_tokens": 8}).status_code,
+            "tools": httpx.get(f"{root}/tools").status_code,
+            "tool_call": httpx.post(f"{root}/tools/call", json=one).status_code}
+
+
+def mcp_call(proxy: ProxyServer, eid: str) -> tuple[bool, str]:
+    """(is_error, text) of one ``tools/call`` through the episode's MCP endpoint."""
+    from mcp import Client
+
+    async def go() -> tuple[bool, str]:
+        async with Client(proxy.mcp_url(eid)) as c:
+            r = await c.call_tool("echo", {"text": "hi"})
+            return bool(r.is_error), r.content[0].text
+
+    return asyncio.run(go())
+
+
+def test_the_runners_proxy_serves_only_the_episodes_it_opened(tok):
+    """A made-up id opens nothing (404: no orphan episode, no fresh gate budget) and a popped
+    episode is never re-opened by a late call (409), through every route and MCP."""
+    with ProxyServer(ReplyEngine(tok, ["Paris."] * 4), tok, tools=echo_tools()) as proxy:
+        proxy.open("run")
+        assert calls(proxy, "run") == {"chat": 200, "messages": 200, "tools": 200, "tool_call": 200}
+        assert mcp_call(proxy, "run") == (False, "hi")
+        ep = proxy.pop("run")
+        assert ep.calls == 2 and len(ep.receipts) == 2
+        assert calls(proxy, "run") == {"chat": 409, "messages": 409, "tools": 409, "tool_call": 409}
+        assert calls(proxy, "made-up") == {"chat": 404, "messages": 404, "tools": 404,
+                                           "tool_call": 404}
+        failed, why = mcp_call(proxy, "made-up")
+        assert failed and "no episode 'made-up'" in why
+        failed, why = mcp_call(proxy, "run")
+        assert failed and "has ended" in why
+        body = httpx.post(f"{proxy.url}/rollouts/made-up/v1/chat/completions",
+                          json={"messages": USER}).json()
+        assert body["error"]["code"] == "episode_not_found"
+        assert proxy.episodes == {} and ep.calls == 2 and len(ep.receipts) == 2  # nothing re-opened
+
+
+def test_the_standalone_proxy_opens_new_ids_but_never_a_closed_one(tok):
+    with ProxyServer(ReplyEngine(tok, ["Paris."] * 4), tok, tools=echo_tools(),
+                     open_on_call=True) as proxy:
+        assert calls(proxy, "fresh")["chat"] == 200  # `taurl proxy`: a new id is a new episode
+        proxy.pop("fresh")
+        ended = {"chat": 409, "messages": 409, "tools": 409, "tool_call": 409}
+        assert calls(proxy, "fresh") == ended
+        assert "fresh" not in proxy.episodes
+        proxy.open("fresh")  # only its owner opens a closed id again
+        assert calls(proxy, "fresh")["chat"] == 200
+
