@@ -18,7 +18,7 @@ import httpx  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
 from taurl.proxy.experts import ReplyEngine  # noqa: E402
-from taurl.proxy.server import ProxyServer  # noqa: E402
+from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.proxy.tools import ProxyTools  # noqa: E402
 from taurl.tools.specs import tool  # noqa: E402
 
@@ -101,3 +101,63 @@ def test_the_standalone_proxy_opens_new_ids_but_never_a_closed_one(tok):
         proxy.open("fresh")  # only its owner opens a closed id again
         assert calls(proxy, "fresh")["chat"] == 200
 
+
+class SlowFirst(ReplyEngine):
+    """Scripted replies; the first call's answer comes back last (it waits `delay` s), so two
+    calls of one episode are in flight together and finish in the other order."""
+
+    def __init__(self, tok, replies, delay: float = 0.6):
+        super().__init__(tok, replies)
+        self.delay, self.started = delay, 0
+
+    async def generate(self, prompt_ids, sampling):
+        self.started += 1
+        first = self.started == 1
+        out = await super().generate(prompt_ids, sampling)  # the reply is taken in call order
+        if first:
+            await asyncio.sleep(self.delay)
+        return out
+
+
+def test_concurrent_calls_of_one_episode_get_their_own_ids_indices_and_receipts(tok):
+    """Two Responses calls in flight at once: distinct response ids (so previous_response_id
+    resolves to the right history), distinct call indices, and the tool the first call asked
+    for gets its receipt on the first call's turn, although the second call answered since."""
+    from taurl.proxy.experts import tool_call_text
+    from taurl.proxy.runner import episode_records
+
+    task = generate_tasks("train", n=1, seed=0)[0]
+    fn = {"type": "function", "name": "echo", "description": "Echo the text.",
+          "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    replies = [tool_call_text("echo", {"text": "hi"}), "Paris.", "Still Paris."]
+    limits = ProxyLimits(max_action_tokens=200, max_context=2048)
+    with ProxyServer(SlowFirst(tok, replies), tok, limits=limits, tools=echo_tools()) as proxy:
+        proxy.open("e")
+        url = f"{proxy.url}/rollouts/e/v1/responses"
+
+        async def both() -> tuple[dict, dict]:
+            async with httpx.AsyncClient(timeout=30) as c:
+                first = asyncio.create_task(c.post(url, json={"input": "A?", "tools": [fn]}))
+                await asyncio.sleep(0.2)  # the first is sampling when the second arrives
+                second = await c.post(url, json={"input": "B?", "tools": [fn]})
+                return (await first).json(), second.json()
+
+        a, b = asyncio.run(both())
+        assert a["id"] != b["id"]
+        (asked,) = [o for o in a["output"] if o["type"] == "function_call"]
+        one = {"id": asked["call_id"], "type": "function",
+               "function": {"name": "echo", "arguments": asked["arguments"]}}
+        assert httpx.post(f"{proxy.url}/rollouts/e/tools/call", json=one).status_code == 200
+        # B's history: its chain is extended, not A's
+        r = httpx.post(url, json={"previous_response_id": b["id"], "input": "Sure?", "tools": [fn]})
+        assert r.status_code == 200
+        ep = proxy.pop("e")
+    chains = ep.capture.chains
+    assert [[bool(c.tool_calls) for c in ch.calls] for ch in chains] == [[True], [False, False]]
+    assert [[c.index for c in ch.calls] for ch in chains] == [[0], [1, 2]]  # one index per call
+    trajs = episode_records(ep, task=task, group_id="g", run_id="t", env_name="search-v0",
+                            env_version="1", verifier=None, error=None, agent_name="t",
+                            answer=None, source="expert")
+    (traj,) = trajs  # one record, the two chains its streams, A's turn first
+    assert [t.action["kind"] for t in traj.turns] == ["tool_call", "answer", "answer"]
+    assert [t.receipt.tool if t.receipt else None for t in traj.turns] == ["echo", None, None]

@@ -81,18 +81,21 @@ class ProxyEpisode:
     status: str = "open"  # "open" | "ended"
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
-    receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)  # (calls so far, receipt)
+    # (the call it follows, as index + 1: `ProxyServer.turn_of`; the receipt)
+    receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)
     budget_hit: bool = False
     # the first call the proxy refused for a budget: (stop reason, why) — max_turns (agent.max_calls
     # spent) or context_full (the conversation outgrew the context); the episode is truncated there
     refusal: tuple[str, str] | None = None
     engine_error: str | None = None
-    calls: int = 0
+    calls: int = 0  # model calls started (each takes the next index: `ProxyServer.call`)
+    answered: int = 0  # index + 1 of the call answered last (tools the agent runs follow it)
+    tool_call_turns: dict[str, int] = field(default_factory=dict)  # tool call id -> index + 1
     temperature: float | None = None  # the first call's sampling temperature
     top_p: float = 1.0  # the smallest top_p any call sampled with
     gate: Any = None  # the episode's host gate for `tools/call` (budgets per episode)
     gate_stop: tuple[str, float, str] | None = None  # (stop reason, penalty, why): a refusal that truncated it
-    tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (calls so far, error): failed tool runs
+    tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (turn_of, error): failures
     admitted: bool = False  # the admission policy let the episode start (its first call, or the runner)
     throttled: int = 0  # calls answered 429 (admission refused them)
     admission_waits: int = 0  # times the runner waited before starting the agent
@@ -294,7 +297,8 @@ class ProxyServer:
         except ProxyError as e:
             ep.capture.retract(chain, obs)
             raise self.refuse(ep, StopReason.CONTEXT_FULL, str(e), e.code) from None
-        ep.calls += 1
+        # this call's index, taken before the await: calls of one episode may run concurrently
+        index, ep.calls = ep.calls, ep.calls + 1
         try:
             gen = await engine.generate(list(ids), sampling)
         except Error as e:
@@ -307,8 +311,20 @@ class ProxyServer:
         else:
             call = ep.capture.completion_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
                                                 gen.finish_reason, gen.generate_s)
-        call.index, call.prompt_tokens, call.sampled = ep.calls - 1, len(ids) - len(gen.token_ids), len(gen.token_ids)
+        call.index, call.prompt_tokens = index, len(ids) - len(gen.token_ids)
+        call.sampled = len(gen.token_ids)
+        ep.answered = index + 1
+        ep.tool_call_turns.update((tc["id"], index + 1) for tc in call.tool_calls)
         return call
+
+    @staticmethod
+    def turn_of(ep: ProxyEpisode, tool_call_id: Any = None) -> int:
+        """The call (index + 1) a tool run follows: the one that asked for it (by its tool call
+        id), else the call answered last. Never the number of calls started: with calls in
+        flight concurrently, that names a call whose answer the agent has not seen."""
+        if isinstance(tool_call_id, str) and tool_call_id in ep.tool_call_turns:
+            return ep.tool_call_turns[tool_call_id]
+        return ep.answered
 
     def search(self, episode_id: str, body: dict) -> dict:
         ep = self.episode(episode_id)
@@ -321,8 +337,9 @@ class ProxyServer:
         t0 = time.perf_counter()
         hits = self.retriever.search(query, k)
         text = format_hits(hits, self.max_doc_chars) if hits else NO_RESULTS
-        ep.receipts.append((ep.calls, ToolReceipt("search", {"query": query}, "allowed", "ok",
-                                                  latency_s=time.perf_counter() - t0, output_chars=len(text))))
+        receipt = ToolReceipt("search", {"query": query}, "allowed", "ok",
+                              latency_s=time.perf_counter() - t0, output_chars=len(text))
+        ep.receipts.append((self.turn_of(ep), receipt))
         return {"text": text, "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
 
 
@@ -337,10 +354,11 @@ class ProxyServer:
             ep.gate = self.tools.new_gate()
         gated = await self.tools.call(body, ep.gate)
         out = gated.outcome
+        turn = self.turn_of(ep, body.get("id"))
         if out.receipt is not None:
-            ep.receipts.append((ep.calls, out.receipt))
+            ep.receipts.append((turn, out.receipt))
         if out.error:
-            ep.tool_errors.append((ep.calls, out.error))
+            ep.tool_errors.append((turn, out.error))
         d = out.decision
         if d is not None and not d.allowed and d.truncate:
             ep.gate_stop = (d.stop_reason, d.penalty, f"{d.rule}: {d.reason}")
