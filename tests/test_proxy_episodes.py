@@ -161,3 +161,39 @@ def test_concurrent_calls_of_one_episode_get_their_own_ids_indices_and_receipts(
     (traj,) = trajs  # one record, the two chains its streams, A's turn first
     assert [t.action["kind"] for t in traj.turns] == ["tool_call", "answer", "answer"]
     assert [t.receipt.tool if t.receipt else None for t in traj.turns] == ["echo", None, None]
+
+
+def test_a_stop_sequence_that_ended_the_call_is_named_in_the_messages_reply(tok, tmp_path):
+    """Anthropic's API answers ``stop_reason: "stop_sequence"`` and the sequence itself; the
+    real policy samples its first token, and the same call with that token as a stop ends
+    there (same seed, same prompt), plain and streamed."""
+    anthropic = pytest.importorskip("anthropic")
+    from taurl.policy.engine import LocalEngine
+    from taurl.policy.model import build_default_policy
+
+    texts = [t.prompt for t in generate_tasks("train", n=60, seed=0)]
+    model, ptok = build_default_policy(texts, tmp_path / "p", size="tiny", seed=0)
+    limits = ProxyLimits(max_action_tokens=6, max_context=1024, temperature=1.0)
+
+    def ask(**kw):
+        with ProxyServer(LocalEngine(model, ptok, seed=0), ptok, limits=limits, seed=3) as proxy:
+            proxy.open("e", seed=3)
+            c = anthropic.Anthropic(base_url=proxy.anthropic_base_url("e"), api_key="x",
+                                    max_retries=0)
+            msg = dict(model="m", max_tokens=6, messages=USER, **kw)
+            if not kw.pop("stream", False):
+                return c.messages.create(**msg), proxy.pop("e")
+            with c.messages.stream(**{k: v for k, v in msg.items() if k != "stream"}) as s:
+                return s.get_final_message(), proxy.pop("e")
+
+    free, ep = ask()
+    assert free.stop_reason in ("end_turn", "max_tokens") and free.stop_sequence is None
+    first = ep.capture.chains[0].calls[0]
+    sampled = ep.capture.chains[0].segments[first.action_segment].token_ids
+    word = ptok.decode(sampled[:1])
+    assert len(sampled) > 1 and sampled[0] != ptok.eos_token_id
+    two = ptok.decode(sampled[:2])  # a stop string the engine matches as text (not one token)
+    assert len(ptok(two, add_special_tokens=False)["input_ids"]) > 1
+    for stop, stream in ((word, False), (word, True), (two, False)):
+        stopped, _ = ask(stop_sequences=["never-sampled-zzz", stop], stream=stream)
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)

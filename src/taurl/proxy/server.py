@@ -54,7 +54,7 @@ from taurl.data.trajectory import StopReason, ToolReceipt
 from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
-from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
+from taurl.proxy.capture import Call, EpisodeCapture, ProxyError, matched_stop
 from taurl.rollout.seeds import episode_seed
 from taurl.tools.passages import NO_RESULTS, format_hits
 
@@ -313,6 +313,8 @@ class ProxyServer:
                                                 gen.finish_reason, gen.generate_s)
         call.index, call.prompt_tokens = index, len(ids) - len(gen.token_ids)
         call.sampled = len(gen.token_ids)
+        call.stop_sequence = matched_stop(body.get("stop"), gen.stop_matched,
+                                          ep.capture.chains[chain].codec)
         ep.answered = index + 1
         ep.tool_call_turns.update((tc["id"], index + 1) for tc in call.tool_calls)
         return call
