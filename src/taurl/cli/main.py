@@ -335,7 +335,7 @@ def _models(args: argparse.Namespace) -> int:
         else:
             raise ConfigError(f"{args.source!r} is neither a .gguf file nor a registry name "
                               f"({', '.join(sources.REGISTRY)}); a local HF directory needs no import")
-        print(f"converted into {path}; use it as model: {args.source}")
+        print(f"converted into {path}; use it as model: {path.name}")  # a cache name resolves
     else:
         print(json.dumps(sources.model_info(args.name), indent=2))
     return 0
