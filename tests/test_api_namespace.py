@@ -27,8 +27,7 @@ def test_taurl_train_is_the_function_with_its_signature_and_docstring():
     out = run("""
 import inspect, io, contextlib, taurl, taurl.api
 from taurl import train
-from taurl.train import train as same
-assert train is taurl.train is taurl.api.train is same and inspect.isfunction(train)
+assert train is taurl.train is taurl.api.train and inspect.isfunction(train)
 params = list(inspect.signature(taurl.train).parameters)
 assert params[:2] == ["env", "tasks"] and "run_dir" in params and "reward" in params, params
 buf = io.StringIO()

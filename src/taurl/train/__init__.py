@@ -10,7 +10,8 @@ and this package is reached through the import system, which finds it in ``sys.m
 dotted access reads the same as ever (``import taurl.train.learner as learner``,
 ``taurl.train.learner.Learner`` once imported, ``mock.patch("taurl.train.learner...")``),
 each submodule, once loaded, is also an attribute of the function (`expose_submodules`).
-``from taurl.train import train`` gives the function.
+The function is ``from taurl import train``: this package never imports the API above it
+(not even lazily: the import-cycle check, tests/test_imports.py, counts that as an edge).
 """
 
 import sys
@@ -40,14 +41,6 @@ class _TrainPackage(types.ModuleType):
         fn = getattr(sys.modules.get(_API_MODULE), "train", None)  # never imports it from here
         if fn is not None and _is_submodule(name, value):
             setattr(fn, name, value)
-
-
-def __getattr__(name: str) -> object:
-    if name == "train":  # ``from taurl.train import train``: the API's function
-        from taurl.api import train
-
-        return train
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 sys.modules[__name__].__class__ = _TrainPackage
