@@ -39,8 +39,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-# label: (arguments, environment). taurl's default is OMP_WAIT_POLICY=PASSIVE (set when it is
-# imported); TRL's is torch's own (spinning OpenMP workers, two threads on this machine).
+# label: (arguments, environment). taurl's default is OMP_WAIT_POLICY=PASSIVE (the taurl
+# command sets it); TRL's is torch's own (spinning OpenMP workers, two threads on this machine).
 # OpenMP reads the policy once per process, so spinning learner threads spin all step long.
 TAURL_SETTINGS = {  # rollout on one thread; the learner on one or two (passive or spinning workers)
     "1": (["--threads", "1"], {}),

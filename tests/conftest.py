@@ -5,7 +5,9 @@ import re
 
 import pytest
 
-import taurl  # noqa: F401  (first: sets OMP_WAIT_POLICY before any test imports torch)
+# as the taurl command does (taurl.cli.main), before any test imports torch: spinning OpenMP
+# workers collapse throughput on the shared cores tests run on
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -132,7 +132,7 @@ def test_the_tool_list_is_served_before_the_first_model_call(tok, tmp_path):
     from mcp import Client
 
     tools = ProxyTools.from_config(time_tools(tmp_path / "log.jsonl"))
-    with ProxyServer(None, tok, tools=tools) as proxy:
+    with ProxyServer(None, tok, tools=tools, open_on_call=True) as proxy:
         async def listed() -> list[str]:
             async with Client(proxy.mcp_url("fresh")) as c:
                 return sorted(t.name for t in (await c.list_tools()).tools)

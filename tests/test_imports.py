@@ -1,12 +1,20 @@
 """The package's import graph has no cycle: stages import only what lies below them.
 
 The graph is built statically (ast) from every ``import`` in ``src/taurl``, at module level
-and inside functions alike: a function-level import is still a dependency, it only runs
-later (a lazy import hides a cycle, it does not remove it). Imports under
-``if TYPE_CHECKING:`` are left out: they never run and exist for annotations only.
+and inside functions and methods alike (a package's ``__getattr__`` or a ``__call__``): a
+function-level import is still a dependency, it only runs later (a lazy import hides a
+cycle, it does not remove it); ``importlib.import_module("taurl.x")`` with a literal name
+counts as an import too. Imports under ``if TYPE_CHECKING:`` are left out: they never run
+and exist for annotations only.
+
 An edge goes to the most specific module named (``from taurl.a import b`` is an edge to
-``taurl.a.b`` when that is a module, else to ``taurl.a``); parent packages a module's import
-runs on the way are not edges (taurl's ``__init__`` files import nothing eagerly).
+``taurl.a.b`` when that is a module, else to ``taurl.a``) and to the packages the import runs
+on the way: importing ``taurl.a.b`` runs ``taurl/a/__init__.py`` first, so ``from taurl.a
+import b`` also depends on ``taurl.a`` (a package whose ``__init__`` reaches up, even lazily,
+closes a cycle through every module that imports from it). Two packages are no edges: the
+importer's own (a package being initialised when its submodule runs is how packages work),
+and the root ``taurl``, whose ``__init__`` re-exports the public API lazily (PEP 562) and
+imports nothing when loaded (test_api checks that ``import taurl`` stays cheap).
 """
 
 from __future__ import annotations
@@ -45,8 +53,27 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+def _ancestors(dotted: str) -> list[str]:
+    """``a.b.c`` -> ``["a", "a.b"]``: the packages importing it runs first."""
+    parts = dotted.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _literal_import_module(node: ast.AST) -> str | None:
+    """The name in ``importlib.import_module("x")`` / ``import_module("x")``, else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    arg = node.args[0]
+    if called == "import_module" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return None
+
+
 def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) -> set[str]:
-    """The package modules that module `name` (at `path`) imports."""
+    """The package modules that module `name` (at `path`) imports, and the packages those
+    imports run (module docstring)."""
     skip = _type_checking_nodes(tree)
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
@@ -70,7 +97,13 @@ def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) ->
                 base = ".".join(pkg + ([base] if base else []))
             for a in node.names:
                 found.add(target(f"{base}.{a.name}") or target(base) or "")
+        elif (literal := _literal_import_module(node)) is not None:
+            found.add(target(literal) or "")
     found.discard("")
+    own = set(_ancestors(name)) | ({name} if is_pkg else set())
+    root = name.split(".")[0]
+    found |= {p for m in found for p in _ancestors(m)
+              if p in modules and p not in own and p != root}
     found.discard(name)
     return found
 
@@ -157,6 +190,26 @@ def test_a_cycle_is_found(tmp_path, how):
     assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"]]
 
 
+@pytest.mark.parametrize("how", ["from package import submodule", "import package.submodule as m",
+                                 "import_module literal"])
+def test_a_cycle_through_a_package_init_that_reaches_up_is_found(tmp_path, how):
+    """What the check once missed: a package whose ``__init__`` imports the top lazily (in a
+    ``__call__``: the package made callable), and a top module that imports only a
+    submodule of it; importing the submodule runs the package's ``__init__`` first."""
+    up = {"from package import submodule": "from pkg.sub import b\n",
+          "import package.submodule as m": "import pkg.sub.b as b\n",
+          "import_module literal": "import importlib\nb = importlib.import_module('pkg.sub.b')\n"}
+    init = ("import types\nclass P(types.ModuleType):\n    def __call__(self):\n"
+            "        from pkg.top import run\n        return run()\n")
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/top.py": up[how] + "def run(): ...\n",
+                      "pkg/sub/__init__.py": init,
+                      "pkg/sub/b.py": "from pkg.sub import c\n", "pkg/sub/c.py": ""})
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.top"] == {"pkg.sub", "pkg.sub.b"}
+    assert graph["pkg.sub.b"] == {"pkg.sub.c"}  # its own package is no edge
+    assert cycles(graph) == [["pkg.sub", "pkg.top"]]
+
+
 def test_no_cycle_without_the_back_edge(tmp_path):
     _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.b import g\n",
                       "pkg/sub/__init__.py": "", "pkg/sub/b.py": "import json\n",
@@ -165,7 +218,7 @@ def test_no_cycle_without_the_back_edge(tmp_path):
                       "pkg/d.py": "import pkg.c\n"})
     # a TYPE_CHECKING import is no edge: c -> a is left out, so a, b, c, d form no cycle
     graph = import_graph(tmp_path, "pkg")
-    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.c"] == set()
+    assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"} and graph["pkg.c"] == set()
     assert cycles(graph) == []
 
 

@@ -241,3 +241,58 @@ def test_the_recipe_trains_a_gguf_model_and_records_where_it_came_from(tiny_gguf
     converted = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32)
     a, b = v0.state_dict(), converted.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", ["../victim", "VICTIM_ABS", "a/b", "..", "."])
+def test_an_import_name_that_leaves_the_cache_is_refused_before_anything_is_written(
+        tiny_gguf, tmp_path, name):
+    """`--name ../victim` (or an absolute path) once resolved outside the cache and the
+    conversion rmtree'd whatever was there: now the name is refused first, nothing written."""
+    home = tmp_path / "home" / "models"
+    victim = tmp_path / "home" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "thesis.tex").write_text("years of work")
+    name = str(victim) if name == "VICTIM_ABS" else name
+    with pytest.raises(ConfigError, match="not a plain name"):
+        import_gguf(tiny_gguf, name=name, home=home)
+    assert (victim / "thesis.tex").read_text() == "years of work"
+    assert not home.exists() and sorted(p.name for p in victim.parent.iterdir()) == ["victim"]
+
+
+def test_a_cache_directory_taurl_did_not_write_is_never_replaced(tiny_gguf, tmp_path):
+    home = tmp_path / "models"
+    mine = home / "mine"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="taurl did not write it"):
+        import_gguf(tiny_gguf, name="mine", home=home)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in home.iterdir()) == ["mine"]  # no temporary left either
+
+
+def test_a_name_given_at_import_is_a_model_and_the_same_file_is_not_converted_twice(
+        tiny_gguf, tmp_path, monkeypatch, capsys):
+    """`taurl models import FILE --name NAME`, then `model: NAME` resolves (it is listed, so it
+    is usable), and `model: FILE` reuses that directory (same sha256) instead of converting a
+    second copy under the file's stem."""
+    from taurl.cli.main import main
+    from taurl.recipe.config import TrainConfig
+
+    monkeypatch.setenv("TAURL_HOME", str(tmp_path))
+    home = tmp_path / "models"
+    assert main(["models", "import", str(tiny_gguf), "--name", "my-llama"]) == 0
+    assert "use it as model: my-llama" in capsys.readouterr().out
+    assert main(["models", "list"]) == 0 and "my-llama  gguf  converted" in capsys.readouterr().out
+    assert source_kind("my-llama") == "cache" and model_problems("my-llama") == []
+    assert TrainConfig(model="my-llama").problems() == []
+    src = resolve_model("my-llama")
+    assert src.kind == "cache" and src.path == home / "my-llama"
+    assert src.provenance["gguf_sha256"] == sources.file_sha256(tiny_gguf)
+    again = resolve_model(str(tiny_gguf))
+    assert again.path == home / "my-llama"
+    assert sorted(p.name for p in home.iterdir()) == ["my-llama"]
+    # an unknown plain name is still a missing directory, and a path here wins over the cache
+    assert "does not exist" in model_problems("no-such-model")[0]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-llama").mkdir()
+    assert source_kind("my-llama") == "dir"

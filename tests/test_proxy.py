@@ -58,7 +58,8 @@ def policy(tmp_path_factory):
 def proxy(policy):
     model, tok = policy
     engine = LocalEngine(model, tok, version=3, seed=0)
-    with ProxyServer(engine, tok, limits=ProxyLimits(max_calls=8, max_action_tokens=12, max_context=1024)) as p:
+    limits = ProxyLimits(max_calls=8, max_action_tokens=12, max_context=1024)
+    with ProxyServer(engine, tok, limits=limits, open_on_call=True) as p:  # ids as `taurl proxy`'s
         yield p
 
 

@@ -87,7 +87,8 @@ def test_the_delay_is_checked_and_sent_as_retry_after_headers():
 
 def test_a_refused_call_is_a_429_with_retry_after_and_records_nothing(tok):
     admission = Refuse(lambda r: r.kind == "call", 1.2, times=1)
-    with ProxyServer(ReplyEngine(tok, ["a", "b"]), tok, admission=admission) as proxy:
+    engine = ReplyEngine(tok, ["a", "b"])
+    with ProxyServer(engine, tok, admission=admission, open_on_call=True) as proxy:
         url = f"{proxy.base_url('s')}/chat/completions"
         first = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
         msgs = [{"role": "user", "content": "hi"}, first.json()["choices"][0]["message"],

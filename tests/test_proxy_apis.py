@@ -64,7 +64,8 @@ def token_exact(traj, tok, model, tools):
 def proxy_for(policy, **kw):
     model, tok = policy
     return ProxyServer(LocalEngine(model, tok, version=2, seed=0), tok,
-                       limits=ProxyLimits(**{"max_action_tokens": 10, "max_context": 1024, **kw}))
+                       limits=ProxyLimits(**{"max_action_tokens": 10, "max_context": 1024, **kw}),
+                       open_on_call=True)
 
 
 def responses_agent(c, stream=False, chain_by_id=False):

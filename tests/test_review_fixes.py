@@ -308,7 +308,8 @@ def test_standalone_proxy_gives_each_episode_its_own_seed(policy_dir):
     messages = [{"role": "user", "content": "In which country is Lyon?"}]
 
     def sample(**seed):
-        with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits, **seed) as p:
+        with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits, open_on_call=True,
+                         **seed) as p:
             out = {}
             for eid in ("ep-a", "ep-b", "ep-c"):  # opened by their first call, as episodes run by hand are
                 c = openai.OpenAI(base_url=p.base_url(eid), api_key="x", max_retries=0)
@@ -334,7 +335,7 @@ def test_proxy_lists_its_tools_before_the_episodes_first_model_call(policy_dir):
 
     model, tok = load_policy(policy_dir)
     tools = SimpleNamespace(declarations=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}])
-    with ProxyServer(LocalEngine(model, tok), tok, tools=tools) as p:
+    with ProxyServer(LocalEngine(model, tok), tok, tools=tools, open_on_call=True) as p:
         r = httpx.get(f"{p.url}/rollouts/fresh-episode/tools")
         assert r.status_code == 200 and r.json()["tools"] == tools.declarations
         assert p.episodes["fresh-episode"].status == "open"

@@ -7,6 +7,8 @@ dir            a local Hugging Face causal-LM directory: used as it is
 gguf           a ``.gguf`` file: converted once into a plain HF directory in the model cache
 registry       a name in `REGISTRY` (``smollm2-135m-instruct``): the GGUF file an installed Python
                package ships, converted once like a GGUF file
+cache          the name of a directory taurl converted into the model cache (``taurl models import
+               FILE --name NAME``; ``taurl models list`` shows them), when no such path exists here
 hub            ``owner/name``: a Hugging Face hub id, used from the local HF cache or downloaded
                when the hub is reachable; offline, a clear error (taurl never waits on the network)
 =============  =====================================================================================
@@ -19,7 +21,12 @@ weights into the plain model class, saves model + tokenizer (with the GGUF's cha
 reloads the saved directory with plain ``AutoModelForCausalLM`` and checks its logits equal the
 GGUF load's. ``taurl_source.json`` in the directory records the file's sha256 and provenance.
 
-The cache is ``$TAURL_HOME/models`` (default ``~/.cache/taurl/models``).
+The cache is ``$TAURL_HOME/models`` (default ``~/.cache/taurl/models``). A cache name is one
+safe path component (`NAME_RE`), checked before anything is written, and taurl replaces or
+removes only directories it wrote there (those with ``taurl_source.json``): a name can never
+reach a directory outside the cache, nor one taurl did not write. A GGUF file imported
+without ``--name`` is looked up by its sha256 first, so a file already imported under another
+name is not converted a second time.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ from typing import Any
 
 from taurl.errors import ConfigError
 
-SOURCE_FILE = "taurl_source.json"
+SOURCE_FILE = "taurl_source.json"  # provenance, and the mark of a directory taurl wrote
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a cache name: one path component
 EXTRA_HINT = "pip install 'taurl[real]' (or run `make demo-real`, which installs it)"
 # logits of the converted directory against the GGUF load: the same float weights, so equal
 # up to summation order
@@ -86,24 +94,53 @@ def models_home() -> Path:
     return Path(root) / "models" if root else Path.home() / ".cache" / "taurl" / "models"
 
 
-def source_kind(spec: str) -> str:
-    """dir | gguf | registry | hub, from the string alone (nothing is read but the path's existence)."""
+def source_kind(spec: str, home: Path | None = None) -> str:
+    """dir | gguf | registry | cache | hub, from the string alone (nothing is read but paths'
+    existence: `spec` here, and a converted directory of that name in the cache)."""
     if spec in REGISTRY:
         return "registry"
     if spec.lower().endswith(".gguf"):
         return "gguf"
-    if not Path(spec).expanduser().exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
+    if Path(spec).expanduser().exists():
+        return "dir"  # a path here wins over a cache entry of the same name
+    if cached_name(spec, home) is not None:
+        return "cache"
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
         return "hub"  # owner/name and no such path here
     return "dir"
 
 
-def model_problems(spec: str) -> list[str]:
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a model cache name (one safe path component), or None."""
+    if NAME_RE.fullmatch(name) and name not in (".", ".."):
+        return None
+    return (f"model name {name!r} is not a plain name: use letters, digits, '.', '_' and '-' "
+            "(starting with a letter or digit; no '/', no '..'): it names a directory in the "
+            "model cache")
+
+
+def cached_name(name: str, home: Path | None = None) -> Path | None:
+    """The directory taurl converted under cache name `name`, or None."""
+    if name_problem(name) is not None:
+        return None
+    path = (home or models_home()) / name
+    return path if _taurl_wrote(path) else None
+
+
+def _taurl_wrote(path: Path) -> bool:
+    """Whether `path` is a directory taurl wrote (its `SOURCE_FILE`), not a link to one."""
+    return not path.is_symlink() and path.is_dir() and (path / SOURCE_FILE).is_file()
+
+
+def model_problems(spec: str, home: Path | None = None) -> list[str]:
     """Why `spec` cannot be resolved, without converting or downloading anything."""
     from taurl.policy.model import policy_problems
 
-    kind = source_kind(spec)
+    kind = source_kind(spec, home)
     if kind == "dir":
         return policy_problems(spec)
+    if kind == "cache":
+        return policy_problems(str((home or models_home()) / spec))
     if kind == "gguf":
         if not Path(spec).is_file():
             return [f"GGUF file {spec!r} does not exist; give the path of a .gguf file"]
@@ -115,12 +152,15 @@ def model_problems(spec: str) -> list[str]:
 
 def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
     """The local HF directory for `spec`, converting (once) or fetching what needs it."""
-    if problems := model_problems(spec):
+    if problems := model_problems(spec, home):
         raise ConfigError(problems)
-    kind = source_kind(spec)
+    kind = source_kind(spec, home)
     if kind == "dir":
         path = Path(spec).expanduser().resolve()
         return ModelSource("dir", spec, path, {**_recorded(path), "weights_sha256": weights_sha256(path)})
+    if kind == "cache":
+        path = (home or models_home()) / spec
+        return ModelSource("cache", spec, path, _recorded(path))
     if kind == "gguf":
         path = import_gguf(spec, home=home)
     elif kind == "registry":
@@ -135,24 +175,36 @@ def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None 
                 provenance: dict[str, Any] | None = None, chat_template: str | None = None) -> Path:
     """Convert a GGUF file into `home`/NAME (a plain HF directory) unless that is done; returns it.
 
-    NAME defaults to the file's stem in lower case. A directory of that name converted from
-    a different file (another sha256) is an error, not overwritten. `chat_template` replaces
-    the GGUF's template: ``chatml`` / ``chatml-compact`` (taurl's ChatML with a tool preamble,
-    `taurl.policy.tokenizer.CHAT_TEMPLATES`) or a .jinja file — for templates that ignore `tools`.
+    NAME (one path component, `name_problem`) defaults to the file's stem in lower case; without
+    a NAME, a directory already converted from the same file (sha256, and chat template) is
+    reused whatever its name. A directory of that name converted from a different file
+    (another sha256) is an error, not overwritten, and so is one taurl did not write.
+    `chat_template` replaces the GGUF's template: ``chatml`` / ``chatml-compact`` (taurl's
+    ChatML with a tool preamble, `taurl.policy.tokenizer.CHAT_TEMPLATES`) or a .jinja file —
+    for templates that ignore `tools`. Everything is checked before anything is written.
     """
+    if name is not None and (why := name_problem(name)):
+        raise ConfigError(why)
     template = _template_text(chat_template) if chat_template else None
     file = Path(file).expanduser().resolve()
     if problems := ([] if file.is_file() else [f"GGUF file {str(file)!r} does not exist"]) + _gguf_extra_problems():
         raise ConfigError(problems)
-    name = name or re.sub(r"[^a-z0-9._-]+", "-", file.stem.lower())
-    target = (home or models_home()) / name
+    home = home or models_home()
     sha = file_sha256(file)
-    done = _recorded(target)
+    if name is None:
+        if (same := _converted_from(home, sha, chat_template)) is not None:
+            return same
+        name = re.sub(r"[^a-z0-9._-]+", "-", file.stem.lower()).lstrip("._-")[:128] or "model"
+    target = home / name
+    done = _recorded(target) if _taurl_wrote(target) else {}
     if done.get("gguf_sha256") == sha and (target / "config.json").is_file():
         return target
-    if done:
+    if done and done.get("gguf_sha256") != sha:
         raise ConfigError(f"{str(target)!r} was converted from another file (sha256 {done.get('gguf_sha256')}); "
                           f"import {str(file)!r} under another name (taurl models import FILE --name NEW)")
+    if not done and (target.exists() or target.is_symlink()):
+        raise ConfigError(f"{str(target)!r} exists and taurl did not write it (no {SOURCE_FILE}); "
+                          "taurl leaves it alone: import under another name (--name NEW)")
     record = {"gguf_file": str(file), "gguf_sha256": sha, **(provenance or {}),
               **({"chat_template": chat_template} if chat_template else {})}
     _convert(file, target, record, template)
@@ -198,10 +250,23 @@ def _convert(file: Path, target: Path, record: dict[str, Any], template: str | N
                                                                                         time.gmtime()),
                   "convert_seconds": round(time.perf_counter() - t0, 1)}
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+        if _taurl_wrote(target):  # an unfinished conversion of the same file: taurl's to replace
+            shutil.rmtree(target)
+        tmp.rename(target)  # fails on anything else there: nothing taurl did not write is removed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _converted_from(home: Path, sha: str, chat_template: str | None) -> Path | None:
+    """A complete directory in the cache converted from the file of this sha256 (and chat
+    template), or None: what a second import of the same file reuses."""
+    if not home.is_dir():
+        return None
+    for d in sorted(home.iterdir()):
+        rec = _recorded(d) if _taurl_wrote(d) and (d / "config.json").is_file() else {}
+        if rec.get("gguf_sha256") == sha and rec.get("chat_template") == chat_template:
+            return d
+    return None
 
 
 def _template_text(chat_template: str) -> str:

@@ -74,9 +74,10 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         shape = {"responses": responses.error_body, "messages": messages.error_body}.get(api)
         try:
             body = await read(request)
+            ep = proxy.episode(eid)
             conversation: list[dict] = []
             if api == "responses":
-                chat, conversation = responses.to_chat(body, proxy.episode(eid))
+                chat, conversation = responses.to_chat(body, ep)
             else:
                 chat = messages.to_chat(body) if api == "messages" else body
             call = await proxy.call(eid, chat, api != "completions")
@@ -84,8 +85,8 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
             return error(e, shape)
         except Error as e:  # e.g. a chat template that cannot extend the stream as a delta
             return error(ProxyError(f"cannot capture this call: {e}", 500, "capture_error"), shape)
-        ep = proxy.episodes.get(eid)
-        n = ep.calls if ep else 0
+        # the call's own index names its reply: concurrent calls of one episode each get theirs
+        n = call.index + 1
         stream = bool(body.get("stream"))
         if api == "responses":
             out = responses.reply(call, ep, f"resp_{eid}_{n}", conversation, body.get("max_output_tokens"))

@@ -60,6 +60,7 @@ class Call:
     index: int = 0  # the call's place among all calls of the episode
     prompt_tokens: int = 0
     sampled: int = 0
+    stop_sequence: str | None = None  # the agent's stop sequence that ended it (`matched_stop`)
 
 
 @dataclass
@@ -119,6 +120,17 @@ def template_message(m: dict[str, Any]) -> dict[str, Any]:
         out["tool_calls"] = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                              for c in m["tool_calls"]]
     return out
+
+
+def matched_stop(stop: Any, matched: str | int | None, codec: ChatCodec) -> str | None:
+    """The agent's stop sequence (``stop``, as the call gave it) that ended a call. The engine
+    reports a stop string as itself and a one-token stop as its id (`ChatCodec.split_stops`
+    turned that stop into the id); None when no stop of the agent's ended it (EOS, length)."""
+    if matched is None:
+        return None
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    text = matched if isinstance(matched, str) else codec.decode([matched])
+    return text if text in stops else None
 
 
 class EpisodeCapture:

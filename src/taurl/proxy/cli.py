@@ -74,7 +74,8 @@ def start_proxy(args: argparse.Namespace) -> Any:
     limits = ProxyLimits(max_calls=args.max_calls, max_action_tokens=args.max_tokens,
                          max_context=model.config.max_position_embeddings, temperature=args.temperature)
     proxy = ProxyServer(LocalEngine(model, tok, version=version), tok, limits=limits, retriever=retriever,
-                        tools=tools, host=args.host, port=args.port, seed=args.seed).start()
+                        tools=tools, host=args.host, port=args.port, seed=args.seed,
+                        open_on_call=True).start()  # each new id an episode: no runner opens them
     mcp = f", MCP at {proxy.url}/rollouts/<episode id>/mcp" if tools is not None else ""
     print(f"serving {args.model} (policy version {version}) at {proxy.url}/rollouts/<episode id>/v1{mcp} "
           "— Ctrl-C to stop", flush=True)

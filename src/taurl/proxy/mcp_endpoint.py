@@ -43,7 +43,7 @@ def mcp_app(proxy: Any) -> tuple[Any, Any]:
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         try:
-            proxy.episode(episode_id(ctx))  # refused (409) after the episode ended
+            proxy.episode(episode_id(ctx))  # 409 after the episode ended, 404 for an id not opened
         except ProxyError as e:  # a JSON-RPC error to the client, not a server fault
             return types.ErrorData(code=types.INVALID_REQUEST, message=str(e))
         return types.ListToolsResult(tools=[

@@ -15,7 +15,9 @@ the proxy's budget as any call's. Images and documents are refused (the policy r
 
 Reply: a ``thinking`` block for the sampled text's leading ``<think>…</think>`` (its
 ``signature`` empty: nothing is signed), a ``text`` block, a ``tool_use`` block per parsed
-tool call; ``stop_reason`` ``tool_use``, ``max_tokens`` or ``end_turn``. Streaming sends
+tool call; ``stop_reason`` ``tool_use``, ``stop_sequence`` (one of the request's
+``stop_sequences`` ended it: ``stop_sequence`` names it, as Anthropic's API does),
+``max_tokens`` or ``end_turn``. Streaming sends
 ``message_start`` … ``message_stop`` from the same reply. Errors use Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``) with the chat route's statuses and
 headers (``retry-after`` on a 429, which the SDK honours).
@@ -114,9 +116,11 @@ def reply(call: Call, rid: str) -> dict:
         blocks.append({"type": "text", "text": content})
     blocks += [{"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
                 "input": json.loads(tc["function"]["arguments"])} for tc in call.tool_calls]
-    stop = "tool_use" if call.tool_calls else "max_tokens" if call.finish_reason == "length" else "end_turn"
+    stop = ("tool_use" if call.tool_calls else "stop_sequence" if call.stop_sequence is not None
+            else "max_tokens" if call.finish_reason == "length" else "end_turn")
+    matched = call.stop_sequence if stop == "stop_sequence" else None
     return {"id": rid, "type": "message", "role": "assistant", "model": MODEL_NAME, "content": blocks,
-            "stop_reason": stop, "stop_sequence": None,
+            "stop_reason": stop, "stop_sequence": matched,
             "usage": {"input_tokens": call.prompt_tokens, "output_tokens": call.sampled}}
 
 
@@ -136,7 +140,8 @@ def events(message: dict) -> list[tuple[str, dict]]:
         out += [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}) for d in deltas]
         out.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
     out.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": message["usage"]["output_tokens"]},
-                                  "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}))
+                                  "delta": {"stop_reason": message["stop_reason"],
+                                            "stop_sequence": message["stop_sequence"]}}))
     out.append(("message_stop", {"type": "message_stop"}))
     return out
 

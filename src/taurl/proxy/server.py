@@ -21,11 +21,14 @@ names its trajectory without any change to the agent):
 
 Any other path answers 404 with the routes served (`taurl.proxy.app`, the HTTP layer).
 
-A call to an unknown id (a model call, the tools list, a tool call, a search) opens that
-episode (the standalone `taurl proxy`), with a seed derived from the server's and the id; the agent
-runner (`taurl.proxy.runner`) opens them itself with the task, and a call after an
-episode ended is refused (409), so an agent that outlived its timeout cannot write into
-a finished record.
+Episodes are opened by whoever owns them: the agent runner (`taurl.proxy.runner`) opens
+each one with its task (`ProxyServer.open`) and pops it when the agent is done. A call to an
+id the proxy did not open is refused (404), so a made-up id cannot start an episode of its
+own (nor a fresh tool-gate budget); a call after an episode ended or was popped is refused
+(409), so an agent that outlived its timeout cannot write into a finished record or open an
+orphan one. Only the standalone `taurl proxy` (``open_on_call=True``) opens an episode on
+the first call to a new id (any call: a model call, the tools list, a tool call, a search),
+with a seed derived from the server's and the id; an id it closed stays closed there too.
 
 Streaming: the engine protocol returns a whole completion, so a streamed answer is sent
 as SSE chunks once the completion is sampled. Both forms are built from the same
@@ -51,7 +54,7 @@ from taurl.data.trajectory import StopReason, ToolReceipt
 from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
-from taurl.proxy.capture import Call, EpisodeCapture, ProxyError
+from taurl.proxy.capture import Call, EpisodeCapture, ProxyError, matched_stop
 from taurl.rollout.seeds import episode_seed
 from taurl.tools.passages import NO_RESULTS, format_hits
 
@@ -78,18 +81,21 @@ class ProxyEpisode:
     status: str = "open"  # "open" | "ended"
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
-    receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)  # (calls so far, receipt)
+    # (the call it follows, as index + 1: `ProxyServer.turn_of`; the receipt)
+    receipts: list[tuple[int, ToolReceipt]] = field(default_factory=list)
     budget_hit: bool = False
     # the first call the proxy refused for a budget: (stop reason, why) — max_turns (agent.max_calls
     # spent) or context_full (the conversation outgrew the context); the episode is truncated there
     refusal: tuple[str, str] | None = None
     engine_error: str | None = None
-    calls: int = 0
+    calls: int = 0  # model calls started (each takes the next index: `ProxyServer.call`)
+    answered: int = 0  # index + 1 of the call answered last (tools the agent runs follow it)
+    tool_call_turns: dict[str, int] = field(default_factory=dict)  # tool call id -> index + 1
     temperature: float | None = None  # the first call's sampling temperature
     top_p: float = 1.0  # the smallest top_p any call sampled with
     gate: Any = None  # the episode's host gate for `tools/call` (budgets per episode)
     gate_stop: tuple[str, float, str] | None = None  # (stop reason, penalty, why): a refusal that truncated it
-    tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (calls so far, error): failed tool runs
+    tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (turn_of, error): failures
     admitted: bool = False  # the admission policy let the episode start (its first call, or the runner)
     throttled: int = 0  # calls answered 429 (admission refused them)
     admission_waits: int = 0  # times the runner waited before starting the agent
@@ -102,7 +108,8 @@ class ProxyServer:
 
     def __init__(self, engine: Any, tokenizer: Any, *, limits: ProxyLimits | None = None,
                  retriever: Any = None, max_doc_chars: int | None = 400, tools: Any = None,
-                 admission: Any = None, host: str = "127.0.0.1", port: int = 0, seed: int = 0):
+                 admission: Any = None, host: str = "127.0.0.1", port: int = 0, seed: int = 0,
+                 open_on_call: bool = False):
         self.engine, self.tok, self.limits = engine, tokenizer, limits or ProxyLimits()
         self.retriever, self.max_doc_chars = retriever, max_doc_chars
         self.tools = tools  # taurl.proxy.tools.ProxyTools, or None: no tools/ endpoints
@@ -111,6 +118,9 @@ class ProxyServer:
         self.host, self.port = host, port
         self.seed = seed  # an episode a call opens samples with a seed of its own, derived from this and its id
         self.episodes: dict[str, ProxyEpisode] = {}
+        # a call to an unknown id opens it (standalone `taurl proxy`), else 404 (module docstring)
+        self.open_on_call = open_on_call
+        self.closed: set[str] = set()  # ids popped: a later call is refused, never re-opens them
         self.lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -178,9 +188,12 @@ class ProxyServer:
         self.stop()
 
     def open(self, episode_id: str, *, seed: int = 0, engine: Any = None) -> ProxyEpisode:
+        """Open `episode_id` (the owner's call: the runner's; a closed id is opened again only
+        this way, never by an agent's call)."""
         with self.lock:
             if episode_id in self.episodes:
                 raise Error(f"episode {episode_id!r} is already open in the proxy")
+            self.closed.discard(episode_id)
             ep = ProxyEpisode(episode_id, EpisodeCapture(self.tok, episode_id), seed=seed, engine=engine)
             self.episodes[episode_id] = ep
             return ep
@@ -199,18 +212,25 @@ class ProxyServer:
         ep = self.end(episode_id)
         with self.lock:
             del self.episodes[episode_id]
+            self.closed.add(episode_id)
         return ep
 
     def episode(self, episode_id: str, *, create: bool = True) -> ProxyEpisode:
+        """The open episode a call names; ProxyError 409 for an ended or popped one, 404 for an
+        id nobody opened (unless `open_on_call` and `create`: the standalone proxy opens it)."""
         with self.lock:
             ep = self.episodes.get(episode_id)
-        if ep is None:
-            if not create:
-                raise ProxyError(f"no episode {episode_id!r}", 404, "not_found")
+            closed = episode_id in self.closed
+        if ep is None and not closed:
+            if not (create and self.open_on_call):
+                raise ProxyError(f"no episode {episode_id!r}: the proxy serves only the episodes "
+                                 "its runner opened", 404, "episode_not_found",
+                                 {"x-should-retry": "false"})
             ep = self.open(episode_id, seed=episode_seed(self.seed, episode_id))
-        if ep.status != "open":
-            raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not recorded", 409,
-                             "episode_ended", {"x-should-retry": "false"})  # the openai SDK retries 409s unless told
+        if closed or ep.status != "open":
+            # the openai SDK retries 409s unless told
+            raise ProxyError(f"episode {episode_id!r} has ended; calls after the end are not "
+                             "recorded", 409, "episode_ended", {"x-should-retry": "false"})
         return ep
 
     # -- the model call -------------------------------------------------------------
@@ -277,7 +297,8 @@ class ProxyServer:
         except ProxyError as e:
             ep.capture.retract(chain, obs)
             raise self.refuse(ep, StopReason.CONTEXT_FULL, str(e), e.code) from None
-        ep.calls += 1
+        # this call's index, taken before the await: calls of one episode may run concurrently
+        index, ep.calls = ep.calls, ep.calls + 1
         try:
             gen = await engine.generate(list(ids), sampling)
         except Error as e:
@@ -290,8 +311,22 @@ class ProxyServer:
         else:
             call = ep.capture.completion_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
                                                 gen.finish_reason, gen.generate_s)
-        call.index, call.prompt_tokens, call.sampled = ep.calls - 1, len(ids) - len(gen.token_ids), len(gen.token_ids)
+        call.index, call.prompt_tokens = index, len(ids) - len(gen.token_ids)
+        call.sampled = len(gen.token_ids)
+        call.stop_sequence = matched_stop(body.get("stop"), gen.stop_matched,
+                                          ep.capture.chains[chain].codec)
+        ep.answered = index + 1
+        ep.tool_call_turns.update((tc["id"], index + 1) for tc in call.tool_calls)
         return call
+
+    @staticmethod
+    def turn_of(ep: ProxyEpisode, tool_call_id: Any = None) -> int:
+        """The call (index + 1) a tool run follows: the one that asked for it (by its tool call
+        id), else the call answered last. Never the number of calls started: with calls in
+        flight concurrently, that names a call whose answer the agent has not seen."""
+        if isinstance(tool_call_id, str) and tool_call_id in ep.tool_call_turns:
+            return ep.tool_call_turns[tool_call_id]
+        return ep.answered
 
     def search(self, episode_id: str, body: dict) -> dict:
         ep = self.episode(episode_id)
@@ -304,8 +339,9 @@ class ProxyServer:
         t0 = time.perf_counter()
         hits = self.retriever.search(query, k)
         text = format_hits(hits, self.max_doc_chars) if hits else NO_RESULTS
-        ep.receipts.append((ep.calls, ToolReceipt("search", {"query": query}, "allowed", "ok",
-                                                  latency_s=time.perf_counter() - t0, output_chars=len(text))))
+        receipt = ToolReceipt("search", {"query": query}, "allowed", "ok",
+                              latency_s=time.perf_counter() - t0, output_chars=len(text))
+        ep.receipts.append((self.turn_of(ep), receipt))
         return {"text": text, "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
 
 
@@ -320,10 +356,11 @@ class ProxyServer:
             ep.gate = self.tools.new_gate()
         gated = await self.tools.call(body, ep.gate)
         out = gated.outcome
+        turn = self.turn_of(ep, body.get("id"))
         if out.receipt is not None:
-            ep.receipts.append((ep.calls, out.receipt))
+            ep.receipts.append((turn, out.receipt))
         if out.error:
-            ep.tool_errors.append((ep.calls, out.error))
+            ep.tool_errors.append((turn, out.error))
         d = out.decision
         if d is not None and not d.allowed and d.truncate:
             ep.gate_stop = (d.stop_reason, d.penalty, f"{d.rule}: {d.reason}")

@@ -206,7 +206,8 @@ def _model_config(cfg: Any) -> Any:
         from taurl.policy.sources import models_home, source_kind
 
         # a named model already converted: its cached directory (not converted yet: unchecked here)
-        path = models_home() / cfg.model if source_kind(cfg.model) == "registry" else Path(cfg.model)
+        named = source_kind(cfg.model) in ("registry", "cache")
+        path = models_home() / cfg.model if named else Path(cfg.model)
         try:
             return AutoConfig.from_pretrained(path)
         except (OSError, ValueError):
