@@ -38,6 +38,7 @@ import time
 from importlib.metadata import version as package_version
 from typing import Any
 
+from taurl.data.trajectory import seen_by_env
 from taurl.envs.core import Task
 from taurl.envs.gym.splits import derive_seed, split_of
 from taurl.envs.openenv_server_proc import server_url
@@ -258,7 +259,7 @@ class OpenEnvVerifier:
         for turn in traj.turns:
             if turn.receipt is None or turn.receipt.decision != "allowed":
                 continue
-            _, reward, term, _, _ = env.step(turn.action_text)
+            _, reward, term, _, _ = env.step(seen_by_env(turn))
             if term:
                 break
         return float(reward)

@@ -282,7 +282,9 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
                          action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
                          invalid=bool(info.get("invalid", False)), error=error,
                          receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
-                         generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
+                         generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped,
+                         # the EOS-cut text the env saw, for a replay to give it the same
+                         env_text=action.env_text if action.env_text != action.text else None))
 
 
 def _append_observation(st: _State, obs: str, info: StepInfo) -> tuple[int | None, str, int]:
