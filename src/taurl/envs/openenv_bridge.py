@@ -72,7 +72,12 @@ def observation_text(obs: dict[str, Any], key: str | None) -> str:
 
 
 class Session:
-    """One OpenEnv WebSocket session on the tools' background loop (sync and async callers)."""
+    """One OpenEnv WebSocket session on the tools' background loop (sync and async callers).
+
+    Connected on first use and again after `close`. Each open session holds one of the
+    server's session slots (``max_concurrent_envs``: 1 unless the server raises it) until it
+    is closed, so the env closes its session whenever it no longer needs it (`OpenEnvEnv`).
+    """
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url, self.timeout_s = url, timeout_s
@@ -98,6 +103,16 @@ class Session:
             client, self.client = self.client, None
             with contextlib.suppress(Exception):  # a session that is gone is closed
                 run_blocking(client.disconnect(), 10)
+
+    async def aclose(self) -> None:
+        """`close`, awaited (from the loop that runs an episode's `astep`)."""
+        from taurl.tools.executor import _background_loop
+
+        if self.client is not None:
+            client, self.client = self.client, None
+            with contextlib.suppress(Exception):  # a session that is gone is closed
+                fut = asyncio.run_coroutine_threadsafe(client.disconnect(), _background_loop())
+                await asyncio.wait_for(asyncio.wrap_future(fut), 10)
 
 
 def resolve(env_config: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +149,13 @@ def openenv_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, An
 
 
 class OpenEnvEnv:
-    """An OpenEnv server as a taurl env (module docstring). One episode at a time."""
+    """An OpenEnv server as a taurl env (module docstring). One episode at a time.
+
+    Its server session is open only while an episode runs: from `reset` until the episode
+    ends (done, max_turns) or `close` is called (the loop's callers call it after every
+    episode, `taurl.envs.core.close_env`); an env only built (for its tools, its provenance)
+    holds none. A server serves ``max_concurrent_envs`` sessions at once, 1 by default.
+    """
 
     name = NAME
     version = VERSION
@@ -161,6 +182,11 @@ class OpenEnvEnv:
         self._task: Task | None = None
         self._done, self._turn = True, 0
         self._last: Any = None  # the last StepResult of this step (reward, done)
+        self.session.close()  # the tool listing is known: give the server its slot back
+
+    def close(self) -> None:
+        """End the server session (`reset` opens a new one)."""
+        self.session.close()
 
     def _tool_schemas(self) -> list[dict[str, Any]]:
         """The env's MCP tools, or one ``step`` tool over its Action schema."""
@@ -233,6 +259,7 @@ class OpenEnvEnv:
             info.update(stop_reason="done" if terminated else "max_turns", reward_components={"outcome": reward},
                         verifier_version=self.verifier_version)
             self._done = True
+            await self.session.aclose()  # the episode is over: its session too
         return out.observation, reward, terminated, truncated, info
 
 
@@ -256,10 +283,13 @@ class OpenEnvVerifier:
         env = self._envs.get(key) or self._envs.setdefault(key, OpenEnvEnv(max_turns=10**6, **cfg))
         env.reset(task)
         reward = 0.0
-        for turn in traj.turns:
-            if turn.receipt is None or turn.receipt.decision != "allowed":
-                continue
-            _, reward, term, _, _ = env.step(seen_by_env(turn))
-            if term:
-                break
+        try:
+            for turn in traj.turns:
+                if turn.receipt is None or turn.receipt.decision != "allowed":
+                    continue
+                _, reward, term, _, _ = env.step(seen_by_env(turn))
+                if term:
+                    break
+        finally:
+            env.close()  # a replay that ends before the server's done still frees its session
         return float(reward)

@@ -62,7 +62,7 @@ from taurl.data.trajectory import (
     Turn,
     sampling_record,
 )
-from taurl.envs.core import Env, StepInfo, Task
+from taurl.envs.core import Env, StepInfo, Task, episode_env
 from taurl.errors import ContractError, Error
 from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
@@ -413,8 +413,10 @@ async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: A
     async def one(task: Task, g: int, ep_seed: int) -> None:
         async with sem:
             try:
-                traj = await run_episode(engine, make_env(), tokenizer, task, seed=ep_seed, config=config,
-                                         group_id=f"{run_id}:{round_index}:{task.task_id}", run_id=run_id)
+                with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
+                    traj = await run_episode(engine, env, tokenizer, task, seed=ep_seed, config=config,
+                                             group_id=f"{run_id}:{round_index}:{task.task_id}",
+                                             run_id=run_id)
             except Exception as e:  # noqa: BLE001 — counted and explained, never fatal
                 failures.append((task.task_id, f"{type(e).__name__}: {e}"))
                 return
