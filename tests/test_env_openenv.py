@@ -105,6 +105,22 @@ def test_sessions_are_closed_so_a_server_of_one_session_serves_every_episode(on_
     assert envs.make("openenv", **cap1).tools  # the verifier's own session is closed too
 
 
+@pytest.mark.parametrize("target", [{"app": "openenv_target:app_no_config_names"}, {"url": "http://127.0.0.1:9"}])
+def test_the_verifier_starts_or_dials_only_what_a_config_names(on_path, target):
+    """Issue 38: the verifier replayed on whatever server a record's provenance named, so
+    evaluating someone else's ledger imported the app (code) or dialled the URL it chose."""
+    from types import SimpleNamespace
+
+    from taurl.envs import openenv_server_proc
+
+    task = envs.make_tasks("openenv", "holdout", 1, seed=0, env_config=APP)[0]
+    record = SimpleNamespace(task_id=task.task_id, terminated=True, turns=[],
+                             provenance={"env_config": target})
+    with pytest.raises(ConfigError, match="which no env config of this process names"):
+        envs.spec("openenv").make_verifier()(record, task)
+    assert target.get("app") not in openenv_server_proc._SERVERS  # never started
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ConfigError, match="exactly one of env_config 'url'"):
         envs.make("openenv")

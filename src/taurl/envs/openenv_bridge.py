@@ -26,7 +26,8 @@ to ``reset(seed=...)`` (the text of `observation_key`, or the observation as JSO
 server's reward is the episode's reward; ``done`` ends the episode (terminated). The
 evaluator's verifier replays the record's tool calls on a fresh session with the same seed
 and takes the server's final reward (`OpenEnvVerifier`): the env's own judge, never the
-record's stored reward.
+record's stored reward. It replays only on a server (``app`` or ``url``) that a config of
+this process names: a record naming any other is refused, never started or dialled.
 """
 
 from __future__ import annotations
@@ -115,8 +116,20 @@ class Session:
                 await asyncio.wait_for(asyncio.wrap_future(fut), 10)
 
 
-def resolve(env_config: dict[str, Any]) -> dict[str, Any]:
-    """The adapter's options with the server's URL (starting a local server for ``app``)."""
+# The servers this process's own configs name (("app" | "url", value)): the replay verifier
+# starts or connects only to one of these. A record's provenance is data, perhaps from a
+# ledger someone else wrote: never a reason to import an app or dial a URL.
+_CONFIGURED: set[tuple[str, str]] = set()
+
+
+def _target(env_config: dict[str, Any]) -> tuple[str, str]:
+    return ("app", str(env_config["app"])) if env_config.get("app") else ("url", str(env_config.get("url")))
+
+
+def resolve(env_config: dict[str, Any], *, replay: bool = False) -> dict[str, Any]:
+    """The adapter's options with the server's URL (starting a local server for ``app``).
+    `replay`: the config comes from a record, so its server must be one a config of this
+    process named (`_CONFIGURED`), else ConfigError."""
     unknown = sorted(set(env_config) - set(OPTIONS))
     if unknown:
         raise ConfigError(f"env openenv has no option(s) {unknown}; its options: {', '.join(OPTIONS)}")
@@ -124,6 +137,14 @@ def resolve(env_config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("env openenv needs exactly one of env_config 'url' (a running OpenEnv server, e.g. "
                           "http://127.0.0.1:8000) or 'app' (a 'module:attr' FastAPI app from openenv's create_app, "
                           "which the adapter starts)")
+    if not replay:
+        _CONFIGURED.add(_target(env_config))
+    elif _target(env_config) not in _CONFIGURED:
+        kind, value = _target(env_config)
+        raise ConfigError(f"the record to verify names the OpenEnv {kind} {value!r}, which no env config "
+                          "of this process names: the replay verifier starts or connects only to the server "
+                          "your config names. Evaluate with the config the run was trained with (its env_config "
+                          "names the same app or url), or check where the ledger came from")
     url = env_config.get("url") or server_url(env_config["app"])
     return {**env_config, "url": url, "env_id": env_config.get("env_id") or env_config.get("app") or url}
 
@@ -163,8 +184,8 @@ class OpenEnvEnv:
     stop = ("</tool_call>",)
     system_prompt = "Act with one tool call per message."
 
-    def __init__(self, max_turns: int = 8, **env_config: Any) -> None:
-        cfg = resolve(env_config)
+    def __init__(self, max_turns: int = 8, _replay: bool = False, **env_config: Any) -> None:
+        cfg = resolve(env_config, replay=_replay)  # _replay: OpenEnvVerifier's, from a record
         self.cfg, self.max_turns = cfg, max_turns
         self.session = Session(cfg["url"], float(cfg.get("timeout_s", 30.0)))
         schema = self._tool_schemas()
@@ -280,7 +301,10 @@ class OpenEnvVerifier:
             return 0.0
         cfg = {k: v for k, v in traj.provenance.get("env_config", {}).items()}
         key = json.dumps(cfg, sort_keys=True)
-        env = self._envs.get(key) or self._envs.setdefault(key, OpenEnvEnv(max_turns=10**6, **cfg))
+        # the record names the server to replay on: started or dialled only if a config of this
+        # process names it too (`resolve`)
+        env = self._envs.get(key) or self._envs.setdefault(
+            key, OpenEnvEnv(max_turns=10**6, _replay=True, **cfg))
         env.reset(task)
         reward = 0.0
         try:
