@@ -121,6 +121,42 @@ def test_the_verifier_starts_or_dials_only_what_a_config_names(on_path, target):
     assert target.get("app") not in openenv_server_proc._SERVERS  # never started
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_the_server_process_dies_with_a_parent_killed_by_sigterm(tmp_path):
+    """Issue 38: the server was stopped by an exit handler only, which SIGTERM's default
+    action skips: the uvicorn child outlived its parent, holding its port."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); "
+              "from taurl.envs import openenv_server_proc as p; p.server_url('openenv_target:app'); "
+              "print(p._SERVERS['openenv_target:app'][0].pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", script, str(FIXTURES)], stdout=subprocess.PIPE, text=True)
+    server = 0
+    try:
+        server = int(parent.stdout.readline())
+        assert _alive(server)
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server), "the OpenEnv server outlived the process that started it"
+    finally:
+        parent.kill()
+        if server and _alive(server):  # (the failure above: end the orphan this test made)
+            os.kill(server, signal.SIGKILL)
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ConfigError, match="exactly one of env_config 'url'"):
         envs.make("openenv")
