@@ -27,5 +27,5 @@ register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.op
 register("verifiers", "taurl.envs.verifiers_bridge:VerifiersEnv", tasks="taurl.envs.verifiers_bridge:verifiers_tasks",
          verifier="taurl.envs.verifiers_bridge:VerifiersVerifier")
 
-__all__ = ["Env", "Task", "check_env", "close_env", "import_env_modules", "make", "make_tasks", "register",
-           "registered", "spec"]
+__all__ = ["Env", "Task", "check_env", "close_env", "import_env_modules", "make", "make_tasks",
+           "register", "registered", "spec"]

@@ -58,8 +58,9 @@ def server_url(app: str) -> str:
         log = tempfile.TemporaryFile()  # noqa: SIM115 — the server's output, read only if it fails to start
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
         # stdin: a pipe this process never writes to, held open until it exits (module docstring)
-        proc = subprocess.Popen([sys.executable, "-m", __name__, app, str(port)], stdin=subprocess.PIPE,
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", __name__, app, str(port)],
+                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:

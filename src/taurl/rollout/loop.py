@@ -282,7 +282,8 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
                          action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
                          invalid=bool(info.get("invalid", False)), error=error,
                          receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
-                         generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped,
+                         generate_s=gen.generate_s, env_s=dt_env,
+                         observation_tokens_dropped=dropped,
                          # the EOS-cut text the env saw, for a replay to give it the same
                          env_text=action.env_text if action.env_text != action.text else None))
 
@@ -414,9 +415,9 @@ async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: A
         async with sem:
             try:
                 with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
-                    traj = await run_episode(engine, env, tokenizer, task, seed=ep_seed, config=config,
-                                             group_id=f"{run_id}:{round_index}:{task.task_id}",
-                                             run_id=run_id)
+                    traj = await run_episode(engine, env, tokenizer, task, seed=ep_seed,
+                                             config=config, run_id=run_id,
+                                             group_id=f"{run_id}:{round_index}:{task.task_id}")
             except Exception as e:  # noqa: BLE001 — counted and explained, never fatal
                 failures.append((task.task_id, f"{type(e).__name__}: {e}"))
                 return

@@ -42,8 +42,9 @@ async def run_one(engine: Any, make_env: Callable[[], Any], tokenizer: Any, spec
     record: the one place where an episode is run, so every collector fails the same way."""
     try:
         with episode_env(make_env) as env:  # closed after the episode: a server session, a sandbox
-            return await run_episode(engine, env, tokenizer, spec.task, seed=spec.seed, config=config,
-                                     group_id=spec.group_id, run_id=run_id, episode_id=spec.episode_id)
+            return await run_episode(engine, env, tokenizer, spec.task, seed=spec.seed,
+                                     config=config, group_id=spec.group_id, run_id=run_id,
+                                     episode_id=spec.episode_id)
     except Exception as e:  # noqa: BLE001 — a counted failure (module docstring), never the run's end
         return f"{type(e).__name__}: {e}"
 

@@ -294,7 +294,8 @@ async def rejection_sample(engine: Engine, tokenizer, make_env: Callable[[], Env
     async def one(i: int, task: Task, g: int) -> Trajectory:
         async with sem:
             with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
-                return await run_episode(engine, env, tokenizer, task, seed=seed * 1_000_003 + i * k + g,
+                return await run_episode(engine, env, tokenizer, task,
+                                         seed=seed * 1_000_003 + i * k + g,
                                          config=config or RolloutConfig(),
                                          group_id=f"synth:{task.task_id}", run_id=run_id)
 
