@@ -254,10 +254,12 @@ def test_an_env_that_breaks_after_groups_were_kept_stops_the_async_run(tiny, tmp
 
     sched.make_env = make_env
     t0 = time.monotonic()
-    with ledger, pytest.raises(EpisodeError, match=r"2 groups in a row produced no usable records; the first "
-                                                   r"failure: a\d{5}-\d{2}: env.reset raised ConnectionError"):
+    expected = (r"2 groups in a row produced no usable records; the first failure: "
+                r"a\d{5}-\d{2}: env.reset raised ConnectionError")
+    with ledger, pytest.raises(EpisodeError, match=expected):
         asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=20, seed=0), timeout=60))
-    assert sched.counts["failed_groups"] >= 2 and len(sched.done_ids["consumed"]) >= 2  # trained first
+    assert sched.counts["failed_groups"] >= 2
+    assert len(sched.done_ids["consumed"]) >= 2  # it trained on a batch before the env broke
     assert time.monotonic() - t0 < 60
 
 

@@ -122,7 +122,8 @@ def test_the_sandbox_workspace_is_removed_when_the_loop_ends_the_episode():
     from taurl.rollout.runner import run_one
     from taurl.rollout.synth import ScriptedEngine
 
-    task = envs.make_tasks("reasoning-gym", "holdout", 1, env_config={"dataset": "basic_arithmetic"})[0]
+    task = envs.make_tasks("reasoning-gym", "holdout", 1,
+                           env_config={"dataset": "basic_arithmetic"})[0]
     workspaces = []
     env = envs.make("reasoning-gym", dataset="basic_arithmetic", tools="python", max_turns=4)
     run_python = env._run_python
@@ -133,9 +134,10 @@ def test_the_sandbox_workspace_is_removed_when_the_loop_ends_the_episode():
         return result
 
     env._run_python = remembering
-    tok = build_tokenizer([task.prompt, env.system_prompt, "<python>print(6 * 7)</python>"] * 4, vocab_size=300)
+    action = "<python>print(6 * 7)</python>"
+    tok = build_tokenizer([task.prompt, env.system_prompt, action] * 4, vocab_size=300)
     spec = EpisodeSpec("e0", task, 0, "g0")
-    traj = asyncio.run(run_one(ScriptedEngine(tok, ["<python>print(6 * 7)</python>"]), lambda: env,
+    traj = asyncio.run(run_one(ScriptedEngine(tok, [action]), lambda: env,
                                tok, spec, config=RolloutConfig(max_turns=1), run_id="r"))
     assert str(traj.stop_reason) == "max_turns" and traj.turns[0].receipt.status == "ok"
     assert workspaces and not workspaces[0].exists() and env._sandbox is None

@@ -96,7 +96,8 @@ def test_the_verifier_replays_what_the_env_saw_not_the_sampled_eos():
     env = envs.make("verifiers", **cfg("single"))
     tok = build_tokenizer([task.prompt, env.system_prompt, "It is 0123456789"] * 4, vocab_size=300)
     engine = ReplyEngine(tok, [f"It is {task.answers[0]}"])  # each reply ended by EOS
-    traj = asyncio.run(run_episode(engine, env, tok, task, seed=0, config=RolloutConfig(max_turns=1)))
+    traj = asyncio.run(run_episode(engine, env, tok, task, seed=0,
+                                   config=RolloutConfig(max_turns=1)))
     turn = traj.turns[0]
     assert turn.finish_reason == "eos" and turn.action_text.endswith(tok.eos_token)
     assert traj.reward == 1.0 and turn.env_text == f"It is {task.answers[0]}"

@@ -89,5 +89,7 @@ def test_reset_without_a_seed_draws_a_task_and_receipts_are_json_objects(server)
     with GenericEnvClient(base_url=server).sync() as client:
         drawn = {client.reset().observation["task_id"] for _ in range(12)}
     assert len(drawn) > 1  # 8 served tasks: 12 draws all alike has odds 8 ** -11
-    receipt = ToolReceipt(tool="python", arguments={"code": "print(1)"}, decision="allowed", status="ok")
-    assert _jsonable({"receipt": receipt, "turn": 1}) == {"receipt": dataclasses.asdict(receipt), "turn": 1}
+    receipt = ToolReceipt(tool="python", arguments={"code": "print(1)"}, decision="allowed",
+                          status="ok")
+    as_json = {"receipt": dataclasses.asdict(receipt), "turn": 1}
+    assert _jsonable({"receipt": receipt, "turn": 1}) == as_json

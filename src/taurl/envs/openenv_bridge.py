@@ -143,11 +143,11 @@ def resolve(env_config: dict[str, Any], *, replay: bool = False) -> dict[str, An
         _CONFIGURED.add(_target(env_config))
     elif _target(env_config) not in _CONFIGURED:
         kind, value = _target(env_config)
-        raise ConfigError(f"the record to verify names the OpenEnv {kind} {value!r}, which no env "
-                          "config of this process names: the replay verifier starts or connects only "
-                          "to the server your config names. Evaluate with the config the run was "
-                          "trained with (its env_config names the same app or url), or check where "
-                          "the ledger came from")
+        raise ConfigError(f"the record to verify names the OpenEnv {kind} {value!r}, which no "
+                          "env config of this process names: the replay verifier starts or "
+                          "connects only to the server your config names. Evaluate with the "
+                          "config the run was trained with (its env_config names the same app or "
+                          "url), or check where the ledger came from")
     url = env_config.get("url") or server_url(env_config["app"])
     return {**env_config, "url": url, "env_id": env_config.get("env_id") or env_config.get("app") or url}
 
