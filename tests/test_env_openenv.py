@@ -90,8 +90,8 @@ def test_sessions_are_closed_so_a_server_of_one_session_serves_every_episode(on_
     def episode(i, task, actions, max_turns):
         spec = EpisodeSpec(f"e{i}", task, i, f"g{i}")
         engine, make_env = ScriptedEngine(tok, actions), lambda: envs.make("openenv", **cap1)
-        return asyncio.run(run_one(engine, make_env, tok, spec, config=RolloutConfig(max_turns=max_turns),
-                                   run_id="r"))
+        config = RolloutConfig(max_turns=max_turns)
+        return asyncio.run(run_one(engine, make_env, tok, spec, config=config, run_id="r"))
 
     records = []
     for i, task in enumerate(tasks * 2):
