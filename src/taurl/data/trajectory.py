@@ -114,9 +114,8 @@ class Turn:
 
     action: the parsed action as a JSON-able dict (env-specific; always has "kind").
     action_segment / observation_segment: indexes into `Trajectory.segments`.
-    action_text is the text as sampled, a sampled end-of-turn token (EOS) included; the env
-    was given it without that token, and `env_text` keeps what it was given when the two
-    differ (None: the same). A replay (an evaluator's verifier) reads `seen_by_env(turn)`.
+    action_text: as sampled, a sampled EOS included; env_text: what env.step was given when
+    that differs (the EOS cut), else None. A replay reads `taurl.envs.core.seen_by_env`.
     """
 
     index: int
@@ -134,14 +133,6 @@ class Turn:
     env_s: float = 0.0
     observation_tokens_dropped: int = 0  # ids cut from the observation (token budget)
     env_text: str | None = None  # what env.step was given, when not action_text (EOS cut)
-
-
-def seen_by_env(turn: Any) -> str:
-    """The action of `turn` exactly as the env was given it: what a replay must give it too
-    (a replay of `action_text` would hand the env a sampled EOS it never saw). Duck-typed,
-    so a record without `env_text` (one written before it existed) gives `action_text`."""
-    text = getattr(turn, "env_text", None)
-    return turn.action_text if text is None else text
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,14 @@ def close_env(env: Any) -> None:
                                                 getattr(env, "name", "?"), type(e).__name__, e)
 
 
+def seen_by_env(turn: Any) -> str:
+    """The action of a record's `turn` exactly as the env was given it: what a replay must
+    give it too (`action_text` may end with a sampled EOS the env never saw). Duck-typed, so
+    a record without `env_text` (one written before it existed) gives `action_text`."""
+    text = getattr(turn, "env_text", None)
+    return turn.action_text if text is None else text
+
+
 @contextlib.contextmanager
 def episode_env(make_env: Callable[[], Env]) -> Iterator[Env]:
     """A fresh env from `make_env` for one episode, closed (`close_env`) when it is over."""

@@ -39,8 +39,7 @@ import time
 from importlib.metadata import version as package_version
 from typing import Any
 
-from taurl.data.trajectory import seen_by_env
-from taurl.envs.core import Task
+from taurl.envs.core import Task, seen_by_env
 from taurl.envs.gym.splits import derive_seed, split_of
 from taurl.envs.openenv_server_proc import server_url
 from taurl.errors import ConfigError, ResetNeeded

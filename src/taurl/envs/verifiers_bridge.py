@@ -37,8 +37,8 @@ import time
 from importlib.metadata import version as package_version
 from typing import Any
 
-from taurl.data.trajectory import ToolReceipt, seen_by_env
-from taurl.envs.core import Task
+from taurl.data.trajectory import ToolReceipt
+from taurl.envs.core import Task, seen_by_env
 from taurl.envs.gym.splits import split_of
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.tools.executor import run_blocking

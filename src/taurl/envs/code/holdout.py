@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from taurl.data.trajectory import seen_by_env
 from taurl.envs.code.env import CodeEnv
 from taurl.envs.code.verifier import VERIFIER_VERSION, HiddenTestVerifier
-from taurl.envs.core import Task
+from taurl.envs.core import Task, seen_by_env
 from taurl.errors import ConfigError
 from taurl.tools.sandbox import SandboxConfig
 
