@@ -228,6 +228,41 @@ def test_async_groups_of_only_error_records_stop_the_run_with_the_first_cause(ti
         asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=3, seed=0), timeout=10))
 
 
+def test_an_env_that_breaks_after_groups_were_kept_stops_the_async_run(tiny, tmp_path):
+    """Issue 38 H3: the async schedule stopped on failed groups only while none had been kept,
+    so an env that broke mid-run had its groups relaunched forever (no error, 100% CPU; this
+    test timed out). Now B failed groups in a row stop it at any point, as a sync round does."""
+    import time
+
+    from taurl.rollout.episodes import EpisodeError
+
+    sched, ledger = _schedule(tiny, tmp_path, eta=1, interrupt="finish", overprovision=0)
+    working = sched.make_env
+
+    class Broken:  # the env's backend is gone: every reset fails
+        def __init__(self):
+            self.env = working()
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def reset(self, task, seed=None):
+            raise ConnectionError("the env's server went away")
+
+    def make_env():  # works until the learner has trained on a batch, then breaks for good
+        return Broken() if sched.done_ids["consumed"] else working()
+
+    sched.make_env = make_env
+    t0 = time.monotonic()
+    expected = (r"2 groups in a row produced no usable records; the first failure: "
+                r"a\d{5}-\d{2}: env.reset raised ConnectionError")
+    with ledger, pytest.raises(EpisodeError, match=expected):
+        asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=20, seed=0), timeout=60))
+    assert sched.counts["failed_groups"] >= 2
+    assert len(sched.done_ids["consumed"]) >= 2  # it trained on a batch before the env broke
+    assert time.monotonic() - t0 < 60
+
+
 # --------------------------------------------------------------------------------------
 # partial rollouts
 

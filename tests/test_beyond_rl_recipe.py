@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import taurl
+from taurl.errors import Error
 from test_api import SMALL, EchoEnv, length_reward, tasks
 
 
@@ -17,9 +20,13 @@ def test_each_stage_runs_from_an_sft_checkpoint_with_the_rl_summary_keys(tmp_pat
     stages = {"rejection": {"sft": "rejection", "rejection": {"rounds": 2, "attempts": 2, "tasks": 2}},
               "dpo": {"sft": "none", "objective": "dpo", "dpo": {"pairs": "all"}},
               "distill": {"sft": "none", "teacher": str(teacher)}}
+    # rejection keeps only samples its verifier passes (>= 1.0), which the length reward never
+    # gives in 8 tokens: a stage that keeps nothing now fails (issue 38), so it is rewarded 1
+    rewards = {"rejection": lambda traj, task: 1.0}
     for name, options in stages.items():
-        s = taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=tmp_path / name, progress=False,
-                        model=str(start), **{**SMALL, **options})
+        s = taurl.train(EchoEnv, tasks=tasks(), reward=rewards.get(name, length_reward),
+                        run_dir=tmp_path / name, progress=False, model=str(start),
+                        **{**SMALL, **options})
         assert set(base) <= set(s) and set(base["train"]) <= set(s["train"]), name
         assert s["train"]["stage"] == name and s["train"]["updates"] == 2
         assert s["holdout"]["sft"]["policy_version"] == 1 and s["promotion"]["candidate"] == 3
@@ -28,5 +35,15 @@ def test_each_stage_runs_from_an_sft_checkpoint_with_the_rl_summary_keys(tmp_pat
         assert len([r for r in rows if r.get("phase") == phase]) == 2
     dpo = [json.loads(x) for x in (tmp_path / "dpo/metrics.jsonl").read_text().splitlines()]
     assert any(r.get("learn/dpo_pairs", 0) > 0 for r in dpo)  # the length reward ranks the episodes of a task
-    assert [r["round"] for r in json.loads((tmp_path / "rejection/summary.json").read_text())["train"]["rejection"]] \
-        == [1, 2]
+    rounds = json.loads((tmp_path / "rejection/summary.json").read_text())["train"]["rejection"]
+    assert [r["round"] for r in rounds] == [1, 2] and all(r["kept"] > 0 for r in rounds)
+
+
+def test_a_rejection_stage_that_keeps_no_episode_fails_instead_of_exiting_0(tmp_path):
+    """Issue 38 H1: rejection rounds whose samples the verifier never passes trained nothing,
+    wrote the SFT weights as the stage's policy and exited 0; now the stage raises, saying
+    so. (A reward of 0 everywhere: the training-outcome verifier passes no sample.)"""
+    with pytest.raises(Error, match=r"sft: rejection kept no episode in 1 round\(s\) of 4 sampled"):
+        taurl.train(EchoEnv, tasks=tasks(), reward=lambda traj, task: 0.0, run_dir=tmp_path / "r",
+                    progress=False, **{**SMALL, "sft": "rejection",
+                                       "rejection": {"rounds": 1, "attempts": 2, "tasks": 2}})

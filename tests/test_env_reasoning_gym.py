@@ -110,6 +110,39 @@ def test_python_tool_runs_in_the_sandbox_with_a_receipt():
     assert plain.step("<python>print(1)</python>")[4]["invalid"]  # no tool unless offered
 
 
+def test_the_sandbox_workspace_is_removed_when_the_loop_ends_the_episode():
+    """Issue 38: the env removed its sandbox only when the episode ended by the env; one the
+    loop ended on its own budget (here its turn budget, after a python run) left the
+    workspace on disk. The runner now closes every episode's env, and the env its sandbox."""
+    import asyncio
+
+    from taurl.policy import build_tokenizer
+    from taurl.rollout.episodes import EpisodeSpec
+    from taurl.rollout.loop import RolloutConfig
+    from taurl.rollout.runner import run_one
+    from taurl.rollout.synth import ScriptedEngine
+
+    task = envs.make_tasks("reasoning-gym", "holdout", 1,
+                           env_config={"dataset": "basic_arithmetic"})[0]
+    workspaces = []
+    env = envs.make("reasoning-gym", dataset="basic_arithmetic", tools="python", max_turns=4)
+    run_python = env._run_python
+
+    async def remembering(code):  # the real run; the test notes where its workspace is
+        result = await run_python(code)
+        workspaces.append(env._sandbox.workspace)
+        return result
+
+    env._run_python = remembering
+    action = "<python>print(6 * 7)</python>"
+    tok = build_tokenizer([task.prompt, env.system_prompt, action] * 4, vocab_size=300)
+    spec = EpisodeSpec("e0", task, 0, "g0")
+    traj = asyncio.run(run_one(ScriptedEngine(tok, [action]), lambda: env,
+                               tok, spec, config=RolloutConfig(max_turns=1), run_id="r"))
+    assert str(traj.stop_reason) == "max_turns" and traj.turns[0].receipt.status == "ok"
+    assert workspaces and not workspaces[0].exists() and env._sandbox is None
+
+
 @pytest.mark.slow  # ~30 s idle (the recipe end to end); minutes on a loaded machine
 def test_taurl_train_two_updates_with_provenance(tmp_path, monkeypatch, capsys):
     """`taurl train --env reasoning-gym --env-config '{"dataset": NAME}'` end to end (tiny

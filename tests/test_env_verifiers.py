@@ -81,6 +81,29 @@ def test_multi_turn_env_answers_and_stops_by_its_own_conditions():
     assert envs.spec("verifiers").make_verifier()(record(task, info, ["0", task.answers[0]]), task) == 1.0
 
 
+def test_the_verifier_replays_what_the_env_saw_not_the_sampled_eos():
+    """Issue 38 H1: a chat model ends its answer with EOS; the loop gives the env the text
+    without it (reward 1), and the record keeps the text as sampled. Before, the verifier
+    replayed that text, EOS included ("It is 7<|endoftext|>" does not end with 7): 0.0, so
+    every holdout figure on a verifiers env was 0 and `sft: rejection` kept nothing."""
+    import asyncio
+
+    from taurl.policy import build_tokenizer
+    from taurl.proxy.experts import ReplyEngine
+    from taurl.rollout.loop import RolloutConfig, run_episode
+
+    task = envs.make_tasks("verifiers", "holdout", 1, env_config=cfg("single"))[0]
+    env = envs.make("verifiers", **cfg("single"))
+    tok = build_tokenizer([task.prompt, env.system_prompt, "It is 0123456789"] * 4, vocab_size=300)
+    engine = ReplyEngine(tok, [f"It is {task.answers[0]}"])  # each reply ended by EOS
+    traj = asyncio.run(run_episode(engine, env, tok, task, seed=0,
+                                   config=RolloutConfig(max_turns=1)))
+    turn = traj.turns[0]
+    assert turn.finish_reason == "eos" and turn.action_text.endswith(tok.eos_token)
+    assert traj.reward == 1.0 and turn.env_text == f"It is {task.answers[0]}"
+    assert envs.spec("verifiers").make_verifier()(traj, task) == 1.0
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ConfigError, match="needs env_config 'env_id'"):
         envs.make("verifiers")

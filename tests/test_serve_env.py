@@ -74,3 +74,22 @@ def test_taurl_openenv_adapter_round_trip(server):
     obs, r, term, trunc, info = env.step('<tool_call>{"name": "step", "arguments": {"text": "<answer>x</answer>"}}'
                                          "</tool_call>")
     assert term and r == 0.0 and info["receipt"].tool == "step"
+
+
+def test_reset_without_a_seed_draws_a_task_and_receipts_are_json_objects(server):
+    """Issue 38: `reset()` without a seed served task 0 every time, and the step info's tool
+    receipt reached the client as its Python repr (a string), not an object."""
+    import dataclasses
+
+    from openenv.core import GenericEnvClient
+
+    from taurl.data.trajectory import ToolReceipt
+    from taurl.envs.openenv_serve import _jsonable
+
+    with GenericEnvClient(base_url=server).sync() as client:
+        drawn = {client.reset().observation["task_id"] for _ in range(12)}
+    assert len(drawn) > 1  # 8 served tasks: 12 draws all alike has odds 8 ** -11
+    receipt = ToolReceipt(tool="python", arguments={"code": "print(1)"}, decision="allowed",
+                          status="ok")
+    as_json = {"receipt": dataclasses.asdict(receipt), "turn": 1}
+    assert _jsonable({"receipt": receipt, "turn": 1}) == as_json

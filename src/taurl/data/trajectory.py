@@ -114,6 +114,8 @@ class Turn:
 
     action: the parsed action as a JSON-able dict (env-specific; always has "kind").
     action_segment / observation_segment: indexes into `Trajectory.segments`.
+    action_text: as sampled, a sampled EOS included; env_text: what env.step was given when
+    that differs (the EOS cut), else None. A replay reads `taurl.envs.core.seen_by_env`.
     """
 
     index: int
@@ -130,6 +132,7 @@ class Turn:
     generate_s: float = 0.0
     env_s: float = 0.0
     observation_tokens_dropped: int = 0  # ids cut from the observation (token budget)
+    env_text: str | None = None  # what env.step was given, when not action_text (EOS cut)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Environments: the protocol, the registry, the checker and the built-in envs."""
 
 from taurl.envs.checker import check_env
-from taurl.envs.core import Env, Task
+from taurl.envs.core import Env, Task, close_env
 from taurl.envs.registry import import_env_modules, make, make_tasks, register, registered, spec
 
 # "module:attr" references are imported on first use (Gymnasium's entry points), so
@@ -27,4 +27,5 @@ register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.op
 register("verifiers", "taurl.envs.verifiers_bridge:VerifiersEnv", tasks="taurl.envs.verifiers_bridge:verifiers_tasks",
          verifier="taurl.envs.verifiers_bridge:VerifiersVerifier")
 
-__all__ = ["Env", "Task", "check_env", "import_env_modules", "make", "make_tasks", "register", "registered", "spec"]
+__all__ = ["Env", "Task", "check_env", "close_env", "import_env_modules", "make", "make_tasks",
+           "register", "registered", "spec"]

@@ -20,6 +20,10 @@ trajectory. `step` info is a `StepInfo`: the keys the loop reads, plus any of th
 An env whose tools do I/O may also offer ``async def astep(action) -> (same as step)``
 (`AsyncEnv`); the loop awaits it instead of calling `step`, so other episodes run meanwhile.
 
+An env that holds something open (a server session, a sandbox) may offer ``close()``; each
+episode's env comes fresh from the factory, and whoever made it calls `close_env` when the
+episode is over, however it ended (the loop may end it on a budget before the env does).
+
 Observations are text. How they enter the token stream is declared by the env:
 
 * ``observation_style = "inline"`` (Search-R1): the whole episode is one assistant
@@ -34,8 +38,10 @@ meaning of an observation or reward changes, and JSON-Schema ``tools``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
@@ -107,6 +113,37 @@ class AsyncEnv(Env, Protocol):
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """`step`, awaited by the loop so that other episodes run while a tool runs."""
         ...
+
+
+def close_env(env: Any) -> None:
+    """Call `env`'s optional ``close()`` (module docstring). A close that fails is logged, not
+    raised: the episode it ends is already recorded, and must not be lost to its clean-up."""
+    close = getattr(env, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception as e:  # noqa: BLE001 — clean-up only (docstring)
+        logging.getLogger("taurl.envs").warning("env %s: close() raised %s: %s",
+                                                getattr(env, "name", "?"), type(e).__name__, e)
+
+
+def seen_by_env(turn: Any) -> str:
+    """The action of a record's `turn` exactly as the env was given it: what a replay must
+    give it too (`action_text` may end with a sampled EOS the env never saw). Duck-typed, so
+    a record without `env_text` (one written before it existed) gives `action_text`."""
+    text = getattr(turn, "env_text", None)
+    return turn.action_text if text is None else text
+
+
+@contextlib.contextmanager
+def episode_env(make_env: Callable[[], Env]) -> Iterator[Env]:
+    """A fresh env from `make_env` for one episode, closed (`close_env`) when it is over."""
+    env = make_env()
+    try:
+        yield env
+    finally:
+        close_env(env)
 
 
 def task_request_problems(split: str, splits: Sequence[str], families: Iterable[str] | None,

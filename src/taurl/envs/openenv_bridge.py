@@ -26,7 +26,8 @@ to ``reset(seed=...)`` (the text of `observation_key`, or the observation as JSO
 server's reward is the episode's reward; ``done`` ends the episode (terminated). The
 evaluator's verifier replays the record's tool calls on a fresh session with the same seed
 and takes the server's final reward (`OpenEnvVerifier`): the env's own judge, never the
-record's stored reward.
+record's stored reward. It replays only on a server (``app`` or ``url``) that a config of
+this process names: a record naming any other is refused, never started or dialled.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import time
 from importlib.metadata import version as package_version
 from typing import Any
 
-from taurl.envs.core import Task
+from taurl.envs.core import Task, seen_by_env
 from taurl.envs.gym.splits import derive_seed, split_of
 from taurl.envs.openenv_server_proc import server_url
 from taurl.errors import ConfigError, ResetNeeded
@@ -71,7 +72,12 @@ def observation_text(obs: dict[str, Any], key: str | None) -> str:
 
 
 class Session:
-    """One OpenEnv WebSocket session on the tools' background loop (sync and async callers)."""
+    """One OpenEnv WebSocket session on the tools' background loop (sync and async callers).
+
+    Connected on first use and again after `close`. Each open session holds one of the
+    server's session slots (``max_concurrent_envs``: 1 unless the server raises it) until it
+    is closed, so the env closes its session whenever it no longer needs it (`OpenEnvEnv`).
+    """
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url, self.timeout_s = url, timeout_s
@@ -98,9 +104,33 @@ class Session:
             with contextlib.suppress(Exception):  # a session that is gone is closed
                 run_blocking(client.disconnect(), 10)
 
+    async def aclose(self) -> None:
+        """`close`, awaited (from the loop that runs an episode's `astep`)."""
+        from taurl.tools.executor import _background_loop
 
-def resolve(env_config: dict[str, Any]) -> dict[str, Any]:
-    """The adapter's options with the server's URL (starting a local server for ``app``)."""
+        if self.client is not None:
+            client, self.client = self.client, None
+            with contextlib.suppress(Exception):  # a session that is gone is closed
+                fut = asyncio.run_coroutine_threadsafe(client.disconnect(), _background_loop())
+                await asyncio.wait_for(asyncio.wrap_future(fut), 10)
+
+
+# The servers this process's own configs name (("app" | "url", value)): the replay verifier
+# starts or connects only to one of these. A record's provenance is data, perhaps from a
+# ledger someone else wrote: never a reason to import an app or dial a URL.
+_CONFIGURED: set[tuple[str, str]] = set()
+
+
+def _target(env_config: dict[str, Any]) -> tuple[str, str]:
+    if env_config.get("app"):
+        return "app", str(env_config["app"])
+    return "url", str(env_config.get("url"))
+
+
+def resolve(env_config: dict[str, Any], *, replay: bool = False) -> dict[str, Any]:
+    """The adapter's options with the server's URL (starting a local server for ``app``).
+    `replay`: the config comes from a record, so its server must be one a config of this
+    process named (`_CONFIGURED`), else ConfigError."""
     unknown = sorted(set(env_config) - set(OPTIONS))
     if unknown:
         raise ConfigError(f"env openenv has no option(s) {unknown}; its options: {', '.join(OPTIONS)}")
@@ -108,6 +138,15 @@ def resolve(env_config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("env openenv needs exactly one of env_config 'url' (a running OpenEnv server, e.g. "
                           "http://127.0.0.1:8000) or 'app' (a 'module:attr' FastAPI app from openenv's create_app, "
                           "which the adapter starts)")
+    if not replay:
+        _CONFIGURED.add(_target(env_config))
+    elif _target(env_config) not in _CONFIGURED:
+        kind, value = _target(env_config)
+        raise ConfigError(f"the record to verify names the OpenEnv {kind} {value!r}, which no "
+                          "env config of this process names: the replay verifier starts or "
+                          "connects only to the server your config names. Evaluate with the "
+                          "config the run was trained with (its env_config names the same app or "
+                          "url), or check where the ledger came from")
     url = env_config.get("url") or server_url(env_config["app"])
     return {**env_config, "url": url, "env_id": env_config.get("env_id") or env_config.get("app") or url}
 
@@ -133,7 +172,13 @@ def openenv_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, An
 
 
 class OpenEnvEnv:
-    """An OpenEnv server as a taurl env (module docstring). One episode at a time."""
+    """An OpenEnv server as a taurl env (module docstring). One episode at a time.
+
+    Its server session is open only while an episode runs: from `reset` until the episode
+    ends (done, max_turns) or `close` is called (the loop's callers call it after every
+    episode, `taurl.envs.core.close_env`); an env only built (for its tools, its provenance)
+    holds none. A server serves ``max_concurrent_envs`` sessions at once, 1 by default.
+    """
 
     name = NAME
     version = VERSION
@@ -141,8 +186,8 @@ class OpenEnvEnv:
     stop = ("</tool_call>",)
     system_prompt = "Act with one tool call per message."
 
-    def __init__(self, max_turns: int = 8, **env_config: Any) -> None:
-        cfg = resolve(env_config)
+    def __init__(self, max_turns: int = 8, _replay: bool = False, **env_config: Any) -> None:
+        cfg = resolve(env_config, replay=_replay)  # _replay: OpenEnvVerifier's, from a record
         self.cfg, self.max_turns = cfg, max_turns
         self.session = Session(cfg["url"], float(cfg.get("timeout_s", 30.0)))
         schema = self._tool_schemas()
@@ -160,6 +205,11 @@ class OpenEnvEnv:
         self._task: Task | None = None
         self._done, self._turn = True, 0
         self._last: Any = None  # the last StepResult of this step (reward, done)
+        self.session.close()  # the tool listing is known: give the server its slot back
+
+    def close(self) -> None:
+        """End the server session (`reset` opens a new one)."""
+        self.session.close()
 
     def _tool_schemas(self) -> list[dict[str, Any]]:
         """The env's MCP tools, or one ``step`` tool over its Action schema."""
@@ -232,6 +282,7 @@ class OpenEnvEnv:
             info.update(stop_reason="done" if terminated else "max_turns", reward_components={"outcome": reward},
                         verifier_version=self.verifier_version)
             self._done = True
+            await self.session.aclose()  # the episode is over: its session too
         return out.observation, reward, terminated, truncated, info
 
 
@@ -252,13 +303,19 @@ class OpenEnvVerifier:
             return 0.0
         cfg = {k: v for k, v in traj.provenance.get("env_config", {}).items()}
         key = json.dumps(cfg, sort_keys=True)
-        env = self._envs.get(key) or self._envs.setdefault(key, OpenEnvEnv(max_turns=10**6, **cfg))
+        # the record names the server to replay on: started or dialled only if a config of this
+        # process names it too (`resolve`)
+        env = self._envs.get(key) or self._envs.setdefault(
+            key, OpenEnvEnv(max_turns=10**6, _replay=True, **cfg))
         env.reset(task)
         reward = 0.0
-        for turn in traj.turns:
-            if turn.receipt is None or turn.receipt.decision != "allowed":
-                continue
-            _, reward, term, _, _ = env.step(turn.action_text)
-            if term:
-                break
+        try:
+            for turn in traj.turns:
+                if turn.receipt is None or turn.receipt.decision != "allowed":
+                    continue
+                _, reward, term, _, _ = env.step(seen_by_env(turn))
+                if term:
+                    break
+        finally:
+            env.close()  # a replay that ends before the server's done still frees its session
         return float(reward)

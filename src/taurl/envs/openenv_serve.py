@@ -9,13 +9,14 @@
 
 Each OpenEnv session holds one taurl env (`taurl.envs.make(NAME, **env_config)`). ``reset``
 draws the task: the `split`'s tasks from the env's own task source (with `task_options`),
-the one at ``seed`` (mod their count), or the one named by ``task_id``. The observation
+the one at ``seed`` (mod their count), the one named by ``task_id``, or without either one
+drawn at random (each session its own draws). The observation
 carries the task's prompt (``text``), the env's system prompt, tool declarations and stop
 strings, so a client can build the same prompt the recipe would. ``step`` takes the
 action text exactly as taurl's loop would pass it (an inline ``<answer>…</answer>``, a
 Hermes ``<tool_call>`` block) and returns the env's observation, reward and
-``done = terminated or truncated``; ``metadata`` has the step info (stop reason, tool
-receipt, reward components). The env's gate and sandbox apply as in training.
+``done = terminated or truncated``; ``info`` has the step info (stop reason, tool receipt
+as a JSON object, reward components). The env's gate and sandbox apply as in training.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 from typing import Any
 
 from taurl.errors import ConfigError
@@ -46,9 +48,14 @@ def _types() -> tuple[type, type]:
 
 
 def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return json.loads(json.dumps(value, default=str))
+    """`value` in JSON types, for the observation: a dataclass at any depth (the step info's
+    `ToolReceipt`) as an object of its fields, not its repr; what JSON cannot hold, as str."""
+    def default(o: Any) -> Any:
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return dataclasses.asdict(o)
+        return str(o)
+
+    return json.loads(json.dumps(value, default=default))
 
 
 def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: dict[str, Any] | None = None,
@@ -73,12 +80,16 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
             super().__init__()
             self.env = envs.make(name, **env_config)
             self._state = State(episode_id="", step_count=0)
+            self._draw = random.Random()  # reset without seed or task_id: a task at random
 
         def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
                   **kwargs: Any) -> Any:
             if task_id is not None and task_id not in by_id:
                 raise ValueError(f"task_id {task_id!r} is not among the served {split} tasks")
-            task = by_id[task_id] if task_id is not None else tasks[(seed or 0) % len(tasks)]
+            if task_id is not None:
+                task = by_id[task_id]
+            else:  # (not task 0 every time: a client that gives no seed means "any task")
+                task = tasks[seed % len(tasks)] if seed is not None else self._draw.choice(tasks)
             _, info = self.env.reset(task, seed)
             self._state = State(episode_id=episode_id or task.task_id, step_count=0)
             return Obs(text=task.prompt, task_id=task.task_id, system_prompt=self.env.system_prompt,
@@ -93,6 +104,9 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
         @property
         def state(self) -> Any:
             return self._state
+
+        def close(self) -> None:  # the session ended: its env's sandbox, sessions go too
+            envs.close_env(self.env)
 
     return create_app(TaurlEnvironment, Act, Obs, env_name=name, max_concurrent_envs=max_sessions)
 

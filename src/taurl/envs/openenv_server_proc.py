@@ -5,12 +5,18 @@ The app (a FastAPI app made by openenv's ``create_app``) runs under uvicorn in a
 process on a free loopback port; the adapter waits for its ``/health`` answer, and the
 process is ended (SIGTERM, then SIGKILL) when this process exits. A server that does not
 come up in `START_TIMEOUT_S` is an error that shows the tail of its output.
+
+This process may also end without running its exit handlers (SIGTERM's default action,
+SIGKILL, a crash); the child then ends itself: it holds the read end of a pipe whose only
+writer is this process, and kills its own process group when the pipe reaches EOF
+(`_serve_until_parent_exits`), so no server outlives the process that started it.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,9 +57,10 @@ def server_url(app: str) -> str:
         url = f"http://127.0.0.1:{port}"
         log = tempfile.TemporaryFile()  # noqa: SIM115 — the server's output, read only if it fails to start
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        # stdin: a pipe this process never writes to, held open until it exits (module docstring)
+        proc = subprocess.Popen([sys.executable, "-m", __name__, app, str(port)],
+                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -83,3 +90,21 @@ def stop_all() -> None:
         for proc, _ in _SERVERS.values():
             _stop(proc)
         _SERVERS.clear()
+
+
+def _serve_until_parent_exits(app: str, port: int) -> None:
+    """The child's main: uvicorn serving `app` on `port`, and a thread that waits for EOF on
+    stdin (every writer gone: the parent exited, however it ended) and then kills this
+    process group — the server and anything it started (`start_new_session` made the group)."""
+    def watch() -> None:
+        sys.stdin.buffer.read()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    _serve_until_parent_exits(sys.argv[1], int(sys.argv[2]))

@@ -38,7 +38,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from taurl.data.trajectory import ToolReceipt
-from taurl.envs.core import Task
+from taurl.envs.core import Task, seen_by_env
 from taurl.envs.gym.splits import split_of
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.tools.executor import run_blocking
@@ -230,7 +230,7 @@ class VerifiersVerifier:
         env.reset(task)
         reward = 0.0
         for turn in traj.turns:
-            _, reward, term, trunc, _ = env.step(turn.action_text)
+            _, reward, term, trunc, _ = env.step(seen_by_env(turn))
             if term or trunc:
                 break
         return float(reward)

@@ -88,6 +88,17 @@ def rejection_rounds(r: Any) -> None:
         done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs), "sft_steps": steps}]
         r.save_state(rejection=done)
         r.phase_done("rejection", time.perf_counter() - t0)
+    # A stage that kept nothing trained nothing: its "policy" is the SFT checkpoint under a
+    # new version, and evaluating or promoting it as rejection SFT would report a stage that
+    # never ran (issue 38: every verdict 0, the run exited 0). Checked on the recorded rounds,
+    # so a resumed run whose rounds are all done stops the same way.
+    if done and not any(d["kept"] for d in done):
+        raise Error(f"sft: rejection kept no episode in {len(done)} round(s) of "
+                    f"{sum(d['sampled'] for d in done)} sampled, so nothing was trained: no sample "
+                    f"passed the verifier ({getattr(verify, 'name', type(verify).__name__)}) and "
+                    "the filters (the rejection/* rows of metrics.jsonl say which rejected them). "
+                    "Sample more (sft.rejection attempts, tasks, temperature), widen the filters "
+                    "(buckets, length bounds, max_jaccard) or start from a stronger policy")
 
 
 def offline_dpo(r: Any, make_learner: Any) -> None:

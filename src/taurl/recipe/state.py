@@ -18,7 +18,7 @@ from taurl.data.atomic import atomic_write_text
 from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
 from taurl.envs.checker import check_env
-from taurl.envs.core import Env, Task
+from taurl.envs.core import Env, Task, episode_env
 from taurl.envs.spec import EnvSpec
 from taurl.envs.tasks import TaskPlan
 from taurl.errors import EnvCheckError
@@ -53,7 +53,8 @@ def check_run_env(cfg: TrainConfig, task: Task, seed: int) -> dict[str, Any]:
     instead of failing every episode later. Returns the metrics row that records the check."""
     t0 = time.perf_counter()
     try:
-        check_env(make_env(cfg), task, seed=seed)
+        with episode_env(lambda: make_env(cfg)) as env:  # closed after the check (a server session)
+            check_env(env, task, seed=seed)
     except EnvCheckError as e:
         raise EnvCheckError(f"the env {cfg.env!r} failed taurl's env check on task {task.task_id!r}: {e} "
                             f"(reproduce it with taurl.envs.check_env(taurl.envs.make({cfg.env!r}), task))") from None

@@ -62,7 +62,7 @@ from taurl.data.trajectory import (
     Turn,
     sampling_record,
 )
-from taurl.envs.core import Env, StepInfo, Task
+from taurl.envs.core import Env, StepInfo, Task, episode_env
 from taurl.errors import ContractError, Error
 from taurl.policy.protocol import Engine, Generation, SamplingParams
 from taurl.policy.router import routing_key
@@ -282,7 +282,10 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
                          action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
                          invalid=bool(info.get("invalid", False)), error=error,
                          receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
-                         generate_s=gen.generate_s, env_s=dt_env, observation_tokens_dropped=dropped))
+                         generate_s=gen.generate_s, env_s=dt_env,
+                         observation_tokens_dropped=dropped,
+                         # the EOS-cut text the env saw, for a replay to give it the same
+                         env_text=action.env_text if action.env_text != action.text else None))
 
 
 def _append_observation(st: _State, obs: str, info: StepInfo) -> tuple[int | None, str, int]:
@@ -411,8 +414,10 @@ async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: A
     async def one(task: Task, g: int, ep_seed: int) -> None:
         async with sem:
             try:
-                traj = await run_episode(engine, make_env(), tokenizer, task, seed=ep_seed, config=config,
-                                         group_id=f"{run_id}:{round_index}:{task.task_id}", run_id=run_id)
+                with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
+                    traj = await run_episode(engine, env, tokenizer, task, seed=ep_seed,
+                                             config=config, run_id=run_id,
+                                             group_id=f"{run_id}:{round_index}:{task.task_id}")
             except Exception as e:  # noqa: BLE001 — counted and explained, never fatal
                 failures.append((task.task_id, f"{type(e).__name__}: {e}"))
                 return

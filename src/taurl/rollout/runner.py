@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from taurl.data.trajectory import Trajectory
+from taurl.envs.core import episode_env
 from taurl.errors import Error
 from taurl.rollout.loop import RolloutConfig, run_episode
 
@@ -40,8 +41,10 @@ async def run_one(engine: Any, make_env: Callable[[], Any], tokenizer: Any, spec
     """The episode of `spec` (a `taurl.rollout.episodes.EpisodeSpec`), or why it produced no
     record: the one place where an episode is run, so every collector fails the same way."""
     try:
-        return await run_episode(engine, make_env(), tokenizer, spec.task, seed=spec.seed, config=config,
-                                 group_id=spec.group_id, run_id=run_id, episode_id=spec.episode_id)
+        with episode_env(make_env) as env:  # closed after the episode: a server session, a sandbox
+            return await run_episode(engine, env, tokenizer, spec.task, seed=spec.seed,
+                                     config=config, group_id=spec.group_id, run_id=run_id,
+                                     episode_id=spec.episode_id)
     except Exception as e:  # noqa: BLE001 — a counted failure (module docstring), never the run's end
         return f"{type(e).__name__}: {e}"
 

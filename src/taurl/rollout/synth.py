@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taurl.data.trajectory import NAME_PATTERN, Trajectory
-from taurl.envs.core import Env, Task
+from taurl.envs.core import Env, Task, episode_env
 from taurl.envs.spec import Expert
 from taurl.errors import ConfigError
 from taurl.policy.protocol import Engine, Generation, SamplingParams
@@ -134,9 +134,11 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
     async def one(i: int, task: Task, actions: list[str]) -> Trajectory:
         async with sem:  # each episode has its own env (and sandbox) and its own scripted engine
             engine = ScriptedEngine(tokenizer, actions, source=EXPERT_SOURCE)
-            traj = await run_episode(engine, make_env(), tokenizer, task, seed=seed + i,
-                                     config=config or RolloutConfig(), group_id=f"{episode_prefix}:{task.task_id}",
-                                     run_id=run_id, episode_id=f"{episode_prefix}-{i}")
+            with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
+                traj = await run_episode(engine, env, tokenizer, task, seed=seed + i,
+                                         config=config or RolloutConfig(),
+                                         group_id=f"{episode_prefix}:{task.task_id}",
+                                         run_id=run_id, episode_id=f"{episode_prefix}-{i}")
         return _with_metadata(traj, expert=name, expert_options=options)
 
     # gather keeps task order whatever order the episodes finish in
@@ -291,8 +293,11 @@ async def rejection_sample(engine: Engine, tokenizer, make_env: Callable[[], Env
 
     async def one(i: int, task: Task, g: int) -> Trajectory:
         async with sem:
-            return await run_episode(engine, make_env(), tokenizer, task, seed=seed * 1_000_003 + i * k + g,
-                                     config=config or RolloutConfig(), group_id=f"synth:{task.task_id}", run_id=run_id)
+            with episode_env(make_env) as env:  # closed after the episode (taurl.envs.core)
+                return await run_episode(engine, env, tokenizer, task,
+                                         seed=seed * 1_000_003 + i * k + g,
+                                         config=config or RolloutConfig(),
+                                         group_id=f"synth:{task.task_id}", run_id=run_id)
 
     trajs = await asyncio.gather(*(one(i, t, g) for i, t in enumerate(tasks) for g in range(k)))
     return select_demonstrations(list(trajs), tasks, filters)

@@ -6,8 +6,9 @@ observations. It re-derives the outcome from what the agent *did*:
 
 1. the record must be of `task` and end by the agent's submit (stop reason ``answered``,
    the last turn a submit call); anything else is 0;
-2. each turn's action text — the model's own text, not the receipt's shortened
-   arguments — is played, in order, through a fresh `CodeEnv` (a new sandbox per record)
+2. each turn's action text — the model's own text as the env was given it
+   (`seen_by_env`: a sampled EOS cut), not the receipt's shortened arguments — is
+   played, in order, through a fresh `CodeEnv` (a new sandbox per record)
    offering the tools the record's provenance names (the env option ``tools``;
    ``compact_tools`` changes only what the prompt shows, not what a call does, so the
    replay does not need it), so the workspace at submit is the one the agent built, including whatever its
@@ -29,7 +30,7 @@ from typing import Any
 
 from taurl.envs.code.env import CodeEnv
 from taurl.envs.code.verifier import VERIFIER_VERSION, HiddenTestVerifier
-from taurl.envs.core import Task
+from taurl.envs.core import Task, seen_by_env
 from taurl.errors import ConfigError
 from taurl.tools.sandbox import SandboxConfig
 
@@ -68,7 +69,7 @@ class ReplayVerifier:
         try:
             env.reset(task, traj.seed)
             for i, turn in enumerate(turns):
-                _obs, _r, terminated, truncated, info = env.step(turn.action_text)
+                _obs, _r, terminated, truncated, info = env.step(seen_by_env(turn))
                 if terminated or truncated:
                     if i != len(turns) - 1:
                         return 0.0, f"the replay ended at turn {i + 1}, the record at turn {len(turns)}"

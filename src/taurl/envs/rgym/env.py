@@ -173,6 +173,12 @@ class ReasoningGymEnv:
             self._close_sandbox()
         return obs, reward, terminated, truncated, info
 
+    def close(self) -> None:
+        """End the episode's sandbox now. The env ends it when the episode ends by the env
+        (an answer, max_turns); an episode the loop ends on its own budget (tokens, context)
+        never tells the env, so the loop's callers call this (`taurl.envs.core.close_env`)."""
+        self._close_sandbox()
+
     def _close_sandbox(self) -> None:
         if self._sandbox is not None:
             self._sandbox.close()

@@ -116,6 +116,7 @@ class AsyncSchedule:
         self.counts = {"dropped_groups": 0, "dropped_episodes": 0, "aborted_groups": 0, "failed_episodes": 0,
                        "failed_groups": 0, "shrunk_groups": 0, "reused_episodes": 0}
         self.accepted = 0  # groups finished and kept: trained, or ready to be
+        self.failed_in_row = 0  # groups that produced nothing since the last one kept
         self.next_group = 0
         self.changed = asyncio.Event()  # a group finished or was aborted, or the version changed
         self.stopping = False
@@ -194,15 +195,20 @@ class AsyncSchedule:
         # no group to compare within, or only records an error ended: nothing to train on
         if len(group.episodes) < 2 or len(errors) == len(group.episodes):
             self.counts["failed_groups"] += 1
+            self.failed_in_row += 1
             self.done_ids["dropped"].append(group.index)
-            if self.counts["failed_groups"] >= self.B and self.accepted == 0:
-                self.fail(EpisodeError(f"{self.counts['failed_groups']} groups in a row produced no usable "
+            # B failed groups in a row (a sync round's worth, which stops a sync run: `close_round`)
+            # stop the run at any point, not only before the first kept group: an env that breaks
+            # mid-run would otherwise have its groups relaunched forever (issue 38 H3)
+            if self.failed_in_row >= self.B:
+                self.fail(EpisodeError(f"{self.failed_in_row} groups in a row produced no usable "
                                        f"records; the first failure: {(group.failed + errors or ['?'])[0]}. Fix "
                                        "the cause and run the same command again (stored episodes are kept)"))
         else:  # trained as it is; one with fewer episodes than G is counted
             self.counts["shrunk_groups"] += shrunk_groups(group.specs, group.episodes)
             self.ready[group.index] = group
             self.accepted += 1
+            self.failed_in_row = 0
         self.changed.set()
 
     def fail(self, error: BaseException) -> None:
