@@ -357,8 +357,9 @@ def _check(b: TurnBatch) -> None:
         if len(b.state_text) != n or any(len(s) != c for s, c in zip(b.state_text, counts, strict=True)):
             raise ContractError("batch_shape", "state_text must hold one text per real turn of each row")
     for name in ("episode_ids", *_ROW_LABELS):
-        if getattr(b, name) and len(getattr(b, name)) != n:
-            raise ContractError("batch_shape", f"{name} has {len(getattr(b, name))} entries for {n} rows")
+        labels = getattr(b, name)
+        if labels and len(labels) != n:
+            raise ContractError("batch_shape", f"{name} has {len(labels)} entries for {n} rows")
     for f in dataclasses.fields(b):
         v = getattr(b, f.name)
         if isinstance(v, np.ndarray):
