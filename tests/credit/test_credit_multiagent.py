@@ -21,8 +21,11 @@ from taurl.errors import ConfigError
 
 def labelled(scores, groups, roles, matches=None, turns=None):
     b = TurnBatch.build(scores, groups, num_turns=turns)
-    return b.replace(roles=tuple(roles), env_names=("ttt",) * len(roles),
-                     match_ids=tuple(matches) if matches else ())
+    return b.replace(
+        roles=tuple(roles),
+        env_names=("ttt",) * len(roles),
+        match_ids=tuple(matches) if matches else (),
+    )
 
 
 def test_role_baselines_hand_computed_update_then_subtract():
@@ -55,8 +58,9 @@ def test_rae_estimator_keeps_its_baselines_across_updates():
     c = est(labelled([1.0], [0], ["x"]))
     np.testing.assert_allclose(c.advantages[:, 0], [0.1875])
     # a fresh estimator starts at 0 again: b = .5 -> A = .5
-    np.testing.assert_allclose(compute_advantages(labelled([1.0], [0], ["x"]), "rae",
-                                                  alpha=0.5).advantages[:, 0], [0.5])
+    np.testing.assert_allclose(
+        compute_advantages(labelled([1.0], [0], ["x"]), "rae", alpha=0.5).advantages[:, 0], [0.5]
+    )
 
 
 def test_rae_roles_do_not_share_a_baseline():
@@ -77,8 +81,12 @@ def test_rae_refuses_an_alpha_outside_0_1():
 
 def test_zero_sum_hand_computed():
     # m1: win 1 / loss 0 -> ±0.5; m2: +1 / -1 -> ±1; m3: only one trained record -> 0
-    b = labelled([1, 0, 1, -1, 1], ["a", "a", "b", "b", "c"], ["x", "o", "x", "o", "x"],
-                 matches=["m1", "m1", "m2", "m2", "m3"])
+    b = labelled(
+        [1, 0, 1, -1, 1],
+        ["a", "a", "b", "b", "c"],
+        ["x", "o", "x", "o", "x"],
+        matches=["m1", "m1", "m2", "m2", "m3"],
+    )
     c = zero_sum(b)
     np.testing.assert_allclose(c.advantages[:, 0], [0.5, -0.5, 1.0, -1.0, 0.0])
     # the players' advantages of a match sum to zero
@@ -96,9 +104,12 @@ def test_proposer_solver_groups_by_group_and_role():
     # solvers of proposal p1: [1, 0, 0, 1] -> [+1, -1, -1, +1]
     roles = ["proposer", "proposer", "solver", "solver", "solver", "solver"]
     b = labelled([0.5, 0.0, 1, 0, 0, 1], ["t1", "t1", "p1", "p1", "p1", "p1"], roles)
-    np.testing.assert_allclose(proposer_solver(b).advantages[:, 0], [1, -1, 1, -1, -1, 1], atol=1e-5)
-    np.testing.assert_allclose(proposer_solver(b, scale="none").advantages[:, 0],
-                               [0.25, -0.25, 0.5, -0.5, -0.5, 0.5])
+    np.testing.assert_allclose(
+        proposer_solver(b).advantages[:, 0], [1, -1, 1, -1, -1, 1], atol=1e-5
+    )
+    np.testing.assert_allclose(
+        proposer_solver(b, scale="none").advantages[:, 0], [0.25, -0.25, 0.5, -0.5, -0.5, 0.5]
+    )
 
 
 def test_proposer_solver_never_compares_a_proposer_with_a_solver():
@@ -113,4 +124,3 @@ def test_learnability_reward_hand_computed():
     np.testing.assert_allclose(learnability_reward([0.0, 0.25, 1.0, 0.5]), [0.0, 0.75, 0.0, 0.5])
     with pytest.raises(ConfigError):
         learnability_reward([1.5])
-

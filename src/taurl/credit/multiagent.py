@@ -1,4 +1,4 @@
-"""Credit for several agents in one episode: per-role baselines, zero-sum and proposer/solver groups.
+"""Credit for several agents in one episode: per-role baselines, zero-sum, proposer/solver groups.
 
 A multi-agent episode (docs/multi-agent.md) leaves one record per role; ``TurnBatch.roles``,
 ``match_ids`` and ``env_names`` label the rows. Notation: S_i is row i's episode return
@@ -66,9 +66,13 @@ def role_keys(batch: TurnBatch) -> list[RoleKey]:
     return list(zip(envs, roles, strict=True))
 
 
-def role_baselines(scores: Sequence[float] | np.ndarray, keys: Sequence[RoleKey],
-                   baselines: Mapping[RoleKey, float], *, alpha: float = 0.95,
-                   ) -> tuple[np.ndarray, dict[RoleKey, float]]:
+def role_baselines(
+    scores: Sequence[float] | np.ndarray,
+    keys: Sequence[RoleKey],
+    baselines: Mapping[RoleKey, float],
+    *,
+    alpha: float = 0.95,
+) -> tuple[np.ndarray, dict[RoleKey, float]]:
     """RAE (module docstring): the advantages (N,) and the updated baselines.
 
     A key seen for the first time starts from 0 (SPIRAL initialises b = 0). Pure: the
@@ -84,13 +88,16 @@ def role_baselines(scores: Sequence[float] | np.ndarray, keys: Sequence[RoleKey]
     return adv, out
 
 
-def rae(batch: TurnBatch, *, alpha: float = 0.95,
-        baselines: Mapping[RoleKey, float] | None = None) -> tuple[Credit, dict[RoleKey, float]]:
+def rae(
+    batch: TurnBatch, *, alpha: float = 0.95, baselines: Mapping[RoleKey, float] | None = None
+) -> tuple[Credit, dict[RoleKey, float]]:
     """Role-conditioned advantages of `batch` from `baselines` (None: all 0), and the new ones."""
     adv, new = role_baselines(batch.scores, role_keys(batch), baselines or {}, alpha=alpha)
     adv2 = broadcast_rows(adv, batch.turn_mask)
-    stats = {"learn/role_baselines": float(len(new)),
-             **{f"learn/role_baseline/{e or '-'}/{r or '-'}": b for (e, r), b in sorted(new.items())}}
+    stats = {
+        "learn/role_baselines": float(len(new)),
+        **{f"learn/role_baseline/{e or '-'}/{r or '-'}": b for (e, r), b in sorted(new.items())},
+    }
     return Credit(advantages=adv2, stats={**stats, **advantage_stats(adv2, batch.turn_mask)}), new
 
 
@@ -126,7 +133,9 @@ def zero_sum(batch: TurnBatch) -> Credit:
         match, k = batch.group, batch.num_groups
     adv, st = normalize_in_groups(batch.scores, match, k, scale="none")
     adv2 = broadcast_rows(adv, batch.turn_mask)
-    return Credit(advantages=adv2, stats={**group_counts(st), **advantage_stats(adv2, batch.turn_mask)})
+    return Credit(
+        advantages=adv2, stats={**group_counts(st), **advantage_stats(adv2, batch.turn_mask)}
+    )
 
 
 def proposer_solver(batch: TurnBatch, *, scale: str = "std", eps: float = 1e-6) -> Credit:
@@ -139,7 +148,9 @@ def proposer_solver(batch: TurnBatch, *, scale: str = "std", eps: float = 1e-6) 
     ids, k = pair_ids(batch.group, role, np.ones(batch.num_trajectories, dtype=bool))
     adv, st = normalize_in_groups(batch.scores, ids, k, scale=scale, eps=eps)
     adv2 = broadcast_rows(adv, batch.turn_mask)
-    return Credit(advantages=adv2, stats={**group_counts(st), **advantage_stats(adv2, batch.turn_mask)})
+    return Credit(
+        advantages=adv2, stats={**group_counts(st), **advantage_stats(adv2, batch.turn_mask)}
+    )
 
 
 def learnability_reward(solve_rates: Sequence[float] | np.ndarray) -> np.ndarray:

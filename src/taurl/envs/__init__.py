@@ -17,6 +17,11 @@ register("frozenlake-v0", "taurl.envs.gym.frozenlake:frozenlake_env", tasks="tau
          expert="taurl.envs.gym.frozenlake:frozenlake_expert", verifier="taurl.envs.gym.frozenlake:frozenlake_verifier")
 register("taxi-v0", "taurl.envs.gym.taxi:taxi_env", tasks="taurl.envs.gym.taxi:taxi_tasks",
          expert="taurl.envs.gym.taxi:taxi_expert", verifier="taurl.envs.gym.taxi:taxi_verifier")
+# two roles: the policy against a scripted opponent; self-play through taurl.rollout.match
+register("tictactoe-v0", "taurl.envs.games.tictactoe:tictactoe_env",
+         tasks="taurl.envs.games.tictactoe:tictactoe_tasks",
+         expert="taurl.envs.games.tictactoe:tictactoe_expert",
+         verifier="taurl.envs.games.tictactoe:TicTacToeVerifier")
 register("mcp-v0", "taurl.envs.mcp.env:MCPEnv", tasks="taurl.envs.mcp:generate_tasks", expert="taurl.envs.mcp:expert",
          verifier="taurl.envs.mcp:SubmissionVerifier")
 # the field's environment standards (docs/envs.md), each needing its package ('taurl[ecosystem]')
