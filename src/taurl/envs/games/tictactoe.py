@@ -211,7 +211,9 @@ def scripted_opponent(kind: str = "minimax", p_random: float = 0.0, key: object 
     return program
 
 
-def tictactoe_env(max_illegal: int = 2) -> TicTacToeEnv:
+def tictactoe_env(max_illegal: int = 2, max_turns: int | None = None) -> TicTacToeEnv:
+    """The registered factory; `max_turns` (the recipe's, passed to every env) is the loop's
+    budget: a game ends within 5 moves and ``max_illegal - 1`` retries."""
     return TicTacToeEnv(max_illegal=max_illegal)
 
 
