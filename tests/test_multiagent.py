@@ -272,11 +272,11 @@ def selfplay(tmp_path_factory):
             ]
         )
 
-    return asyncio.run(play()), engine.calls, tok
+    return asyncio.run(play()), engine.calls, tok, model
 
 
 def test_selfplay_records_of_both_roles_are_token_exact(selfplay):
-    results, calls, tok = selfplay
+    results, calls, tok, _ = selfplay
     trajs = [t for r in results for t in r.trained]
     roles = {t.metadata["role"] for t in trajs}
     assert roles == {"x", "o"}, roles
@@ -306,7 +306,7 @@ def test_selfplay_records_of_both_roles_are_token_exact(selfplay):
 
 
 def test_selfplay_batch_carries_roles_and_matches_for_zero_sum_credit(selfplay):
-    results, _, _ = selfplay
+    results, _, _, _ = selfplay
     full = [t for r in results if len(r.trained) == 2 for t in r.trained]
     assert full, "no match where both roles acted"
     batch = TurnBatch.from_trajectories(full)
@@ -316,3 +316,24 @@ def test_selfplay_batch_carries_roles_and_matches_for_zero_sum_credit(selfplay):
     for m, a in zip(batch.match_ids, adv, strict=True):
         per_match[m] = per_match.get(m, 0.0) + a
     assert np.allclose(list(per_match.values()), 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["zero_sum", "rae"])
+def test_selfplay_records_of_both_roles_train_the_shared_policy(selfplay, estimator, one_thread):
+    """Both roles' records go through the unchanged learner: two updates of one policy."""
+    import copy
+
+    from taurl.train.learner import Learner, LearnerConfig
+
+    results, _, tok, model = selfplay
+    policy = copy.deepcopy(model)
+    before = [p.detach().clone() for p in policy.parameters()]
+    learner = Learner(policy, LearnerConfig(estimator=estimator, lr=1e-3), pad_id=tok.pad_token_id)
+    halves = (results[: len(results) // 2], results[len(results) // 2:])
+    for half in halves:
+        metrics = learner.update([t for r in half for t in r.trained], version=1)
+        assert np.isfinite(metrics["learn/loss"]) and metrics["learn/adv_abs_max"] > 0
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    assert changed > 0
+    if estimator == "rae":  # one running baseline per (env, role), kept across the two updates
+        assert set(learner.estimator.baselines) == {("tictactoe-v0", "x"), ("tictactoe-v0", "o")}
