@@ -29,6 +29,10 @@ register("reasoning-gym", "taurl.envs.rgym.env:ReasoningGymEnv", tasks="taurl.en
          expert="taurl.envs.rgym.tasks:rg_expert", verifier="taurl.envs.rgym.tasks:RGVerifier")
 register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.openenv_bridge:openenv_tasks",
          verifier="taurl.envs.openenv_bridge:OpenEnvVerifier")
+register("textarena", "taurl.envs.textarena_bridge:TextArenaEnv",
+         tasks="taurl.envs.textarena_bridge:textarena_tasks",
+         expert="taurl.envs.textarena_bridge:textarena_expert",
+         verifier="taurl.envs.textarena_bridge:TextArenaVerifier")
 register("verifiers", "taurl.envs.verifiers_bridge:VerifiersEnv", tasks="taurl.envs.verifiers_bridge:verifiers_tasks",
          verifier="taurl.envs.verifiers_bridge:VerifiersVerifier")
 
