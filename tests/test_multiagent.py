@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import numpy as np
@@ -31,7 +32,7 @@ from taurl.policy.engine import LocalEngine
 from taurl.policy.model import build_default_policy
 from taurl.policy.tokenizer import build_tokenizer
 from taurl.rollout.budgets import RolloutConfig
-from taurl.rollout.match import run_match
+from taurl.rollout.match import run_match, run_matches
 from taurl.rollout.synth import ScriptedEngine, demonstrations
 from taurl.train.sft import train_sft
 
@@ -337,3 +338,18 @@ def test_selfplay_records_of_both_roles_train_the_shared_policy(selfplay, estima
     assert changed > 0
     if estimator == "rae":  # one running baseline per (env, role), kept across the two updates
         assert set(learner.estimator.baselines) == {("tictactoe-v0", "x"), ("tictactoe-v0", "o")}
+
+
+def test_run_matches_groups_one_role_across_the_matches_of_a_task(tok):
+    tasks = [dataclasses.replace(EMPTY_GAME, task_id=f"t{i}") for i in range(2)]
+    seats = {"x": Seat.scripted(scripted_opponent("random", key=1)),
+             "o": Seat.scripted(scripted_opponent("minimax", key=2))}
+    results = asyncio.run(run_matches(TicTacToeGame, seats, tok, tasks, group_size=3, run_id="r"))
+    assert len(results) == 6 and all(r.records == [] for r in results)  # programs only
+    assert [r.match_id for r in results[:3]] == ["r:0:0:0", "r:0:0:1", "r:0:0:2"]
+    # minimax o never loses to random x
+    assert all(r.returns["o"] >= 0.5 for r in results)
+    ttt = asyncio.run(run_matches(TicTacToeGame, {"x": Seat.policy(moves(tok, 1, 2, 3)),
+                                                  "o": seats["o"]}, tok, tasks[:1], group_size=1,
+                                  run_id="r"))
+    assert ttt[0].trained[0].group_id == "r:0:t0/x"

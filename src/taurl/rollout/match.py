@@ -3,6 +3,7 @@
     result = await run_match(env, {"x": Seat.policy(engine), "o": Seat.policy(engine)},
                              tokenizer, task, seed=0)
     result.trained          # the records the learner gets (one per trained role)
+    results = await run_matches(TicTacToeGame, seats, tokenizer, tasks, group_size=4)
 
 Each role played by an engine runs the ordinary agent loop (`taurl.rollout.loop.run_episode`)
 against a per-role view of the shared env (`_RoleEnv`): its own prompt (the env's
@@ -25,7 +26,7 @@ import asyncio
 import dataclasses
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,3 +283,27 @@ async def run_match(
     m.start()
     records = await m.records()
     return MatchResult(m.match_id, records, dict(m.returns), m.failures)
+
+
+async def run_matches(make_env: Callable[[], TurnBasedEnv], seats: Mapping[str, Seat],
+                      tokenizer: Any, tasks: Sequence[Task], *, group_size: int = 1,
+                      config: RolloutConfig | None = None, concurrency: int = 32, seed: int = 0,
+                      run_id: str = "", round_index: int = 0) -> list[MatchResult]:
+    """`group_size` matches per task, at most `concurrency` at once, in task order.
+
+    The matches of one task in this round share a group (``{run_id}:{round}:{task}/{role}``
+    per role), so GRPO compares one role across them; ``rae`` needs no group, ``zero_sum``
+    pairs the records of each match. Seats are shared by every match (one engine may serve
+    them all: self-play).
+    """
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, task: Task, g: int) -> MatchResult:
+        async with sem:
+            return await run_match(make_env(), seats, tokenizer, task,
+                                   seed=_derive_seed(seed, i * group_size + g), config=config,
+                                   group_id=f"{run_id}:{round_index}:{task.task_id}",
+                                   run_id=run_id, match_id=f"{run_id}:{round_index}:{i}:{g}")
+
+    return list(await asyncio.gather(*[one(i, t, g) for i, t in enumerate(tasks)
+                                       for g in range(group_size)]))
