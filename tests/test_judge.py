@@ -22,6 +22,7 @@ from tests.judge_standin import StandInJudge
 from taurl.envs.core import Task
 from taurl.reward.judge import (
     CallableBackend,
+    EngineBackend,
     OpenAICompatible,
     Rubric,
     RubricJudge,
@@ -175,3 +176,18 @@ def test_openai_compatible_backend_sends_a_deterministic_request():
     assert path == "/v1/chat/completions" and body["model"] == "judge-m"
     assert body["temperature"] == 0.0 and body["seed"] == 0
     assert j.version.startswith("judge:judge-m:")
+
+
+def test_a_judge_model_served_by_a_local_engine_is_greedy_and_strict(tmp_path, one_thread):
+    """A real (tiny, untrained) model through `EngineBackend`: its reply is no verdict, so the
+    reward is 0 and counted; the same prompt gets the same reply (greedy)."""
+    from taurl.policy.engine import LocalEngine
+    from taurl.policy.model import build_default_policy
+
+    model, tok = build_default_policy([RUBRIC.text, TASK, "SCORE: 10"] * 5, tmp_path / "j",
+                                      size="tiny", vocab_size=300, seed=0)
+    backend = EngineBackend(LocalEngine(model, tok, seed=0), tok, name="tiny-judge", max_tokens=16)
+    first = RubricJudge(RUBRIC, backend, secret=b"s").score(TASK, "Paris")
+    again = RubricJudge(RUBRIC, backend, secret=b"s").score(TASK, "Paris")
+    assert first.reply == again.reply and first.reward == 0.0 and first.score is None
+    assert first.version.startswith("judge:tiny-judge:")

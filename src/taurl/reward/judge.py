@@ -22,12 +22,14 @@ Three protections, each with a canary in tests/test_judge.py:
    score; ``version`` (model, rubric hash, prompt format) is recorded with each reward as
    ``verifier_version`` is, and changes whenever a verdict could change.
 
-Backends: `OpenAICompatible` (any ``/v1/chat/completions`` server: vLLM, an API, or a local
-engine behind ``taurl.proxy``) or any ``complete(prompt) -> str`` callable (`CallableBackend`).
+Backends: `OpenAICompatible` (any ``/v1/chat/completions`` server: vLLM, an API),
+`EngineBackend` (a taurl engine in this process, e.g. a `LocalEngine`), or any
+``complete(prompt) -> str`` callable (`CallableBackend`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -176,6 +178,31 @@ class CallableBackend:
 
     def complete(self, prompt: str) -> str:
         return str(self.fn(prompt))
+
+
+class EngineBackend:
+    """A judge model served by a taurl engine (`taurl.policy.protocol.Engine`, e.g. a
+    `LocalEngine`): the prompt as one user message in the model's chat template, greedy
+    decoding (temperature 0, seed 0). `complete` blocks; it runs the engine's coroutine on a
+    thread of its own, so it works inside a running event loop (an outcome hook)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, *, name: str = "engine", max_tokens: int = 256):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.name, self.max_tokens = name, max_tokens
+
+    def complete(self, prompt: str) -> str:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from taurl.policy.protocol import SamplingParams
+
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                 add_generation_prompt=True, tokenize=True)
+        ids = list(getattr(ids, "input_ids", ids))
+        budget = max(1, min(self.max_tokens, self.engine.max_context - len(ids) - 1))
+        sampling = SamplingParams(temperature=0.0, max_tokens=budget, seed=0)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            gen = pool.submit(asyncio.run, self.engine.generate(ids, sampling)).result()
+        return str(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
 
 
 @dataclass
