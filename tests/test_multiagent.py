@@ -353,3 +353,25 @@ def test_run_matches_groups_one_role_across_the_matches_of_a_task(tok):
                                                   "o": seats["o"]}, tok, tasks[:1], group_size=1,
                                   run_id="r"))
     assert ttt[0].trained[0].group_id == "r:0:t0/x"
+
+
+def test_match_records_round_trip_through_the_ledger_and_the_export(selfplay, tmp_path):
+    """The format change is metadata only: the ledger and the JSONL export keep role and match."""
+    import json
+
+    from taurl.data.export import export_jsonl
+    from taurl.data.ledger import Ledger
+
+    results, _, _, _ = selfplay
+    trajs = [t for r in results for t in r.trained]
+    with Ledger(tmp_path / "a.sqlite") as ledger:
+        assert ledger.append_many(trajs).ok
+        export_jsonl(ledger, tmp_path / "out.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    with Ledger(tmp_path / "b.sqlite") as again:
+        assert again.append_many(rows).ok
+        back = {t.episode_id: t for t in again.iter_query()}
+    for t in trajs:
+        assert back[t.episode_id] == t
+        assert back[t.episode_id].metadata["role"] == t.metadata["role"]
+        assert back[t.episode_id].metadata["match_id"] == t.metadata["match_id"]
