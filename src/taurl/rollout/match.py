@@ -136,7 +136,8 @@ class _Match:
             if seat.kind != "program":
                 if role not in self.running:
                     self.told[role].clear()  # its prompt shows the game as it is now
-                    self.running[role] = asyncio.ensure_future(self._run_role(role))
+                    index = len(self.running)  # roles get seeds in the order they first act
+                    self.running[role] = asyncio.ensure_future(self._run_role(role, index))
                 return
             terminated, truncated, info = self._apply(role, seat.program(self.env, role))
             if terminated or truncated:
@@ -195,7 +196,7 @@ class _Match:
         if fut is not None and not fut.done():
             fut.set_result(self._hand_over(role, False, False, None))
 
-    async def _run_role(self, role: str) -> Trajectory:
+    async def _run_role(self, role: str, index: int) -> Trajectory:
         seat = self.seats[role]
         task = dataclasses.replace(self.task, prompt=self.env.prompt_for(role))
         try:
@@ -204,7 +205,7 @@ class _Match:
                 _RoleEnv(self, role),
                 self.tokenizer,
                 task,
-                seed=_derive_seed(self.seed, len(self.running)),
+                seed=_derive_seed(self.seed, index),
                 config=self.config,
                 group_id=f"{self.group_id}/{role}",
                 run_id=self.run_id,
