@@ -20,6 +20,11 @@ or config can switch a protection off by accident):
 * ``no-centering``: the learned step scorer's shaping is no longer centred per episode
   (`taurl.credit.prm.episode_neutral_shaping` with ``center=False``: the clipped step
   rewards are summed as they are), so padding and repetition can pay (the PRM canary).
+* ``no-delimiting``: the judge (`taurl.reward.judge`) pastes the policy's text into its
+  prompt as is — no nonce fence, no escaping — so the judge cannot tell the text it grades
+  from its instructions (tests/test_judge.py's injection canaries).
+* ``lax-verdict``: the judge's verdict is the first ``SCORE: n`` anywhere in its reply, not
+  exactly one last line (a response that claims a score then pays).
 * ``no-lockstep``: the local engine's deterministic mode no longer hears of its slots
   (`LocalEngine.join` / ``leave`` do nothing), so its steps follow timing again: two runs of
   one seed under other timing must then differ (tests/test_deterministic.py).
@@ -50,6 +55,8 @@ MUTATIONS = {  # name: (marker, suites)
     "no-detection": ("attack", ("tests/test_cheats.py",)),
     "no-centering": ("attack", ("tests/train/test_prm_canary.py",)),
     "no-lockstep": ("attack", ("tests/test_deterministic.py",)),
+    "no-delimiting": ("attack", ("tests/test_judge.py",)),
+    "lax-verdict": ("attack", ("tests/test_judge.py",)),
 }
 
 
@@ -71,6 +78,12 @@ def apply(name: str, mp) -> None:
 
         mp.setattr(LocalEngine, "join", lambda self, slots: None)
         mp.setattr(LocalEngine, "leave", lambda self: None)
+    elif name == "no-delimiting":
+        from taurl.reward import judge
+
+        mp.setattr(judge, "quote_policy_text", lambda text, nonce: text)
+    elif name == "lax-verdict":
+        _lax_verdict(mp)
     else:
         raise SystemExit(f"{ENV}={name!r}: unknown mutation; use one of {sorted(MUTATIONS)}")
 
@@ -116,6 +129,18 @@ def _no_detection(mp) -> None:
         return verdict(self, score, detail, (), **kwargs)
 
     mp.setattr(HiddenTestVerifier, "_verdict", undetected)
+
+
+def _lax_verdict(mp) -> None:
+    import re
+
+    from taurl.reward import judge
+
+    def first_score_anywhere(reply: str, max_score: int) -> int | None:
+        m = re.search(r"SCORE: (\d+)", reply)
+        return int(m.group(1)) if m and int(m.group(1)) <= max_score else None
+
+    mp.setattr(judge, "parse_verdict", first_score_anywhere)
 
 
 def _no_centering(mp) -> None:

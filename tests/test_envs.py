@@ -13,6 +13,7 @@ ADAPTER_CONFIG = {
     "reasoning-gym": ({"dataset": "letter_counting"}, "reasoning_gym"),
     "openenv": ({"app": "openenv_target:app"}, "openenv.core"),
     "verifiers": ({"env_id": "vf-fixture-env", "env_args": {"kind": "single"}}, "verifiers"),
+    "textarena": ({"env_id": "TicTacToe-v0"}, "textarena"),
 }
 
 

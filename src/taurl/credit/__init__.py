@@ -7,6 +7,7 @@
 Modules: `batch` (the record), `outcome` (returns, ORM, GRPO variants, RLOO, REINFORCE++),
 `returns` and `gae` (discounted returns, GAE), `gigpo`, `segments`, `graph` (SALT-style),
 `shaping` (process rewards), `filters` (DAPO / StarPO-S / overlong / RFT / DPO pairs),
+`multiagent` (per-role baselines, zero-sum, proposer/solver),
 `tokens` (turns <-> tokens), `registry` (names for the config). numpy only, no torch.
 """
 
@@ -23,6 +24,14 @@ from taurl.credit.filters import (
 from taurl.credit.gae import gae_turns
 from taurl.credit.gigpo import gigpo, gigpo_components
 from taurl.credit.graph import salt
+from taurl.credit.multiagent import (
+    RoleBaselineEstimator,
+    learnability_reward,
+    proposer_solver,
+    rae,
+    role_baselines,
+    zero_sum,
+)
 from taurl.credit.outcome import (
     discounted_turn_returns,
     dr_grpo,
@@ -61,4 +70,6 @@ __all__ = [
     "reinforce_pp_baseline", "rejection_sampling", "rloo", "salt", "score_turns", "segment_grpo",
     "shape_process_rewards", "stable_hash", "token_turn_index", "top_std_groups", "turn_spans",
     "turn_sums", "zero_advantage_filter", "zero_variance_filter",
+    "RoleBaselineEstimator", "learnability_reward", "proposer_solver", "rae", "role_baselines",
+    "zero_sum",
 ]

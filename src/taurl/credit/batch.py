@@ -35,6 +35,7 @@ from taurl.data.trajectory import Trajectory
 from taurl.errors import ContractError
 
 SUBGOAL_KEY = "subgoal_end"
+_ROW_LABELS = ("roles", "match_ids", "env_names")  # optional per-row labels (multi-agent credit)
 
 
 def stable_hash(text: str) -> int:
@@ -78,6 +79,11 @@ class TurnBatch:
         anchors), or None.
     group_names: G original group ids (``group_names[group[i]]``), may be empty.
     episode_ids: N episode ids, may be empty.
+    roles: N role names (``traj.metadata["role"]``, docs/multi-agent.md; "" for a
+        single-agent episode), may be empty.
+    match_ids: N match ids: the records of one multi-agent episode share one (a single-agent
+        record's is its episode id), may be empty.
+    env_names: N env names (per-(env, role) baselines), may be empty.
     """
 
     rewards: np.ndarray
@@ -94,6 +100,9 @@ class TurnBatch:
     state_text: tuple[tuple[str, ...], ...] | None = None
     group_names: tuple[str, ...] = field(default=())
     episode_ids: tuple[str, ...] = field(default=())
+    roles: tuple[str, ...] = field(default=())
+    match_ids: tuple[str, ...] = field(default=())
+    env_names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         _check(self)
@@ -149,6 +158,7 @@ class TurnBatch:
             state_text=None if self.state_text is None else tuple(self.state_text[i] for i in idx),
             group_names=names,
             episode_ids=tuple(self.episode_ids[i] for i in idx) if self.episode_ids else (),
+            **{k: tuple(getattr(self, k)[i] for i in idx) for k in _ROW_LABELS if getattr(self, k)},
         )
 
     # -- constructors ------------------------------------------------------------------
@@ -230,6 +240,9 @@ class TurnBatch:
             state_text=tuple(r["state_text"] for r in rows),
             group_names=tuple(str(x) for x in labels),
             episode_ids=tuple(tr.episode_id for tr in trajs),
+            roles=tuple(str(tr.metadata.get("role") or "") for tr in trajs),
+            match_ids=tuple(str(tr.metadata.get("match_id") or tr.episode_id) for tr in trajs),
+            env_names=tuple(tr.env_name for tr in trajs),
         )
 
 
@@ -343,8 +356,10 @@ def _check(b: TurnBatch) -> None:
         counts = b.turn_mask.sum(axis=1)
         if len(b.state_text) != n or any(len(s) != c for s, c in zip(b.state_text, counts, strict=True)):
             raise ContractError("batch_shape", "state_text must hold one text per real turn of each row")
-    if b.episode_ids and len(b.episode_ids) != n:
-        raise ContractError("batch_shape", f"episode_ids has {len(b.episode_ids)} ids for {n} rows")
+    for name in ("episode_ids", *_ROW_LABELS):
+        labels = getattr(b, name)
+        if labels and len(labels) != n:
+            raise ContractError("batch_shape", f"{name} has {len(labels)} entries for {n} rows")
     for f in dataclasses.fields(b):
         v = getattr(b, f.name)
         if isinstance(v, np.ndarray):

@@ -17,6 +17,7 @@ from taurl.credit.batch import Credit, TurnBatch
 from taurl.credit.gae import gae_turns
 from taurl.credit.gigpo import gigpo
 from taurl.credit.graph import salt
+from taurl.credit.multiagent import RoleBaselineEstimator, proposer_solver, zero_sum
 from taurl.credit.outcome import (
     discounted_turn_returns,
     dr_grpo,
@@ -48,6 +49,12 @@ ESTIMATORS: dict[str, Estimator] = {
     "segment_grpo": segment_grpo,
     "salt": salt,
     "istar": istar,  # GRPO + the learned step scorer's step term (taurl.credit.prm)
+    # several agents in one episode (taurl.credit.multiagent, docs/multi-agent.md)
+    "zero_sum": zero_sum,
+    "proposer_solver": proposer_solver,
+    # a class: an estimator with state between updates (running per-role baselines);
+    # `make_estimator` builds one instance with the options
+    "rae": RoleBaselineEstimator,
 }
 
 # estimators that read a learned value function: the learner trains a critic for them
@@ -92,6 +99,9 @@ def get_estimator(name: str) -> Estimator:
 def make_estimator(name: str, **config: Any) -> Callable[[TurnBatch], Credit]:
     """`name`'s estimator with its hyperparameters bound, checked once, here."""
     fn = get_estimator(name)
+    if isinstance(fn, type):  # a stateful estimator: its constructor takes the options
+        check_config(fn, config, f"estimator {name!r}", positional=0)
+        return fn(**config)
     check_config(fn, config, f"estimator {name!r}", positional=1)
     return functools.partial(fn, **config)
 

@@ -17,6 +17,11 @@ register("frozenlake-v0", "taurl.envs.gym.frozenlake:frozenlake_env", tasks="tau
          expert="taurl.envs.gym.frozenlake:frozenlake_expert", verifier="taurl.envs.gym.frozenlake:frozenlake_verifier")
 register("taxi-v0", "taurl.envs.gym.taxi:taxi_env", tasks="taurl.envs.gym.taxi:taxi_tasks",
          expert="taurl.envs.gym.taxi:taxi_expert", verifier="taurl.envs.gym.taxi:taxi_verifier")
+# two roles: the policy against a scripted opponent; self-play through taurl.rollout.match
+register("tictactoe-v0", "taurl.envs.games.tictactoe:tictactoe_env",
+         tasks="taurl.envs.games.tictactoe:tictactoe_tasks",
+         expert="taurl.envs.games.tictactoe:tictactoe_expert",
+         verifier="taurl.envs.games.tictactoe:TicTacToeVerifier")
 register("mcp-v0", "taurl.envs.mcp.env:MCPEnv", tasks="taurl.envs.mcp:generate_tasks", expert="taurl.envs.mcp:expert",
          verifier="taurl.envs.mcp:SubmissionVerifier")
 # the field's environment standards (docs/envs.md), each needing its package ('taurl[ecosystem]')
@@ -24,6 +29,10 @@ register("reasoning-gym", "taurl.envs.rgym.env:ReasoningGymEnv", tasks="taurl.en
          expert="taurl.envs.rgym.tasks:rg_expert", verifier="taurl.envs.rgym.tasks:RGVerifier")
 register("openenv", "taurl.envs.openenv_bridge:OpenEnvEnv", tasks="taurl.envs.openenv_bridge:openenv_tasks",
          verifier="taurl.envs.openenv_bridge:OpenEnvVerifier")
+register("textarena", "taurl.envs.textarena_bridge:TextArenaEnv",
+         tasks="taurl.envs.textarena_bridge:textarena_tasks",
+         expert="taurl.envs.textarena_bridge:textarena_expert",
+         verifier="taurl.envs.textarena_bridge:TextArenaVerifier")
 register("verifiers", "taurl.envs.verifiers_bridge:VerifiersEnv", tasks="taurl.envs.verifiers_bridge:verifiers_tasks",
          verifier="taurl.envs.verifiers_bridge:VerifiersVerifier")
 

@@ -9,3 +9,6 @@ __all__ += ["RewardBreakdown", "RewardStack", "Verdict", "Judge", "Verifier", "V
 from taurl.reward.verifiers import ExactMatchVerifier  # noqa: E402
 
 __all__ += ["ExactMatchVerifier"]
+from taurl.reward.judge import OpenAICompatible, Rubric, RubricJudge  # noqa: E402
+
+__all__ += ["OpenAICompatible", "Rubric", "RubricJudge"]
