@@ -104,6 +104,22 @@ def test_the_verifier_replays_what_the_env_saw_not_the_sampled_eos():
     assert envs.spec("verifiers").make_verifier()(traj, task) == 1.0
 
 
+def test_the_verifier_loads_only_an_environment_a_config_names():
+    """A ledger someone else wrote names the module the replay verifier would import (its
+    provenance's env_id): only (env_id, env_args) a config of this process named are loaded."""
+    task = envs.make_tasks("verifiers", "holdout", 1, env_config=cfg("single"))[0]
+    _, info = envs.make("verifiers", **cfg("single")).reset(task)
+    verifier = envs.spec("verifiers").make_verifier()
+    forged = {**info["provenance"], "env_id": "vf-fixture-env-never-configured"}
+    with pytest.raises(ConfigError, match="no env config of this process names"):
+        verifier(record(task, {"provenance": forged}, ["It is 1"]), task)
+    assert "vf_fixture_env_never_configured" not in sys.modules
+    other_args = {**info["provenance"], "env_args": {"kind": "multi", "steal": True}}
+    with pytest.raises(ConfigError, match="no env config of this process names"):
+        verifier(record(task, {"provenance": other_args}, ["It is 1"]), task)
+    assert verifier(record(task, info, [f"It is {task.answers[0]}"]), task) == 1.0
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ConfigError, match="needs env_config 'env_id'"):
         envs.make("verifiers")

@@ -53,8 +53,15 @@ _LOADED: dict[str, Any] = {}
 TRUNCATING = ("max_turns_reached", "prompt_too_long", "max_total_completion_tokens_reached", "has_error")
 
 
-def load(env_config: dict[str, Any]) -> Any:
-    """The verifiers env of `env_config` (loaded once per process and config)."""
+# The (env_id, env_args) that a config of this process named. A replay verifier reads them
+# from the record it scores, and a ledger someone else wrote must never make this process
+# import a module it was not configured with (`load(replay=True)` refuses).
+_CONFIGURED: set[str] = set()
+
+
+def load(env_config: dict[str, Any], *, replay: bool = False) -> Any:
+    """The verifiers env of `env_config` (loaded once per process and config). `replay`: the
+    config comes from a record, so it must be one a config of this process named."""
     unknown = sorted(set(env_config) - set(OPTIONS))
     if unknown:
         raise ConfigError(f"env verifiers has no option(s) {unknown}; its options: {', '.join(OPTIONS)}")
@@ -63,6 +70,14 @@ def load(env_config: dict[str, Any]) -> Any:
         raise ConfigError("env verifiers needs env_config 'env_id', an installed verifiers environment "
                           "(a module exporting load_environment), e.g. {\"env_id\": \"my-env\"}")
     key = json.dumps([env_id, env_config.get("env_args", {})], sort_keys=True, default=str)
+    if not replay:
+        _CONFIGURED.add(key)
+    elif key not in _CONFIGURED:
+        raise ConfigError(f"the record to verify names the verifiers environment {env_id!r} "
+                          f"with env_args {env_config.get('env_args', {})!r}, which no env "
+                          "config of this process names: the replay verifier loads only what "
+                          "your config names. Evaluate with the config the run was trained "
+                          "with, or check where the ledger came from")
     if key not in _LOADED:
         try:
             import verifiers as vf
@@ -121,10 +136,10 @@ class VerifiersEnv:
     observation_style = "messages"
     stop = ("</tool_call>",)
 
-    def __init__(self, max_turns: int = 8, **env_config: Any) -> None:
+    def __init__(self, max_turns: int = 8, _replay: bool = False, **env_config: Any) -> None:
         import verifiers as vf
 
-        self.vf, self.venv = vf, load(env_config)
+        self.vf, self.venv = vf, load(env_config, replay=_replay)
         self.env_config, self.max_turns = env_config, max_turns
         self.kind = ("single_turn" if isinstance(self.venv, vf.SingleTurnEnv) else
                      "tool" if isinstance(self.venv, vf.ToolEnv) else "multi_turn")
@@ -225,7 +240,8 @@ class VerifiersVerifier:
         prov = traj.provenance
         cfg = {"env_id": prov["env_id"], "env_args": prov.get("env_args", {})}
         key = json.dumps(cfg, sort_keys=True, default=str)
-        env = self._envs.get(key) or self._envs.setdefault(key, VerifiersEnv(max_turns=len(traj.turns), **cfg))
+        env = self._envs.get(key) or self._envs.setdefault(key, VerifiersEnv(max_turns=len(traj.turns),
+                                                                            _replay=True, **cfg))
         env.max_turns = len(traj.turns)
         env.reset(task)
         reward = 0.0
