@@ -117,11 +117,12 @@ def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
 def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
     tasks, tok = lake
     moves = frozenlake_expert(tasks[1], random.Random(0))
-    script = [m for k, m in enumerate(moves) for m in ([m] if k % 3 or k == 0 else ["went down", m])]
     config = RolloutConfig(max_turns=20, max_action_tokens=8, max_episode_tokens=400, max_context=256,
                            compaction=CompactionConfig(policy="summarize", summary="masked", keep_turns=1,
                                                        trigger=0.55, summary_tokens=4))
-    tr = _episode(ScriptedEngine(tok, script, source="scripted"), tok, tasks[1], config)
+    tr = _episode(ScriptedEngine(tok, moves, source="scripted"), tok, tasks[1], config)
+    # the script is not asked for the summaries: its moves stay its moves
+    assert tr.stop_reason == "goal", tr.stop_reason
     summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
     assert summaries and all(t.action == {"kind": "summary", "trained": False} for t in summaries)
     for view in stream_views(tr):
@@ -130,6 +131,33 @@ def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
             seg = view.segments[t.action_segment]
             start = sum(len(s.token_ids) for s in view.segments[:t.action_segment])
             assert set(keep[start:start + len(seg.token_ids)]) <= ({0.0} if t.action["kind"] == "summary" else {1.0})
+
+
+def test_expert_demonstrations_that_summarize_stay_the_experts_walk(lake):
+    """A summary request is not an env move: the expert's script is never asked for one (it
+    would spend a move and shift the rest, walking into holes). Every demonstration reaches
+    the goal, its moves are the expert's in order, and each summary is the loop's own (the
+    last observation, so it says where the walk stands)."""
+    from taurl.rollout.synth import demonstrations
+
+    tasks, tok = lake
+    config = _config("summarize", max_turns=30, keep_turns=1, summary_tokens=16)
+    config = dataclasses.replace(config, max_episode_tokens=800)
+
+    def make_env():
+        env = envs.make("frozenlake-v0", max_turns=30)
+        env.system_prompt = ""
+        return env
+
+    demos = asyncio.run(demonstrations(tasks[:6], tok, make_env, expert=frozenlake_expert,
+                                       config=config))
+    assert [d.stop_reason for d in demos] == ["goal"] * 6 and all(d.reward == 1.0 for d in demos)
+    for i, (task, d) in enumerate(zip(tasks[:6], demos, strict=True)):
+        validate_trajectory(d)
+        moves = [t.action_text for t in d.turns if t.action["kind"] != "summary"]
+        assert moves == frozenlake_expert(task, random.Random(f"0:{i}")) and d.num_streams >= 2
+        summaries = [t for t in d.turns if t.action["kind"] == "summary"]
+        assert summaries and all(s.action_text.startswith("<information>row ") for s in summaries)
 
 
 def test_compaction_options_are_checked_before_any_work():
