@@ -114,13 +114,17 @@ def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
                                                        .observation_text.strip())
 
 
-def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
+def _masked_summaries(lake):
     tasks, tok = lake
     moves = frozenlake_expert(tasks[1], random.Random(0))
     config = RolloutConfig(max_turns=20, max_action_tokens=8, max_episode_tokens=400, max_context=256,
                            compaction=CompactionConfig(policy="summarize", summary="masked", keep_turns=1,
                                                        trigger=0.55, summary_tokens=4))
-    tr = _episode(ScriptedEngine(tok, moves, source="scripted"), tok, tasks[1], config)
+    return _episode(ScriptedEngine(tok, moves, source="scripted"), tok, tasks[1], config)
+
+
+def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
+    tr = _masked_summaries(lake)
     # the script is not asked for the summaries: its moves stay its moves
     assert tr.stop_reason == "goal", tr.stop_reason
     summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
@@ -131,6 +135,28 @@ def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
             seg = view.segments[t.action_segment]
             start = sum(len(s.token_ids) for s in view.segments[:t.action_segment])
             assert set(keep[start:start + len(seg.token_ids)]) <= ({0.0} if t.action["kind"] == "summary" else {1.0})
+
+
+def test_sft_and_export_keep_a_masked_summary_off_the_loss(lake):
+    """`summary: masked` holds in SFT (its ids are not targets) and in the export (loss_mask
+    0 on them, action_mask still 1: they were sampled)."""
+    from taurl.data.export import check_export_fields, export_row
+    from taurl.train.sft import sft_step
+
+    tr, (_, tok) = _masked_summaries(lake), lake
+    summary_ids = sum(len(tr.segments[t.action_segment].token_ids) for t in tr.turns
+                      if t.action["kind"] == "summary")
+    assert summary_ids > 0
+    model = create_policy(tok, "tiny", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    out = sft_step(model, opt, [tr], pad_id=tok.pad_token_id)
+    assert out["sft/action_tokens"] == tr.num_action_tokens - summary_ids
+    row = export_row(tr)
+    assert sum(row["action_mask"]) == tr.num_action_tokens
+    assert sum(row["loss_mask"]) == tr.num_action_tokens - summary_ids
+    assert not check_export_fields(row, tr)
+    wrong = check_export_fields({**row, "loss_mask": row["action_mask"]}, tr)
+    assert [e.rule for e in wrong] == ["mask_mismatch"]
 
 
 def test_expert_demonstrations_that_summarize_stay_the_experts_walk(lake):
