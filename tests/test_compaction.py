@@ -314,6 +314,34 @@ def test_a_chat_env_compacts_into_streams_that_render_themselves(policy, keep, c
         assert any(t.action["kind"] == "summary" for t in tr.turns)
 
 
+def test_a_chat_summary_keeps_the_last_real_exchange():
+    """messages env, summarize, keep_turns 1: the new prompt keeps the last (action, answer)
+    exchange, never the summary's (empty assistant, request) pair, so the policy is not asked
+    to summarize again at the start of the next stream."""
+    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, "
+             "so try a larger one. I guess 5. Summarize the progress so far."] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    from taurl.envs.core import Task
+
+    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train",
+                env="guess-v0")
+    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200,
+                           max_context=256,
+                           compaction=CompactionConfig(policy="summarize", keep_turns=1,
+                                                       summary_tokens=6))
+    script = [f"I guess {k}" for k in range(1, 16)]
+    engine, env = ScriptedEngine(tok, script), Guess(wins_at=6, role="tool")
+    tr = validate_trajectory(asyncio.run(run_episode(engine, env, tok, task, seed=0,
+                                                     config=config)))
+    assert tr.stop_reason == "answered" and tr.num_streams >= 2, tr.stop_reason
+    request = config.compaction.summary_request
+    for view in stream_views(tr)[1:]:
+        kept = view.messages[2:4]  # system, task (+ summary), then the kept exchange
+        assert [m["role"] for m in kept] == ["assistant", "tool"], kept
+        assert kept[0]["content"].startswith("I guess ") and kept[1]["content"].startswith("Higher")
+        assert all(m["content"] != request for m in view.messages[:4])
+
+
 def test_a_checkpoints_recorded_compaction_is_read_back():
     """`taurl eval CHECKPOINT` rebuilds the budgets from the checkpoint's recipe (asdict of its
     RolloutConfig): a policy trained with compaction is evaluated with it."""

@@ -117,6 +117,9 @@ async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     """Close the stream and begin a new one with the compacted conversation as its prompt;
     `st.stop` is set when that fails (an engine error, a prompt that still does not fit)."""
     c, ep = st.config.compaction, st.ep
+    # the kept turns are read before a summary is asked for: its request and answer are not
+    # an exchange of the episode (messages: the request would be the "last turn")
+    kept = [] if c.policy == "env" else _kept_turns(st, c)
     summary = ""
     if c.policy == "summarize":
         summary = await _summarize(engine, st, t)
@@ -130,7 +133,6 @@ async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
     if summary:
         user = f"{user}\n{summary}"
-    kept = [] if c.policy == "env" else _kept_turns(st, c)
     messages = [*ep.header[:-1], {"role": "user", "content": user}]
     if st.inline:  # the kept turns open the assistant message, as the loop appends them
         ep.new_stream(messages, "compaction", prefix="".join(a + o for a, o in kept))
