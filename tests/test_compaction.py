@@ -352,3 +352,92 @@ def test_a_checkpoints_recorded_compaction_is_read_back():
     again = load_config(TrainConfig, overrides={"env": "frozenlake-v0", "compaction": recorded})
     assert again.rollout_config().compaction == trained.rollout_config().compaction
     assert again.rollout_config().compaction.policy == "env"
+
+
+# ---------------------------------------------------------------------------------------
+# A compaction that fails, the summary's turn, the summary's end-of-turn token
+
+
+def _lake_env(**attrs):
+    env = envs.make("frozenlake-v0", max_turns=20)
+    env.system_prompt = ""
+    for k, v in attrs.items():
+        setattr(env, k, v)
+    return env
+
+
+def test_a_raising_hook_or_template_ends_the_episode_with_its_record(lake):
+    """The env's compact_prompt or the chat template raising while compacting: the episode is
+    recorded, invalid (stop error) with the error, and counted in rollout/error_rate; the
+    stream before the compaction is closed and token-exact."""
+    from taurl.monitor.metrics import rollout_metrics
+
+    tasks, tok = lake
+    moves = frozenlake_expert(tasks[0], random.Random(0))
+
+    def broken(task):
+        raise RuntimeError("no map here")
+
+    trs = []
+    for env, t in ((_lake_env(compact_prompt=broken), tok),
+                   (_lake_env(compact_prompt=lambda task: "BROKEN"), copy.deepcopy(tok))):
+        if env.compact_prompt is not broken:  # a template that refuses the compacted prompt
+            t.chat_template = ("{% for m in messages %}{% if m['content'] == 'BROKEN' %}"
+                               "{{ raise_exception('this template refuses it') }}{% endif %}"
+                               "{% endfor %}" + t.chat_template)
+        tr = asyncio.run(run_episode(ScriptedEngine(t, moves), env, t, tasks[0], seed=0,
+                                     config=_config("env")))
+        trs.append(validate_trajectory(tr))
+        assert tr.stop_reason is StopReason.ERROR and not tr.valid and tr.num_streams == 1
+        assert _renders_itself(t, stream_views(tr)[0])
+    assert "no map here" in trs[0].metadata["error"]
+    assert "refuses it" in trs[1].metadata["error"]
+    assert rollout_metrics(trs, 1.0)["rollout/error_rate"] == 1.0
+
+
+class Summarizes:
+    """A policy engine (source "policy") that guesses, and answers a summary request with
+    `summary` ids that end in EOS, reported with `finish_reason`."""
+
+    source, max_context, version = "policy", 4096, 0
+
+    def __init__(self, tok, finish_reason):
+        self.tok, self.finish_reason, self.k = tok, finish_reason, 0
+
+    async def generate(self, ids, sampling):
+        from taurl.policy.protocol import Generation
+
+        if "Summarize" in self.tok.decode(list(ids))[-80:]:  # the request ends the prompt
+            out = self.tok("I guess 5", add_special_tokens=False)["input_ids"]
+            out, reason = [*out, self.tok.eos_token_id], self.finish_reason
+        else:
+            self.k += 1
+            out = self.tok(f"I guess {self.k}", add_special_tokens=False)["input_ids"]
+            reason = "stop"
+        return Generation(list(out), [-1.0] * len(out), reason, 0, prompt_tokens=len(ids))
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "length"])
+def test_a_summary_is_a_turn_of_its_own_and_loses_eos_only_when_it_stopped_there(finish_reason):
+    """Every turn has its own index (its position): a summary does not share the next action's.
+    The summary's sampled EOS is cut from the message only when the engine stopped on it."""
+    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, "
+             "so try a larger one. I guess 5. Summarize the progress so far."] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    from taurl.envs.core import Task
+
+    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train",
+                env="guess-v0")
+    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200,
+                           max_context=256, compaction=CompactionConfig(
+                               policy="summarize", keep_turns=1, summary_tokens=6))
+    tr = validate_trajectory(asyncio.run(run_episode(
+        Summarizes(tok, finish_reason), Guess(wins_at=6, role="tool"), tok, task, seed=0,
+        config=config)))
+    summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
+    assert summaries and [t.index for t in tr.turns] == list(range(len(tr.turns)))
+    eos = ChatCodec(tok).decode([tok.eos_token_id])
+    assert all(t.action_text.endswith(eos) for t in summaries)  # the turn holds what was sampled
+    prompt = stream_views(tr)[1].messages[1]["content"]  # the task and the summary
+    assert prompt.startswith(task.prompt + "\n")
+    assert prompt.endswith(eos) == (finish_reason != "eos")

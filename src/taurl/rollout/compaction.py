@@ -115,7 +115,17 @@ def due(st: _State) -> bool:
 
 async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     """Close the stream and begin a new one with the compacted conversation as its prompt;
-    `st.stop` is set when that fails (an engine error, a prompt that still does not fit)."""
+    `st.stop` is set when that fails (an engine error, a prompt that still does not fit, an
+    env hook or a chat template that raises: the episode ends with its record, an error, as
+    a raising ``env.step`` does, never the run)."""
+    try:
+        await _compact(engine, env, task, st, t)
+    except Exception as e:  # noqa: BLE001 — any failure of the user's hook or template
+        why = f"compaction ({st.config.compaction.policy}) raised {type(e).__name__}: {e}"
+        st.stop, st.terminated, st.info = StopReason.ERROR, False, {"error": why}
+
+
+async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     c, ep = st.config.compaction, st.ep
     # the kept turns are read before a summary is asked for: its request and answer are not
     # an exchange of the episode (messages: the request would be the "last turn")
@@ -131,6 +141,9 @@ async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
                                                        "compact_prompt(task) hook; use drop, truncate or summarize"}
         return
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
+    if not isinstance(user, str):
+        raise TypeError(f"{type(env).__name__}.compact_prompt(task) returned "
+                        f"{type(user).__name__}; it returns the new user message as a str")
     if summary:
         user = f"{user}\n{summary}"
     messages = [*ep.header[:-1], {"role": "user", "content": user}]
@@ -213,13 +226,16 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     st.gen_s += gen.generate_s
     a_idx, text = ep.append("action", gen.token_ids, gen.logprobs if st.policy else None,
                             gen.policy_version if st.policy else None)
-    if st.eos_text and text.endswith(st.eos_text):
-        text = text[:-len(st.eos_text)]
-    ep.add_to_assistant(text)
-    st.turns.append(Turn(index=t, action_text=text, action={"kind": "summary", "trained": c.summary == "trained"},
+    content = text  # a sampled end-of-turn token belongs to the stream, not to the message
+    if gen.finish_reason == "eos" and st.eos_text and text.endswith(st.eos_text):
+        content = text[:-len(st.eos_text)]
+    ep.add_to_assistant(content)
+    # a turn of its own (its own index), as sampled; the next action is the turn after it
+    st.turns.append(Turn(index=len(st.turns), action_text=text,
+                         action={"kind": "summary", "trained": c.summary == "trained"},
                          observation_text="", action_segment=a_idx, observation_segment=None,
                          finish_reason=gen.finish_reason, generate_s=gen.generate_s))
-    return text.strip()
+    return content.strip()
 
 
 def written_summary(st: _State, budget: int) -> list[int]:
