@@ -22,7 +22,7 @@ from typing import Any
 from taurl.errors import Error
 from taurl.monitor.metrics import rollout_metrics
 from taurl.policy.model import load_policy
-from taurl.rollout.episodes import EpisodeSpec, LocalCollector, episode_seed
+from taurl.rollout.episodes import EpisodeSpec, episode_seed
 from taurl.train.checkpoint import save_checkpoint
 
 log = logging.getLogger("taurl.recipe.stages")
@@ -31,8 +31,8 @@ log = logging.getLogger("taurl.recipe.stages")
 def rejection_rounds(r: Any) -> None:
     """`sft.rejection.rounds` rounds of sample → filter → SFT from the SFT checkpoint on."""
     from taurl.eval.evaluate import default_verifier
-    from taurl.policy.factory import make_engine
     from taurl.policy.tokenizer import load_tokenizer
+    from taurl.recipe.collectors import rollout_collector
     from taurl.rollout.rejection import RejectionOptions, keep_episodes
     from taurl.train.sft import sft_loop
 
@@ -53,11 +53,9 @@ def rejection_rounds(r: Any) -> None:
         version = r.state["sft_version"] + rnd - 1
         tasks = [pool[((rnd - 1) * n_tasks + i) % len(pool)] for i in range(n_tasks)]
         tok = load_tokenizer(r.run.checkpoint(version))
-        engine = make_engine("local", r.run.checkpoint(version), tok, version=version, device=device, dtype=dtype,
-                             max_batch_size=cfg.concurrency, seed=seed, deterministic=cfg.deterministic,
-                             **cfg.engine_options)
-        collector = LocalCollector(engine, tok, r.make_env, cfg.rollout_config(temperature), r.run.root.name,
-                                   cfg.concurrency, {"agent": cfg.agent})
+        # the RL loop's factory: engine, engine_options and their defaults mean the same here
+        collector = rollout_collector(r, version, tok, seed=seed,
+                                      rollout=cfg.rollout_config(temperature))
         specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
                              f"rs{rnd:02d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(attempts)]
         try:

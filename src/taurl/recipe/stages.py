@@ -59,6 +59,9 @@ def stage_problems(cfg: Any) -> list[str]:
     out += DistillOptions.problems_of(cfg.distill)
     if stage_name(cfg) != "rl" and cfg.schedule != "sync":
         out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
+    if cfg.sft == "rejection" and cfg.backend != "local":
+        out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
+                   f"backend: {cfg.backend} is not supported there: drop backend (local)")
     if stage_name(cfg) != "rl" and cfg.lora:
         out.append(f"the {stage_name(cfg)} stage trains the full policy; drop policy.lora")
     if (data := cfg.dpo.get("data")) and not _is_file(data):
