@@ -68,7 +68,9 @@ def stage_problems(cfg: Any) -> list[str]:
         out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl export)")
     if cfg.teacher:
         out += teacher_problems(cfg.teacher, cfg.model)
-    return out
+    from taurl.recipe.chain_checks import chain_problems
+
+    return out + chain_problems(cfg, stage_name(cfg))
 
 
 def _is_file(path: str) -> bool:
