@@ -90,3 +90,45 @@ def test_offline_dpo_on_a_file_of_chains_is_refused(tmp_path):
                     + json.dumps({"episode_id": "b", "stream_starts": [{"segment": 3}]}) + "\n")
     cfg = TrainConfig(env="search-v0", objective="dpo", dpo={"data": str(data)})
     assert "(1 rows" in chain_problems(cfg, "dpo")[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Offline DPO keeps checkpoints as the RL loop does
+
+
+def _dir_bytes(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def test_offline_dpo_keeps_checkpoints_as_rl_does(tmp_path):
+    """Offline DPO wrote weights and optimizer state at every update and never pruned: disk
+    grew with the updates. It keeps v0, the SFT version and the newest keep_checkpoints, the
+    optimizer state in the newest only."""
+    from taurl.api import _env_name
+    from taurl.data.export import export_jsonl
+    from taurl.data.ledger import Ledger
+    from taurl.data.runs import RunDir
+
+    base = tmp_path / "base"
+    taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=base, progress=False, **SMALL)
+    data = tmp_path / "episodes.jsonl"
+    assert export_jsonl(Ledger(RunDir(base).ledger), data) > 0
+    # the records name the env class's id; the run registers EchoEnv with its reward
+    name = _env_name(EchoEnv, length_reward)
+    rows = [{**json.loads(x), "env_name": name} for x in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = {"sft": "none", "objective": "dpo", "dpo": {"data": str(data)}, "updates": 6,
+               "tasks_per_update": 1,
+               "keep_checkpoints": 2, "model": str(base / "checkpoints/v1")}
+    run = tmp_path / "dpo"
+    s = taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=run, progress=False,
+                    **{**SMALL, **options})
+    assert s["train"]["stage"] == "dpo" and s["train"]["updates"] == 6
+    assert RunDir(run).versions() == [0, 1, 6, 7]  # v0, SFT (v1), the newest two
+    with_optimizer = sorted(p.parent.name for p in (run / "checkpoints").glob("*/optimizer.pt"))
+    assert with_optimizer == ["v7"]
+    # disk: four versions' weights and one optimizer state, whatever the number of updates
+    one = _dir_bytes(run / "checkpoints/v1")  # the weights alone
+    state = _dir_bytes(run / "checkpoints/v7") - one  # the newest one's optimizer state
+    assert state > 0 and _dir_bytes(run / "checkpoints") <= 4 * one + state + 64 * 1024
+    assert [r["update"] for r in _rows(run, "rl")] == [1, 2, 3, 4, 5, 6]

@@ -1,6 +1,7 @@
 """The stages with a loop of their own (`taurl.recipe.stages`): rejection-sampling SFT rounds
-and offline trajectory DPO. Both write one checkpoint per step (a round, an update), a
-metrics row per step, and resume from the newest checkpoint like the RL loop.
+and offline trajectory DPO. Both write a metrics row per step (a round, an update), keep
+checkpoints as the RL loop does (rejection: one per round; DPO: every ``checkpoint_every``
+updates and the last; the newest ``keep_checkpoints`` kept) and resume from the newest.
 
 Rejection round k (policy version v = v_sft + k − 1):
 
@@ -23,7 +24,7 @@ from taurl.errors import Error
 from taurl.monitor.metrics import rollout_metrics
 from taurl.policy.model import load_policy
 from taurl.rollout.episodes import EpisodeSpec, episode_seed
-from taurl.train.checkpoint import save_checkpoint
+from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
 
 log = logging.getLogger("taurl.recipe.stages")
 
@@ -75,8 +76,8 @@ def rejection_rounds(r: Any) -> None:
         else:
             log.warning("rejection round %d kept no episode of %d: version %d is version %d's weights", rnd,
                         len(batch), version + 1, version)
-        save_checkpoint(r.run, version + 1, model, tok, None, phase="rejection", round=rnd, sft_steps=steps,
-                        **r.checkpoint_meta())
+        keep_checkpoint(r, version + 1, model, tok, None, phase="rejection", round=rnd,
+                        sft_steps=steps)
         row = {"phase": "rejection", "update": rnd, "policy/version": version + 1,
                **rollout_metrics(batch, t_roll), **cstats, **kept.stats, "rejection/sft_steps": float(steps),
                "time/rollout_s": t_roll, "time/update_s": time.perf_counter() - t0}
@@ -122,12 +123,28 @@ def offline_dpo(r: Any, make_learner: Any) -> None:
     per = learner.opts.pairs_per_update or cfg.tasks_per_update
     order = list(range(len(pairs)))
     random.Random(cfg.seed).shuffle(order)
+    # updates after the newest checkpoint (checkpoint_every > 1) are redone on a restart (the
+    # pairs of an update are fixed by the seed); their rows are not written twice
+    recorded = {x.get("update") for x in r.metrics.read() if x.get("phase") == "rl"}
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         take = [pairs[order[(i + (update - 1) * per) % len(pairs)]] for i in range(per)]
         stats = learner.update([], version=version, credit=take)
         version += 1
-        save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="dpo", update=update,
-                        **r.checkpoint_meta())
-        r.metrics.write(version, {"phase": "rl", "update": update, "policy/version": version, **stats,
-                                  "time/update_s": time.perf_counter() - t0})
+        if update % cfg.checkpoint_every == 0 or update == cfg.updates:
+            keep_checkpoint(r, version, model, tok, learner.optimizer, phase="dpo", update=update)
+        if update not in recorded:
+            r.metrics.write(version, {"phase": "rl", "update": update, "policy/version": version,
+                                      **stats, "time/update_s": time.perf_counter() - t0})
+
+
+def keep_checkpoint(r: Any, version: int, model: Any, tok: Any, optimizer: Any,
+                    **meta: Any) -> None:
+    """Save `version` and keep the checkpoints as the RL loop does: the optimizer state of the
+    newest only (a restart needs no other), then the newest `keep_checkpoints` versions plus
+    v0, the SFT version and every promoted one (`taurl.train.checkpoint.retained_versions`)."""
+    save_checkpoint(r.run, version, model, tok, optimizer, **meta, **r.checkpoint_meta())
+    for v in r.run.versions()[:-1]:
+        drop_optimizer_state(r.run.checkpoint(v))
+    protected = {0, r.state["sft_version"], *r.run.promoted_versions()}
+    prune_checkpoints(r.run, r.cfg.keep_checkpoints, protected)
