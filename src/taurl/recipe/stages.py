@@ -110,7 +110,8 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
 
         if reference is None:  # the frozen reference: the stage's starting (SFT) policy
             reference = load_policy(r.run.checkpoint(r.state["sft_version"]), device, dtype=dtype)[0]
-        return DPOLearner(model, reference, DPOOptions(**cfg.dpo), **common)
+        return DPOLearner(model, reference, DPOOptions(**cfg.dpo),
+                          micro_batch_tokens=cfg.micro_batch_tokens, **common)
     if stage == "distill":
         from taurl.train.distill import DistillLearner, DistillOptions, tokenizer_problem
 
