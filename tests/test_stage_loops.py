@@ -132,3 +132,26 @@ def test_offline_dpo_keeps_checkpoints_as_rl_does(tmp_path):
     state = _dir_bytes(run / "checkpoints/v7") - one  # the newest one's optimizer state
     assert state > 0 and _dir_bytes(run / "checkpoints") <= 4 * one + state + 64 * 1024
     assert [r["update"] for r in _rows(run, "rl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_rejection_with_engine_vllm_asks_the_factory_for_vllm(tmp_path, monkeypatch):
+    """engine: vllm was handed to a local engine (its url refused as an unknown option). The
+    rejection stage now asks the factory for the configured engine (vLLM itself cannot run
+    here: the factory call is recorded and stopped)."""
+    from taurl.recipe import collectors
+
+    asked = []
+
+    def record(kind, checkpoint_dir, tok, *, version, **options):
+        asked.append((kind, options))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(collectors, "make_engine", record)
+    options = {"sft": "rejection", "engine": "vllm",
+               "engine_options": {"url": "http://127.0.0.1:9"},
+               "rejection": {"rounds": 1, "attempts": 2, "tasks": 2}}
+    with pytest.raises(RuntimeError, match="stop here"):
+        taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=tmp_path / "rs",
+                    progress=False, **{**SMALL, **options})
+    (kind, opts), = asked
+    assert kind == "vllm" and opts["url"] == "http://127.0.0.1:9" and "device" not in opts
