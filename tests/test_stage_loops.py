@@ -22,9 +22,12 @@ def test_rejection_builds_its_engine_like_the_rl_loop(tmp_path):
     passed twice (TypeError) when the stage built its engine by hand."""
     options = {"sft": "rejection", "engine_options": {"max_batch_size": 8},
                "rejection": {"rounds": 1, "attempts": 2, "tasks": 2}}
-    s = taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=tmp_path / "rs",
+    # every sample rewarded 1, so the verifier passes some and the round trains (a stage that
+    # keeps nothing fails: taurl.recipe.stage_loops)
+    s = taurl.train(EchoEnv, tasks=tasks(), reward=lambda traj, task: 1.0, run_dir=tmp_path / "rs",
                     progress=False, **{**SMALL, **options})
     assert s["train"]["stage"] == "rejection" and len(_rows(tmp_path / "rs", "rejection")) == 1
+    assert s["train"]["rejection"][0]["kept"] > 0
 
 
 def test_rejection_with_the_ray_backend_is_refused_before_any_work(tmp_path):
