@@ -114,14 +114,19 @@ def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
                                                        .observation_text.strip())
 
 
-def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
+def _masked_summaries(lake):
     tasks, tok = lake
     moves = frozenlake_expert(tasks[1], random.Random(0))
-    script = [m for k, m in enumerate(moves) for m in ([m] if k % 3 or k == 0 else ["went down", m])]
     config = RolloutConfig(max_turns=20, max_action_tokens=8, max_episode_tokens=400, max_context=256,
                            compaction=CompactionConfig(policy="summarize", summary="masked", keep_turns=1,
                                                        trigger=0.55, summary_tokens=4))
-    tr = _episode(ScriptedEngine(tok, script, source="scripted"), tok, tasks[1], config)
+    return _episode(ScriptedEngine(tok, moves, source="scripted"), tok, tasks[1], config)
+
+
+def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
+    tr = _masked_summaries(lake)
+    # the script is not asked for the summaries: its moves stay its moves
+    assert tr.stop_reason == "goal", tr.stop_reason
     summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
     assert summaries and all(t.action == {"kind": "summary", "trained": False} for t in summaries)
     for view in stream_views(tr):
@@ -130,6 +135,55 @@ def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
             seg = view.segments[t.action_segment]
             start = sum(len(s.token_ids) for s in view.segments[:t.action_segment])
             assert set(keep[start:start + len(seg.token_ids)]) <= ({0.0} if t.action["kind"] == "summary" else {1.0})
+
+
+def test_sft_and_export_keep_a_masked_summary_off_the_loss(lake):
+    """`summary: masked` holds in SFT (its ids are not targets) and in the export (loss_mask
+    0 on them, action_mask still 1: they were sampled)."""
+    from taurl.data.export import check_export_fields, export_row
+    from taurl.train.sft import sft_step
+
+    tr, (_, tok) = _masked_summaries(lake), lake
+    summary_ids = sum(len(tr.segments[t.action_segment].token_ids) for t in tr.turns
+                      if t.action["kind"] == "summary")
+    assert summary_ids > 0
+    model = create_policy(tok, "tiny", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    out = sft_step(model, opt, [tr], pad_id=tok.pad_token_id)
+    assert out["sft/action_tokens"] == tr.num_action_tokens - summary_ids
+    row = export_row(tr)
+    assert sum(row["action_mask"]) == tr.num_action_tokens
+    assert sum(row["loss_mask"]) == tr.num_action_tokens - summary_ids
+    assert not check_export_fields(row, tr)
+    wrong = check_export_fields({**row, "loss_mask": row["action_mask"]}, tr)
+    assert [e.rule for e in wrong] == ["mask_mismatch"]
+
+
+def test_expert_demonstrations_that_summarize_stay_the_experts_walk(lake):
+    """A summary request is not an env move: the expert's script is never asked for one (it
+    would spend a move and shift the rest, walking into holes). Every demonstration reaches
+    the goal, its moves are the expert's in order, and each summary is the loop's own (the
+    last observation, so it says where the walk stands)."""
+    from taurl.rollout.synth import demonstrations
+
+    tasks, tok = lake
+    config = _config("summarize", max_turns=30, keep_turns=1, summary_tokens=16)
+    config = dataclasses.replace(config, max_episode_tokens=800)
+
+    def make_env():
+        env = envs.make("frozenlake-v0", max_turns=30)
+        env.system_prompt = ""
+        return env
+
+    demos = asyncio.run(demonstrations(tasks[:6], tok, make_env, expert=frozenlake_expert,
+                                       config=config))
+    assert [d.stop_reason for d in demos] == ["goal"] * 6 and all(d.reward == 1.0 for d in demos)
+    for i, (task, d) in enumerate(zip(tasks[:6], demos, strict=True)):
+        validate_trajectory(d)
+        moves = [t.action_text for t in d.turns if t.action["kind"] != "summary"]
+        assert moves == frozenlake_expert(task, random.Random(f"0:{i}")) and d.num_streams >= 2
+        summaries = [t for t in d.turns if t.action["kind"] == "summary"]
+        assert summaries and all(s.action_text.startswith("<information>row ") for s in summaries)
 
 
 def test_compaction_options_are_checked_before_any_work():
@@ -260,6 +314,34 @@ def test_a_chat_env_compacts_into_streams_that_render_themselves(policy, keep, c
         assert any(t.action["kind"] == "summary" for t in tr.turns)
 
 
+def test_a_chat_summary_keeps_the_last_real_exchange():
+    """messages env, summarize, keep_turns 1: the new prompt keeps the last (action, answer)
+    exchange, never the summary's (empty assistant, request) pair, so the policy is not asked
+    to summarize again at the start of the next stream."""
+    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, "
+             "so try a larger one. I guess 5. Summarize the progress so far."] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    from taurl.envs.core import Task
+
+    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train",
+                env="guess-v0")
+    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200,
+                           max_context=256,
+                           compaction=CompactionConfig(policy="summarize", keep_turns=1,
+                                                       summary_tokens=6))
+    script = [f"I guess {k}" for k in range(1, 16)]
+    engine, env = ScriptedEngine(tok, script), Guess(wins_at=6, role="tool")
+    tr = validate_trajectory(asyncio.run(run_episode(engine, env, tok, task, seed=0,
+                                                     config=config)))
+    assert tr.stop_reason == "answered" and tr.num_streams >= 2, tr.stop_reason
+    request = config.compaction.summary_request
+    for view in stream_views(tr)[1:]:
+        kept = view.messages[2:4]  # system, task (+ summary), then the kept exchange
+        assert [m["role"] for m in kept] == ["assistant", "tool"], kept
+        assert kept[0]["content"].startswith("I guess ") and kept[1]["content"].startswith("Higher")
+        assert all(m["content"] != request for m in view.messages[:4])
+
+
 def test_a_checkpoints_recorded_compaction_is_read_back():
     """`taurl eval CHECKPOINT` rebuilds the budgets from the checkpoint's recipe (asdict of its
     RolloutConfig): a policy trained with compaction is evaluated with it."""
@@ -270,3 +352,92 @@ def test_a_checkpoints_recorded_compaction_is_read_back():
     again = load_config(TrainConfig, overrides={"env": "frozenlake-v0", "compaction": recorded})
     assert again.rollout_config().compaction == trained.rollout_config().compaction
     assert again.rollout_config().compaction.policy == "env"
+
+
+# ---------------------------------------------------------------------------------------
+# A compaction that fails, the summary's turn, the summary's end-of-turn token
+
+
+def _lake_env(**attrs):
+    env = envs.make("frozenlake-v0", max_turns=20)
+    env.system_prompt = ""
+    for k, v in attrs.items():
+        setattr(env, k, v)
+    return env
+
+
+def test_a_raising_hook_or_template_ends_the_episode_with_its_record(lake):
+    """The env's compact_prompt or the chat template raising while compacting: the episode is
+    recorded, invalid (stop error) with the error, and counted in rollout/error_rate; the
+    stream before the compaction is closed and token-exact."""
+    from taurl.monitor.metrics import rollout_metrics
+
+    tasks, tok = lake
+    moves = frozenlake_expert(tasks[0], random.Random(0))
+
+    def broken(task):
+        raise RuntimeError("no map here")
+
+    trs = []
+    for env, t in ((_lake_env(compact_prompt=broken), tok),
+                   (_lake_env(compact_prompt=lambda task: "BROKEN"), copy.deepcopy(tok))):
+        if env.compact_prompt is not broken:  # a template that refuses the compacted prompt
+            t.chat_template = ("{% for m in messages %}{% if m['content'] == 'BROKEN' %}"
+                               "{{ raise_exception('this template refuses it') }}{% endif %}"
+                               "{% endfor %}" + t.chat_template)
+        tr = asyncio.run(run_episode(ScriptedEngine(t, moves), env, t, tasks[0], seed=0,
+                                     config=_config("env")))
+        trs.append(validate_trajectory(tr))
+        assert tr.stop_reason is StopReason.ERROR and not tr.valid and tr.num_streams == 1
+        assert _renders_itself(t, stream_views(tr)[0])
+    assert "no map here" in trs[0].metadata["error"]
+    assert "refuses it" in trs[1].metadata["error"]
+    assert rollout_metrics(trs, 1.0)["rollout/error_rate"] == 1.0
+
+
+class Summarizes:
+    """A policy engine (source "policy") that guesses, and answers a summary request with
+    `summary` ids that end in EOS, reported with `finish_reason`."""
+
+    source, max_context, version = "policy", 4096, 0
+
+    def __init__(self, tok, finish_reason):
+        self.tok, self.finish_reason, self.k = tok, finish_reason, 0
+
+    async def generate(self, ids, sampling):
+        from taurl.policy.protocol import Generation
+
+        if "Summarize" in self.tok.decode(list(ids))[-80:]:  # the request ends the prompt
+            out = self.tok("I guess 5", add_special_tokens=False)["input_ids"]
+            out, reason = [*out, self.tok.eos_token_id], self.finish_reason
+        else:
+            self.k += 1
+            out = self.tok(f"I guess {self.k}", add_special_tokens=False)["input_ids"]
+            reason = "stop"
+        return Generation(list(out), [-1.0] * len(out), reason, 0, prompt_tokens=len(ids))
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "length"])
+def test_a_summary_is_a_turn_of_its_own_and_loses_eos_only_when_it_stopped_there(finish_reason):
+    """Every turn has its own index (its position): a summary does not share the next action's.
+    The summary's sampled EOS is cut from the message only when the engine stopped on it."""
+    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, "
+             "so try a larger one. I guess 5. Summarize the progress so far."] * 30
+    tok = build_tokenizer(texts, vocab_size=300)
+    from taurl.envs.core import Task
+
+    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train",
+                env="guess-v0")
+    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200,
+                           max_context=256, compaction=CompactionConfig(
+                               policy="summarize", keep_turns=1, summary_tokens=6))
+    tr = validate_trajectory(asyncio.run(run_episode(
+        Summarizes(tok, finish_reason), Guess(wins_at=6, role="tool"), tok, task, seed=0,
+        config=config)))
+    summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
+    assert summaries and [t.index for t in tr.turns] == list(range(len(tr.turns)))
+    eos = ChatCodec(tok).decode([tok.eos_token_id])
+    assert all(t.action_text.endswith(eos) for t in summaries)  # the turn holds what was sampled
+    prompt = stream_views(tr)[1].messages[1]["content"]  # the task and the summary
+    assert prompt.startswith(task.prompt + "\n")
+    assert prompt.endswith(eos) == (finish_reason != "eos")

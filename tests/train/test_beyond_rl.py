@@ -106,6 +106,35 @@ def test_dpo_pairs_never_cross_tasks_and_prefer_the_higher_reward(tok, tasks):
     assert learner.update(trajs)["learn/dpo_loss"] < first["learn/dpo_loss"]  # the step moved toward the chosen
 
 
+def test_dpo_micro_batches_give_the_one_batch_loss_and_gradient(tok, tasks):
+    """micro_batch_tokens cuts the pairs into micro-batches whose gradients accumulate with the
+    global 1/P: the loss, its metrics and the gradient equal one batch's."""
+    trajs = [play(tok, task, right(task) if g == 0 else wrong(task, f"X{g}"), f"{i}-{g}")
+             for i, task in enumerate(tasks) for g in range(3)]
+    base = tiny_lm(len(tok))
+    with torch.no_grad():  # a reference that differs from the policy: the log-ratios are not 0
+        reference = copy.deepcopy(base)
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    out, grads = [], []
+    for budget in (10**9, 1):  # one batch; one pair per micro-batch
+        model = copy.deepcopy(base)
+        learner = DPOLearner(model, reference, DPOOptions(beta=0.5, pairs="all"), lr=1e-2,
+                             grad_clip=1e9, pad_id=tok.pad_token_id, micro_batch_tokens=budget)
+        out.append(learner.update(trajs))
+        # the accumulated gradient (the optimizer steps on it and leaves it in place)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    one, micro = out
+    assert one["learn/micro_batches"] == 1
+    assert micro["learn/micro_batches"] == one["learn/dpo_pairs"] > 1
+    for k in ("learn/loss", "learn/dpo_loss", "learn/dpo_margin", "learn/dpo_reward_acc",
+              "learn/grad_norm", "learn/action_tokens"):
+        assert micro[k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), k
+    assert one["learn/loss"] != pytest.approx(np.log(2), abs=1e-4)  # the reference differs
+    assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
 def test_distillation_loss_is_zero_for_the_teacher_and_masks_observations():
     torch.manual_seed(0)
     logits = torch.randn(2, 7, 11, requires_grad=True)

@@ -73,7 +73,11 @@ EXPORT_FIELDS: dict[str, str] = {
     "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset about its world (corpus fingerprint, map seed, snapshot id)",
     # flat arrays, each of length num_tokens
     "token_ids": "list<int32>: the whole token stream, segments concatenated (a chain's streams one after the other: split them at stream_starts)",
-    "action_mask": "list<int8>: 1 on ids the policy sampled (trained on), 0 on prompt/observation/template ids",
+    "action_mask": ("list<int8>: 1 on ids the policy sampled, 0 on prompt/observation/template "
+                    "ids (loss_mask: which of them are trained on)"),
+    "loss_mask": ("list<int8>: the ids a loss trains on: action_mask with 0 on a summary "
+                  "recorded as untrained (rollout.compaction summary: masked; its turn's "
+                  "action.trained is false)"),
     "logprobs": "list<float32>, null when source is not 'policy': behaviour logprob of each sampled id, 0.0 where action_mask is 0",
     "token_versions": "list<int32>: policy version that sampled each id, -1 where no policy did (action_mask 0, or source not 'policy')",
     "policy_versions": "list<int32>: sorted distinct policy versions of the action segments",
@@ -95,7 +99,7 @@ EXPORT_FIELDS: dict[str, str] = {
     "record": "Parquet only, string: JSON of the full Trajectory.to_dict() (Trajectory.from_dict rebuilds it)",
 }
 
-FLAT_ARRAYS = ("token_ids", "action_mask", "logprobs", "token_versions")
+FLAT_ARRAYS = ("token_ids", "action_mask", "loss_mask", "logprobs", "token_versions")
 COUNTS = ("num_tokens", "num_action_tokens", "num_turns", "num_tool_calls",
           "num_invalid_actions", "num_errors", "num_streams")
 _JSONL_ONLY = ("segments", "turns", "messages", "stream_starts", "timings", "metadata")
@@ -120,11 +124,28 @@ def export_row(traj: Trajectory) -> dict[str, Any]:
     row.update(valid=traj.valid, source=d["source"], provenance=d["provenance"])
     # no behaviour policy, no behaviour logprobs: null, never a placeholder that reads as one
     logprobs = traj.logprobs if traj.has_behaviour_policy else None
-    row.update(token_ids=traj.token_ids, action_mask=traj.action_mask, logprobs=logprobs,
-               token_versions=traj.token_versions, policy_versions=traj.policy_versions)
+    row.update(token_ids=traj.token_ids, action_mask=traj.action_mask, loss_mask=loss_mask(traj),
+               logprobs=logprobs, token_versions=traj.token_versions,
+               policy_versions=traj.policy_versions)
     row.update({k: getattr(traj, k) for k in COUNTS if k != "num_turns"}, num_turns=len(traj.turns))
     row.update({k: d[k] for k in _JSONL_ONLY})
     return _jsonable(row)
+
+
+def loss_mask(traj: Trajectory) -> list[int]:
+    """`traj.action_mask` with 0 on the ids of every turn recorded as untrained
+    (``action["trained"] is False``: a compaction summary kept off the loss). What SFT and
+    the learners train on (`taurl.train.chains.untrained_keep`), so an export does not call
+    a masked summary trained."""
+    mask = traj.action_mask
+    starts = [0]
+    for seg in traj.segments:
+        starts.append(starts[-1] + len(seg.token_ids))
+    for t in traj.turns:
+        if t.action.get("trained") is False:
+            a, b = starts[t.action_segment], starts[t.action_segment + 1]
+            mask[a:b] = [0] * (b - a)
+    return mask
 
 
 def _jsonable(x: Any) -> Any:
@@ -184,6 +205,10 @@ def check_export_fields(d: dict[str, Any], traj: Trajectory) -> list[ContractErr
         errs.append(ContractError("mask_mismatch",
                                   f"action_mask[{i}] is {flat['action_mask'][i]!r} but the segment kinds give "
                                   f"{traj.action_mask[i]}; the mask must be 1 exactly on action tokens"))
+    if "loss_mask" in flat and (i := _ints_equal(flat["loss_mask"], loss_mask(traj))) is not None:
+        errs.append(ContractError(
+            "mask_mismatch", f"loss_mask[{i}] is {flat['loss_mask'][i]!r} but the record gives "
+            f"{loss_mask(traj)[i]}: action_mask with 0 on turns recorded as untrained"))
     checks = (("token_ids", _ints_equal, traj.token_ids), ("token_versions", _ints_equal, traj.token_versions),
               ("logprobs", _floats_close, traj.logprobs))
     for k, cmp, want in checks:
@@ -249,6 +274,7 @@ def parquet_schema() -> Any:
                ("verifier_version", s), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                ("stop_reason", s), ("valid", pa.bool_()), ("source", s), ("provenance", s),
                ("token_ids", pa.list_(i32)), ("action_mask", pa.list_(pa.int8())),
+               ("loss_mask", pa.list_(pa.int8())),
                ("logprobs", pa.list_(pa.float32())), ("token_versions", pa.list_(i32)),
                ("policy_versions", pa.list_(i32))]
     fields += [(k, i32) for k in COUNTS] + [("record", s)]

@@ -118,7 +118,7 @@ class Turn:
     that differs (the EOS cut), else None. A replay reads `taurl.envs.core.seen_by_env`.
     """
 
-    index: int
+    index: int  # its position in the episode's turns (a compaction's summary is a turn too)
     action_text: str
     action: dict[str, Any]
     observation_text: str

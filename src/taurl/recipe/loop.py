@@ -50,15 +50,15 @@ from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
-from taurl.policy.factory import make_engine
 from taurl.policy.model import build_default_policy, load_policy
-from taurl.recipe.config import TrainConfig, async_engine_rows, check_config, dump_config
+from taurl.recipe.collectors import rollout_collector
+from taurl.recipe.config import TrainConfig, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
 from taurl.recipe.stages import make_learner, run_own_stage, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
-from taurl.rollout.episodes import Collector, EpisodeSpec, LocalCollector, episode_seed
+from taurl.rollout.episodes import Collector, EpisodeSpec, episode_seed
 from taurl.train import lora
 from taurl.train.checkpoint import (
     drop_optimizer_state,
@@ -264,22 +264,7 @@ def reinforce(r: Run) -> None:
         log.info("restored the learner's state (critic, step scorer) saved with version %d", version)
     # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
-    opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
-    if cfg.engine == "local":  # its own copy of the weights, beside the policy
-        opts.update(device=device, dtype=dtype, deterministic=cfg.deterministic)
-    if cfg.schedule == "async" and cfg.engine == "local" and "max_batch_size" not in cfg.engine_options:
-        opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update, cfg.overprovision,
-                                                   cfg.group_size)  # one batch of rows (its docstring: why)
-    if cfg.engine == "vllm" and "url" not in opts:  # a server of our own: its caches and log in the run
-        opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
-    if cfg.backend == "ray":  # rollout workers on a Ray cluster; this process stays the learner and ledger writer
-        from taurl.scale.ray_backend import RayCollector
-
-        collector: Collector = RayCollector.start(r, r.run.checkpoint(version), version, seed=seed)
-    else:
-        engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version, **opts)
-        collector = LocalCollector(engine, tok, r.make_env, cfg.rollout_config(), r.run.root.name, cfg.concurrency,
-                                   {"agent": cfg.agent})
+    collector = rollout_collector(r, version, tok, seed=seed)
     # last, after every model is built (that draws from torch's generator): the RNG states
     # the saved run had, or, at the first update, states fixed by the seed alone
     if not load_trainer_state(r.run.checkpoint(version)):

@@ -1,6 +1,7 @@
 """The stages with a loop of their own (`taurl.recipe.stages`): rejection-sampling SFT rounds
-and offline trajectory DPO. Both write one checkpoint per step (a round, an update), a
-metrics row per step, and resume from the newest checkpoint like the RL loop.
+and offline trajectory DPO. Both write a metrics row per step (a round, an update), keep
+checkpoints as the RL loop does (rejection: one per round; DPO: every ``checkpoint_every``
+updates and the last; the newest ``keep_checkpoints`` kept) and resume from the newest.
 
 Rejection round k (policy version v = v_sft + k − 1):
 
@@ -22,8 +23,8 @@ from typing import Any
 from taurl.errors import Error
 from taurl.monitor.metrics import rollout_metrics
 from taurl.policy.model import load_policy
-from taurl.rollout.episodes import EpisodeSpec, LocalCollector, episode_seed
-from taurl.train.checkpoint import save_checkpoint
+from taurl.rollout.episodes import EpisodeSpec, episode_seed
+from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
 
 log = logging.getLogger("taurl.recipe.stages")
 
@@ -31,8 +32,8 @@ log = logging.getLogger("taurl.recipe.stages")
 def rejection_rounds(r: Any) -> None:
     """`sft.rejection.rounds` rounds of sample → filter → SFT from the SFT checkpoint on."""
     from taurl.eval.evaluate import default_verifier
-    from taurl.policy.factory import make_engine
     from taurl.policy.tokenizer import load_tokenizer
+    from taurl.recipe.collectors import rollout_collector
     from taurl.rollout.rejection import RejectionOptions, keep_episodes
     from taurl.train.sft import sft_loop
 
@@ -53,11 +54,9 @@ def rejection_rounds(r: Any) -> None:
         version = r.state["sft_version"] + rnd - 1
         tasks = [pool[((rnd - 1) * n_tasks + i) % len(pool)] for i in range(n_tasks)]
         tok = load_tokenizer(r.run.checkpoint(version))
-        engine = make_engine("local", r.run.checkpoint(version), tok, version=version, device=device, dtype=dtype,
-                             max_batch_size=cfg.concurrency, seed=seed, deterministic=cfg.deterministic,
-                             **cfg.engine_options)
-        collector = LocalCollector(engine, tok, r.make_env, cfg.rollout_config(temperature), r.run.root.name,
-                                   cfg.concurrency, {"agent": cfg.agent})
+        # the RL loop's factory: engine, engine_options and their defaults mean the same here
+        collector = rollout_collector(r, version, tok, seed=seed,
+                                      rollout=cfg.rollout_config(temperature))
         specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
                              f"rs{rnd:02d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(attempts)]
         try:
@@ -77,8 +76,8 @@ def rejection_rounds(r: Any) -> None:
         else:
             log.warning("rejection round %d kept no episode of %d: version %d is version %d's weights", rnd,
                         len(batch), version + 1, version)
-        save_checkpoint(r.run, version + 1, model, tok, None, phase="rejection", round=rnd, sft_steps=steps,
-                        **r.checkpoint_meta())
+        keep_checkpoint(r, version + 1, model, tok, None, phase="rejection", round=rnd,
+                        sft_steps=steps)
         row = {"phase": "rejection", "update": rnd, "policy/version": version + 1,
                **rollout_metrics(batch, t_roll), **cstats, **kept.stats, "rejection/sft_steps": float(steps),
                "time/rollout_s": t_roll, "time/update_s": time.perf_counter() - t0}
@@ -124,12 +123,28 @@ def offline_dpo(r: Any, make_learner: Any) -> None:
     per = learner.opts.pairs_per_update or cfg.tasks_per_update
     order = list(range(len(pairs)))
     random.Random(cfg.seed).shuffle(order)
+    # updates after the newest checkpoint (checkpoint_every > 1) are redone on a restart (the
+    # pairs of an update are fixed by the seed); their rows are not written twice
+    recorded = {x.get("update") for x in r.metrics.read() if x.get("phase") == "rl"}
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         take = [pairs[order[(i + (update - 1) * per) % len(pairs)]] for i in range(per)]
         stats = learner.update([], version=version, credit=take)
         version += 1
-        save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="dpo", update=update,
-                        **r.checkpoint_meta())
-        r.metrics.write(version, {"phase": "rl", "update": update, "policy/version": version, **stats,
-                                  "time/update_s": time.perf_counter() - t0})
+        if update % cfg.checkpoint_every == 0 or update == cfg.updates:
+            keep_checkpoint(r, version, model, tok, learner.optimizer, phase="dpo", update=update)
+        if update not in recorded:
+            r.metrics.write(version, {"phase": "rl", "update": update, "policy/version": version,
+                                      **stats, "time/update_s": time.perf_counter() - t0})
+
+
+def keep_checkpoint(r: Any, version: int, model: Any, tok: Any, optimizer: Any,
+                    **meta: Any) -> None:
+    """Save `version` and keep the checkpoints as the RL loop does: the optimizer state of the
+    newest only (a restart needs no other), then the newest `keep_checkpoints` versions plus
+    v0, the SFT version and every promoted one (`taurl.train.checkpoint.retained_versions`)."""
+    save_checkpoint(r.run, version, model, tok, optimizer, **meta, **r.checkpoint_meta())
+    for v in r.run.versions()[:-1]:
+        drop_optimizer_state(r.run.checkpoint(v))
+    protected = {0, r.state["sft_version"], *r.run.promoted_versions()}
+    prune_checkpoints(r.run, r.cfg.keep_checkpoints, protected)

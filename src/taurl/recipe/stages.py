@@ -59,13 +59,18 @@ def stage_problems(cfg: Any) -> list[str]:
     out += DistillOptions.problems_of(cfg.distill)
     if stage_name(cfg) != "rl" and cfg.schedule != "sync":
         out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
+    if cfg.sft == "rejection" and cfg.backend != "local":
+        out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
+                   f"backend: {cfg.backend} is not supported there: drop backend (local)")
     if stage_name(cfg) != "rl" and cfg.lora:
         out.append(f"the {stage_name(cfg)} stage trains the full policy; drop policy.lora")
     if (data := cfg.dpo.get("data")) and not _is_file(data):
         out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl export)")
     if cfg.teacher:
         out += teacher_problems(cfg.teacher, cfg.model)
-    return out
+    from taurl.recipe.chain_checks import chain_problems
+
+    return out + chain_problems(cfg, stage_name(cfg))
 
 
 def _is_file(path: str) -> bool:
@@ -105,7 +110,8 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
 
         if reference is None:  # the frozen reference: the stage's starting (SFT) policy
             reference = load_policy(r.run.checkpoint(r.state["sft_version"]), device, dtype=dtype)[0]
-        return DPOLearner(model, reference, DPOOptions(**cfg.dpo), **common)
+        return DPOLearner(model, reference, DPOOptions(**cfg.dpo),
+                          micro_batch_tokens=cfg.micro_batch_tokens, **common)
     if stage == "distill":
         from taurl.train.distill import DistillLearner, DistillOptions, tokenizer_problem
 

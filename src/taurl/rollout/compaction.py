@@ -21,7 +21,8 @@ summarize  the policy itself writes a summary first: a request (``summary_reques
            action, a turn whose action is ``{"kind": "summary", "trained": ...}``); the new
            prompt is the task prompt, the summary, and the last `keep_turns` turns.
            ``summary: trained`` trains it as the episode's action it is; ``masked`` keeps it
-           off the loss (`taurl.train.chains.untrained_keep`)
+           off the loss (`taurl.train.chains.untrained_keep`). An engine that is not a policy
+           (an expert's script) is not asked: the loop writes its summary (`written_summary`)
 env        the env's hook ``compact_prompt(task) -> str``: a new user message that states
            where the episode stands (FrozenLake: the map and the current cell)
 =========  ==================================================================================
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from taurl.data.trajectory import StopReason, Turn
 from taurl.errors import ConfigError, Error
-from taurl.policy.protocol import SamplingParams
+from taurl.policy.protocol import Generation, SamplingParams
 from taurl.rollout.seeds import _derive_seed
 from taurl.rollout.stream import _cut
 
@@ -114,8 +115,21 @@ def due(st: _State) -> bool:
 
 async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     """Close the stream and begin a new one with the compacted conversation as its prompt;
-    `st.stop` is set when that fails (an engine error, a prompt that still does not fit)."""
+    `st.stop` is set when that fails (an engine error, a prompt that still does not fit, an
+    env hook or a chat template that raises: the episode ends with its record, an error, as
+    a raising ``env.step`` does, never the run)."""
+    try:
+        await _compact(engine, env, task, st, t)
+    except Exception as e:  # noqa: BLE001 — any failure of the user's hook or template
+        why = f"compaction ({st.config.compaction.policy}) raised {type(e).__name__}: {e}"
+        st.stop, st.terminated, st.info = StopReason.ERROR, False, {"error": why}
+
+
+async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
     c, ep = st.config.compaction, st.ep
+    # the kept turns are read before a summary is asked for: its request and answer are not
+    # an exchange of the episode (messages: the request would be the "last turn")
+    kept = [] if c.policy == "env" else _kept_turns(st, c)
     summary = ""
     if c.policy == "summarize":
         summary = await _summarize(engine, st, t)
@@ -127,9 +141,11 @@ async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
                                                        "compact_prompt(task) hook; use drop, truncate or summarize"}
         return
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
+    if not isinstance(user, str):
+        raise TypeError(f"{type(env).__name__}.compact_prompt(task) returned "
+                        f"{type(user).__name__}; it returns the new user message as a str")
     if summary:
         user = f"{user}\n{summary}"
-    kept = [] if c.policy == "env" else _kept_turns(st, c)
     messages = [*ep.header[:-1], {"role": "user", "content": user}]
     if st.inline:  # the kept turns open the assistant message, as the loop appends them
         ep.new_stream(messages, "compaction", prefix="".join(a + o for a, o in kept))
@@ -171,7 +187,15 @@ def _shorten(st: _State, obs: Any, n: int) -> Any:
 
 async def _summarize(engine: Any, st: _State, t: int) -> str:
     """The policy writes a summary in the current stream: the request (mask 0), then its
-    sampled ids (a summary turn). Returns the summary's text ('' when it does not fit)."""
+    sampled ids (a summary turn). Returns the summary's text ('' when it does not fit).
+
+    Only a policy is asked: an engine that is not one (a `ScriptedEngine` playing an
+    expert's moves) answers each call with its next env move, so a request would spend a
+    move on the summary and shift every later one (FrozenLake demonstrations walked into
+    holes). For it the loop writes the summary itself (`written_summary`), recorded as the
+    summary turn it stands for: demonstrations stay the expert's walk, and they still show
+    the policy a request and an answer to imitate, which skipping compaction would not
+    (their episodes would then end context_full)."""
     c, ep, cfg = st.config.compaction, st.ep, st.config
     if len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens > st.max_context:
         return ""  # no room left to ask: the compaction goes on without a summary
@@ -186,24 +210,42 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8, cfg.max_episode_tokens - st.sampled)
     if budget < 1:
         return ""
-    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=budget,
-                              seed=_derive_seed(st.seed, t, SUMMARY_SEED_SALT))
-    try:
-        gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
-    except (Error, asyncio.TimeoutError) as e:
-        st.stop, st.info = StopReason.ERROR, {"error": f"engine (summary): {e or type(e).__name__}"}
-        return ""
+    if st.policy:
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=budget,
+                                  seed=_derive_seed(st.seed, t, SUMMARY_SEED_SALT))
+        try:
+            gen = await asyncio.wait_for(engine.generate(ep.ids, sampling), cfg.generate_timeout_s)
+        except (Error, asyncio.TimeoutError) as e:
+            why = f"engine (summary): {e or type(e).__name__}"
+            st.stop, st.info = StopReason.ERROR, {"error": why}
+            return ""
+    else:  # a script or an expert plays env moves only: asking it would spend one (docstring)
+        ids = written_summary(st, budget)
+        gen = Generation(ids, [0.0] * len(ids), "stop", 0)
     st.sampled += len(gen.token_ids)
     st.gen_s += gen.generate_s
     a_idx, text = ep.append("action", gen.token_ids, gen.logprobs if st.policy else None,
                             gen.policy_version if st.policy else None)
-    if st.eos_text and text.endswith(st.eos_text):
-        text = text[:-len(st.eos_text)]
-    ep.add_to_assistant(text)
-    st.turns.append(Turn(index=t, action_text=text, action={"kind": "summary", "trained": c.summary == "trained"},
+    content = text  # a sampled end-of-turn token belongs to the stream, not to the message
+    if gen.finish_reason == "eos" and st.eos_text and text.endswith(st.eos_text):
+        content = text[:-len(st.eos_text)]
+    ep.add_to_assistant(content)
+    # a turn of its own (its own index), as sampled; the next action is the turn after it
+    st.turns.append(Turn(index=len(st.turns), action_text=text,
+                         action={"kind": "summary", "trained": c.summary == "trained"},
                          observation_text="", action_segment=a_idx, observation_segment=None,
                          finish_reason=gen.finish_reason, generate_s=gen.generate_s))
-    return text.strip()
+    return content.strip()
+
+
+def written_summary(st: _State, budget: int) -> list[int]:
+    """The summary of an engine that is not a policy: the last observation (where the episode
+    stands, e.g. FrozenLake's cell and its neighbours), its first `budget` ids. Deterministic,
+    so a demonstration stays the expert's moves, and SFT on it teaches a summary that holds
+    the state."""
+    last = next((t.observation_text for t in reversed(st.turns) if t.observation_text), "")
+    ids = st.ep.codec.encode(last.strip())
+    return ids[:budget]
 
 
 def rewrite_stream(st: _State, message: dict) -> tuple[int | None, str]:

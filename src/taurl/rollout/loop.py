@@ -206,7 +206,8 @@ async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
         # the engine cut this action short (pause "abort" around an update): its sampled
         # ids stay in the record, but a cut action is not the model's move, so the env
         # never sees it and the episode ends here, truncated
-        st.turns.append(Turn(index=t, action_text=action_text, action={"kind": "aborted"}, observation_text="",
+        st.turns.append(Turn(index=len(st.turns), action_text=action_text,
+                             action={"kind": "aborted"}, observation_text="",
                              action_segment=a_idx, observation_segment=None, finish_reason="abort",
                              invalid=False, error=None, receipt=None, env_reward=0.0,
                              generate_s=gen.generate_s, env_s=0.0, observation_tokens_dropped=0))
@@ -277,7 +278,8 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
     error = info.get("error")
     if st.contract_error:
         error = f"{error}; {st.contract_error}" if error else st.contract_error
-    st.turns.append(Turn(index=t, action_text=action.text, action=dict(info.get("action") or {"kind": "unknown"}),
+    st.turns.append(Turn(index=len(st.turns), action_text=action.text,
+                         action=dict(info.get("action") or {"kind": "unknown"}),
                          observation_text=obs_text,
                          action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
                          invalid=bool(info.get("invalid", False)), error=error,

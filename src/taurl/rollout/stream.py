@@ -92,13 +92,16 @@ class _Episode:
 
     def new_stream(self, messages: list[dict], reason: str, prefix: str = "") -> None:
         """Close this stream and begin another: `messages` rendered once (with the generation
-        prompt) + `prefix` (inline: the start of the assistant message) as its prompt."""
+        prompt) + `prefix` (inline: the start of the assistant message) as its prompt. The
+        prompt is rendered first: a template that raises leaves this stream as it was."""
+        messages = [dict(m) for m in messages]
+        prompt = self.codec.encode(self.codec.render(messages, add_generation_prompt=True) + prefix)
         self.close_stream(strict=False)
         self.done_messages += self.messages
         self.starts.append(StreamStart(len(self.segments), len(self.done_messages), reason))
         self.first_segment = len(self.segments)
-        self.messages, self.ids, self.text = [dict(m) for m in messages], [], ""
-        self.append("prompt", self.codec.encode(self.codec.render(self.messages, add_generation_prompt=True) + prefix))
+        self.messages, self.ids, self.text = messages, [], ""
+        self.append("prompt", prompt)
         if prefix:
             self.add_to_assistant(prefix)
 

@@ -133,16 +133,38 @@ def _rows(trajs: list[Trajectory], starts: list[int], pad_id: int, device: torch
     return rows
 
 
+def pair_chunks(pairs: Sequence[Pair], max_tokens: int) -> list[list[int]]:
+    """Indices of `pairs` in micro-batches of at most `max_tokens` padded tokens. A pair is
+    two rows (chosen, rejected), each padded to the widest of its side in the chunk, so k
+    pairs no wider than w cost at most 2·k·w. Sorted by width, then filled in order; a pair
+    wider than the budget is a chunk of its own."""
+    width = [max(p.chosen.num_tokens, p.rejected.num_tokens) for p in pairs]
+    out: list[list[int]] = []
+    for i in sorted(range(len(pairs)), key=width.__getitem__):
+        if out and 2 * (len(out[-1]) + 1) * width[i] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
 class DPOLearner:
-    """One DPO optimizer step per update on the pairs of its batch (module docstring)."""
+    """One DPO optimizer step per update on the pairs of its batch (module docstring).
+
+    The pairs are cut into micro-batches of at most `micro_batch_tokens` padded tokens
+    (`pair_chunks`) whose gradients are accumulated: the loss is a mean over the P pairs of
+    a per-pair term, so chunk c of P_c pairs contributes (P_c / P) times its own mean, the
+    same loss and gradient as one batch of all P (to float rounding).
+    """
 
     def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *, lr: float,
                  grad_clip: float, pad_id: int, temperature: float = 1.0, weight_decay: float = 0.0,
-                 lr_warmup_steps: int = 0):
+                 lr_warmup_steps: int = 0, micro_batch_tokens: int = 6144):
         if reference is None:
             raise ConfigError("DPO needs a frozen reference policy (the stage's starting checkpoint)")
         self.model, self.opts, self.pad_id, self.temperature = model, opts, pad_id, temperature
         self.lr, self.grad_clip, self.lr_warmup_steps = lr, grad_clip, lr_warmup_steps
+        self.micro_batch_tokens = micro_batch_tokens
         self.reference = reference.to(model_device(model)).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=weight_decay)
 
@@ -163,6 +185,27 @@ class DPOLearner:
         stats = {"learn/dpo_pairs": float(len(pairs)), "learn/rows": float(2 * len(pairs))}
         if not pairs:  # every task's episodes had one reward: nothing to prefer, no step
             return {**stats, "learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0}
+        self.model.eval()  # no dropout noise in the log-ratios (as the RL learner)
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = pair_chunks(pairs, self.micro_batch_tokens)
+        sums: dict[str, float] = defaultdict(float)
+        tokens = 0.0
+        for chunk in chunks:
+            share = len(chunk) / len(pairs)  # the global normaliser: a mean over all P pairs
+            loss, m, n = self._chunk_loss([pairs[i] for i in chunk])
+            (loss * share).backward()
+            sums["learn/loss"] += float(loss.detach()) * share
+            for k, v in m.items():  # every metric is a mean over pairs: weighted, the global mean
+                sums[k] += v * share
+            tokens += n
+        norm, lr = optimizer_step(self.model, self.optimizer, self.lr, self.lr_warmup_steps,
+                                  self.grad_clip)
+        return {**stats, **sums, "learn/grad_norm": float(norm), "learn/lr": lr,
+                "learn/action_tokens": tokens, "learn/micro_batches": float(len(chunks)),
+                "learn/skipped": 0.0, "learn/learn_s": time.perf_counter() - t0}
+
+    def _chunk_loss(self, pairs: list[Pair]) -> tuple[torch.Tensor, dict[str, float], float]:
+        """The DPO loss of `pairs` (their mean), its metrics and their action tokens."""
         device = model_device(self.model)
         starts = [p.start for p in pairs]
         rc = _rows([p.chosen for p in pairs], starts, self.pad_id, device)
@@ -170,14 +213,8 @@ class DPOLearner:
         with torch.no_grad():
             ref_c = action_logprobs(self.reference, rc, self.temperature)[0]
             ref_r = action_logprobs(self.reference, rr, self.temperature)[0]
-        self.model.eval()  # no dropout noise in the log-ratios (as the RL learner)
-        self.optimizer.zero_grad(set_to_none=True)
         lp_c = action_logprobs(self.model, rc, self.temperature)[0]
         lp_r = action_logprobs(self.model, rr, self.temperature)[0]
         loss, m = dpo_loss(lp_c, ref_c, rc.mask, lp_r, ref_r, rr.mask, beta=self.opts.beta,
                            label_smoothing=self.opts.label_smoothing)
-        loss.backward()
-        norm, lr = optimizer_step(self.model, self.optimizer, self.lr, self.lr_warmup_steps, self.grad_clip)
-        return {**stats, **m, "learn/loss": float(loss.detach()), "learn/grad_norm": float(norm), "learn/lr": lr,
-                "learn/action_tokens": float(rc.mask.sum() + rr.mask.sum()), "learn/skipped": 0.0,
-                "learn/learn_s": time.perf_counter() - t0}
+        return loss, m, float(rc.mask.sum() + rr.mask.sum())

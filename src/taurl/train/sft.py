@@ -21,6 +21,7 @@ import torch
 from taurl.credit.batch import drop_invalid
 from taurl.data.chains import stream_views
 from taurl.data.trajectory import Trajectory
+from taurl.train.chains import trained_tokens, untrained_keep
 from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
 from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_device
@@ -143,25 +144,25 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Se
              pad_id: int, grad_clip: float = 1.0, micro_batch_tokens: int = 6144) -> dict[str, float]:
     """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
 
-    Exactly the action mask of RL; the batch is cut into length-bucketed micro-batches
-    whose gradients are accumulated with the global token count as denominator. Invalid
-    samples are left out (counted as ``sft/invalid_samples_dropped``); a batch of nothing
-    but invalid samples takes no step.
+    Exactly the action mask of RL (a summary recorded as untrained is off it, as there); the
+    batch is cut into length-bucketed micro-batches whose gradients are accumulated with the
+    global token count as denominator. Invalid samples are left out (counted as
+    ``sft/invalid_samples_dropped``); a batch of nothing but invalid samples takes no step.
     """
     sft = make_objective("sft")
     trajs, dropped = drop_invalid(trajs)
-    # a record with no action token (the prompt alone filled the context) has no target: a
-    # micro-batch of only such rows would have a loss with no gradient at all
-    trajs = [t for t in trajs if any(g.kind == "action" and g.token_ids for g in t.segments)]
+    # a chain trains as its token streams. A stream with nothing trained has no target (the
+    # prompt alone filled the context; a compaction's prompt and its close; only a summary
+    # recorded as untrained): a micro-batch of only such rows would have no gradient at all
+    trajs = [v for t in trajs for v in stream_views(t) if trained_tokens(v)]
     if not trajs:
         return {"sft/loss": 0.0, "sft/grad_norm": 0.0, "sft/action_tokens": 0.0,
                 "sft/invalid_samples_dropped": float(dropped), "sft/skipped": 1.0}
-    # a chain trains as its token streams; a stream with nothing sampled (a compaction's prompt
-    # and its close) has no target either
-    trajs = [v for t in trajs for v in stream_views(t) if v.num_action_tokens]
     chunks = micro_batches(trajs, micro_batch_tokens)
     device = model_device(model)
-    rows = [make_rows([trajs[i] for i in c], None, pad_id, device) for c in chunks]
+    # a summary recorded as untrained (compaction summary: masked) stays off the loss, as in RL
+    rows = [make_rows([trajs[i] for i in c], None, pad_id, device, token_keep=untrained_keep)
+            for c in chunks]
     n_tok = sum(float(r.mask.sum()) for r in rows)
     model.train()  # SFT keeps the model's dropout (module docstring)
     optimizer.zero_grad(set_to_none=True)
