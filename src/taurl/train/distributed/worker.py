@@ -1,0 +1,140 @@
+"""A learner rank's process: ``python -m taurl.train.distributed.worker``.
+
+Started by taurl's launcher (`taurl.train.distributed.pool`, one process per rank on this
+machine) or by yours (``torchrun``, SLURM, one process per GPU on each node): it joins the
+process group from the environment (`taurl.train.distributed.group`), connects back to the
+learner that drives it (TAURL_DIST_ADDR host:port, TAURL_DIST_KEY its hex key) and serves
+its commands until told to stop:
+
+    build   (model, reference, LearnerConfig, pad_id, strategy)  its replica or shard
+    update  (trajs, version, credit)     one update on its share; the metrics
+    weights                              the whole model's weights (rank 0's answer)
+    optimizer_state / load_optimizer_state   AdamW's state, whole, in the single-process format
+
+Models travel as ``torch.save`` bytes (a copy per rank). Each answer is ("ok", value) or
+("error", traceback). Started by the launcher, the process dies with its parent (Linux), so a
+killed run leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import pickle
+import signal
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import torch
+
+ADDR_ENV, KEY_ENV = "TAURL_DIST_ADDR", "TAURL_DIST_KEY"
+DEVICE_ENV = "TAURL_DIST_DEVICE"  # the recipe's placement: cpu | cuda | auto (a rank takes cuda:LOCAL_RANK)
+ORPHAN_ENV = "TAURL_DIST_DIE_WITH_PARENT"
+
+
+def send(conn: Connection, obj: Any) -> None:
+    """`obj` pickled by value: `Connection.send` would pass tensors as shared-memory handles
+    (torch's reductions), which need the multiprocessing parent's key and outlive nothing."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def to_bytes(model: torch.nn.Module | None) -> bytes | None:
+    if model is None:
+        return None
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes | None, device: torch.device) -> Any:
+    return None if data is None else torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+
+
+class Rank:
+    """The commands of one rank (module docstring)."""
+
+    def __init__(self, place: Any):
+        self.place = place
+        self.learner: Any = None
+
+    def build(self, model: bytes, reference: bytes | None, config: Any, pad_id: int, strategy: str) -> None:
+        from taurl.train.distributed.rank import RankLearner
+
+        self.learner = None  # the previous learner's shards are freed first
+        dev = self.place.device
+        self.learner = RankLearner(from_bytes(model, dev), config, self.place, strategy, pad_id=pad_id,
+                                   reference=from_bytes(reference, dev))
+
+    def update(self, trajs: list, version: int | None, credit: Any) -> dict[str, float] | None:
+        stats = self.learner.update(trajs, version=version, credit=credit)
+        return stats if self.place.rank == 0 else None
+
+    def weights(self) -> bytes | None:
+        from taurl.train.distributed.wrap import full_model_state
+
+        state = full_model_state(self.learner.model)
+        if self.place.rank != 0:
+            return None
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        from taurl.train.distributed.wrap import full_optimizer_state
+
+        state = full_optimizer_state(self.learner.model, self.learner.optimizer)
+        return state if self.place.rank == 0 else None
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        from taurl.train.distributed.wrap import load_full_optimizer_state
+
+        load_full_optimizer_state(self.learner.model, self.learner.optimizer, state)
+
+
+def serve(conn: Connection, rank: Rank) -> None:
+    """Answer `conn`'s commands until it sends None or closes."""
+    while True:
+        try:
+            msg = recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        cmd, args = msg
+        try:
+            send(conn, ("ok", getattr(rank, cmd)(*args)))
+        except Exception:  # noqa: BLE001 — handed to the driver, which raises it
+            send(conn, ("error", f"rank {rank.place.rank}: {traceback.format_exc()}"))
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the driver's close() ends it
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def main() -> None:
+    from taurl.train.distributed.group import join, leave
+
+    if os.environ.get(ORPHAN_ENV):
+        _die_with_parent()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    host, port = os.environ[ADDR_ENV].rsplit(":", 1)
+    place = join(os.environ.get(DEVICE_ENV, "cpu"))
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
+    send(conn, place.rank)
+    try:
+        serve(conn, Rank(place))
+    finally:
+        conn.close()
+        leave()
+
+
+if __name__ == "__main__":
+    main()
