@@ -37,26 +37,29 @@ def test_the_split_balances_tokens_and_is_the_same_on_every_rank():
 
 def test_the_ranks_metrics_add_up_and_maxima_stay_maxima():
     one = {"learn/loss": 0.25, "learn/entropy": 1.0, "learn/ratio_max": 1.2}
-    two = {"learn/loss": 0.5, "learn/entropy": 2.0, "learn/ratio_max": 1.1, "learn/is_weight_max_raw": 3.0}
-    assert combine_sums([one, two, {}]) == {"learn/loss": 0.75, "learn/entropy": 3.0, "learn/ratio_max": 1.2,
-                                             "learn/is_weight_max_raw": 3.0}
+    two = {"learn/loss": 0.5, "learn/entropy": 2.0, "learn/ratio_max": 1.1,
+           "learn/is_weight_max_raw": 3.0}
+    assert combine_sums([one, two, {}]) == {"learn/loss": 0.75, "learn/entropy": 3.0,
+                                             "learn/ratio_max": 1.2, "learn/is_weight_max_raw": 3.0}
 
 
 def _batches(model):
-    """Three batches of three groups each (the last: one short group), rows of 4 to 16 tokens."""
+    """Batches of 3, 3, 1 and 2 groups, rows of 4 to 16 tokens; the 1-group batch is one
+    micro-batch (one rank runs an empty pass), the last has equal rewards (no step taken)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(lo, hi):
         return int(torch.randint(lo, hi, (1,), generator=gen))
 
     out = []
-    for k, groups in enumerate((3, 3, 1)):
+    for k, groups in enumerate((3, 3, 1, 2)):
         batch = []
         for g in range(groups):
             prompt = [5 + g, 6, 7] + [8] * rand(0, 6)
             for j in range(3):
                 action = [rand(2, 60) for _ in range(rand(2, 12) if groups > 1 else 2)]
-                batch.append(_traj(model, f"u{k}-{g}-{j}", prompt, action, float(j == 0), f"g{k}{g}"))
+                reward = float(j == 0) if k < 3 else 1.0  # the last batch: equal rewards, no step
+                batch.append(_traj(model, f"u{k}-{g}-{j}", prompt, action, reward, f"g{k}{g}"))
         out.append(batch)
     return out
 
@@ -82,23 +85,55 @@ def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation):
             p.add_(0.05 * torch.randn_like(p))
     batches = _batches(model)
     config = LearnerConfig(lr=1e-2, micro_batch_tokens=40, kl_coef=0.1, aggregation=aggregation)
-    assert [len(micro_batches(b, 40)) for b in batches] == [4, 4, 1]  # 2+2, 2+2, 1+0 over 2 ranks
+    # 2+2, 2+2 and 1+0 micro-batches over the 2 ranks
+    assert [len(micro_batches(b, 40)) for b in batches][:3] == [4, 4, 1]
     single = copy.deepcopy(model)
     one = Learner(single, config, reference=copy.deepcopy(reference))
     expect = [one.update(b) for b in batches]
     ranked = copy.deepcopy(model)
-    two = DistributedLearner(ranked, config, strategy=strategy, world_size=2, reference=reference, pool=pool)
+    two = DistributedLearner(ranked, config, strategy=strategy, world_size=2, reference=reference,
+                             pool=pool)
     got = [two.update(b) for b in batches]
+    diff = max(float((p - q).detach().abs().max())
+               for p, q in zip(single.parameters(), ranked.parameters(), strict=True))
+    assert [g["learn/skipped"] for g in got] == [e["learn/skipped"] for e in expect] == [0, 0, 0, 1]
+    assert got[3]["learn/entropy"] == pytest.approx(expect[3]["learn/entropy"], rel=1e-5)
+    expect, got = expect[:3], got[:3]
+    rel = {k: max(abs(g[k] - e[k]) / abs(e[k]) for e, g in zip(expect, got, strict=True))
+           for k in ("learn/loss", "learn/grad_norm")}
+    print(f"{strategy} {aggregation}: max relative diff {rel}, max weight diff {diff:.3g} "
+          f"(lr {config.lr})")
+    assert rel["learn/loss"] <= 1e-5 and rel["learn/grad_norm"] <= 1e-5, (rel, expect, got)
+    assert diff < 1e-2 * config.lr
+    assert max(e["learn/grad_norm"] for e in expect) > config.grad_clip  # the clip acted
     for e, g in zip(expect, got, strict=True):
         assert g["learn/ranks"] == 2.0 and g["learn/micro_batches"] == e["learn/micro_batches"]
         assert g["learn/action_tokens"] == e["learn/action_tokens"]
-        for key in ("learn/loss", "learn/grad_norm", "learn/entropy", "learn/kl_k3", "mismatch/abs_mean"):
+        for key in ("learn/entropy", "learn/kl_k3", "mismatch/abs_mean", "learn/clip_frac"):
             assert g[key] == pytest.approx(e[key], rel=1e-5, abs=1e-9), key
-    assert max(e["learn/grad_norm"] for e in expect) > config.grad_clip  # the clip acted
-    diff = max(float((p - q).detach().abs().max()) for p, q in zip(single.parameters(), ranked.parameters(), strict=True))
-    assert diff < 1e-2 * config.lr
     # the whole AdamW state, gathered in the single-process format (a checkpoint's optimizer.pt)
     a, b = one.optimizer.state_dict(), two.optimizer.state_dict()
     assert a["param_groups"][0]["params"] == b["param_groups"][0]["params"]
     for i, st in a["state"].items():
-        torch.testing.assert_close(b["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3, atol=1e-9)
+        torch.testing.assert_close(b["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3,
+                                   atol=1e-9)
+
+
+def test_the_train_section_sets_the_strategy_and_its_problems_are_named():
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.sections import flatten
+
+    assert flatten({"train": {"strategy": "fsdp", "world_size": 2}}, warn=False) == {
+        "train_strategy": "fsdp", "train_world_size": 2}
+    assert TrainConfig(train_strategy="fsdp", train_world_size=2).section("train").world_size == 2
+
+    def problems(**kw):
+        return [p for p in TrainConfig(**kw).problems() if "train." in p]
+
+    assert problems(train_strategy="ddp", train_world_size=2) == []
+    assert problems(train_strategy="zero3") == [
+        "train.strategy must be one of single, ddp, fsdp (got 'zero3')"]
+    assert "integer >= 1" in problems(train_strategy="fsdp", train_world_size=0)[0]
+    assert "needs train.strategy ddp or fsdp" in problems(train_world_size=2)[0]
+    (why,) = problems(train_strategy="fsdp", train_world_size=2, estimator="gae", lora={"rank": 4})
+    assert "a critic (rl.estimator: gae)" in why and "policy.lora" in why

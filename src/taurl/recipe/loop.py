@@ -293,6 +293,8 @@ def reinforce(r: Run) -> None:
         loop(r, model, tok, learner, collector, version, first, seed)
     finally:
         collector.close()
+        if hasattr(learner, "close"):  # a distributed learner's ranks (taurl.train.distributed)
+            learner.close()
 
 
 # Over 60 lines on purpose: the synchronous RL phase read top to bottom, one update per

@@ -114,6 +114,12 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
             raise ConfigError(why)
         return DistillLearner(model, teacher, DistillOptions(**cfg.distill), micro_batch_tokens=cfg.micro_batch_tokens,
                               estimator=cfg.estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
+    if cfg.train_strategy != "single":  # the update on N ranks; `model` gets their weights back
+        from taurl.train.distributed.driver import DistributedLearner
+
+        return DistributedLearner(model, cfg.learner_config(), strategy=cfg.train_strategy,
+                                  world_size=cfg.train_world_size, pad_id=tok.pad_token_id,
+                                  reference=reference, device=cfg.device)
     return Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
                    shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
 

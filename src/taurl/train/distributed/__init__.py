@@ -1,5 +1,6 @@
 """The distributed learner: one RL update on N ranks (DDP or FSDP2), the step one rank takes.
 
+    strategy.py  the configured strategy (single | ddp | fsdp) and its checks
     split.py     which rank trains which micro-batch, balanced by tokens (pure)
     metrics.py   the ranks' metrics combined into one rank's (pure)
     group.py     the process group from the environment: gloo on CPU, nccl on CUDA
@@ -14,6 +15,6 @@ docs/scale-out.md ("The distributed learner") has the config, the launchers and 
 """
 
 from taurl.train.distributed.split import assign_micro_batches, slots
-from taurl.train.distributed.wrap import STRATEGIES
+from taurl.train.distributed.strategy import STRATEGIES
 
 __all__ = ["STRATEGIES", "assign_micro_batches", "slots"]

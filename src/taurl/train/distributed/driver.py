@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from taurl.data.trajectory import Trajectory
-from taurl.train.distributed.pool import RankPool
+from taurl.train.distributed.pool import RankPool, start_ranks
 from taurl.train.distributed.worker import to_bytes
 from taurl.train.learner import Assigned, Learner, LearnerConfig
 
@@ -55,13 +55,15 @@ class RanksOptimizer:
 class DistributedLearner(Learner):
     """`Learner` whose updates run on `world_size` ranks with `strategy` (ddp | fsdp)."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig, *, strategy: str, world_size: int,
-                 pad_id: int = 0, reference: torch.nn.Module | None = None, device: str = "cpu",
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, *, strategy: str,
+                 world_size: int, pad_id: int = 0, reference: torch.nn.Module | None = None,
+                 device: str = "cpu",
                  pool: RankPool | None = None):
-        """pool: ranks already started (kept open by `close`); None starts `world_size` here."""
+        """pool: ranks already started (kept open by `close`); None starts `world_size` ranks
+        (`pool.start_ranks`: here, or yours with TAURL_DIST_LAUNCH=external)."""
         super().__init__(model, config, pad_id=pad_id, reference=reference)
         self.owns_pool = pool is None
-        self.pool = pool if pool is not None else RankPool.start(world_size, device)
+        self.pool = pool if pool is not None else start_ranks(world_size, device)
         if self.pool.world_size != world_size:
             raise ValueError(f"the pool has {self.pool.world_size} ranks, not {world_size}")
         self.pool.call("build", to_bytes(model), to_bytes(self.reference), config, pad_id, strategy)
@@ -74,7 +76,8 @@ class DistributedLearner(Learner):
             wait()
         for hook in self.optimizer.hooks:
             hook(self.optimizer, (), {})
-        stats = self.pool.call("update", list(trajs), version, self.assign(trajs) if credit is None else credit)[0]
+        credit = self.assign(trajs) if credit is None else credit
+        stats = self.pool.call("update", list(trajs), version, credit)[0]
         if not stats.get("learn/skipped"):
             self.pull_weights()
         return stats
@@ -82,7 +85,8 @@ class DistributedLearner(Learner):
     def pull_weights(self) -> None:
         """Load the ranks' weights (gathered on rank 0) into the driver's model."""
         data = self.pool.call("weights")[0]
-        self.model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state)
 
     def close(self) -> None:
         """Stop the ranks this learner started."""

@@ -27,7 +27,8 @@ from taurl.errors import Error
 from taurl.train.distributed.group import free_port
 from taurl.train.distributed.worker import ADDR_ENV, DEVICE_ENV, KEY_ENV, ORPHAN_ENV, recv, send
 
-START_TIMEOUT_S = 600.0  # ranks import torch and join the group: minutes on a loaded machine at worst
+LAUNCH_ENV = "TAURL_DIST_LAUNCH"  # "external": the driver waits for your ranks at TAURL_DIST_ADDR
+START_TIMEOUT_S = 600.0  # ranks import torch and join the group: minutes on a loaded machine
 
 
 class RankDied(Error, RuntimeError):
@@ -47,11 +48,12 @@ class RankPool:
         key = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=key)
         env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port()), ADDR_ENV: "127.0.0.1:%d" % listener.address[1],
+               "MASTER_PORT": str(free_port()), ADDR_ENV: f"127.0.0.1:{listener.address[1]}",
                KEY_ENV: key.hex(), DEVICE_ENV: device, ORPHAN_ENV: "1",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         procs = [subprocess.Popen([sys.executable, "-m", "taurl.train.distributed.worker"],
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world_size)]
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(world_size)]
         return cls(_accept(listener, world_size, procs), procs, listener)
 
     @classmethod
@@ -77,7 +79,8 @@ class RankPool:
                     raise self._failed(value)
                 answers[rank] = value
                 del pending[rank]
-            if dead := [r for r, p in enumerate(self.procs) if r in pending and p.poll() is not None]:
+            dead = [r for r, p in enumerate(self.procs) if r in pending and p.poll() is not None]
+            if dead:
                 raise self._failed(f"learner rank {dead[0]} died during {command!r}")
         return [answers[r] for r in range(self.world_size)]
 
@@ -89,10 +92,8 @@ class RankPool:
         """Stop the ranks: they finish their command, or, with `kill`, at once."""
         for c in self.conns:
             if not kill:
-                try:
+                with contextlib.suppress(OSError):
                     send(c, None)
-                except OSError:
-                    pass
             c.close()
         self.conns = []
         for p in self.procs:
@@ -105,6 +106,15 @@ class RankPool:
                 p.wait()
         self.procs = []
         self.listener.close()
+
+
+def start_ranks(world_size: int, device: str = "cpu") -> RankPool:
+    """The ranks of a driver: started here, or, with TAURL_DIST_LAUNCH=external, yours (torchrun)
+    connecting to TAURL_DIST_ADDR with TAURL_DIST_KEY (the same two variables in both places)."""
+    if os.environ.get(LAUNCH_ENV) != "external":
+        return RankPool.start(world_size, device)
+    host, port = os.environ[ADDR_ENV].rsplit(":", 1)
+    return RankPool.listen((host, int(port)), world_size, bytes.fromhex(os.environ[KEY_ENV]))
 
 
 def _accept(listener: Listener, world_size: int, procs: list[subprocess.Popen]) -> list[Connection]:

@@ -88,7 +88,8 @@ class RankLearner(Learner):
                     loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,
                                          None if ref is None else ref[j], batch.denom)
                     loss.backward()
-                    self._accumulate(sums, m, float(loss.detach()), float(r.mask.sum()) / max(batch.n_tok, 1.0))
+                    share = float(r.mask.sum()) / max(batch.n_tok, 1.0)
+                    self._accumulate(sums, m, float(loss.detach()), share)
             norm, lr = self._step()
         self.model.eval()
         return {**stats, **self._reduced(batch, sums, drift, float(norm), lr, t0)}
@@ -103,7 +104,8 @@ class RankLearner(Learner):
         split = assign_micro_batches(costs, place.world_size)
         mine = [chunks[k] for k in split[place.rank]]
         keep = chains.with_untrained(self.token_keep)
-        rows = [make_rows([views[i] for i in c], adv[c], self.pad_id, place.device, keep) for c in mine]
+        rows = [make_rows([views[i] for i in c], adv[c], self.pad_id, place.device, keep)
+                for c in mine]
         n_tok = self._sum(sum(float(r.mask.sum()) for r in rows))  # the GLOBAL token count
         denom = n_tok if cfg.aggregation == "token-mean" else float(len(views))
         return _Batch(rows, views, mine, n_tok, denom), slots(split)
@@ -119,7 +121,7 @@ class RankLearner(Learner):
 
     def _reduced(self, batch: _Batch, sums: dict[str, float], drift: list[Mismatch], norm: float,
                  lr: float, t0: float) -> dict[str, float]:
-        """The update's learn/* and mismatch/* metrics over every rank (`Learner._batch_metrics`)."""
+        """The update's learn/* and mismatch/* over every rank (as `Learner._batch_metrics`)."""
         mine = (sums, drift, *_padding(batch.rows), len(batch.rows))
         parts: list[Any] = [None] * self.place.world_size
         dist.all_gather_object(parts, mine)
@@ -128,7 +130,8 @@ class RankLearner(Learner):
         return {**combine_sums([p[0] for p in parts]), **combine_drift([p[1] for p in parts]),
                 "learn/grad_norm": norm, "learn/lr": lr, "learn/action_tokens": batch.n_tok,
                 "learn/micro_batches": float(sum(p[4] for p in parts)),
-                "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt, "learn/skipped": 0.0,
+                "learn/padding_frac": 1.0 - real / max(padded, 1), "learn/learn_s": dt,
+                "learn/skipped": 0.0,
                 "learn/tokens_per_s": real * self.config.epochs / dt if dt > 0 else 0.0,
                 "learn/ranks": float(self.place.world_size)}
 

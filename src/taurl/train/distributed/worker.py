@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 ADDR_ENV, KEY_ENV = "TAURL_DIST_ADDR", "TAURL_DIST_KEY"
-DEVICE_ENV = "TAURL_DIST_DEVICE"  # the recipe's placement: cpu | cuda | auto (a rank takes cuda:LOCAL_RANK)
+DEVICE_ENV = "TAURL_DIST_DEVICE"  # cpu | cuda | auto (default): a CUDA rank takes cuda:LOCAL_RANK
 ORPHAN_ENV = "TAURL_DIST_DIE_WITH_PARENT"
 
 
@@ -54,7 +54,9 @@ def to_bytes(model: torch.nn.Module | None) -> bytes | None:
 
 
 def from_bytes(data: bytes | None, device: torch.device) -> Any:
-    return None if data is None else torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+    if data is None:
+        return None
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
 
 
 class Rank:
@@ -64,13 +66,14 @@ class Rank:
         self.place = place
         self.learner: Any = None
 
-    def build(self, model: bytes, reference: bytes | None, config: Any, pad_id: int, strategy: str) -> None:
+    def build(self, model: bytes, reference: bytes | None, config: Any, pad_id: int,
+              strategy: str) -> None:
         from taurl.train.distributed.rank import RankLearner
 
         self.learner = None  # the previous learner's shards are freed first
         dev = self.place.device
-        self.learner = RankLearner(from_bytes(model, dev), config, self.place, strategy, pad_id=pad_id,
-                                   reference=from_bytes(reference, dev))
+        self.learner = RankLearner(from_bytes(model, dev), config, self.place, strategy,
+                                   pad_id=pad_id, reference=from_bytes(reference, dev))
 
     def update(self, trajs: list, version: int | None, credit: Any) -> dict[str, float] | None:
         stats = self.learner.update(trajs, version=version, credit=credit)
@@ -126,7 +129,7 @@ def main() -> None:
         _die_with_parent()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     host, port = os.environ[ADDR_ENV].rsplit(":", 1)
-    place = join(os.environ.get(DEVICE_ENV, "cpu"))
+    place = join(os.environ.get(DEVICE_ENV, "auto"))
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
     send(conn, place.rank)
     try:

@@ -40,14 +40,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from taurl.train.distributed.group import Place
 
-STRATEGIES = ("single", "ddp", "fsdp")  # single: today's in-process Learner, no ranks
-
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU
 
 def wrap(model: torch.nn.Module, strategy: str, place: Place) -> torch.nn.Module:
     """`model` (on `place.device`) as the rank's replica (ddp) or shard (fsdp), gradients summed."""
     if strategy == "ddp":
-        ddp = DistributedDataParallel(model, device_ids=[place.device] if place.device.type == "cuda" else None,
-                                      broadcast_buffers=False)  # no collective inside forward
+        ids = [place.device] if place.device.type == "cuda" else None
+        # the buffers (rotary frequencies) are constants: no broadcast of them in every forward
+        ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
         ddp.register_comm_hook(None, _sum_hook)
         return ddp
     if strategy == "fsdp":
@@ -108,9 +108,20 @@ def global_norm(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Register FSDP's sharded parameters again. A forward without backward (an update with
+    nothing to learn measures its micro-batches under no_grad) leaves the root's parameters
+    gathered (FSDP2 does not reshard the root after forward), and then the model's parameters
+    are not the optimizer's: the optimizer state could not be named."""
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on the CPU, on rank 0 (empty elsewhere); every rank calls it."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    reshard(model)
+    return get_model_state_dict(model, options=_FULL)
 
 
 def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -119,11 +130,14 @@ def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str
     return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state(model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The whole AdamW state on rank 0, keyed by parameter index as a single-process
     ``optimizer.state_dict()`` (empty elsewhere); every rank calls it."""
-    sd = get_optimizer_state_dict(model, optimizer,
-                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not optimizer.state:  # before the first step: torch would take a zero step to make one
+        return optimizer.state_dict()
+    reshard(model)
+    sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
     if not sd:
         return {}
     index = {n: i for i, n in enumerate(_names(model, optimizer))}
@@ -134,6 +148,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                               state: dict[str, Any]) -> None:
     """Load a single-process AdamW state dict (`full_optimizer_state`'s format) on every rank."""
+    reshard(model)
     names = _names(model, optimizer)
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     sd = {"state": {names[i]: st for i, st in state["state"].items()}, "param_groups": groups}
