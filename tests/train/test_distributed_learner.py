@@ -117,6 +117,11 @@ def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation):
     for i, st in a["state"].items():
         torch.testing.assert_close(b["state"][i]["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-3,
                                    atol=1e-9)
+    # and back: the single learner's state loaded into the ranks (a resume across strategies)
+    two.optimizer.load_state_dict(a)
+    back = two.optimizer.state_dict()
+    for i, st in a["state"].items():
+        assert all(torch.equal(back["state"][i][k], v) for k, v in st.items())
 
 
 def test_the_train_section_sets_the_strategy_and_its_problems_are_named():
