@@ -124,6 +124,21 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
                    shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
 
 
+def sft_steps(cfg: Any) -> Any:
+    """The SFT loop of the run: `taurl.train.sft.sft_loop`, on the learner's ranks with
+    ``train.strategy`` ddp or fsdp (`taurl.train.distributed.sft.ranked_sft_loop`)."""
+    from taurl.train.sft import sft_loop
+
+    if cfg.train_strategy == "single":
+        return sft_loop
+    import functools
+
+    from taurl.train.distributed.sft import ranked_sft_loop
+
+    return functools.partial(ranked_sft_loop, strategy=cfg.train_strategy,
+                             world_size=cfg.train_world_size, device=cfg.device)
+
+
 def run_own_stage(r: Any) -> bool:
     """Run the stage if it has a loop of its own (rejection rounds, offline DPO); False when
     the RL loop runs it (rl, online DPO, distillation)."""

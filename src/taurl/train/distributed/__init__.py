@@ -10,6 +10,7 @@
     worker.py    a rank's process (``python -m taurl.train.distributed.worker``; torchrun too)
     pool.py      `RankPool`: starts the ranks on this machine (or waits for yours), sends commands
     driver.py    `DistributedLearner`: what the recipe uses in place of `Learner`
+    sft.py       SFT steps on the ranks (`ranked_sft_loop`, the recipe's `sft_loop` on N ranks)
 
 docs/scale-out.md ("The distributed learner") has the config, the launchers and what is tested.
 """

@@ -16,6 +16,7 @@ its ``state_dict()`` is the whole state gathered on rank 0, in the single-proces
 
 What runs only with one process (refused by the config: `taurl.recipe.config`): a critic
 (gae), a step scorer, LoRA, the async schedule and the dpo / distill / rejection stages.
+SFT on the ranks is `taurl.train.distributed.sft.ranked_sft_loop`.
 """
 
 from __future__ import annotations
@@ -84,11 +85,15 @@ class DistributedLearner(Learner):
 
     def pull_weights(self) -> None:
         """Load the ranks' weights (gathered on rank 0) into the driver's model."""
-        data = self.pool.call("weights")[0]
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        self.model.load_state_dict(state)
+        load_weights(self.model, self.pool)
 
     def close(self) -> None:
         """Stop the ranks this learner started."""
         if self.owns_pool:
             self.pool.close()
+
+
+def load_weights(model: torch.nn.Module, pool: RankPool) -> None:
+    """Load the ranks' whole weights (gathered on rank 0) into `model`."""
+    data = pool.call("weights")[0]
+    model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))

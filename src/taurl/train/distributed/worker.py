@@ -8,6 +8,7 @@ its commands until told to stop:
 
     build   (model, reference, LearnerConfig, pad_id, strategy)  its replica or shard
     update  (trajs, version, credit)     one update on its share; the metrics
+    build_sft / sft_step                 the same for SFT (`taurl.train.distributed.sft`)
     weights                              the whole model's weights (rank 0's answer)
     optimizer_state / load_optimizer_state   AdamW's state, whole, in the single-process format
 
@@ -24,6 +25,7 @@ import io
 import os
 import pickle
 import signal
+import sys
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -74,6 +76,16 @@ class Rank:
         dev = self.place.device
         self.learner = RankLearner(from_bytes(model, dev), config, self.place, strategy,
                                    pad_id=pad_id, reference=from_bytes(reference, dev))
+
+    def build_sft(self, model: bytes, strategy: str, options: dict[str, Any]) -> None:
+        from taurl.train.distributed.sft import RankSFT
+
+        self.learner = None
+        self.learner = RankSFT(from_bytes(model, self.place.device), self.place, strategy, **options)
+
+    def sft_step(self, trajs: list) -> dict[str, float] | None:
+        stats = self.learner.step(trajs)
+        return stats if self.place.rank == 0 else None
 
     def update(self, trajs: list, version: int | None, credit: Any) -> dict[str, float] | None:
         stats = self.learner.update(trajs, version=version, credit=credit)
@@ -137,6 +149,10 @@ def main() -> None:
     finally:
         conn.close()
         leave()
+    # nothing is left to write: skip the interpreter's finalization of torch (seconds per rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
