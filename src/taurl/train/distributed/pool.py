@@ -133,8 +133,11 @@ def _accept(listener: Listener, world_size: int, procs: list[subprocess.Popen]) 
                     listener.close()
                     raise RankDied("a learner rank ended before it joined (its log is above)")
                 time.sleep(0.1)
-            conn = accepting.result()
-            conns[int(recv(conn))] = conn
+            try:
+                conn = accepting.result()
+                conns[int(recv(conn))] = conn
+            except (OSError, EOFError):  # a connection dropped in its handshake: wait for the next
+                continue
     return [conns[r] for r in range(world_size)]
 
 

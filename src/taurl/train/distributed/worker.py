@@ -26,6 +26,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -34,7 +35,8 @@ import torch
 
 ADDR_ENV, KEY_ENV = "TAURL_DIST_ADDR", "TAURL_DIST_KEY"
 DEVICE_ENV = "TAURL_DIST_DEVICE"  # cpu | cuda | auto (default): a CUDA rank takes cuda:LOCAL_RANK
-ORPHAN_ENV = "TAURL_DIST_DIE_WITH_PARENT"
+ORPHAN_ENV = "TAURL_DIST_DIE_WITH_PARENT"  # set by taurl's launcher: one driver, die with it
+WAIT_ENV = "TAURL_DIST_WAIT_S"  # ranks you launch: exit after this long with no driver
 
 
 def send(conn: Connection, obj: Any) -> None:
@@ -134,21 +136,42 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def connect(address: str, key: bytes, wait_s: float) -> Connection | None:
+    """A connection to the driver at `address` (host:port), retried while none listens (a
+    driver starts listening when its phase starts); None after `wait_s` seconds without one."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return Client((host, int(port)), authkey=key)
+        except (OSError, EOFError):  # none listens yet, or the last phase's listener closed
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+
+
 def main() -> None:
+    """Join the group, then serve the driver. Started by taurl's launcher: one driver, then
+    exit. Started by yours: every driver that connects in turn (the recipe's SFT, then RL),
+    until none has connected for TAURL_DIST_WAIT_S seconds (default an hour)."""
     from taurl.train.distributed.group import join, leave
 
-    if os.environ.get(ORPHAN_ENV):
+    ours = bool(os.environ.get(ORPHAN_ENV))
+    if ours:
         _die_with_parent()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    host, port = os.environ[ADDR_ENV].rsplit(":", 1)
     place = join(os.environ.get(DEVICE_ENV, "auto"))
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
-    send(conn, place.rank)
-    try:
-        serve(conn, Rank(place))
-    finally:
-        conn.close()
-        leave()
+    rank, key = Rank(place), bytes.fromhex(os.environ[KEY_ENV])
+    wait_s = float(os.environ.get(WAIT_ENV, "3600"))
+    while (conn := connect(os.environ[ADDR_ENV], key, wait_s)) is not None:
+        send(conn, place.rank)
+        try:
+            serve(conn, rank)
+        finally:
+            conn.close()
+        if ours:
+            break
+    leave()
     # nothing is left to write: skip the interpreter's finalization of torch (seconds per rank)
     sys.stdout.flush()
     sys.stderr.flush()
