@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
+from taurl.credit import needs_values
 from taurl.data.trajectory import Trajectory
+from taurl.errors import ConfigError
 from taurl.train.distributed.pool import RankPool, start_ranks
 from taurl.train.distributed.worker import to_bytes
 from taurl.train.learner import Assigned, Learner, LearnerConfig
@@ -58,10 +60,12 @@ class DistributedLearner(Learner):
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, *, strategy: str,
                  world_size: int, pad_id: int = 0, reference: torch.nn.Module | None = None,
-                 device: str = "cpu",
-                 pool: RankPool | None = None):
+                 device: str = "cpu", pool: RankPool | None = None):
         """pool: ranks already started (kept open by `close`); None starts `world_size` ranks
         (`pool.start_ranks`: here, or yours with TAURL_DIST_LAUNCH=external)."""
+        if needs_values(config.estimator):  # the critic would train in the driver, not the ranks
+            raise ConfigError(f"estimator {config.estimator!r} needs a critic, which runs with "
+                              "train.strategy single only")
         super().__init__(model, config, pad_id=pad_id, reference=reference)
         self.owns_pool = pool is None
         self.pool = pool if pool is not None else start_ranks(world_size, device)
