@@ -150,8 +150,8 @@ def test_sft_on_two_ranks_takes_the_steps_of_one(pool):
 
     model = _model()
     trajs = [t for b in _batches(model)[:2] for t in b]
-    opts = {"epochs": 2, "batch_size": 7, "lr": 1e-2, "warmup_steps": 2, "grad_clip": 1.0, "pad_id": 0,
-            "micro_batch_tokens": 40, "seed": 3}
+    opts = {"epochs": 2, "batch_size": 7, "lr": 1e-2, "warmup_steps": 2, "grad_clip": 1.0,
+            "pad_id": 0, "micro_batch_tokens": 40, "seed": 3}
     runs: dict[str, list[dict[str, float]]] = {"one": [], "two": []}
     single, ranked = copy.deepcopy(model), copy.deepcopy(model)
     a = sft_loop(single, trajs, **opts, on_step=lambda s, n, m: runs["one"].append(m))

@@ -14,7 +14,8 @@ def strategy_problems(strategy: Any, world_size: Any) -> list[str]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         return [f"train.world_size must be an integer >= 1 (got {world_size!r})"]
     if strategy == "single" and world_size > 1:
-        return [f"train.world_size {world_size} needs train.strategy ddp or fsdp (single is one process)"]
+        return [f"train.world_size {world_size} needs train.strategy ddp or fsdp "
+                "(single is one process)"]
     return []
 
 

@@ -83,7 +83,8 @@ class Rank:
         from taurl.train.distributed.sft import RankSFT
 
         self.learner = None
-        self.learner = RankSFT(from_bytes(model, self.place.device), self.place, strategy, **options)
+        model_ = from_bytes(model, self.place.device)
+        self.learner = RankSFT(model_, self.place, strategy, **options)
 
     def sft_step(self, trajs: list) -> dict[str, float] | None:
         stats = self.learner.step(trajs)
