@@ -7,6 +7,7 @@
     wrap.py      the rank's model: DDP replica or FSDP2 shards, gradients summed over ranks;
                  the full weights and AdamW state gathered on rank 0
     rank.py      `RankLearner`: `Learner.update` on the rank's share, global denominator
+    wire.py      the driver-rank channel: environment variables, messages, model bytes
     worker.py    a rank's process (``python -m taurl.train.distributed.worker``; torchrun too)
     pool.py      `RankPool`: starts the ranks on this machine (or waits for yours), sends commands
     driver.py    `DistributedLearner`: what the recipe uses in place of `Learner`

@@ -21,7 +21,6 @@ SFT on the ranks is `taurl.train.distributed.sft.ranked_sft_loop`.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ from taurl.credit import needs_values
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train.distributed.pool import RankPool, start_ranks
-from taurl.train.distributed.worker import to_bytes
+from taurl.train.distributed.wire import to_bytes
 from taurl.train.learner import Assigned, Learner, LearnerConfig
 
 
@@ -89,15 +88,10 @@ class DistributedLearner(Learner):
 
     def pull_weights(self) -> None:
         """Load the ranks' weights (gathered on rank 0) into the driver's model."""
-        load_weights(self.model, self.pool)
+        self.pool.pull_weights(self.model)
 
     def close(self) -> None:
         """Stop the ranks this learner started."""
         if self.owns_pool:
             self.pool.close()
 
-
-def load_weights(model: torch.nn.Module, pool: RankPool) -> None:
-    """Load the ranks' whole weights (gathered on rank 0) into `model`."""
-    data = pool.call("weights")[0]
-    model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))

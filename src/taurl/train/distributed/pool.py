@@ -14,6 +14,7 @@ one that dies ends the call, so the driver never waits on a rank that is gone.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -23,9 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
+import torch
+
 from taurl.errors import Error
 from taurl.train.distributed.group import free_port
-from taurl.train.distributed.worker import ADDR_ENV, DEVICE_ENV, KEY_ENV, ORPHAN_ENV, recv, send
+from taurl.train.distributed.wire import ADDR_ENV, DEVICE_ENV, KEY_ENV, ORPHAN_ENV, recv, send
 
 LAUNCH_ENV = "TAURL_DIST_LAUNCH"  # "external": the driver waits for your ranks at TAURL_DIST_ADDR
 START_TIMEOUT_S = 600.0  # ranks import torch and join the group: minutes on a loaded machine
@@ -83,6 +86,11 @@ class RankPool:
             if dead:
                 raise self._failed(f"learner rank {dead[0]} died during {command!r}")
         return [answers[r] for r in range(self.world_size)]
+
+    def pull_weights(self, model: torch.nn.Module) -> None:
+        """Load the ranks' whole weights (gathered on rank 0) into `model`."""
+        data = self.call("weights")[0]
+        model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
 
     def _failed(self, why: str) -> RankDied:
         self.close(kill=True)  # the other ranks may wait in a collective for the lost one

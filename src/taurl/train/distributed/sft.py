@@ -98,9 +98,8 @@ def ranked_sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, stra
                     pool: Any = None) -> SFTRun:
     """`taurl.train.sft.sft_loop` with its steps on `world_size` ranks; `model` ends with the
     trained weights. pool: ranks already started (left open); None starts them here."""
-    from taurl.train.distributed.driver import load_weights
     from taurl.train.distributed.pool import start_ranks
-    from taurl.train.distributed.worker import to_bytes
+    from taurl.train.distributed.wire import to_bytes
 
     rng = random.Random(seed)  # the batches of sft_loop, in its order
     batches = [b for _ in range(epochs) for b in length_buckets(trajs, batch_size, rng)]
@@ -119,7 +118,7 @@ def ranked_sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, stra
             if max_seconds and time.perf_counter() - t0 > max_seconds and steps < len(batches):
                 stopped_by = "sft_max_seconds"
                 break
-        load_weights(model, ranks)
+        ranks.pull_weights(model)
     finally:
         if pool is None:
             ranks.close()

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import os
-import pickle
 import signal
 import sys
 import time
@@ -33,34 +31,17 @@ from typing import Any
 
 import torch
 
-ADDR_ENV, KEY_ENV = "TAURL_DIST_ADDR", "TAURL_DIST_KEY"
-DEVICE_ENV = "TAURL_DIST_DEVICE"  # cpu | cuda | auto (default): a CUDA rank takes cuda:LOCAL_RANK
-ORPHAN_ENV = "TAURL_DIST_DIE_WITH_PARENT"  # set by taurl's launcher: one driver, die with it
-WAIT_ENV = "TAURL_DIST_WAIT_S"  # ranks you launch: exit after this long with no driver
-
-
-def send(conn: Connection, obj: Any) -> None:
-    """`obj` pickled by value: `Connection.send` would pass tensors as shared-memory handles
-    (torch's reductions), which need the multiprocessing parent's key and outlive nothing."""
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-def to_bytes(model: torch.nn.Module | None) -> bytes | None:
-    if model is None:
-        return None
-    buf = io.BytesIO()
-    torch.save(model, buf)
-    return buf.getvalue()
-
-
-def from_bytes(data: bytes | None, device: torch.device) -> Any:
-    if data is None:
-        return None
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+from taurl.train.distributed.wire import (
+    ADDR_ENV,
+    DEVICE_ENV,
+    KEY_ENV,
+    ORPHAN_ENV,
+    WAIT_ENV,
+    from_bytes,
+    recv,
+    send,
+    to_bytes,
+)
 
 
 class Rank:
@@ -100,9 +81,7 @@ class Rank:
         state = full_model_state(self.learner.model)
         if self.place.rank != 0:
             return None
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        return buf.getvalue()
+        return to_bytes(state)
 
     def optimizer_state(self) -> dict[str, Any] | None:
         from taurl.train.distributed.wrap import full_optimizer_state
