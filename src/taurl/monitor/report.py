@@ -30,6 +30,7 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "learn/tokens_per_s": "real (non-padding) tokens through forward+backward / learn seconds",
     "learn/padding_frac": "padding tokens / all tokens of the micro-batches",
     "learn/skipped": "1 when every group had identical rewards, so no step was taken",
+    "learn/ranks": "learner ranks of the update (train.strategy ddp / fsdp; absent: one process)",
     "learn/rows": "trajectories left after the zero-variance group filter",
     "learn/invalid_samples_dropped": "episodes ended by an error the agent did not cause (valid = false), left out of the loss",
     "sft/invalid_samples_dropped": "the same for SFT: demonstrations ended by an error are not imitated",

@@ -199,6 +199,8 @@ class TrainConfig:
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps per RL batch
     lora: dict[str, Any] = field(default_factory=dict)  # train LoRA adapters (docs/lora.md): rank, alpha, dropout, targets; {}: full fine-tuning; pip install 'taurl[real]'
+    train_strategy: str = "single"  # learner parallelism: single | ddp | fsdp (docs/scale-out.md)
+    train_world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
     eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
@@ -280,6 +282,9 @@ class TrainConfig:
         elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
+        from taurl.train.distributed.strategy import parallel_problems
+
+        out += parallel_problems(self)
         from taurl.policy.device import device_problems
 
         out += device_problems(self.device, self.torch_dtype)

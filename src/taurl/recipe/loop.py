@@ -56,7 +56,7 @@ from taurl.recipe.config import TrainConfig, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
-from taurl.recipe.stages import make_learner, run_own_stage, stage_summary
+from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, episode_seed
 from taurl.train import lora
@@ -72,7 +72,7 @@ from taurl.train.checkpoint import (
 )
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
-from taurl.train.sft import read_sft_file, sft_loop
+from taurl.train.sft import read_sft_file
 
 log = logging.getLogger("taurl.recipe.loop")
 
@@ -223,10 +223,11 @@ def sft(r: Run, trajs: list) -> None:
             r.metrics.write(step, {"phase": "sft", **m})
             r.hook("sft_step", {"step": step})
 
-        run = sft_loop(model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                       warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
-                       micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_steps=cfg.sft_max_steps,
-                       max_seconds=cfg.sft_max_seconds, on_step=on_step)
+        run = sft_steps(cfg)(  # in this process, or on the learner's ranks (train.strategy)
+            model, trajs, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+            warmup_steps=cfg.sft_warmup_steps, grad_clip=cfg.grad_clip, pad_id=tok.pad_token_id,
+            micro_batch_tokens=cfg.micro_batch_tokens, seed=cfg.seed, max_steps=cfg.sft_max_steps,
+            max_seconds=cfg.sft_max_seconds, on_step=on_step)
         bar.close()
         model = lora.merged(model)
     steps = run.steps if run else 0
@@ -278,6 +279,8 @@ def reinforce(r: Run) -> None:
         loop(r, model, tok, learner, collector, version, first, seed)
     finally:
         collector.close()
+        if hasattr(learner, "close"):  # a distributed learner's ranks (taurl.train.distributed)
+            learner.close()
 
 
 # Over 60 lines on purpose: the synchronous RL phase read top to bottom, one update per

@@ -27,7 +27,8 @@ from taurl.recipe.sections import flatten
 # options a resume may change: how far the run goes and what it keeps, not what a record means
 # (deterministic, like device and torch_threads, changes how later rows are computed, not what a stored one is)
 RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
-             "generate_timeout_s", "device", "deterministic")
+             "generate_timeout_s", "device", "deterministic",
+             "train_strategy", "train_world_size")  # where the step runs, not what it is
 
 
 class ResumeError(Error, ValueError):

@@ -7,6 +7,7 @@
     sft:      {data: expert, demos: 12000, epochs: 2, lr: 3.0e-3}
     rl:       {updates: 30, group_size: 8, estimator: grpo, lr: 5.0e-4}
     schedule: {kind: sync, staleness_eta: 1}
+    train:    {strategy: single, world_size: 1}
     eval:     {tasks: 100, trials: 3, temperature: 1.0, seed: 1234}
 
 Each section names the options of one stage of the loop; `SECTIONS` maps ``section.key``
@@ -55,6 +56,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                              "drop_zero_variance", "micro_batch_tokens", "epochs", "dpo", "teacher", "distill")}},
     "schedule": {"kind": "schedule", "staleness_eta": "staleness_eta", "overprovision": "overprovision",
                  "interrupt": "interrupt", "mask_stale": "mask_stale"},
+    "train": {"strategy": "train_strategy", "world_size": "train_world_size"},
     "eval": {"tasks": "eval_tasks", "trials": "eval_trials", "temperature": "eval_temperature", "seed": "eval_seed"},
 }
 # the options that stay at the top level (every TrainConfig option is here or in a section)

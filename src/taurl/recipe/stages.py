@@ -120,8 +120,29 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
             raise ConfigError(why)
         return DistillLearner(model, teacher, DistillOptions(**cfg.distill), micro_batch_tokens=cfg.micro_batch_tokens,
                               estimator=cfg.estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
+    if cfg.train_strategy != "single":  # the update on N ranks; `model` gets their weights back
+        from taurl.train.distributed.driver import DistributedLearner
+
+        return DistributedLearner(model, cfg.learner_config(), strategy=cfg.train_strategy,
+                                  world_size=cfg.train_world_size, pad_id=tok.pad_token_id,
+                                  reference=reference, device=cfg.device)
     return Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
                    shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
+
+
+def sft_steps(cfg: Any) -> Any:
+    """The SFT loop of the run: `taurl.train.sft.sft_loop`, on the learner's ranks with
+    ``train.strategy`` ddp or fsdp (`taurl.train.distributed.sft.ranked_sft_loop`)."""
+    from taurl.train.sft import sft_loop
+
+    if cfg.train_strategy == "single":
+        return sft_loop
+    import functools
+
+    from taurl.train.distributed.sft import ranked_sft_loop
+
+    return functools.partial(ranked_sft_loop, strategy=cfg.train_strategy,
+                             world_size=cfg.train_world_size, device=cfg.device)
 
 
 def run_own_stage(r: Any) -> bool:
