@@ -142,7 +142,7 @@ def test_the_real_qwen_entry_adds_up_and_says_how_to_install_it():
 
 def test_a_split_gguf_resolves_through_the_registry_and_records_its_parts(tmp_path, monkeypatch):
     pytest.importorskip("gguf", reason="converting needs the real extra: pip install 'taurl[real]'")
-    pytest.importorskip("accelerate", reason="converting needs accelerate: pip install 'taurl[real]'")
+    pytest.importorskip("accelerate", reason="converting needs the real extra (accelerate)")
     sys.path.insert(0, str(Path(__file__).parent))
     try:
         from test_model_sources import write_tiny_gguf

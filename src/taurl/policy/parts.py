@@ -85,7 +85,7 @@ def find_part(part: Part, version: str, path: Sequence[str] | None = None) -> Pa
     except OSError:
         return f"{part.package}'s {part.file} is missing from {file.parent}"
     if size != part.size:
-        return f"{part.package}'s {part.file} is {size:,} bytes, not {part.size:,} (a damaged install)"
+        return f"{part.package}'s {part.file} is {size:,} bytes, not {part.size:,} (damaged)"
     return file
 
 
