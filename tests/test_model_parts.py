@@ -10,7 +10,6 @@ METADATA and RECORD, and the data file where RECORD says), a few bytes each: the
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -143,11 +142,8 @@ def test_the_real_qwen_entry_adds_up_and_says_how_to_install_it():
 def test_a_split_gguf_resolves_through_the_registry_and_records_its_parts(tmp_path, monkeypatch):
     pytest.importorskip("gguf", reason="converting needs the real extra: pip install 'taurl[real]'")
     pytest.importorskip("accelerate", reason="converting needs the real extra (accelerate)")
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        from test_model_sources import write_tiny_gguf
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
+    from test_model_sources import write_tiny_gguf  # beside this file (tests/ is on sys.path)
+
     data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
     cut = len(data) // 3
     slices = (data[:cut], data[cut:2 * cut], data[2 * cut:])
