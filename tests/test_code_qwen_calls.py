@@ -66,8 +66,9 @@ def test_the_tagged_only_parser_refuses_them_and_shows_a_real_call():
     task = generate_tasks("validation", 1, seed=0)[0]
     traj = _run(CodeEnv(parser="hermes", max_turns=2), task, _qwen_actions(task)[:2])
     assert traj.stop_reason is StopReason.MAX_TURNS and all(t.invalid for t in traj.turns)
-    assert traj.messages[3]["content"] == f"Error: no tool call found; call a tool as {CALL_EXAMPLE}"
-    assert "TOOL" not in traj.messages[3]["content"]  # no placeholder for a small model to copy
+    error = traj.messages[3]["content"]
+    assert error == f"Error: no tool call found; call a tool as {CALL_EXAMPLE}"
+    assert "TOOL" not in error  # no placeholder for a small model to copy
     call = parse_hermes(CALL_EXAMPLE).calls[0]
     assert call.name == "write_file" and call.arguments["path"] == "solution.py"
     with pytest.raises(ConfigError, match="parser must be one of hermes_or_json, hermes"):
@@ -94,7 +95,8 @@ def test_qwen_template_renders_the_code_tools_and_stops_on_one_token():
     stop_ids, stop_strings = codec.split_stops(env.stop)
     assert stop_ids == (tok.convert_tokens_to_ids("</tool_call>"),) and stop_strings == ()
     # the template's own rendering of an assistant call parses back to that call
-    call = {"type": "function", "function": {"name": "run_python", "arguments": {"code": "print(1)"}}}
+    call = {"type": "function",
+            "function": {"name": "run_python", "arguments": {"code": "print(1)"}}}
     text = codec.render([{"role": "user", "content": "x"},
                          {"role": "assistant", "content": "", "tool_calls": [call]}], False)
     parsed = parse_hermes(text.split("<|im_start|>assistant")[-1])  # not the preamble's
