@@ -51,6 +51,7 @@ _BY_WEIGHT = (
 )  # a command's group: its heaviest need
 PYTHONS = {"python", "python3", ".venv/bin/python"}
 TAURLS = {"taurl", ".venv/bin/taurl"}
+KEEP_OWN = {"benchmarks", "runs", "site"}  # what the commands write: the workspace's own
 
 
 def group_of(c: Command) -> str:
@@ -141,9 +142,11 @@ def invocation(c: Command, workspace: Path) -> Invocation:
 def make_workspace(path: Path) -> Path:
     """A directory the commands run in: the clone's inputs linked, its outputs its own."""
     path.mkdir(parents=True, exist_ok=True)
-    for name in ("configs", "tests", "src", ".venv-vllm"):
-        if (ROOT / name).exists() and not (path / name).exists():
-            (path / name).symlink_to(ROOT / name)
+    for item in ROOT.iterdir():  # configs/, examples/, src/, tests/, .venv-vllm, ...
+        if item.name in KEEP_OWN or (item.name.startswith(".") and item.name != ".venv-vllm"):
+            continue
+        if not (path / item.name).exists():
+            (path / item.name).symlink_to(item)
     bench = path / "benchmarks"
     (bench / "figures").mkdir(parents=True, exist_ok=True)
     for script in (ROOT / "benchmarks").glob("*.py"):
@@ -196,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS)
-    ap.add_argument("--match", default="", help="only the commands whose text contains this")
+    ap.add_argument(
+        "--match", nargs="+", default=[], help="only the commands whose text contains one of these"
+    )
     ap.add_argument("--workspace", default="", help="run here (default: a new temporary directory)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per command")
     ap.add_argument(
@@ -210,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[str]] = {"ok": [], "failed": [], "skipped": []}
     for i, c in enumerate(COMMANDS):
         group = group_of(c)
-        if a.match and a.match not in c.published:
+        if a.match and not any(m in c.published for m in a.match):
             continue
         inv = invocation(c, workspace)
         shown = " ".join(shlex.quote(x) for x in inv.argv[1:])
