@@ -196,7 +196,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "PYTHONPATH=src .venv/bin/python benchmarks/chaos.py --kills 12 --concurrency 4 "
         "--updates 4 --seed 1",
-        ("--kills", "6", "--updates", "1"),   # 6: a kill in each phase at least (choose_points)
+        ("--kills", "6", "--updates", "1"),  # 6: a kill in each phase at least (choose_points)
     ),
     Command("taurl demo --run-dir /tmp/demo1", SEARCH_TINY, fill={"/tmp/": "runs/"}),
     # Models: LoRA, cost control, dtype (SmolLM2-135M)
