@@ -145,7 +145,7 @@ COMMANDS: tuple[Command, ...] = (
         "runs/demo --peers ../shared/peers --steps 10 --rounds 2 --loads idle --taurl-settings "
         "1+learn2 async-eta4 async-eta4-finish --trl-settings 2-default",
         ("--steps", "2", "--rounds", "1"),
-        needs=("tiny-run", "trl"),
+        needs=("trl", "tiny-run"),
         fill={"/some/scratch": "{PEER_DIR}", "../shared/peers": "{ROOT}/../shared/peers"},
     ),
     Command(
