@@ -111,5 +111,13 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py
 
+# Every benchmark command BENCHMARKS.md publishes, as written plus a tiny budget
+# (benchmarks/smoke_table.py): the tier fails when one breaks; a command whose prerequisite is
+# missing (.venv-vllm, the SmolLM2 model, TRL's venv, CUDA) is skipped and says why. Not part
+# of `make test` (~30 min on 2 busy cores); SMOKE_ARGS="--groups none tiny-run" narrows it.
+.PHONY: bench-smoke
+bench-smoke: $(STAMP)
+	$(BIN)/python benchmarks/smoke.py $(SMOKE_ARGS)
+
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache site
