@@ -322,4 +322,16 @@ COMMANDS: tuple[Command, ...] = (
         needs=("tiny-run",),
         fill={"/tmp/demoA": "runs/demo"},
     ),
+    Command("python benchmarks/cpu_reproducibility.py --reps 3", ("--reps", "1")),
+    # Several agents
+    Command(
+        "taurl train --config configs/tictactoe.yaml --run-dir R",
+        TRAIN_TINY,
+        fill={" R": " runs/tictactoe"},
+    ),
+    # The Tinker API
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tinker_roundtrip.py --steps 30 --reps 3",
+        ("--steps", "2", "--reps", "1"),
+    ),
 )
