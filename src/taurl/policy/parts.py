@@ -21,7 +21,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,26 +143,27 @@ def assemble(name: str, entry: PartedModel, dest: Path,
     return dest
 
 
-def converted(target: Path, entry: PartedModel) -> bool:
-    """Whether `target` is taurl's conversion of `entry`'s file: then no part is needed."""
-    from taurl.policy.sources import SOURCE_FILE  # sources imports this module
-
+def converted(target: Path, entry: PartedModel, source_file: str) -> bool:
+    """Whether `target` is taurl's conversion of `entry`'s file: then no part is needed.
+    `source_file`: the provenance file a taurl conversion writes (`sources.SOURCE_FILE`)."""
     try:
-        record = json.loads((target / SOURCE_FILE).read_text(encoding="utf-8"))
+        record = json.loads((target / source_file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return not target.is_symlink() and (target / "config.json").is_file() and \
         isinstance(record, dict) and record.get("gguf_sha256") == entry.sha256
 
 
-def import_parted(name: str, entry: PartedModel, home: Path) -> Path:
-    """`home`/`name`, the converted model: the parts assembled and converted once."""
-    from taurl.policy.sources import import_gguf  # sources imports this module
+def import_parted(name: str, entry: PartedModel, home: Path, *,
+                  convert: Callable[..., Path], source_file: str) -> Path:
+    """`home`/`name`, the converted model: the parts assembled and converted once.
 
-    if converted(home / name, entry):
+    `convert` is `sources.import_gguf` and `source_file` its provenance file, passed in by
+    `taurl.policy.sources` (which imports this module, so this one does not import it)."""
+    if converted(home / name, entry, source_file):
         return home / name
     file = assemble(name, entry, home / "gguf" / entry.file)
-    return import_gguf(file, name=name, home=home, provenance=provenance(name, entry))
+    return convert(file, name=name, home=home, provenance=provenance(name, entry))
 
 
 def provenance(name: str, entry: PartedModel) -> dict[str, Any]:

@@ -312,7 +312,8 @@ def logit_difference(a: Any, b: Any, tok: Any, text: str = PROBE_TEXT) -> float:
 def _import_registry(name: str, home: Path | None) -> Path:
     entry = REGISTRY[name]
     if isinstance(entry, PartedModel):
-        return parts.import_parted(name, entry, home or models_home())
+        return parts.import_parted(name, entry, home or models_home(), convert=import_gguf,
+                                   source_file=SOURCE_FILE)
     spec = importlib.util.find_spec(entry.module)
     file = Path(spec.origin).parent / entry.file  # type: ignore[union-attr, arg-type]
     version = importlib.metadata.version(entry.package)
@@ -323,7 +324,7 @@ def _import_registry(name: str, home: Path | None) -> Path:
 def _registry_problems(name: str, home: Path | None = None) -> list[str]:
     entry = REGISTRY[name]
     if isinstance(entry, PartedModel):  # once converted, the cache is all it needs
-        if parts.converted((home or models_home()) / name, entry):
+        if parts.converted((home or models_home()) / name, entry, SOURCE_FILE):
             return []
         return parts.part_problems(name, entry) or _gguf_extra_problems()
     if importlib.util.find_spec(entry.module) is None:
