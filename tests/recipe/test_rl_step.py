@@ -61,7 +61,8 @@ def _traj(model, name: str, group: str, action: list[int], reward: float,
 
 def _batch(run: RunDir) -> list[Trajectory]:
     model = load_policy(run.checkpoint(V))[0]
-    return [_traj(model, "a", "g1", [10, 11, 12, 13], 1.0), _traj(model, "b", "g1", [20, 21, 22], 0.0),
+    return [_traj(model, "a", "g1", [10, 11, 12, 13], 1.0),
+            _traj(model, "b", "g1", [20, 21, 22], 0.0),
             _traj(model, "c", "g2", [14, 15], 1.0), _traj(model, "d", "g2", [16, 17, 18], 1.0),
             _traj(model, "e", "g1", [30, 31, 32, 33], 0.0, invalid=True)]
 
@@ -73,7 +74,8 @@ def _sync(cfg: TrainConfig, run: RunDir, batch: list[Trajectory]) -> dict[str, f
     return rl_step_module.rl_step(stages.learner_for(cfg, run, V, model, tok, None), batch, V)
 
 
-def _async(cfg: TrainConfig, run: RunDir, batch: list[Trajectory], monkeypatch) -> tuple[dict, list]:
+def _async(cfg: TrainConfig, run: RunDir, batch: list[Trajectory],
+           monkeypatch) -> tuple[dict, list]:
     """The learner process's main on checkpoint V, sent `batch` as update 1; its answer and
     the names of the shared parts it called."""
     called: list[str] = []
@@ -92,7 +94,8 @@ def _async(cfg: TrainConfig, run: RunDir, batch: list[Trajectory], monkeypatch) 
     monkeypatch.setattr(learner_proc, "_die_with_parent", lambda: None)  # (not this test process)
     parent, child = Pipe()
     torch.manual_seed(0)
-    thread = threading.Thread(target=learner_proc._child, args=(child, cfg, str(run.root), V, V, 0, {}))
+    thread = threading.Thread(target=learner_proc._child,
+                              args=(child, cfg, str(run.root), V, V, 0, {}))
     thread.start()
     try:
         assert parent.recv() == ("ready", None)
