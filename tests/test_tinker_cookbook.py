@@ -1,0 +1,63 @@
+"""tinker-cookbook 0.6.1's `supervised.train`, unmodified, against `taurl serve-tinker`.
+
+The cookbook is configured only (base URL, model name, renderer, paths), as a user would:
+the model name is the served model's directory, so the cookbook's `get_tokenizer` loads it
+with no network. Real HTTP on loopback, the tiny random-init Qwen2 of the other Tinker tests
+(examples/tinker_cookbook runs the same modules on SmolLM2-135M-Instruct).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("tinker")
+pytest.importorskip("starlette")
+pytest.importorskip("tinker_cookbook")
+
+from tinker_harness import build_policy  # noqa: E402
+
+CONVERSATION = {"messages": [{"role": "user", "content": "the city number 3 lies in"},
+                             {"role": "assistant", "content": "country 3 and its answer is 9"}]}
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_cookbook_supervised_train_two_steps(tmp_path, monkeypatch):
+    from tinker_cookbook.supervised import train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    from taurl.tinker.server import TinkerServer
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+    policy = str(build_policy(tmp_path / "policy"))
+    data = tmp_path / "sft.jsonl"
+    # one conversation 8 times: both batches are the same data, so step 1 (after one update
+    # on it) must have a lower loss than step 0
+    data.write_text("\n".join(json.dumps(CONVERSATION) for _ in range(8)) + "\n")
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=policy,
+                                            renderer_name="role_colon", max_length=64,
+                                            batch_size=4)
+    with TinkerServer({policy: policy}, tmp_path / "server") as server:
+        config = train.Config(
+            log_path=str(tmp_path / "sft"), model_name=policy, recipe_name="taurl_test",
+            renderer_name="role_colon", base_url=server.url, lora_rank=4,
+            dataset_builder=FromConversationFileBuilder(file_path=str(data),
+                                                        common_config=common),
+            learning_rate=1e-2, lr_schedule="constant", num_epochs=1,
+            save_every=0, eval_every=0, infrequent_eval_every=0)
+        asyncio.run(train.main(config))
+
+    steps = [r for r in read_jsonl(tmp_path / "sft" / "metrics.jsonl") if "train_mean_nll" in r]
+    assert [r["step"] for r in steps] == [0, 1]
+    assert steps[1]["train_mean_nll"] < steps[0]["train_mean_nll"]
+    ops = [r["tinker/op"] for r in read_jsonl(tmp_path / "server" / "metrics.jsonl")]
+    assert ops.count("optim_step") == 2 and ops.count("forward_backward") == 2
+    final = read_jsonl(tmp_path / "sft" / "checkpoints.jsonl")[-1]
+    assert final["name"] == "final" and final["state_path"].startswith("tinker://")
