@@ -9,7 +9,9 @@ with no network. Real HTTP on loopback, the tiny random-init Qwen2 of the other 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -17,7 +19,7 @@ pytest.importorskip("tinker")
 pytest.importorskip("starlette")
 pytest.importorskip("tinker_cookbook")
 
-from tinker_harness import build_policy  # noqa: E402
+from tinker_harness import SEQ, build_policy, datum, loss  # noqa: E402
 
 CONVERSATION = {"messages": [{"role": "user", "content": "the city number 3 lies in"},
                              {"role": "assistant", "content": "country 3 and its answer is 9"}]}
@@ -61,3 +63,33 @@ def test_cookbook_supervised_train_two_steps(tmp_path, monkeypatch):
     assert ops.count("optim_step") == 2 and ops.count("forward_backward") == 2
     final = read_jsonl(tmp_path / "sft" / "checkpoints.jsonl")[-1]
     assert final["name"] == "final" and final["state_path"].startswith("tinker://")
+
+
+def test_finished_session_releases_its_training_models(tmp_path, monkeypatch):
+    """Each cookbook run is one ServiceClient session whose training client holds a copy of
+    the base model; closing the session must free it (the server grew by one model a run
+    before), while what it saved still loads into a later session."""
+    import tinker
+
+    from taurl.tinker.server import TinkerServer
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    policy = str(build_policy(tmp_path / "policy"))
+    with TinkerServer({"tiny": policy}, tmp_path / "server") as server:
+        registry = server.service.registry
+        first = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+        tc = first.create_lora_training_client("tiny", rank=4).result()
+        tc.forward_backward([datum(SEQ)], "cross_entropy").result()
+        tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+        before = loss(tc, [datum(SEQ)])
+        state = tc.save_state("kept").result().path
+        held = weakref.ref(registry.models[tc.model_id])
+        first.close("success").result()
+        assert tc.model_id not in registry.models
+        gc.collect()
+        assert held() is None  # nothing else keeps the model (and its base copy) alive
+
+        second = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+        again = second.create_training_client_from_state(state)
+        assert loss(again, [datum(SEQ)]) == pytest.approx(before, rel=1e-5)
+        second.close("success").result()
