@@ -1,4 +1,4 @@
-"""tinker-cookbook 0.6.1's `supervised.train`, unmodified, against `taurl serve-tinker`.
+"""tinker-cookbook 0.6.1's `supervised.train` and `rl.train`, unmodified, against `taurl serve-tinker`.
 
 The cookbook is configured only (base URL, model name, renderer, paths), as a user would:
 the model name is the served model's directory, so the cookbook's `get_tokenizer` loads it
@@ -93,3 +93,37 @@ def test_finished_session_releases_its_training_models(tmp_path, monkeypatch):
         again = second.create_training_client_from_state(state)
         assert loss(again, [datum(SEQ)]) == pytest.approx(before, rel=1e-5)
         second.close("success").result()
+
+
+def test_cookbook_rl_train_one_step_on_the_example_task(tmp_path, monkeypatch):
+    """`rl.train` with the example's RLDatasetBuilder (examples/tinker_cookbook/countries_rl.py):
+    the cookbook samples through the server, scores with the example's env and trains."""
+    import sys
+    from pathlib import Path
+
+    from tinker_cookbook.rl import train
+
+    from taurl.tinker.server import TinkerServer
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "examples" / "tinker_cookbook"))
+    monkeypatch.delitem(sys.modules, "countries_rl", raising=False)
+    from countries_rl import CountriesDatasetBuilder
+
+    policy = str(build_policy(tmp_path / "policy"))
+    builder = CountriesDatasetBuilder(model_name=policy, renderer_name="role_colon",
+                                      batch_size=2, group_size=2, n_batches=1)
+    with TinkerServer({policy: policy}, tmp_path / "server") as server:
+        config = train.Config(
+            log_path=str(tmp_path / "rl"), model_name=policy, recipe_name="taurl_test",
+            renderer_name="role_colon", base_url=server.url, dataset_builder=builder,
+            learning_rate=1e-3, max_tokens=8, lora_rank=4, eval_every=0, save_every=0)
+        asyncio.run(train.main(config))
+
+    episodes = read_jsonl(tmp_path / "rl" / "iteration_000000" / "train_rollout_summaries.jsonl")
+    assert len(episodes) == 4 and all(e["steps"][0]["ac_len"] > 0 for e in episodes)
+    samples = read_jsonl(tmp_path / "server" / "tinker_samples.jsonl")
+    assert sum(len(s["sequences"]) for s in samples) == 4
+    ops = [r["tinker/op"] for r in read_jsonl(tmp_path / "server" / "metrics.jsonl")]
+    assert "optim_step" in ops

@@ -25,7 +25,8 @@ def config(args: argparse.Namespace) -> train.Config:
     return train.Config(
         log_path=args.log_path, model_name=model, recipe_name="taurl_sft_example",
         renderer_name=args.renderer, base_url=args.base_url,
-        dataset_builder=FromConversationFileBuilder(file_path=args.data, common_config=common),
+        dataset_builder=FromConversationFileBuilder(file_path=args.data, common_config=common,
+                                                    shuffle_seed=args.seed),
         learning_rate=args.lr, num_epochs=args.epochs, lora_rank=args.rank,
         save_every=0, eval_every=0, infrequent_eval_every=0)
 
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=0, help="the data's shuffle seed")
     asyncio.run(train.main(config(parser.parse_args())))
 
 
