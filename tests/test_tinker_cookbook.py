@@ -1,4 +1,4 @@
-"""tinker-cookbook 0.6.1's `supervised.train` and `rl.train`, unmodified, against `taurl serve-tinker`.
+"""tinker-cookbook 0.6.1's `supervised.train` and `rl.train`, unmodified, on `taurl serve-tinker`.
 
 The cookbook is configured only (base URL, model name, renderer, paths), as a user would:
 the model name is the served model's directory, so the cookbook's `get_tokenizer` loads it
