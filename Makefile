@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q $(LOCK) -e '.[dev,ecosystem]'
+	$(BIN)/pip install -q $(LOCK) -e '.[dev,ecosystem,cookbook]'
 	$(BIN)/pip install -q --no-deps openenv-core==0.3.0 verifiers==0.1.14  # pyproject's ecosystem extra says why
+	$(BIN)/pip install -q $(LOCK) --no-deps tinker-cookbook==0.6.1  # pyproject's cookbook extra says why
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -119,9 +119,9 @@ def build_app(service: TinkerService) -> Starlette:
         return JSONResponse({"type": "session_heartbeat"})
 
     async def finish(request: Request) -> Response:
-        session = service.registry.session(request.path_params["session_id"])
         body = json.loads(await request.body() or b"{}")
-        session.finished = session.finished or (body.get("reason") or {}).get("type", "success")
+        service.registry.finish(request.path_params["session_id"],
+                                (body.get("reason") or {}).get("type", "success"))
         return JSONResponse(None)
 
     async def sampler(request: Request) -> Response:

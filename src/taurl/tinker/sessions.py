@@ -4,8 +4,10 @@ A session is what one ``ServiceClient`` opens (``create_session``) and keeps ali
 heartbeat every 10 s; its training clients are ``<session>:train:<n>`` and its samplers
 ``<session>:sample:<n>`` (the ids the SDK itself derives for a client created from a
 checkpoint). A finished session (``ServiceClient.close``) answers heartbeats with 410, which
-stops the SDK's heartbeat loop. Nothing expires on its own: this is a single-user server on
-loopback, and its models live until it stops.
+stops the SDK's heartbeat loop. Finishing a session releases its training models (each holds
+a copy of the base model, so a server that outlives many runs would otherwise grow by one
+copy per run); what they saved stays on disk and loads into any later session. Nothing
+expires on its own: this is a single-user server on loopback.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ class Registry:
         if s.finished is not None:
             raise SessionFinished(session_id)
         s.last_heartbeat = time.time()
+
+    def finish(self, session_id: str, reason: str) -> None:
+        """Mark the session finished (its heartbeats get 410) and release its training
+        models. A computation already queued for one keeps its own reference and completes."""
+        s = self.session(session_id)
+        s.finished = s.finished or reason
+        for mid in [m for m in self.models if m.startswith(f"{session_id}:")]:
+            del self.models[mid]
 
     def model(self, model_id: str | None) -> TrainingModel:
         m = self.models.get(model_id or "")
