@@ -73,3 +73,11 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         return VLLMEngine.from_options(checkpoint_dir, tokenizer, version=version, **options)
     raise EngineError(f"unknown engine {kind!r}; choose 'local' or 'vllm'")
 
+
+def local_engine_option_problem(options: dict[str, Any]) -> str | None:
+    """Why `options` are not engine 'local''s (None when they are): the engine's own list."""
+    if not (bad := sorted(set(options) - set(LOCAL_ENGINE_OPTIONS))):
+        return None
+    hint = "; seed comes from the config's seed" if "seed" in bad else ""
+    return (f"engine_options {bad} are not options of engine 'local' "
+            f"(it takes {', '.join(LOCAL_ENGINE_OPTIONS)}){hint}")
