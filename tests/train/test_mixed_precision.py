@@ -93,13 +93,15 @@ def test_precision_options_are_validated():
 
 
 def test_tis_is_on_by_default_only_when_dtypes_differ():
-    assert not tis_active("auto", "ppo", torch.float32, "float32")
-    assert tis_active("auto", "ppo", torch.bfloat16, "float32")  # bf16-mixed learner, fp32 engine
-    assert tis_active("auto", "ppo", torch.float32, "bfloat16")  # fp32 learner, bf16 engine
-    assert not tis_active("auto", "ppo", torch.bfloat16, "bfloat16")
-    assert tis_active("on", "ppo", torch.float32, "float32")
-    assert not tis_active("off", "ppo", torch.float32, "bfloat16")
-    assert not tis_active("auto", "gspo", torch.float32, "bfloat16")  # sequence ratios: not applied
+    f32, b16 = torch.float32, torch.bfloat16
+    assert not tis_active("auto", "ppo", "fp32", f32, "float32")
+    assert tis_active("auto", "ppo", "bf16-mixed", f32, "float32")  # bf16 autocast vs fp32 engine
+    assert tis_active("auto", "ppo", "fp32", f32, "bfloat16")  # fp32 learner, bf16 engine
+    assert tis_active("auto", "ppo", "bf16-mixed", f32, "bfloat16")  # autocast ≠ a bf16 model
+    assert not tis_active("auto", "ppo", "fp32", b16, "bfloat16")  # the same bf16 model both sides
+    assert tis_active("on", "ppo", "fp32", f32, "float32")
+    assert not tis_active("off", "ppo", "fp32", f32, "bfloat16")
+    assert not tis_active("auto", "gspo", "fp32", f32, "bfloat16")  # sequence ratios: not applied
 
 
 # --- the update ----------------------------------------------------------------------------

@@ -100,9 +100,8 @@ def tis_weights(learner: torch.Tensor, behaviour: torch.Tensor, cap: float) -> t
     IS, Ionides 2008). Computed in log space: exp(min(log π − log μ, log C)), no overflow.
     The learner applies it through `decoupled_ppo` (`taurl.train.precision.tis_objective`),
     whose token-level truncate mode is this formula.
-
-    >>> tis_weights(torch.tensor([0.0, -1.0]), torch.tensor([-1.0, 0.0]), 2.0).tolist()
-    [2.0, 0.3678794503211975]
+    E.g. log π = [0, −1], log μ = [−1, 0], C = 2: w = [min(e, 2), e^−1] = [2, 0.368]
+    (tests/train/test_mixed_precision.py checks it by hand).
     """
     return torch.exp(torch.clamp(learner - behaviour, max=math.log(cap)))
 

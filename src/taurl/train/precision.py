@@ -14,8 +14,8 @@
 The engine samples in ``policy.torch_dtype``, which may differ from the learner's compute
 dtype; the behaviour logprobs μ then carry the engine's rounding and the learner's π differs
 from μ even on the same weights. That gap is measured every update (``mismatch/*``,
-`taurl.train.mismatch`) and, with ``rl.tis: auto`` (the default) whenever the two dtypes
-differ, corrected by truncated importance sampling: the `decoupled_ppo` objective with
+`taurl.train.mismatch`) and, with ``rl.tis: auto`` (the default) whenever the learner's
+numerics differ from the engine's (`tis_active`), corrected by truncated importance sampling: the `decoupled_ppo` objective with
 token-level truncated weights min(π_learner/μ_engine, C) (`tis_objective`; Yao et al. 2025,
 "Your efficient RL framework secretly brings you off-policy RL training",
 https://fengyao.notion.site/off-policy-rl). ``train.activation_checkpointing`` and
@@ -91,23 +91,23 @@ def run_precision_problems(cfg: Any) -> list[str]:
         return out
 
 
-def learner_dtype(precision: str, weights: torch.dtype) -> torch.dtype:
-    """The dtype the learner computes logprobs in: autocast's, or the weights' own (fp32)."""
-    return _AUTOCAST.get(precision, weights)
-
-
 def master_dtype(precision: str, engine_dtype: str) -> torch.dtype:
     """The dtype the learner's weights are loaded in: fp32 masters under mixed precision, else
     the engine's (``policy.torch_dtype``, one dtype for the whole model as before)."""
     return torch.float32 if precision in _AUTOCAST else _DTYPES[engine_dtype]
 
 
-def tis_active(tis: str, objective: str, compute: torch.dtype, engine_dtype: str) -> bool:
-    """Whether truncated IS corrects the policy-gradient term: on, or auto and the learner's
-    compute dtype differs from the engine's (a token-level objective only)."""
+def tis_active(tis: str, objective: str, precision: str, weights: torch.dtype,
+               engine_dtype: str) -> bool:
+    """Whether truncated IS corrects the policy-gradient term (a token-level objective only):
+    on, or auto and the learner's numerics differ from the engine's. A mixed-precision learner
+    differs from every engine: against a pure-bf16 engine too, since autocast keeps softmax and
+    norms in fp32 where the bf16 model rounds them (benchmarks/mixed_precision.py measures a
+    mean |Δ log π| of ~1e-3 there, against ~1e-4 for bf16 on both sides)."""
     if tis == "off" or objective not in TIS_OBJECTIVES:
         return False
-    return tis == "on" or compute != _DTYPES.get(engine_dtype, torch.float32)
+    engine = _DTYPES.get(engine_dtype, torch.float32)
+    return tis == "on" or precision in _AUTOCAST or weights != engine
 
 
 def tis_objective(objective: str, options: dict[str, Any], cap: float) -> tuple[str, dict[str, Any]]:
@@ -150,8 +150,8 @@ class Numerics:
             raise ConfigError(problems)
         out = cls(config.precision, param.device)
         prepare_model(model, config.activation_checkpointing, config.attention)
-        compute = learner_dtype(config.precision, param.dtype)
-        out.tis = tis_active(config.tis, config.objective, compute, config.engine_dtype)
+        out.tis = tis_active(config.tis, config.objective, config.precision, param.dtype,
+                             config.engine_dtype)
         name, kwargs = config.objective, config._objective_kwargs()
         out.objective, out.objective_kwargs = tis_objective(name, kwargs, config.tis_cap) if out.tis \
             else (name, kwargs)
