@@ -46,7 +46,8 @@ def _batch(engine: torch.nn.Module, vocab: int, seed: int) -> list[Trajectory]:
             action = [rng.randrange(2, vocab) for _ in range(rng.randint(20, 90))]
             with torch.no_grad():
                 lp = sequence_logprobs(engine, prompt + action)[len(prompt):].float().tolist()
-            segs = (Segment("prompt", tuple(prompt)), Segment("action", tuple(action), tuple(lp), 0))
+            segs = (Segment("prompt", tuple(prompt)),
+                    Segment("action", tuple(action), tuple(lp), 0))
             out.append(Trajectory(
                 episode_id=f"t{task}g{g}", run_id="bench", task_id=f"t{task}", group_id=f"t{task}",
                 split="train", env_name="bench-v0", env_version="0", seed=g, segments=segs,
@@ -90,7 +91,8 @@ def main() -> None:
             "mismatch/weight_gap_before", "mismatch/weight_gap_after"]
     table = {name: {k: statistics.median(r[k] for r in rows) for k in keys if k in rows[0]}
              for name, rows in res.items()}
-    print(json.dumps({"rounds": args.rounds, "threads": args.threads, "size": args.model or args.size,
+    print(json.dumps({"rounds": args.rounds, "threads": args.threads,
+                      "size": args.model or args.size,
                       "action_tokens": res[CONFIGS[0][0]][0]["learn/action_tokens"],
                       "median": table}, indent=1))
 

@@ -123,8 +123,8 @@ def test_bf16_mixed_update_keeps_fp32_masters_and_tracks_fp32_loss():
     # a bf16 tolerance: 8 mantissa bits, relative rounding 2^-8 on O(1) logits
     assert s16["learn/loss"] == pytest.approx(s32["learn/loss"], abs=2e-2)
     assert s16["learn/grad_norm"] == pytest.approx(s32["learn/grad_norm"], rel=0.1)
-    moved = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), mixed.parameters(),
-                                                            strict=True))
+    pairs = zip(model.parameters(), mixed.parameters(), strict=True)
+    moved = max(float((a - b).detach().abs().max()) for a, b in pairs)
     assert moved > 1e-4  # the step happened, on the fp32 weights
 
 
@@ -167,7 +167,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert layers, "HF did not enable checkpointing on the decoder layers"
     calls = []
 
-    def counting(inner):  # the checkpointed path is taken in eval mode (HF skips it unless training)
+    def counting(inner):  # is the checkpointed path taken in eval mode? (HF: only when training)
         def run(*a, **k):
             calls.append(1)
             return inner(*a, **k)

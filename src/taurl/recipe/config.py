@@ -201,7 +201,7 @@ class TrainConfig:
     lora: dict[str, Any] = field(default_factory=dict)  # train LoRA adapters (docs/lora.md): rank, alpha, dropout, targets; {}: full fine-tuning; pip install 'taurl[real]'
     train_strategy: str = "single"  # learner parallelism: single | ddp | fsdp (docs/scale-out.md)
     train_world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
-    precision: str = "fp32"  # learner: fp32 | bf16-mixed | fp16-mixed (fp32 masters; docs/models.md)
+    precision: str = "fp32"  # learner: fp32 | bf16-mixed | fp16-mixed (fp32 master weights)
     activation_checkpointing: bool = False  # learner: recompute activations in the backward
     attention: str = "auto"  # learner attention kernel: auto (the model's) | sdpa | eager
     tis: str = "auto"  # truncated IS min(π/μ, C) on the PG term: auto (dtypes differ) | on | off

@@ -23,7 +23,8 @@ also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour 
 `taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.train.staleness`).
 
 The rows, their logprobs and the micro-batches are `taurl.train.rows`'s; the SFT step is
-`taurl.train.sft.sft_step` (both stay importable from here).
+`taurl.train.sft.sft_step` (both stay importable from here). The numerics (mixed precision,
+truncated IS against the engine's dtype, activation checkpointing) are `taurl.train.precision`'s.
 
 The RL update runs with the model in eval mode: dropout (GPT-2 ships with 0.1) would make
 π_θ in the ratio a different, noisy function from the one the engine sampled with, so the
@@ -334,7 +335,8 @@ class Learner:
             for j, r in enumerate(batch.rows):
                 with self.numerics.autocast(), checkpointed_eval(self.model):            # logprobs
                     lp, ent = action_logprobs(self.model, r, self.config.temperature,
-                                              with_entropy=True, entropy_grad=self.config.entropy_coef > 0)
+                                              with_entropy=True,
+                                              entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
                     drift.append(self._mismatch(lp.detach(), r, [batch.views[i] for i in batch.chunks[j]], version))
                     if prox is not None:

@@ -94,7 +94,7 @@ def tis_weights(learner: torch.Tensor, behaviour: torch.Tensor, cap: float) -> t
     """Truncated importance weights w_t = min(π_learner(a_t) / μ_engine(a_t), C), elementwise.
 
     Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"
-    (https://fengyao.notion.site/off-policy-rl): the engine samples from μ (its kernels and
+    (blog post, August 2025): the engine samples from μ (its kernels and
     dtype), the learner's gradient is taken under π; weighting each token's policy-gradient
     term by w corrects the expectation to π's, and the cap C bounds the variance (truncated
     IS, Ionides 2008). Computed in log space: exp(min(log π − log μ, log C)), no overflow.

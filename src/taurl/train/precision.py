@@ -15,10 +15,10 @@ The engine samples in ``policy.torch_dtype``, which may differ from the learner'
 dtype; the behaviour logprobs μ then carry the engine's rounding and the learner's π differs
 from μ even on the same weights. That gap is measured every update (``mismatch/*``,
 `taurl.train.mismatch`) and, with ``rl.tis: auto`` (the default) whenever the learner's
-numerics differ from the engine's (`tis_active`), corrected by truncated importance sampling: the `decoupled_ppo` objective with
-token-level truncated weights min(π_learner/μ_engine, C) (`tis_objective`; Yao et al. 2025,
-"Your efficient RL framework secretly brings you off-policy RL training",
-https://fengyao.notion.site/off-policy-rl). ``train.activation_checkpointing`` and
+numerics differ from the engine's (`tis_active`), corrected by truncated importance
+sampling: the `decoupled_ppo` objective with token-level truncated weights
+min(π_learner/μ_engine, C) (`tis_objective`; Yao et al. 2025, "Your efficient RL framework
+secretly brings you off-policy RL training"). ``train.activation_checkpointing`` and
 ``train.attention`` trade compute for memory on the learner (`prepare_model`).
 """
 
@@ -110,7 +110,8 @@ def tis_active(tis: str, objective: str, precision: str, weights: torch.dtype,
     return tis == "on" or precision in _AUTOCAST or weights != engine
 
 
-def tis_objective(objective: str, options: dict[str, Any], cap: float) -> tuple[str, dict[str, Any]]:
+def tis_objective(objective: str, options: dict[str, Any],
+                  cap: float) -> tuple[str, dict[str, Any]]:
     """The objective that applies TIS: PPO (or dual-clip PPO) becomes `decoupled_ppo` with
     token-level truncated weights min(π_prox/μ, C), π_prox the learner's own logprobs before the
     step. The same clipped surrogate; with μ = π_prox it is PPO exactly. A `decoupled_ppo`
@@ -144,8 +145,9 @@ class Numerics:
         param = next(model.parameters())
         problems = device_precision_problems(config.precision, param.device)
         if config.precision != "fp32" and param.dtype != torch.float32:
-            problems.append(f"train.precision {config.precision} keeps fp32 master weights; the policy "
-                            f"is {param.dtype} (load it in float32; policy.torch_dtype is the engine's)")
+            problems.append(f"train.precision {config.precision} keeps fp32 master weights; the "
+                            f"policy is {param.dtype} (load it in float32; policy.torch_dtype is "
+                            "the engine's)")
         if problems:
             raise ConfigError(problems)
         out = cls(config.precision, param.device)
@@ -153,8 +155,9 @@ class Numerics:
         out.tis = tis_active(config.tis, config.objective, config.precision, param.dtype,
                              config.engine_dtype)
         name, kwargs = config.objective, config._objective_kwargs()
-        out.objective, out.objective_kwargs = tis_objective(name, kwargs, config.tis_cap) if out.tis \
-            else (name, kwargs)
+        if out.tis:
+            name, kwargs = tis_objective(name, kwargs, config.tis_cap)
+        out.objective, out.objective_kwargs = name, kwargs
         return out
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -225,7 +228,8 @@ def cuda_peak_mb(device: torch.device, reset: bool = False) -> dict[str, float]:
     return {"mem/learn_cuda_peak_mb": torch.cuda.max_memory_allocated(device) / 2**20}
 
 
-def batch_tis_stats(batch: Any, prox: list[torch.Tensor] | None, version: int, cap: float) -> dict[str, float]:
+def batch_tis_stats(batch: Any, prox: list[torch.Tensor] | None, version: int,
+                    cap: float) -> dict[str, float]:
     """`taurl.train.mismatch.tis_stats` of a learner batch (its `_Batch`): epoch 0's logprobs
     (π_prox, one (B_j, L_j) tensor per micro-batch) against the engine's, on the fresh rows."""
     from taurl.train.idle import fresh_rows
