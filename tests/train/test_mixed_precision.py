@@ -18,7 +18,7 @@ from taurl.recipe.config import TrainConfig
 from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.mismatch import tis_stats, tis_weights
 from taurl.train.objectives.offpolicy import importance_weights
-from taurl.train.precision import precision_problems, tis_active
+from taurl.train.precision import master_dtype, precision_problems, tis_active
 from taurl.train.rows import action_logprobs, make_rows
 
 V = 64
@@ -88,6 +88,11 @@ def test_precision_options_are_validated():
     cfg = TrainConfig(precision="bf16-mixed", torch_dtype="bfloat16", tis="auto")
     assert cfg.section("train").precision == "bf16-mixed" and cfg.section("rl").tis_cap == 2.0
     assert cfg.learner_config().engine_dtype == "bfloat16"
+    vllm = dataclasses.replace(cfg, engine="vllm", engine_options={"server_options": {}})
+    assert vllm.learner_config().engine_dtype == "float32"  # the server's dtype, not torch_dtype
+    # the recipe loads the learner's copy in fp32 under mixed precision, the engine's dtype else
+    assert master_dtype("bf16-mixed", "bfloat16") == torch.float32
+    assert master_dtype("fp32", "bfloat16") == torch.bfloat16
     assert "train.precision fp16-mixed needs a CUDA device" in " ".join(
         dataclasses.replace(cfg, precision="fp16-mixed", device="cpu").problems())
 
@@ -189,3 +194,25 @@ def test_memory_metric_keys():
     from taurl.train.precision import cuda_peak_mb
 
     assert cuda_peak_mb(torch.device("cpu")) == {}  # the GPU key only where there is a GPU
+
+
+def test_the_loss_scaler_step_equals_the_plain_step():
+    """fp16-mixed's path through `optimizer_step`: the scaled gradient is unscaled before the
+    clip, so the step (and the norm reported) are the unscaled ones (a CPU scaler stands in
+    for the CUDA one fp16-mixed uses)."""
+    from taurl.train.optim import optimizer_step
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 3)
+    b = copy.deepcopy(a)
+    x = torch.randn(8, 4)
+    opt_a = torch.optim.AdamW(a.parameters(), lr=0.1)
+    opt_b = torch.optim.AdamW(b.parameters(), lr=0.1)
+    a(x).pow(2).sum().backward()
+    norm_a, _ = optimizer_step(a, opt_a, 0.1, 0, grad_clip=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(b(x).pow(2).sum()).backward()
+    norm_b, _ = optimizer_step(b, opt_b, 0.1, 0, grad_clip=0.5, scaler=scaler)
+    assert float(norm_b) == pytest.approx(float(norm_a), rel=1e-5) and float(norm_a) > 0.5
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters(),
+                                                                strict=True))

@@ -221,12 +221,13 @@ class TrainConfig:
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
+        from taurl.train.precision import engine_dtype
 
         keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant",
                                                           "engine_dtype"}
         # Dr. GRPO's constant normalizer: the generation budget, the same for every batch
         return LearnerConfig(temperature=self.temperature, norm_constant=float(self.max_episode_tokens),
-                             engine_dtype=self.torch_dtype, **{k: getattr(self, k) for k in keys})
+                             engine_dtype=engine_dtype(self), **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
         from taurl.eval.evaluate import EvalConfig

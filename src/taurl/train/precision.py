@@ -91,6 +91,16 @@ def run_precision_problems(cfg: Any) -> list[str]:
         return out
 
 
+def engine_dtype(cfg: Any) -> str:
+    """The dtype the run's engine samples in (a TrainConfig): the local engine's is
+    ``policy.torch_dtype``; a vLLM server started by the run has its ``server_options.dtype``
+    (float32 by default). A server given by url is taken as float32: its ``--dtype`` is not
+    known here (``rl.tis: on`` corrects regardless)."""
+    if cfg.engine == "vllm":
+        return str((cfg.engine_options.get("server_options") or {}).get("dtype", "float32"))
+    return cfg.torch_dtype
+
+
 def master_dtype(precision: str, engine_dtype: str) -> torch.dtype:
     """The dtype the learner's weights are loaded in: fp32 masters under mixed precision, else
     the engine's (``policy.torch_dtype``, one dtype for the whole model as before)."""
