@@ -6,7 +6,8 @@ behaviour logprobs recorded by an "engine" copy of the same weights in the engin
 Each configuration trains a fresh copy of the same weights on the same batch; the
 configurations run alternately, `--rounds` times, so machine load hits them alike. Reports,
 per configuration: the median update seconds, the learn phase's peak RSS (VmHWM reset at its
-start, `taurl.monitor.memory`), the loss, and the mismatch before/after truncated IS.
+start, `taurl.monitor.memory`), the loss, and the mismatch before/after truncated IS; and
+fp32 with activation checkpointing.
 
     python benchmarks/mixed_precision.py [--size tiny] [--model DIR] [--rounds 5] [--threads 1]
 """
@@ -27,13 +28,14 @@ from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import load_policy, tiny_config
 from taurl.train.learner import Learner, LearnerConfig
 
-# (name, learner weights dtype, train.precision, engine dtype): the last is today's
-# `torch_dtype: bfloat16` (the whole model in bf16 on both sides)
-CONFIGS = [("fp32 / engine fp32", torch.float32, "fp32", "float32"),
-           ("bf16-mixed / engine fp32", torch.float32, "bf16-mixed", "float32"),
-           ("bf16-mixed / engine bf16", torch.float32, "bf16-mixed", "bfloat16"),
-           ("fp32 / engine bf16", torch.float32, "fp32", "bfloat16"),
-           ("all bf16 (torch_dtype)", torch.bfloat16, "fp32", "bfloat16")]
+# (name, learner weights dtype, train.precision, engine dtype, activation checkpointing): "all
+# bf16" is `torch_dtype: bfloat16` alone (the whole model in bf16 on both sides)
+CONFIGS = [("fp32 / engine fp32", torch.float32, "fp32", "float32", False),
+           ("bf16-mixed / engine fp32", torch.float32, "bf16-mixed", "float32", False),
+           ("bf16-mixed / engine bf16", torch.float32, "bf16-mixed", "bfloat16", False),
+           ("fp32 / engine bf16", torch.float32, "fp32", "bfloat16", False),
+           ("all bf16 (torch_dtype)", torch.bfloat16, "fp32", "bfloat16", False),
+           ("fp32 + activation checkpointing", torch.float32, "fp32", "float32", True)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -79,10 +81,11 @@ def main() -> None:
     peak = PeakRSS()
     res: dict[str, list[dict[str, float]]] = {c[0]: [] for c in CONFIGS}
     for _ in range(args.rounds):
-        for name, weights, precision, engine in CONFIGS:
+        for name, weights, precision, engine, ckpt in CONFIGS:
             model = copy.deepcopy(base).to(weights)
             learner = Learner(model, LearnerConfig(lr=2.5e-4, precision=precision,
-                                                   engine_dtype=engine))
+                                                   engine_dtype=engine,
+                                                   activation_checkpointing=ckpt))
             peak.reset(release=True)
             stats = learner.update(batches[engine])
             res[name].append({**stats, "mem/learn_peak_rss_mb": peak.read_mb()})
