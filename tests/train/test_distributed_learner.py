@@ -76,7 +76,7 @@ def pool():
 @pytest.mark.parametrize("strategy,aggregation,precision", [
     ("ddp", "token-mean", "fp32"), ("fsdp", "token-mean", "fp32"),
     ("fsdp", "seq-mean-token-mean", "fp32"),
-    ("ddp", "token-mean", "bf16-mixed")])  # bf16 autocast on every rank, TIS on (decoupled_ppo)
+    ("ddp", "token-mean", "bf16-mixed")])  # bf16 autocast on every rank, TIS on, checkpointing
 def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation, precision):
     from taurl.train.distributed.driver import DistributedLearner
 
@@ -87,7 +87,7 @@ def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation, precision):
             p.add_(0.05 * torch.randn_like(p))
     batches = _batches(model)
     config = LearnerConfig(lr=1e-2, micro_batch_tokens=40, kl_coef=0.1, aggregation=aggregation,
-                           precision=precision)
+                           precision=precision, activation_checkpointing=precision != "fp32")
     # 2+2, 2+2 and 1+0 micro-batches over the 2 ranks
     assert [len(micro_batches(b, 40)) for b in batches][:3] == [4, 4, 1]
     single = copy.deepcopy(model)

@@ -216,6 +216,8 @@ class Learner:
     """Owns the policy's optimizer (the frozen reference, and the critic of a value-based
     estimator such as gae); `update(trajs)` is one version."""
 
+    runs_forward = True  # this process's model runs the update (False: a driver of ranks)
+
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
                  reference: torch.nn.Module | None = None, critic: Critic | None = None, shaper: Any = None):
         if problems := config.problems():
@@ -237,7 +239,7 @@ class Learner:
         # the trained parameters only: with LoRA the adapters', so no AdamW state for the base
         self.optimizer = torch.optim.AdamW(trainable(model), lr=config.lr, weight_decay=config.weight_decay)
         # precision, TIS (the objective PPO becomes) and the memory options: taurl.train.precision
-        self.numerics = Numerics.for_learner(model, config)
+        self.numerics = Numerics.for_learner(model, config, prepare=self.runs_forward)
         self.loss_fn = make_objective(self.numerics.objective, **self.numerics.objective_kwargs)
         self.estimator = make_estimator(config.estimator, **config.estimator_options)
         self.norm_constant = config.loss_norm_constant()

@@ -146,10 +146,11 @@ class Numerics:
         self.objective, self.objective_kwargs = "ppo", {}
 
     @classmethod
-    def for_learner(cls, model: torch.nn.Module, config: Any) -> Numerics:
+    def for_learner(cls, model: torch.nn.Module, config: Any, prepare: bool = True) -> Numerics:
         """The numerics of a `taurl.train.learner.Learner` over `model` (its LearnerConfig):
         checks the device and the master weights' dtype, prepares the model (checkpointing,
-        attention) and picks the objective (`tis_objective` when `tis_active`)."""
+        attention; not with `prepare` False: a driver whose ranks prepare their own copies) and
+        picks the objective (`tis_objective` when `tis_active`)."""
         from taurl.errors import ConfigError
 
         param = next(model.parameters())
@@ -161,7 +162,8 @@ class Numerics:
         if problems:
             raise ConfigError(problems)
         out = cls(config.precision, param.device)
-        prepare_model(model, config.activation_checkpointing, config.attention)
+        if prepare:
+            prepare_model(model, config.activation_checkpointing, config.attention)
         out.tis = tis_active(config.tis, config.objective, config.precision, param.dtype,
                              config.engine_dtype)
         name, kwargs = config.objective, config._objective_kwargs()
