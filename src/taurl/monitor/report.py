@@ -96,6 +96,16 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "learn/action_tokens, learn/learn_s": "action tokens the update trained on; seconds of the learner's update (also time/learn_s)",
     "learn/staleness_episodes": "episodes with an age (demonstrations have none) behind learn/staleness_*",
     "mismatch/tokens": "action tokens the mismatch/* figures read (0: none of the batch was sampled by the learner's own version)",
+    "mismatch/tis_weight_mean, mismatch/tis_clipped_frac": (
+        "rl.tis on (auto: learner and engine numerics differ) — mean over action tokens of "
+        "the truncated weight min(π_learner/μ_engine, C); share of tokens with π/μ > C "
+        "(taurl.train.mismatch.tis_stats)"),
+    "mismatch/weight_gap_before, mismatch/weight_gap_after": (
+        "rl.tis on — mean |π/μ − 1|: how far the uncorrected gradient's token weight (1) is "
+        "from exact importance sampling; mean max(0, π/μ − C): the part truncated IS leaves"),
+    "mem/learn_cuda_peak_mb": (
+        "CUDA only — torch.cuda.max_memory_allocated (MB) during the learn phase (peak reset "
+        "at its start)"),
     "sft/action_tokens, sft/grad_norm, sft/lr, sft/elapsed_s": "per SFT step — action tokens trained on, gradient norm before clipping, learning rate, seconds since SFT began",
     "time/update_s": "seconds of the whole update: rollout, learn, checkpoint, serve",
     "rollout/shrunk_groups": "groups left with fewer records than episodes (a counted failure took a member); trained as they are",

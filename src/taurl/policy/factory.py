@@ -81,3 +81,12 @@ def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: in
     (SamplingParams.priority), makes batches complete one after another instead of all
     together and late (benchmarks/async_step.py measures both; the simulator's ``max_batch``)."""
     return min(concurrency, (tasks_per_update + overprovision) * group_size)
+
+
+def local_engine_option_problem(options: dict[str, Any]) -> str | None:
+    """Why `options` are not engine 'local''s (None when they are): the engine's own list."""
+    if not (bad := sorted(set(options) - set(LOCAL_ENGINE_OPTIONS))):
+        return None
+    hint = "; seed comes from the config's seed" if "seed" in bad else ""
+    return (f"engine_options {bad} are not options of engine 'local' "
+            f"(it takes {', '.join(LOCAL_ENGINE_OPTIONS)}){hint}")

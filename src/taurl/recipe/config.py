@@ -201,6 +201,11 @@ class TrainConfig:
     lora: dict[str, Any] = field(default_factory=dict)  # train LoRA adapters (docs/lora.md): rank, alpha, dropout, targets; {}: full fine-tuning; pip install 'taurl[real]'
     train_strategy: str = "single"  # learner parallelism: single | ddp | fsdp (docs/scale-out.md)
     train_world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
+    precision: str = "fp32"  # learner: fp32 | bf16-mixed | fp16-mixed (fp32 master weights)
+    activation_checkpointing: bool = False  # learner: recompute activations in the backward
+    attention: str = "auto"  # learner attention kernel: auto (the model's) | sdpa | eager
+    tis: str = "auto"  # truncated IS min(π/μ, C) on the PG term: auto (dtypes differ) | on | off
+    tis_cap: float = 2.0  # C of the truncated importance weight (Yao et al. 2025)
     eval_tasks: int = 100  # tasks per evaluation (validation and holdout each)
     eval_trials: int = 3  # k trials per task (pass@k)
     eval_temperature: float = 1.0  # sampling temperature of the evaluations
@@ -216,11 +221,13 @@ class TrainConfig:
 
     def learner_config(self):
         from taurl.train.learner import LearnerConfig
+        from taurl.train.precision import engine_dtype
 
-        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant"}
+        keys = set(LearnerConfig.__dataclass_fields__) - {"temperature", "norm_constant",
+                                                          "engine_dtype"}
         # Dr. GRPO's constant normalizer: the generation budget, the same for every batch
         return LearnerConfig(temperature=self.temperature, norm_constant=float(self.max_episode_tokens),
-                             **{k: getattr(self, k) for k in keys})
+                             engine_dtype=engine_dtype(self), **{k: getattr(self, k) for k in keys})
 
     def eval_config(self):
         from taurl.eval.evaluate import EvalConfig
@@ -240,6 +247,7 @@ class TrainConfig:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
         from taurl.eval.promote import promotion_problems
+        from taurl.policy.factory import local_engine_option_problem
         from taurl.recipe.stages import stage_problems
         from taurl.rollout.compaction import compaction_problems
 
@@ -279,15 +287,15 @@ class TrainConfig:
             out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
         if self.engine not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine!r})")
-        elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
+        elif self.engine == "local" and (bad := local_engine_option_problem(self.engine_options)):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
-        from taurl.recipe.stages import parallel_problems
-
-        out += parallel_problems(self)
         from taurl.policy.device import device_problems
+        from taurl.recipe.stages import parallel_problems
+        from taurl.train.precision import run_precision_problems
 
-        out += device_problems(self.device, self.torch_dtype)
+        out += (parallel_problems(self) + device_problems(self.device, self.torch_dtype)
+                + run_precision_problems(self))
         from taurl.scale import backend_problems
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine)
@@ -412,14 +420,6 @@ ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
 
 
-def _local_engine_option_problem(options: dict[str, Any]) -> str | None:
-    """Why `options` are not engine 'local''s (None when they are): the engine's own list."""
-    from taurl.policy.factory import LOCAL_ENGINE_OPTIONS
-
-    if not (bad := sorted(set(options) - set(LOCAL_ENGINE_OPTIONS))):
-        return None
-    hint = "; seed comes from the config's seed" if "seed" in bad else ""
-    return f"engine_options {bad} are not options of engine 'local' (it takes {', '.join(LOCAL_ENGINE_OPTIONS)}){hint}"
 
 
 def _rollout_config(cfg: Any, **sampling: Any):

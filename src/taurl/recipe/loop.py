@@ -73,6 +73,7 @@ from taurl.train.checkpoint import (
 )
 from taurl.train.default_policy import default_policy_texts
 from taurl.train.learner import Learner
+from taurl.train.precision import master_dtype
 from taurl.train.sft import read_sft_file
 
 log = logging.getLogger("taurl.recipe.loop")
@@ -252,6 +253,7 @@ def reinforce(r: Run) -> None:
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
     device, dtype = r.placement()  # the policy's; the reference, critic and step scorer follow it
+    dtype = master_dtype(cfg.precision, cfg.torch_dtype)  # fp32 masters under mixed precision
     if cfg.lora:  # adapters on the SFT policy; the KL reference is that policy, adapters off
         model, tok = lora.rl_policy(r.run, version, v_sft, lora.LoraOptions.from_dict(cfg.lora), seed=cfg.seed)
         model.to(device=device, dtype=dtype)

@@ -53,10 +53,14 @@ SECTIONS: dict[str, dict[str, str]] = {
                              "objective", "objective_options", "eps_low", "eps_high", "aggregation",
                              "segment_weighting", "lr",
                              "lr_warmup_steps", "weight_decay", "grad_clip", "kl_coef", "kl_kind", "entropy_coef",
-                             "drop_zero_variance", "micro_batch_tokens", "epochs", "dpo", "teacher", "distill")}},
+                             "drop_zero_variance", "micro_batch_tokens", "epochs", "dpo", "teacher",
+                             "distill")},
+           "tis": "tis", "tis_cap": "tis_cap"},
     "schedule": {"kind": "schedule", "staleness_eta": "staleness_eta", "overprovision": "overprovision",
                  "interrupt": "interrupt", "mask_stale": "mask_stale"},
-    "train": {"strategy": "train_strategy", "world_size": "train_world_size"},
+    "train": {"strategy": "train_strategy", "world_size": "train_world_size",
+              "precision": "precision", "activation_checkpointing": "activation_checkpointing",
+              "attention": "attention"},
     "eval": {"tasks": "eval_tasks", "trials": "eval_trials", "temperature": "eval_temperature", "seed": "eval_seed"},
 }
 # the options that stay at the top level (every TrainConfig option is here or in a section)

@@ -25,7 +25,8 @@ also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour 
 `taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.train.staleness`).
 
 The rows, their logprobs and the micro-batches are `taurl.train.rows`'s; the SFT step is
-`taurl.train.sft.sft_step` (both stay importable from here).
+`taurl.train.sft.sft_step` (both stay importable from here). The numerics (mixed precision,
+truncated IS against the engine's dtype, activation checkpointing) are `taurl.train.precision`'s.
 
 The RL update runs with the model in eval mode: dropout (GPT-2 ships with 0.1) would make
 π_θ in the ratio a different, noisy function from the one the engine sampled with, so the
@@ -60,12 +61,15 @@ from taurl.errors import ConfigError
 from taurl.train import chains
 from taurl.train.credit_step import Assigned, Credited, credit_step, filter_rows
 from taurl.train.critic import Critic, CriticConfig
+from taurl.train.idle import fresh_rows as _fresh_rows
+from taurl.train.idle import idle_metrics
 from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective, objective_family
 from taurl.train.objectives.aggregation import aggregate
 from taurl.train.objectives.kl import KL_ESTIMATORS
 from taurl.train.optim import optimizer_step, optimizer_steps, warmup_lr  # noqa: F401  (re-exported)
+from taurl.train.precision import Numerics, batch_tis_stats, checkpointed_eval, cuda_peak_mb
 from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
     MICRO_BATCH_COST_TOKENS,
     Rows,
@@ -106,6 +110,12 @@ class LearnerConfig:
     critic_epochs: int = 0  # critic optimizer steps on each batch (0: `epochs`, the policy's)
     critic_warmup_updates: int = 0  # the critic's first updates train only the critic, no policy step (its values are fitted before they shape advantages)
     segment_weighting: str = "token"  # how a chain's streams weigh: token (each action token) | episode (each episode 1/E): taurl.train.chains
+    precision: str = "fp32"  # fp32 | bf16-mixed | fp16-mixed (fp32 masters): taurl.train.precision
+    tis: str = "auto"  # truncated IS min(π/μ, C) on the PG term: auto (dtypes differ) | on | off
+    tis_cap: float = 2.0  # C of the TIS weight
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward
+    attention: str = "auto"  # the learner's attention kernel: auto (the model's) | sdpa | eager
+    engine_dtype: str = "float32"  # the engine's dtype (policy.torch_dtype), against the learner's
 
     def problems(self) -> list[str]:
         out = estimator_problems(self.estimator, self.estimator_options)
@@ -142,6 +152,10 @@ class LearnerConfig:
             out.append("kl_coef and entropy_coef must be >= 0")
         if self.kl_kind not in KL_ESTIMATORS:
             out.append(f"kl_kind must be one of {KL_ESTIMATORS} (got {self.kl_kind!r})")
+        from taurl.train.precision import precision_problems
+
+        out += precision_problems(self.precision, self.tis, self.tis_cap,
+                                  self.activation_checkpointing, self.attention, self.objective)
         return out + chains.weighting_problems(self.segment_weighting, self.aggregation)
 
     def loss_norm_constant(self) -> float | None:
@@ -188,6 +202,8 @@ class Learner:
     """Owns the policy's optimizer (the frozen reference, and the critic of a value-based
     estimator such as gae); `update(trajs)` is one version."""
 
+    runs_forward = True  # this process's model runs the update (False: a driver of ranks)
+
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
                  reference: torch.nn.Module | None = None, critic: Critic | None = None, shaper: Any = None):
         if problems := config.problems():
@@ -208,7 +224,9 @@ class Learner:
         self.reference_is_base = config.kl_coef > 0 and reference is None and is_lora(model)
         # the trained parameters only: with LoRA the adapters', so no AdamW state for the base
         self.optimizer = torch.optim.AdamW(trainable(model), lr=config.lr, weight_decay=config.weight_decay)
-        self.loss_fn = make_objective(config.objective, **config._objective_kwargs())
+        # precision, TIS (the objective PPO becomes) and the memory options: taurl.train.precision
+        self.numerics = Numerics.for_learner(model, config, prepare=self.runs_forward)
+        self.loss_fn = make_objective(self.numerics.objective, **self.numerics.objective_kwargs)
         self.estimator = make_estimator(config.estimator, **config.estimator_options)
         self.norm_constant = config.loss_norm_constant()
         # a value-based estimator gets its critic here, from the policy (taurl.train.critic)
@@ -273,7 +291,7 @@ class Learner:
         version in the batch, which is the learner's in the synchronous pipeline.
         credit: `credit_step(self, trajs)`, when the caller already ran it; None runs it here.
         """
-        t0 = time.perf_counter()
+        t0, _ = time.perf_counter(), cuda_peak_mb(self.numerics.device, reset=True)
         version, credit, stats = self._begin(trajs, version, credit)
         if credit.skip:  # a critic warm-up update, or nothing to learn from
             return {**stats, "learn/learn_s": time.perf_counter() - t0}
@@ -285,24 +303,29 @@ class Learner:
         # π_prox is the policy before this update's first optimizer step, and the steps come
         # after a whole epoch of micro-batches: so epoch 0's forward IS π_prox — its logprobs,
         # detached, are kept as they are computed (no extra forward over the batch)
-        prox: list[torch.Tensor] | None = [] if self.config.objective == "decoupled_ppo" else None
+        prox: list[torch.Tensor] | None = [] if self.numerics.objective == "decoupled_ppo" else None
         for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for j, r in enumerate(batch.rows):
-                lp, ent = action_logprobs(self.model, r, self.config.temperature, with_entropy=True,  # logprobs
-                                          entropy_grad=self.config.entropy_coef > 0)
+                with self.numerics.autocast(), checkpointed_eval(self.model):            # logprobs
+                    lp, ent = action_logprobs(self.model, r, self.config.temperature,
+                                              with_entropy=True,
+                                              entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
                     drift.append(self._mismatch(lp.detach(), r, [batch.views[i] for i in batch.chunks[j]], version))
                     if prox is not None:
                         prox.append(lp.detach())
                 loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,   # loss
                                      None if ref is None else ref[j], batch.denom)
-                loss.backward()
+                self.numerics.backward(loss)
                 self._accumulate(sums, m, float(loss.detach()), float(r.mask.sum()) / max(batch.n_tok, 1.0))
             norm, lr = self._step()                                            # step
         self.model.eval()
         stats.update(sums)                                                     # metrics
         stats.update(combine_mismatch(drift).as_stats())
+        if self.numerics.tis:  # how much truncated IS corrects (mismatch/tis_*, weight_gap_*)
+            stats.update(batch_tis_stats(batch, prox, version, self.config.tis_cap))
+        stats.update(cuda_peak_mb(self.numerics.device))  # mem/learn_cuda_peak_mb on a GPU
         return {**stats, **self._batch_metrics(batch, norm, lr, time.perf_counter() - t0)}
 
     def _begin(self, trajs: Sequence[Trajectory], version: int | None,
@@ -374,7 +397,8 @@ class Learner:
         cfg = self.config
         for wait in self.before_step:
             wait()
-        return optimizer_step(self.model, self.optimizer, cfg.lr, cfg.lr_warmup_steps, cfg.grad_clip)
+        return optimizer_step(self.model, self.optimizer, cfg.lr, cfg.lr_warmup_steps,
+                              cfg.grad_clip, self.numerics.scaler)
 
     def _batch_metrics(self, batch: _Batch, norm: torch.Tensor, lr: float, dt: float) -> dict[str, float]:
         padded = sum(r.attention.numel() for r in batch.rows)
@@ -386,29 +410,5 @@ class Learner:
 
     def _idle_metrics(self, trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
         """The per-update metrics of an update that took no step (entropy is still measured)."""
-        ent_sum = tok = 0.0
-        device = model_device(self.model)
-        cfg = self.config
-        drift: list[Mismatch] = []
-        trajs = [v for t in trajs for v in chains.stream_views(t)]
-        self.model.eval()
-        with torch.no_grad():
-            for c in micro_batches(trajs, cfg.micro_batch_tokens):
-                # zero advantages: the RL rows (behaviour logprobs), though no step is taken
-                part = [trajs[i] for i in c]
-                zeros = np.zeros((len(part), max(1, *(len(t.turns) for t in part))))  # (N, turns)
-                r = make_rows(part, zeros, self.pad_id, device)
-                lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True)
-                ent_sum += float((ent * r.mask).sum()) if ent is not None else 0.0
-                tok += float(r.mask.sum())
-                keep = r.mask * _fresh_rows(part, version, r.mask)[:, None]
-                drift.append(logprob_mismatch(lp, r.behaviour, keep, clip_low=cfg.eps_low, clip_high=cfg.eps_high))
-        return {"learn/entropy": ent_sum / max(tok, 1.0), "learn/grad_norm": 0.0, "learn/pg_loss": 0.0,
-                "learn/loss": 0.0, "learn/clip_frac": 0.0, "learn/approx_kl": 0.0, "learn/action_tokens": 0.0,
-                "learn/tokens_per_s": 0.0, **combine_mismatch(drift).as_stats()}
-
-
-def _fresh_rows(trajs: Sequence[Trajectory], version: int, like: torch.Tensor) -> torch.Tensor:
-    """(N,) 1.0 where every action of the row was sampled by `version` (the learner's weights)."""
-    return torch.tensor([min(t.policy_versions, default=-1) == version for t in trajs],
-                        dtype=like.dtype, device=like.device)
+        return idle_metrics(self.model, trajs, version, self.config, self.pad_id,
+                            self.numerics.autocast)

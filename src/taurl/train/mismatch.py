@@ -17,6 +17,7 @@ Definitions, over the action tokens t (mask = 1), with d_t = learner_t - behavio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +70,7 @@ def logprob_mismatch(learner: torch.Tensor, behaviour: torch.Tensor, mask: torch
                     clip_share=float(outside.double().mean()), tokens=int(d.numel()))
 
 
-__all__ = ["Mismatch", "logprob_mismatch"]
+__all__ = ["Mismatch", "logprob_mismatch", "tis_stats", "tis_weights"]
 
 
 def combine_mismatch(parts: list[Mismatch]) -> Mismatch:
@@ -87,3 +88,42 @@ def combine_mismatch(parts: list[Mismatch]) -> Mismatch:
         return sum(getattr(p, key) * p.tokens for p in parts) / n
 
     return Mismatch(mean("abs_mean"), max(p.abs_max for p in parts), mean("kl"), mean("clip_share"), n)
+
+
+def tis_weights(learner: torch.Tensor, behaviour: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights w_t = min(π_learner(a_t) / μ_engine(a_t), C), elementwise.
+
+    Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"
+    (blog post, August 2025): the engine samples from μ (its kernels and
+    dtype), the learner's gradient is taken under π; weighting each token's policy-gradient
+    term by w corrects the expectation to π's, and the cap C bounds the variance (truncated
+    IS, Ionides 2008). Computed in log space: exp(min(log π − log μ, log C)), no overflow.
+    The learner applies it through `decoupled_ppo` (`taurl.train.precision.tis_objective`),
+    whose token-level truncate mode is this formula.
+    E.g. log π = [0, −1], log μ = [−1, 0], C = 2: w = [min(e, 2), e^−1] = [2, 0.368]
+    (tests/train/test_mixed_precision.py checks it by hand).
+    """
+    return torch.exp(torch.clamp(learner - behaviour, max=math.log(cap)))
+
+
+def tis_stats(learner: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
+              cap: float) -> dict[str, float]:
+    """How much truncated IS corrects, over the action tokens (mask 1), ρ_t = π/μ:
+
+    - ``mismatch/tis_weight_mean`` = mean_t min(ρ_t, C); ``mismatch/tis_clipped_frac`` = share
+      of t with ρ_t > C;
+    - ``mismatch/weight_gap_before`` = mean_t |ρ_t − 1|: how far the uncorrected gradient's
+      per-token weight (1) is from the exact importance weight ρ_t;
+    - ``mismatch/weight_gap_after`` = mean_t |ρ_t − min(ρ_t, C)| = mean_t max(0, ρ_t − C): the
+      part TIS leaves uncorrected (0 when nothing is truncated).
+    """
+    m = mask.bool()
+    d = (learner.detach().double() - behaviour.detach().double())[m]
+    if d.numel() == 0:
+        return {}
+    rho = d.exp()
+    w = tis_weights(d, torch.zeros_like(d), cap)
+    return {"mismatch/tis_weight_mean": float(w.mean()),
+            "mismatch/tis_clipped_frac": float((rho > cap).double().mean()),
+            "mismatch/weight_gap_before": float((rho - 1).abs().mean()),
+            "mismatch/weight_gap_after": float((rho - w).abs().mean())}

@@ -6,17 +6,26 @@ import torch
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, warmup_steps: int,
-                   grad_clip: float) -> tuple[torch.Tensor, float]:
+                   grad_clip: float,
+                   scaler: torch.amp.GradScaler | None = None) -> tuple[torch.Tensor, float]:
     """Clip the accumulated gradient to `grad_clip`, set the warm-up learning rate, step.
 
     Returns the gradient norm before clipping and the learning rate used: one new version.
+    scaler: fp16 mixed precision's loss scaler (`taurl.train.precision`): the gradients are
+    unscaled before the clip, and a step whose gradients overflowed is skipped by it.
     """
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     # the trained parameters (with LoRA the adapters'; the frozen base has no gradient)
     norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
     step_lr = warmup_lr(lr, optimizer_steps(optimizer) + 1, warmup_steps)
     for group in optimizer.param_groups:
         group["lr"] = step_lr
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     return norm, step_lr
 
 

@@ -254,9 +254,11 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         run = RunDir(Path(run_root))
-        from taurl.policy.device import resolve_device, resolve_dtype
+        from taurl.policy.device import resolve_device
+        from taurl.train.precision import master_dtype
 
-        device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.torch_dtype)  # the run's placement
+        # the run's device; the engine's dtype, or fp32 master weights under mixed precision
+        device, dtype = resolve_device(cfg.device), master_dtype(cfg.precision, cfg.torch_dtype)
         model, tok = load_policy(run.checkpoint(version), device, dtype=dtype)
         reference = load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
         learner = learner_for(cfg, run, v_sft, model, tok, reference)  # the sync loop's factory

@@ -59,6 +59,8 @@ class RanksOptimizer:
 class DistributedLearner(Learner):
     """`Learner` whose updates run on `world_size` ranks with `strategy` (ddp | fsdp)."""
 
+    runs_forward = False  # the ranks checkpoint activations on their copies; this one is sent
+
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, *, strategy: str,
                  world_size: int, pad_id: int = 0, reference: torch.nn.Module | None = None,
                  device: str = "cpu", pool: RankPool | None = None):

@@ -41,6 +41,7 @@ from taurl.train.distributed.split import assign_micro_batches, slots
 from taurl.train.distributed.wrap import empty_pass, global_norm, grad_sync, wrap
 from taurl.train.learner import Learner, LearnerConfig, _Batch
 from taurl.train.mismatch import Mismatch
+from taurl.train.precision import checkpointed_eval
 from taurl.train.rows import Rows, action_logprobs, make_rows, micro_batches
 
 
@@ -66,7 +67,7 @@ class RankLearner(Learner):
         self.model.eval()  # as Learner.update: no dropout noise in the ratio
         sums: dict[str, float] = {}
         drift: list[Mismatch] = []
-        prox: list[torch.Tensor] | None = [] if cfg.objective == "decoupled_ppo" else None
+        prox: list[torch.Tensor] | None = [] if self.numerics.objective == "decoupled_ppo" else None
         for epoch in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for j in range(n_slots):
@@ -75,8 +76,9 @@ class RankLearner(Learner):
                         empty_pass(self.model, self.pad_id, self.place.device)
                         continue
                     r = batch.rows[j]
-                    lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True,
-                                              entropy_grad=cfg.entropy_coef > 0)
+                    with self.numerics.autocast(), checkpointed_eval(self.model):  # precision
+                        lp, ent = action_logprobs(self.model, r, cfg.temperature, with_entropy=True,
+                                                  entropy_grad=cfg.entropy_coef > 0)
                     if epoch == 0:
                         part = [batch.views[i] for i in batch.chunks[j]]
                         drift.append(self._mismatch(lp.detach(), r, part, version))
@@ -84,7 +86,7 @@ class RankLearner(Learner):
                             prox.append(lp.detach())
                     loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,
                                          None if ref is None else ref[j], batch.denom)
-                    loss.backward()
+                    self.numerics.backward(loss)
                     share = float(r.mask.sum()) / max(batch.n_tok, 1.0)
                     self._accumulate(sums, m, float(loss.detach()), share)
             norm, lr = self._step()
