@@ -1,0 +1,109 @@
+"""N ranks (gloo) against one process on a real model: the same RL updates, side by side.
+
+From the same weights and seed, `Learner` and `DistributedLearner` (world size 2, DDP or
+FSDP2) take `--updates` GRPO updates on the same batches (random token ids in the model's
+vocabulary, behaviour logprobs the model's own, 0/1 rewards within each group), cut into
+micro-batches that the ranks share unevenly. Prints one JSON line per update (loss and grad
+norm of both, their relative difference, seconds) and a summary: the largest relative
+differences and the final weights' largest difference beside the lr.
+(`taurl.train.distributed.equivalence` is the harness; tests/train/test_distributed_learner.py
+runs it on the tiny policy.)
+
+    OMP_NUM_THREADS=1 python benchmarks/dist_equivalence.py \\
+        --model ~/.cache/taurl/models/smollm2-135m-instruct --strategy fsdp --updates 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
+from taurl.policy.logprobs import sequence_logprobs
+from taurl.train.distributed.equivalence import STEP_KEYS, run_pair
+from taurl.train.learner import LearnerConfig
+
+
+def trajectory(model, name: str, prompt: list[int], action: list[int], reward: float,
+               group: str) -> Trajectory:
+    """A one-turn episode whose behaviour logprobs are the model's own (on-policy)."""
+    lp = sequence_logprobs(model, prompt + action)[len(prompt):].tolist()
+    return Trajectory(
+        episode_id=name, run_id="bench", task_id=group, group_id=group, split="train",
+        env_name="random-v0", env_version="0", seed=0,
+        segments=(Segment("prompt", tuple(prompt)), Segment("action", tuple(action), tuple(lp), 0)),
+        turns=(Turn(0, "a", {"kind": "answer"}, "", 1, None, "eos"),),
+        messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
+        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward)
+
+
+def batches(model, updates: int, groups: int, rows: int, seed: int) -> list[list[Trajectory]]:
+    """`updates` batches of `groups` x `rows` episodes: prompts of 16-47 tokens, actions of
+    8-63, ids drawn from the vocabulary past the first 16; reward 1 for one row per group."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+
+    def ids(lo: int, hi: int) -> list[int]:
+        n = int(torch.randint(lo, hi, (1,), generator=gen))
+        return torch.randint(16, vocab, (n,), generator=gen).tolist()
+
+    out = []
+    for u in range(updates):
+        batch = []
+        for g in range(groups):
+            prompt = ids(16, 48)
+            for j in range(rows):
+                batch.append(trajectory(model, f"u{u}-{g}-{j}", prompt, ids(8, 64),
+                                        float(j == 0), f"g{u}-{g}"))
+        out.append(batch)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, type=Path, help="an HF model directory")
+    ap.add_argument("--strategy", choices=("ddp", "fsdp"), default="fsdp")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--updates", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=4, help="episodes per group")
+    ap.add_argument("--lr", type=float, default=2e-5, help="configs/real.yaml's rl.lr")
+    ap.add_argument("--micro-batch-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(a.seed)
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).eval()
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    data = batches(model, a.updates, a.groups, a.rows, a.seed)
+    config = LearnerConfig(lr=a.lr, micro_batch_tokens=a.micro_batch_tokens)
+    t0 = time.perf_counter()
+    pair = run_pair(model, config, data, strategy=a.strategy, world_size=a.world_size,
+                    pad_id=pad_id)
+    try:
+        for u, (e, g) in enumerate(zip(pair.expect, pair.got, strict=True)):
+            row = {"update": u + 1, "micro_batches": e["learn/micro_batches"],
+                   "action_tokens": e["learn/action_tokens"]}
+            for k in STEP_KEYS:
+                name = k.removeprefix("learn/")
+                row |= {f"{name}_1": e[k], f"{name}_{a.world_size}": g[k]}
+            row |= {"s_1": round(pair.one_s[u], 2), f"s_{a.world_size}": round(pair.two_s[u], 2)}
+            print(json.dumps(row), flush=True)
+        print(json.dumps({
+            "model": a.model.name, "strategy": a.strategy, "world_size": a.world_size,
+            "updates": a.updates, "lr": a.lr, "max_rel_diff": pair.relative(),
+            "max_weight_diff": pair.weight_difference(),
+            "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    finally:
+        pair.two.close()
+
+
+if __name__ == "__main__":
+    main()
