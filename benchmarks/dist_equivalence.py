@@ -5,7 +5,9 @@ FSDP2) take `--updates` GRPO updates on the same batches (random token ids in th
 vocabulary, behaviour logprobs the model's own, 0/1 rewards within each group), cut into
 micro-batches that the ranks share unevenly. Prints one JSON line per update (loss and grad
 norm of both, their relative difference, seconds) and a summary: the largest relative
-differences and the final weights' largest difference beside the lr.
+differences and the final weights' largest difference beside the lr. With ``--floor``, no
+ranks: one process against itself with every update in ONE micro-batch instead, the fp32
+rounding floor of the same figures (a sum of the same gradients in another order).
 (`taurl.train.distributed.equivalence` is the harness; tests/train/test_distributed_learner.py
 runs it on the tiny policy.)
 
@@ -75,16 +77,20 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-5, help="configs/real.yaml's rl.lr")
     ap.add_argument("--micro-batch-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--floor", action="store_true",
+                    help="one process, cut vs uncut micro-batches (no ranks): the rounding floor")
     a = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(a.seed)
-    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     data = batches(model, a.updates, a.groups, a.rows, a.seed)
     config = LearnerConfig(lr=a.lr, micro_batch_tokens=a.micro_batch_tokens)
     t0 = time.perf_counter()
+    if a.floor:
+        return floor(model, config, data, pad_id, t0)
     pair = run_pair(model, config, data, strategy=a.strategy, world_size=a.world_size,
                     pad_id=pad_id)
     try:
@@ -103,6 +109,27 @@ def main() -> None:
             "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
     finally:
         pair.two.close()
+
+
+def floor(model, config: LearnerConfig, data, pad_id: int, t0: float) -> None:
+    """The single learner with `config`'s micro-batches against one micro-batch per update."""
+    import copy
+    import dataclasses
+
+    from taurl.train.distributed.equivalence import max_weight_difference, relative_difference
+    from taurl.train.learner import Learner
+
+    whole = dataclasses.replace(config, micro_batch_tokens=1 << 20)
+    cut, one = (Learner(copy.deepcopy(model), c, pad_id=pad_id) for c in (config, whole))
+    rows = [(cut.update(b), one.update(b)) for b in data]
+    print(json.dumps({
+        "floor": "one process: micro-batches of "
+                 f"{config.micro_batch_tokens} tokens vs one per update", "lr": config.lr,
+        "micro_batches": [e["learn/micro_batches"] for e, _ in rows],
+        "max_rel_diff": {k: max(relative_difference(e[k], g[k]) for e, g in rows)
+                         for k in STEP_KEYS},
+        "max_weight_diff": max_weight_difference(cut.model, one.model),
+        "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
 
 
 if __name__ == "__main__":
