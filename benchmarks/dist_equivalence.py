@@ -7,7 +7,8 @@ micro-batches that the ranks share unevenly. Prints one JSON line per update (lo
 norm of both, their relative difference, seconds) and a summary: the largest relative
 differences and the final weights' largest difference beside the lr. With ``--floor``, no
 ranks: one process against itself with every update in ONE micro-batch instead, the fp32
-rounding floor of the same figures (a sum of the same gradients in another order).
+rounding floor of the same figures (a sum of the same gradients in another order), and how
+precise an fp32 gradient norm of the model is (against fp64; and its tensors cut in 2 shards).
 (`taurl.train.distributed.equivalence` is the harness; tests/train/test_distributed_learner.py
 runs it on the tiny policy.)
 
@@ -111,6 +112,26 @@ def main() -> None:
         pair.two.close()
 
 
+def norm_precision(model, trajs: list[Trajectory]) -> dict[str, float]:
+    """How precise an fp32 gradient norm of `model` is: the NLL gradient of `trajs`' token
+    streams, its norm as `clip_grad_norm_` takes it (per tensor, then over tensors), the same
+    with every tensor cut in 2 shards (FSDP2 on 2 ranks), against the fp64 sum of squares."""
+    import copy
+
+    m = copy.deepcopy(model)
+    for t in trajs:
+        ids = torch.tensor([[i for seg in t.segments for i in seg.token_ids]])
+        m(ids, labels=ids).loss.backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    whole = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    halves = torch.stack([torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(c) for c in g.flatten().chunk(2)])) for g in grads])
+    sharded = torch.linalg.vector_norm(halves)
+    exact = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+    return {"whole_vs_fp64": abs(float(whole) - exact) / exact,
+            "two_shards_vs_whole": abs(float(sharded) - float(whole)) / float(whole)}
+
+
 def floor(model, config: LearnerConfig, data, pad_id: int, t0: float) -> None:
     """The single learner with `config`'s micro-batches against one micro-batch per update."""
     import copy
@@ -129,6 +150,7 @@ def floor(model, config: LearnerConfig, data, pad_id: int, t0: float) -> None:
         "max_rel_diff": {k: max(relative_difference(e[k], g[k]) for e, g in rows)
                          for k in STEP_KEYS},
         "max_weight_diff": max_weight_difference(cut.model, one.model),
+        "grad_norm_fp32_rel_error": norm_precision(model, data[0]),
         "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
 
 
