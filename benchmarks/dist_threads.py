@@ -4,8 +4,9 @@ The demo's tiny policy (configs/demo.yaml: `policy.size: tiny`, 1,024-token voca
 an update of its size (8 tasks x 8 episodes of 24-110 tokens, rl.micro_batch_tokens 6144):
 `Learner` with torch.set_num_threads(2), then with 1 thread (the baseline), then
 `DistributedLearner` (ddp or fsdp, 2 gloo ranks, OMP_NUM_THREADS=1 each). One warm-up
-update each, then `--updates` timed ones: the wall seconds per update as the recipe waits for it (the ranks' version includes sending the
-batch and pulling the weights back) and the learner's own `learn/learn_s`.
+update each, then `--updates` timed ones: the wall seconds per update as the recipe waits
+for it (the ranks' version includes sending the batch and pulling the weights back) and the
+learner's own `learn/learn_s`.
 
     OMP_NUM_THREADS=1 python benchmarks/dist_threads.py --strategy ddp --updates 10
 
