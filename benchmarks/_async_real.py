@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEMO_POLICY = "/work/main/runs/demo/checkpoints/v1"
+DEMO_POLICY = "runs/demo/checkpoints/v1"  # the demo run of this clone (`taurl demo`)
 
 
 def _config(args: Any, schedule: str, eta: int, policy: str) -> Any:

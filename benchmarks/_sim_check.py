@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 
 from taurl.errors import Error
-from taurl.recipe.config import async_engine_rows
+from taurl.policy.factory import async_engine_rows
 from taurl.sim import Schedule, Simulation, Workload, simulate
 from taurl.sim.calibrate import DecodeProbe, SyncObservations, calibrate, fit_line
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -98,9 +99,17 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=300, help="measure every this many SFT steps")
     ap.add_argument("--probe", type=int, default=300, help="holdout expert episodes to measure on")
     ap.add_argument("--arm", choices=["sft", "warmup"], nargs="+", default=["sft", "warmup"])
+    ap.add_argument("--demos", type=int, default=0, help="demonstrations (0: the config's)")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="copy warm-up steps (0: the config's); with --demos a tiny budget")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(TrainConfig, path=args.config) if args.config else TrainConfig()
+    if args.demos:
+        cfg = dataclasses.replace(cfg, demos=args.demos)
+    if args.warmup_steps:
+        warmup = {**cfg.warmup_options, "steps": args.warmup_steps}
+        cfg = dataclasses.replace(cfg, warmup_options=warmup)
     opts = cfg.task_options
 
     def make():

@@ -467,9 +467,9 @@ _begun = [-1]  # the version of the newest update begun
 _real_save, _real_update = _checkpoint.save_policy, _learner.Learner.update
 
 
-def _update(self, trajs, version=None):
+def _update(self, trajs, version=None, credit=None):
     _begun.append(version)
-    return _real_update(self, trajs, version=version)
+    return _real_update(self, trajs, version=version, credit=credit)
 
 
 def _save(model, tokenizer, path, extra=None, **kwargs):

@@ -22,6 +22,7 @@ from taurl.envs.code import (
     reference_source,
     visible_cases,
 )
+from taurl.envs.code.env import CALL_EXAMPLE
 from taurl.envs.code.tasks import HIDDEN_CASES, VISIBLE_TEST_FILE, cases_sha256, visible_test_source
 from taurl.envs.code.verifier import _sha256
 from taurl.errors import ConfigError
@@ -223,7 +224,7 @@ def test_honest_episode_through_the_real_loop(tasks):
     prompt = tok.decode(list(traj.segments[0].token_ids))
     assert "<tools>" in prompt and '"name": "run_tests"' in prompt  # tools rendered by the template
     assert traj.messages[3] == {"role": "tool", "content": "Error: no tool call found; call a tool as "
-                                '<tool_call>{"name": "TOOL", "arguments": {"ARG": "VALUE"}}</tool_call>'}
+                                + CALL_EXAMPLE}
     # token-exact in the messages style too: the ids decode to the chat rendering of the messages
     rendered = tok.apply_chat_template(list(traj.messages), tools=env.tools, tokenize=False)
     assert tok.decode(traj.token_ids, skip_special_tokens=False) == rendered

@@ -129,7 +129,7 @@ def test_expert_knobs_are_checked():
 def test_verifier_rejects_tampered_records(tok, one_per_family):
     task = one_per_family[2]
     v = spec("code-v0").make_verifier()
-    assert isinstance(v, ReplayVerifier) and v.version.startswith("code-replay-v1+code-hidden-v1")
+    assert isinstance(v, ReplayVerifier) and v.version.startswith("code-replay-v2+code-hidden-v1")
     good = play(tok, task, expert(task, random.Random(0)))
     assert v(good, task) == 1.0
     failed = play(tok, task, expert(task, random.Random(0), p_bug=1.0, p_skip_tests=1.0))
@@ -242,7 +242,7 @@ def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_f
     traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), compact,
                                                        tok, task, seed=0, config=CFG)))
     assert traj.turns[0].invalid and not traj.turns[1].invalid and traj.reward_components["outcome"] == 1.0
-    assert traj.provenance == {"tools": names, "compact_tools": True}
+    assert traj.provenance == {"tools": names, "compact_tools": True, "parser": "hermes_or_json"}
     assert ReplayVerifier()(traj, task) == 1.0
     with pytest.raises(ConfigError, match="compact_tools must be true or false"):
         CodeEnv(compact_tools="yes")

@@ -6,6 +6,7 @@ import pytest
 
 from taurl.policy import build_tokenizer
 from taurl.tools import ToolCall, function_spec, parse_hermes, parse_xml
+from taurl.tools.parsers import parse_hermes_or_json
 
 
 def write_file(path: str, content: str) -> str:
@@ -74,3 +75,36 @@ def test_hermes_format_matches_the_chat_template():
                                     {"role": "assistant", "content": "", "tool_calls": [call]}], tokenize=False)
     r = parse_hermes(text)
     assert r.ok and r.calls[0].name == "write_file" and r.calls[0].arguments == {"path": "a.py", "content": "é\n"}
+
+
+# The untagged forms Qwen2.5-Coder-0.5B-Instruct wrote zero-shot on code-v0 (docs/models.md)
+FENCED = '```json\n{"name": "run_tests", "arguments": {}}\n```'
+PY_FENCED = ('```python\n{\n    "name": "write_file",\n    "arguments": {\n'
+             '        "path": "solution.py", "content": "x = 1\n"\n    }\n}\n```')
+
+
+@pytest.mark.parametrize(("text", "calls"), [
+    (FENCED, [("run_tests", {})]),
+    (PY_FENCED, [("write_file", {"path": "solution.py", "content": "x = 1\n"})]),  # raw newline
+    ('{"name": "submit", "arguments": {}}', [("submit", {})]),  # bare
+    ('ok: {"name": "a", "parameters": {"x": 1}} then {"name": "b", "arguments": "{}"}',
+     [("a", {"x": 1}), ("b", {})]),
+    ('{"plan": {"name": "a", "arguments": {}}}', [("a", {})]),  # inside another object
+    ('<tool_call>{"name": "a", "arguments": {}}</tool_call> {"name": "b", "arguments": {}}',
+     [("a", {})]),  # a tag present: the tagged calls only
+])
+def test_hermes_or_json_takes_untagged_calls(text, calls):
+    r = parse_hermes_or_json(text)
+    assert r.ok and [(c.name, c.arguments) for c in r.calls] == calls
+    assert parse_hermes(text).kind == ("ok" if "<tool_call>" in text else "no_call")
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("```python\ndef f(x):\n    return {1: 2}\n```", "no_call"),  # code, not a call
+    ('{"name": "a"}', "no_call"),  # no "arguments": a record, not a call
+    ('{"name": "a", "arguments": [1]}', "malformed"),
+    ('<tool_call>{"name": "a", "arguments": {}}', "malformed"),  # the tagged error stands
+])
+def test_hermes_or_json_failures(text, kind):
+    r = parse_hermes_or_json(text, example="EXAMPLE")
+    assert not r.ok and r.kind == kind and "EXAMPLE" in r.error

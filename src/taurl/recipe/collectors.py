@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from taurl.errors import ConfigError
-from taurl.policy.factory import make_engine
-from taurl.recipe.config import async_engine_rows
+from taurl.policy.factory import async_engine_rows, make_engine
 from taurl.rollout.budgets import RolloutConfig
 from taurl.rollout.episodes import Collector, LocalCollector
 

@@ -282,7 +282,7 @@ class TrainConfig:
         elif self.engine == "local" and (bad := _local_engine_option_problem(self.engine_options)):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
-        from taurl.train.distributed.strategy import parallel_problems
+        from taurl.recipe.stages import parallel_problems
 
         out += parallel_problems(self)
         from taurl.policy.device import device_problems
@@ -410,15 +410,6 @@ class TrainConfig:
 
 ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
-
-
-def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: int, group_size: int) -> int:
-    """The local engine's default ``max_batch_size`` under ``schedule: async``: one batch's
-    worth of rows, (tasks_per_update + overprovision) · group_size, at most `concurrency`.
-    Concurrency admits (η + 1) batches at once; decoding one batch's rows, oldest group first
-    (SamplingParams.priority), makes batches complete one after another instead of all
-    together and late (benchmarks/async_step.py measures both; the simulator's ``max_batch``)."""
-    return min(concurrency, (tasks_per_update + overprovision) * group_size)
 
 
 def _local_engine_option_problem(options: dict[str, Any]) -> str | None:

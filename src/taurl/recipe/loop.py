@@ -6,8 +6,8 @@
     evaluate(validation, holdout) of the SFT policy
     for update u = 1..U:                         # policy version v = v_sft + u − 1
         batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once (backend: local | ray)
-        credit = learner.assign(batch)                     # advantages per turn (taurl.credit)
-        stats = learner.update(batch, credit=credit)       # rows → logprobs → loss → AdamW step
+        stats = rl_step(learner, batch, v)                 # credit (estimator, filter, critic
+                                                           # fit), then rows → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
     evaluate(validation, holdout) of the final policy → summary.json, report.html
     promote(final, baseline=SFT) from those evaluations → promotions.jsonl, summary["promotion"]
@@ -56,6 +56,7 @@ from taurl.recipe.config import TrainConfig, check_config, dump_config
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
+from taurl.recipe.rl_step import rl_step
 from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
 from taurl.rollout.episodes import Collector, EpisodeSpec, episode_seed
@@ -318,8 +319,7 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         peak.reset(release=True)
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)
-        credit = learner.assign(train_batch)  # advantages per turn (taurl.credit)
-        lstats = learner.update(train_batch, version=version, credit=credit)
+        lstats = rl_step(learner, train_batch, version)  # credit, then update (rl_step.py)
         mix.observe(batch)
         t1 = time.perf_counter()
         mem["mem/learn_peak_rss_mb"] = peak.read_mb()

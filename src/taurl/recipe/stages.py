@@ -98,18 +98,26 @@ def teacher_problems(teacher: str, model: str) -> list[str]:
 
 def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
     """The learner of the run's stage, over `model` (the RL loop calls it once)."""
+    return learner_for(r.cfg, r.run, r.state["sft_version"], model, tok, reference)
+
+
+def learner_for(cfg: Any, run: Any, v_sft: int, model: Any, tok: Any, reference: Any) -> Any:
+    """The learner of `cfg`'s stage over `model`, for the run directory `run` whose SFT
+    checkpoint is `v_sft`: the one factory of the synchronous loop (`make_learner`) and the
+    async learner process (`taurl.recipe.schedule.learner_proc`), which has no `Run`."""
+    from taurl.policy.device import resolve_device, resolve_dtype
     from taurl.train.learner import Learner
     from taurl.train.prm import step_scorer
 
-    cfg, stage = r.cfg, stage_name(r.cfg)
+    stage = stage_name(cfg)
     common = {"lr": cfg.lr, "grad_clip": cfg.grad_clip, "pad_id": tok.pad_token_id, "temperature": cfg.temperature,
               "weight_decay": cfg.weight_decay, "lr_warmup_steps": cfg.lr_warmup_steps}
-    device, dtype = r.placement()
+    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.torch_dtype)  # Run.placement
     if stage == "dpo":
         from taurl.train.pair_learner import DPOLearner, DPOOptions
 
         if reference is None:  # the frozen reference: the stage's starting (SFT) policy
-            reference = load_policy(r.run.checkpoint(r.state["sft_version"]), device, dtype=dtype)[0]
+            reference = load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0]
         return DPOLearner(model, reference, DPOOptions(**cfg.dpo),
                           micro_batch_tokens=cfg.micro_batch_tokens, **common)
     if stage == "distill":
@@ -127,7 +135,7 @@ def make_learner(r: Any, model: Any, tok: Any, reference: Any) -> Any:
                                   world_size=cfg.train_world_size, pad_id=tok.pad_token_id,
                                   reference=reference, device=cfg.device)
     return Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
-                   shaper=step_scorer(cfg, model, tok, r.run.root / "shaping.jsonl"))
+                   shaper=step_scorer(cfg, model, tok, run.root / "shaping.jsonl"))
 
 
 def sft_steps(cfg: Any) -> Any:
@@ -172,3 +180,20 @@ def stage_summary(r: Any) -> dict[str, Any]:
         out["teacher"] = cfg.teacher
     return out
 
+
+def parallel_problems(cfg: Any) -> list[str]:
+    """`strategy_problems`, and what a run with ranks does not take yet (a TrainConfig)."""
+    from taurl.credit import needs_values
+    from taurl.train.distributed.strategy import strategy_problems
+
+    out = strategy_problems(cfg.train_strategy, cfg.train_world_size)
+    if out or cfg.train_strategy == "single":
+        return out
+    unsupported = [(f"a critic (rl.estimator: {cfg.estimator})", needs_values(cfg.estimator)),
+                   ("rl.step_scorer", cfg.step_scorer != "none"), ("policy.lora", bool(cfg.lora)),
+                   ("schedule: async", cfg.schedule == "async"),
+                   (f"the {stage_name(cfg)} stage", stage_name(cfg) != "rl")]
+    if bad := [name for name, on in unsupported if on]:
+        out.append(f"train.strategy {cfg.train_strategy} runs the RL learner alone for now; "
+                   f"{', '.join(bad)} need(s) train.strategy single")
+    return out

@@ -2,7 +2,8 @@
 
 `ToolBox.step(text, gate)` is what a messages-style env does with an action:
 
-1. parse the action (Hermes JSON by default, or XML tags); no call or a bad one →
+1. parse the action (Hermes JSON by default; ``hermes_or_json`` also takes untagged JSON
+   calls; or XML tags); no call or a bad one →
    an observation saying what was wrong, ``invalid=True``, no receipt (nothing was called);
 2. the host gate decides (`taurl.tools.gate`); denied → an observation with the reason,
    ``invalid=True``, a receipt with ``decision="denied"``;
@@ -34,7 +35,14 @@ from typing import Any, TypeVar
 from taurl.data.trajectory import ToolReceipt
 from taurl.errors import ConfigError, Error
 from taurl.tools.gate import Gate, GateDecision
-from taurl.tools.parsers import ParseResult, ToolCall, parse_hermes, parse_xml
+from taurl.tools.parsers import (
+    HERMES_EXAMPLE,
+    ParseResult,
+    ToolCall,
+    parse_hermes,
+    parse_hermes_or_json,
+    parse_xml,
+)
 from taurl.tools.specs import ToolSpec
 
 T = TypeVar("T")
@@ -59,21 +67,25 @@ class CallOutcome:
         return self.receipt.status if self.receipt is not None else "invalid"
 
 
+PARSERS = ("hermes", "hermes_or_json", "xml")
+
+
 class ToolBox:
     """The tools of an env, their declarations, and the parse → gate → run pipeline."""
 
     def __init__(self, specs: Sequence[ToolSpec], *, parser: str = "hermes", default_timeout_s: float = 30.0,
-                 max_output_chars: int = 8000) -> None:
+                 max_output_chars: int = 8000, example: str = HERMES_EXAMPLE) -> None:
         names = [s.name for s in specs]
         problems = [f"tool {n!r} is declared twice" for n in sorted({n for n in names if names.count(n) > 1})]
-        if parser not in ("hermes", "xml"):
-            problems.append(f"parser must be 'hermes' or 'xml', got {parser!r}")
+        if parser not in PARSERS:
+            problems.append(f"parser must be one of {', '.join(PARSERS)}, got {parser!r}")
         if not default_timeout_s > 0 or max_output_chars < 100:
             problems.append("default_timeout_s must be > 0 and max_output_chars >= 100")
         if problems:
             raise ConfigError(problems)
         self.specs = {s.name: s for s in specs}
         self.parser = parser
+        self.example = example  # the call that parse errors show
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
 
@@ -84,7 +96,9 @@ class ToolBox:
     def parse(self, text: str) -> ParseResult:
         if self.parser == "xml":
             return parse_xml(text, {n: s.parameters for n, s in self.specs.items()})
-        return parse_hermes(text)
+        if self.parser == "hermes_or_json":
+            return parse_hermes_or_json(text, example=self.example)
+        return parse_hermes(text, example=self.example)
 
     async def step(self, text: str, gate: Gate) -> CallOutcome:
         """Parse `text` and run its first call (module docstring)."""

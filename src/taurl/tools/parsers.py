@@ -3,6 +3,12 @@
 * Hermes (Qwen-family chat templates): ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
   — `parse_hermes`. ``arguments`` may also be a JSON *string* holding an object (the
   OpenAI wire form); a missing ``arguments`` means ``{}``.
+* Hermes or bare JSON (``parser="hermes_or_json"``; Qwen2.5-Coder's habit) —
+  `parse_hermes_or_json`: the tagged calls when there is a ``<tool_call>`` tag; otherwise
+  each JSON object with a ``"name"`` string and an ``"arguments"`` (or ``"parameters"``)
+  key, bare or in a ```` ```json ```` fence, is a call. Qwen2.5-Coder was not trained on the
+  tags its own chat template asks for and answers with such objects instead (zero-shot on
+  code-v0: every call it wrote was one, none tagged; docs/models.md).
 * XML tags (the search env's style): ``<search>query</search>`` for a one-argument tool, or
   ``<write_file><path>a.py</path><content>…</content></write_file>`` — `parse_xml`.
 
@@ -50,52 +56,92 @@ def _fail(kind: str, error: str) -> ParseResult:
     return ParseResult((), error, kind)
 
 
-def parse_hermes(text: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS) -> ParseResult:
-    """Every ``<tool_call>`` block in `text`, in order; the first bad block fails the parse."""
+def parse_hermes(text: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
+                 example: str = HERMES_EXAMPLE) -> ParseResult:
+    """Every ``<tool_call>`` block in `text`, in order; the first bad block fails the parse.
+
+    `example` is the call the error messages show (an env may show one of its own tools: a
+    small model copies a placeholder such as ``"TOOL"`` literally)."""
     bodies = _HERMES.findall(text)
     if not bodies:
         if HERMES_OPEN in text:
-            return _fail("malformed", f"the {HERMES_OPEN} tag is not closed; end the call with {HERMES_CLOSE}, "
-                         f"e.g. {HERMES_EXAMPLE}")
-        return _fail("no_call", f"no tool call found; call a tool as {HERMES_EXAMPLE}")
+            return _fail("malformed", f"the {HERMES_OPEN} tag is not closed; end the call with "
+                         f"{HERMES_CLOSE}, e.g. {example}")
+        return _fail("no_call", f"no tool call found; call a tool as {example}")
     calls = []
     for i, body in enumerate(bodies):
         where = f"tool call {i + 1}" if len(bodies) > 1 else "the tool call"
         if len(body) > max_call_chars:
             return _fail("too_long", f"{where} is {len(body)} characters long; the limit is {max_call_chars}")
-        call = _hermes_call(body.strip(), where)
+        call = _hermes_call(body.strip(), where, example)
         if isinstance(call, ParseResult):
             return call
         calls.append(call)
     return ParseResult(tuple(calls))
 
 
-def _hermes_call(body: str, where: str) -> ToolCall | ParseResult:
+# JSON that also takes raw control characters (a newline typed inside a string): models
+# write code into "content" that way, and the intent is unambiguous
+_LENIENT = json.JSONDecoder(strict=False)
+
+
+def parse_hermes_or_json(text: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
+                         example: str = HERMES_EXAMPLE) -> ParseResult:
+    """`parse_hermes` when `text` has a ``<tool_call>`` tag; otherwise the untagged JSON calls
+    in it (module docstring), in order. Text with neither is the tagged parser's no-call."""
+    tagged = parse_hermes(text, max_call_chars=max_call_chars, example=example)
+    if tagged.kind != "no_call" or len(text) > max_call_chars:
+        return tagged
+    calls: list[ToolCall] = []
+    start = text.find("{")
+    while start != -1:
+        try:
+            obj, end = _LENIENT.raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            obj, end = None, start + 1
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and \
+                ("arguments" in obj or "parameters" in obj):
+            call = _call_from(obj, text[start:end], "the tool call", example)
+            if isinstance(call, ParseResult):
+                return call
+            calls.append(call)
+        else:
+            end = start + 1  # not a call: look inside it too
+        start = text.find("{", end)
+    return ParseResult(tuple(calls)) if calls else tagged
+
+
+def _hermes_call(body: str, where: str, example: str = HERMES_EXAMPLE) -> ToolCall | ParseResult:
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return _fail("malformed", f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
-                     f"write {HERMES_EXAMPLE}")
+                     f"write {example}")
     except RecursionError:
-        return _fail("malformed", f"{where} nests JSON too deeply; write {HERMES_EXAMPLE}")
+        return _fail("malformed", f"{where} nests JSON too deeply; write {example}")
+    return _call_from(obj, body, where, example)
+
+
+def _call_from(obj: Any, body: str, where: str, example: str) -> ToolCall | ParseResult:
+    """The call a decoded JSON value names, or why it names none."""
     if not isinstance(obj, dict):
         return _fail("malformed", f"{where} must be a JSON object with \"name\" and \"arguments\", "
-                     f"got a JSON {type(obj).__name__}; write {HERMES_EXAMPLE}")
+                     f"got a JSON {type(obj).__name__}; write {example}")
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return _fail("malformed", f"{where} has no \"name\" string; write {HERMES_EXAMPLE}")
+        return _fail("malformed", f"{where} has no \"name\" string; write {example}")
     args: Any = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # the OpenAI wire form: arguments serialized as a string
         try:
             args = json.loads(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError):
             return _fail("malformed", f"{where}: \"arguments\" is a string that is not a JSON object; "
-                         f"pass an object: {HERMES_EXAMPLE}")
+                         f"pass an object: {example}")
     if args is None:
         args = {}
     if not isinstance(args, dict):
         return _fail("malformed", f"{where}: \"arguments\" must be a JSON object, got a JSON "
-                     f"{_json_name(args)}; write {HERMES_EXAMPLE}")
+                     f"{_json_name(args)}; write {example}")
     return ToolCall(name.strip(), args, body)
 
 

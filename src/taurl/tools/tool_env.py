@@ -52,7 +52,8 @@ class ToolEnv:
     def __init__(self, tools: Sequence[ToolSpec], *, verifier_factory: Callable[[], Judge],
                  gate: GateConfig | None = None, stack: RewardStack | None = None, max_turns: int = 8,
                  submit_tool: str = "submit", max_consecutive_errors: int = 3, parser: str = "hermes",
-                 default_timeout_s: float = 30.0, max_output_chars: int = 8000) -> None:
+                 default_timeout_s: float = 30.0, max_output_chars: int = 8000,
+                 call_example: str | None = None) -> None:
         problems = []
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             problems.append(f"max_turns must be an int >= 1, got {max_turns!r}")
@@ -65,7 +66,8 @@ class ToolEnv:
         if problems:
             raise ConfigError(problems)
         self.toolbox = ToolBox(tools, parser=parser, default_timeout_s=default_timeout_s,
-                               max_output_chars=max_output_chars)
+                               max_output_chars=max_output_chars,
+                               **({"example": call_example} if call_example else {}))
         self.tools = self.toolbox.declarations
         self.gate_config = gate or GateConfig()
         self.stack = stack or DEFAULT_STACK

@@ -1,9 +1,11 @@
 """The learner: one policy update from a batch of grouped trajectories (GRPO by default).
 
-Read top to bottom, an update is the seeds' loop body:
+Read top to bottom, an update is the seeds' loop body, after the credit step
+(`taurl.train.credit_step`: estimator, zero-advantage filter, critic fit), which the
+recipe's RL step runs before it (`taurl.recipe.rl_step`):
 
-    credit   = compute_advantages(TurnBatch.from_trajectories(trajs), estimator)   # (N, T)
-    A_tok    = broadcast_to_tokens(credit.advantages, padded_token_turn_index(trajs))
+    credit   = credit_step(learner, trajs)                # kept rows, advantages (N, T)
+    A_tok    = broadcast_to_tokens(credit.advantages, padded_token_turn_index(kept))
     for micro-batch in length buckets:                    # gradient accumulation
         logπ_θ   = forward(policy)  on action tokens only (mask 1)
         loss     = objective(logπ_θ, logπ_old, A_tok, mask) + β·KL_k3(π_θ ‖ π_ref)
@@ -51,18 +53,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from taurl.credit import (
-    Credit,
-    TurnBatch,
-    estimator_problems,
-    make_estimator,
-    needs_values,
-    zero_advantage_filter,
-)
+from taurl.credit import TurnBatch, estimator_problems, make_estimator, needs_values
 from taurl.credit.batch import drop_invalid
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train import chains
+from taurl.train.credit_step import Assigned, Credited, credit_step, filter_rows
 from taurl.train.critic import Critic, CriticConfig
 from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
@@ -188,16 +184,6 @@ class _Batch:
     denom: float  # the global loss denominator (tokens for token-mean, else rows)
 
 
-@dataclass(frozen=True)
-class Assigned:
-    """Credit of the valid trajectories of one batch (before the zero-advantage filter)."""
-
-    trajs: list[Trajectory]  # the valid trajectories, in order
-    batch: TurnBatch  # their per-turn view (with the critic's values when the estimator needs them)
-    credit: Credit
-    dropped: int  # invalid trajectories left out
-
-
 class Learner:
     """Owns the policy's optimizer (the frozen reference, and the critic of a value-based
     estimator such as gae); `update(trajs)` is one version."""
@@ -258,18 +244,7 @@ class Learner:
         a = self.assign(trajs)
         if a is None:
             return [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
-        return self._filter(a)
-
-    def _filter(self, a: Assigned) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
-        # filtered on the advantages actually trained on: a GiGPO group of one outcome whose
-        # paths differ keeps its step-level signal (`zero_advantage_filter`)
-        stats = {**a.credit.stats, "learn/invalid_samples_dropped": float(a.dropped)}
-        keep = np.arange(len(a.trajs))
-        if self.config.drop_zero_variance:
-            sel = zero_advantage_filter(a.credit.advantages, a.batch.turn_mask, a.batch.group, a.batch.scores)
-            stats.update(sel.stats)
-            keep = sel.kept
-        return [a.trajs[i] for i in keep], a.credit.advantages[keep], stats
+        return filter_rows(a, self.config.drop_zero_variance)
 
     def save_state(self, checkpoint_dir: Any) -> None:
         """Write what the learner keeps beside the policy (the critic) into `checkpoint_dir`."""
@@ -285,27 +260,24 @@ class Learner:
         return critic or shaper
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None,
-               credit: Assigned | None = None) -> dict[str, float]:
+               credit: Credited | None = None) -> dict[str, float]:
         """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
 
-        Reads as the update it is: credit (given by the recipe, or assigned here) picks the
-        rows and their advantages; each epoch takes the rows' logprobs, their loss and its
-        gradient per micro-batch, then one optimizer step; then the metrics.
+        Reads as the update it is: the credited rows (`taurl.train.credit_step`: the recipe's
+        RL step computes them, so its credit step is visible) become padded rows; each epoch
+        takes their logprobs, their loss and its gradient per micro-batch, then one optimizer
+        step; then the metrics.
 
         version: the policy version being trained (the learner's), for the batch's staleness
         (``learn/staleness_{mean,p95,max}``, `taurl.train.staleness`); None takes the newest
         version in the batch, which is the learner's in the synchronous pipeline.
-        credit: `assign(trajs)`, when the caller already computed it (the recipe does, so its
-        credit step is visible); None assigns it here.
+        credit: `credit_step(self, trajs)`, when the caller already ran it; None runs it here.
         """
         t0 = time.perf_counter()
-        if version is None:
-            version = max((v for t in trajs for v in t.policy_versions), default=0)
-        kept, adv, stats = self._credit(trajs, self.assign(trajs) if credit is None else credit, version)
-        stats.update(staleness_stats(trajs, version).as_stats())
-        if stats.get("learn/skipped"):  # a critic warm-up update, or nothing to learn from
+        version, credit, stats = self._begin(trajs, version, credit)
+        if credit.skip:  # a critic warm-up update, or nothing to learn from
             return {**stats, "learn/learn_s": time.perf_counter() - t0}
-        batch = self._rows(kept, adv)                                          # rows
+        batch = self._rows(credit.kept, credit.advantages)                     # rows
         ref = self._reference_logprobs(batch.rows)
         self.model.eval()  # no dropout noise in the ratio (module docstring); gradients still flow
         sums: dict[str, float] = {}
@@ -333,25 +305,18 @@ class Learner:
         stats.update(combine_mismatch(drift).as_stats())
         return {**stats, **self._batch_metrics(batch, norm, lr, time.perf_counter() - t0)}
 
-    def _credit(self, trajs: Sequence[Trajectory], assigned: Assigned | None,
-                version: int) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
-        """The rows kept by the zero-advantage filter, their advantages and the credit's stats;
-        the critic's own step. ``learn/skipped`` 1 when no policy step follows."""
-        if assigned is None:
-            kept, adv, stats = [], np.zeros((0, 0)), {"learn/invalid_samples_dropped": float(len(trajs))}
-        else:
-            kept, adv, stats = self._filter(assigned)
-            # the critic learns from every valid row, filtered or not
-            if self.critic is not None and assigned.credit.returns is not None and assigned.batch.values is not None:
-                warming = self.critic.updates < self.config.critic_warmup_updates  # counted before this one
-                stats.update(self.critic.update(assigned.trajs, assigned.batch.values, assigned.credit.returns))
-                if warming:  # the values are not fitted yet: no policy step on their advantages
-                    return [], adv, {**stats, **self._idle_metrics(assigned.trajs, version), "learn/rows": 0.0,
-                                     "learn/skipped": 1.0, "learn/critic_warmup": 1.0}
-        stats["learn/rows"] = float(len(kept))
-        if not kept:  # every group had equal rewards (or was invalid): nothing to learn, no step
-            stats.update({**self._idle_metrics(drop_invalid(trajs)[0], version), "learn/skipped": 1.0})
-        return kept, adv, stats
+    def _begin(self, trajs: Sequence[Trajectory], version: int | None,
+               credit: Credited | None) -> tuple[int, Credited, dict[str, float]]:
+        """The version trained, the credit (its step run here when none is given) and the
+        update's first metrics: the credit's, the staleness, and, when no step follows, the
+        idle metrics (entropy and mismatch are still measured)."""
+        if version is None:
+            version = max((v for t in trajs for v in t.policy_versions), default=0)
+        credit = credit_step(self, trajs) if credit is None else credit
+        stats = {**credit.stats, **staleness_stats(trajs, version).as_stats()}
+        if credit.skip:
+            stats.update(self._idle_metrics(drop_invalid(trajs)[0], version))
+        return version, credit, stats
 
     def _rows(self, kept: list[Trajectory], adv: np.ndarray) -> _Batch:
         """`kept` as padded rows (one per token stream: `taurl.train.chains`), in micro-batches."""

@@ -2,7 +2,8 @@
 
 Each episode gets its own sandbox (`taurl.tools.sandbox`) whose workspace holds
 ``solution.py`` (a stub with the spec in its docstring) and ``test_visible.py`` (three
-example tests, plain Python). Tools, in Hermes ``<tool_call>`` JSON:
+example tests, plain Python). Tools, in Hermes ``<tool_call>`` JSON (the format of Qwen2.5's
+chat template, which renders the declarations given as ``tools``):
 
 ==============  ======  ==================================================================
 tool            scope   does
@@ -33,6 +34,14 @@ scratch learns whatever format its demonstrations show; with the three tools abo
 the prompt drops from ≈420 to ≈250 tokens (the default tiny tokenizer; measured in
 tests/test_code_env.py). The option is recorded in the provenance.
 
+``parser`` (an env option) is how actions are read: ``hermes_or_json`` (the default since
+version 2) takes the tagged calls, and when an action has no ``<tool_call>`` tag, a JSON
+object with ``"name"`` and ``"arguments"``, bare or in a ```` ```json ```` fence: what
+Qwen2.5-Coder-0.5B-Instruct writes zero-shot (`taurl.tools.parsers`); ``hermes`` takes
+tagged calls only (version 1's reading). The error for an action without a call shows a
+``write_file`` call of ``solution.py`` (`CALL_EXAMPLE`), not placeholders: a small model
+copies ``"TOOL"`` and ``"ARG"`` literally. The option is recorded in the provenance.
+
 The workspace has no disk quota of its own (it is a host directory), so after each run
 the env measures it and resets it to the task's initial files when it passes
 `MAX_WORKSPACE_BYTES`, telling the model.
@@ -62,7 +71,7 @@ from taurl.tools.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxLimit
 from taurl.tools.specs import tool
 from taurl.tools.tool_env import ToolEnv
 
-VERSION = "1"  # bump when an observation, a tool or the reward changes meaning
+VERSION = "2"  # bump when an observation, a tool or the reward changes meaning (2: parser)
 MAX_FILE_CHARS = 100_000  # the longest file write_file accepts (a schema limit)
 MAX_READ_BYTES = 64 << 10
 MAX_SNAPSHOT_FILES = 1000
@@ -79,6 +88,11 @@ SYSTEM_PROMPT = (
     "Make exactly one tool call per message."
 )
 
+
+# what a parse error shows: one of the env's own calls, in the chat template's layout
+CALL_EXAMPLE = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "solution.py", '
+                '"content": "def f(x):\\n    return x\\n"}}\n</tool_call>')
+PARSERS = ("hermes_or_json", "hermes")
 
 COMPACT_DESCRIPTIONS = {
     "write_file": "Write a file.",
@@ -100,9 +114,11 @@ class CodeEnv(ToolEnv):
                  gate: GateConfig | None = None, stack: RewardStack | None = None,
                  verifier_factory: Callable[[], Judge] | None = None, root: str | None = None,
                  max_output_chars: int = 4000, tools: list[str] | tuple[str, ...] | None = None,
-                 compact_tools: bool = False) -> None:
+                 compact_tools: bool = False, parser: str = "hermes_or_json") -> None:
         if not isinstance(compact_tools, bool):
             raise ConfigError(f"compact_tools must be true or false, got {compact_tools!r}")
+        if parser not in PARSERS:
+            raise ConfigError(f"parser must be one of {', '.join(PARSERS)}, got {parser!r}")
         self.sandbox_config = sandbox_config or SandboxConfig(limits=EPISODE_LIMITS)
         if self.sandbox_config.unsafe_no_isolation:
             raise ConfigError("code-v0 runs model-written code: it refuses unsafe_no_isolation")
@@ -118,7 +134,8 @@ class CodeEnv(ToolEnv):
         tools = _chosen(tools, all_tools)
         super().__init__(tools, verifier_factory=verifier_factory or functools.partial(HiddenTestVerifier, root=root),
                          gate=gate or CODE_GATE, stack=stack or CODE_STACK, max_turns=max_turns,
-                         submit_tool="submit", max_output_chars=max_output_chars)
+                         submit_tool="submit", max_output_chars=max_output_chars,
+                         parser=parser, call_example=CALL_EXAMPLE)
         self.compact_tools = compact_tools
         if compact_tools:  # what the prompt shows; the gate validates against the full schema
             self.tools = [compact_declaration(d) for d in self.tools]
@@ -189,7 +206,8 @@ class CodeEnv(ToolEnv):
         # provenance: the world this record ran in (the replay verifier rebuilds the same one)
         return {"workspace_files": [SOLUTION_FILE, VISIBLE_TEST_FILE],
                 "provenance": {"tools": [t["function"]["name"] for t in self.tools],
-                               "compact_tools": self.compact_tools}}
+                               "compact_tools": self.compact_tools,
+                               "parser": self.toolbox.parser}}
 
     @staticmethod
     def _fill(sb: Sandbox, task: Task) -> None:

@@ -11,7 +11,9 @@ observations. It re-derives the outcome from what the agent *did*:
    played, in order, through a fresh `CodeEnv` (a new sandbox per record)
    offering the tools the record's provenance names (the env option ``tools``;
    ``compact_tools`` changes only what the prompt shows, not what a call does, so the
-   replay does not need it), so the workspace at submit is the one the agent built, including whatever its
+   replay does not need it), read by the parser the record names (``parser``; a record
+   without one is from version 1, which read tagged calls only: ``hermes``), so the
+   workspace at submit is the one the agent built, including whatever its
    ``run_python`` and ``run_tests`` calls did to it;
 3. the replayed episode must end on the record's last turn, by that submit; the
    hidden tests then run in a fresh sandbox through the verifier's own
@@ -34,7 +36,7 @@ from taurl.envs.core import Task, seen_by_env
 from taurl.errors import ConfigError
 from taurl.tools.sandbox import SandboxConfig
 
-VERSION = f"code-replay-v1+{VERIFIER_VERSION}"  # bump the first part when the replay rules change
+VERSION = f"code-replay-v2+{VERIFIER_VERSION}"  # bump the first part when the replay rules change
 
 
 class ReplayVerifier:
@@ -60,12 +62,14 @@ class ReplayVerifier:
             return 0.0, f"the episode did not end by a submit (stop reason {traj.stop_reason!s})"
         # the verifier's own instance, never the env's or the training run's
         own = HiddenTestVerifier(root=self.root)
-        tools = (getattr(traj, "provenance", None) or {}).get("tools")  # the tool set the episode had
+        provenance = getattr(traj, "provenance", None) or {}
+        tools = provenance.get("tools")  # the tool set the episode had
+        parser = provenance.get("parser", "hermes")  # how its actions were read
         try:
             env = CodeEnv(max_turns=len(turns) + 1, root=self.root, sandbox_config=self.sandbox_config,
-                          tools=tools, verifier_factory=lambda: own)
+                          tools=tools, verifier_factory=lambda: own, parser=parser)
         except ConfigError as e:
-            return 0.0, f"the record's provenance names no valid tool set: {e}"
+            return 0.0, f"the record's provenance names no valid tool set or parser: {e}"
         try:
             env.reset(task, traj.seed)
             for i, turn in enumerate(turns):

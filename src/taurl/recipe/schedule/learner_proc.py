@@ -5,10 +5,12 @@ Python between small tensor ops, and so does a learner on a small policy; in one
 they take turns on the GIL, and the learner — the async pipeline's critical path — runs at
 a fraction of its speed. In its own process it has a core's worth of interpreter.
 
-The child builds the learner as `taurl.recipe.loop.reinforce` does (weights, optimizer, critic
-and RNG states of the newest checkpoint; the same kill point inside every optimizer step),
-then per update: receives the batch, updates, sends the learn/* metrics back ("learned")
-and receives the update's metrics row from the parent (`commit`); a thread of the child
+The child builds the learner as `taurl.recipe.loop.reinforce` does (the same factory,
+`taurl.recipe.stages.learner_for`; weights, optimizer, critic and RNG states of the newest
+checkpoint; the same kill point inside every optimizer step), then per update: receives the
+batch, runs the synchronous loop's step on it (`taurl.recipe.rl_step`: credit, then update),
+sends the learn/* metrics back ("learned") and receives the update's metrics row from the
+parent (`commit`); a thread of the child
 then writes checkpoint v+1 (whole or not at all, with the async bookkeeping and the row in
 its taurl.json, so a kill before the parent appends the row loses none:
 `taurl.recipe.record.recover_row`), drops the previous optimizer state and says ("saved", v+1),
@@ -235,7 +237,9 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     from taurl import chaos
     from taurl.data.runs import RunDir
     from taurl.policy.model import load_policy
+    from taurl.recipe.rl_step import rl_step
     from taurl.recipe.schedule.admission import stale_token_keep
+    from taurl.recipe.stages import learner_for
     from taurl.rollout.episodes import episode_seed
     from taurl.train.checkpoint import (
         drop_optimizer_state,
@@ -245,7 +249,6 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         save_checkpoint,
         seed_rng,
     )
-    from taurl.train.learner import Learner
 
     try:
         if cfg.torch_threads:
@@ -256,7 +259,7 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.torch_dtype)  # the run's placement
         model, tok = load_policy(run.checkpoint(version), device, dtype=dtype)
         reference = load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
-        learner = Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference)
+        learner = learner_for(cfg, run, v_sft, model, tok, reference)  # the sync loop's factory
         load_optimizer_state(run.checkpoint(version), learner.optimizer)
         learner.load_state(run.checkpoint(version))
         if cfg.mask_stale:
@@ -286,7 +289,8 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     while (msg := conn.recv()) is not None:
         update, v, batch, groups = msg
         try:
-            stats = learner.update(batch, version=v)  # its staleness is against the learner's version
+            # the sync loop's step: credit, then update; staleness against the learner's version
+            stats = rl_step(learner, batch, v)
             writer.wait()  # (an update that took no optimizer step)
             rng = rng_state()
         except Exception as e:  # noqa: BLE001 — sent to the parent, which raises it
@@ -320,8 +324,7 @@ def _locked(fn: Any) -> Any:
 
 if __name__ == "__main__":
     _die_with_parent()
-    import taurl.train.checkpoint
-    import taurl.train.learner  # noqa: F401 — torch and transformers, before the parent needs the learner
+    import taurl.recipe.rl_step  # noqa: F401 — torch and transformers, before the parent needs it
 
     _conn = Client(sys.argv[1], family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(KEY_ENV)))
     _child(_conn, *_conn.recv())

@@ -1,18 +1,19 @@
 """The distributed learner as the recipe sees it: a `Learner` whose updates run on N ranks.
 
     learner = DistributedLearner(model, config, strategy="fsdp", world_size=2, pad_id=...)
-    credit  = learner.assign(batch)          # here, as the single learner (numpy only)
+    credit  = credit_step(learner, batch)    # here, as the single learner (numpy only)
     stats   = learner.update(batch, credit=credit)   # every rank trains its share; rank 0's
                                              # metrics; `model` now holds the new weights
     learner.close()
 
 The driver process holds no rank. It starts the ranks (`taurl.train.distributed.pool`),
 sends each the model, the reference and the config (`worker.Rank.build`), and per update
-the batch and its credit; after a step rank 0 gathers the whole weights and they are loaded
-into the driver's `model`, so the recipe checkpoints and serves that plain HF model as
-today (`save_checkpoint` writes the same directory). `optimizer` stands for the ranks' AdamW:
-its ``state_dict()`` is the whole state gathered on rank 0, in the single-process format, and
-``load_state_dict`` sends one to every rank, so resume works as with one process.
+the batch and its credited rows (`taurl.train.credit_step`); after a step rank 0 gathers
+the whole weights and they are loaded into the driver's `model`, so the recipe checkpoints
+and serves that plain HF model as today (`save_checkpoint` writes the same directory).
+`optimizer` stands for the ranks' AdamW: its ``state_dict()`` is the whole state gathered on
+rank 0, in the single-process format, and ``load_state_dict`` sends one to every rank, so
+resume works as with one process.
 
 What runs only with one process (refused by the config: `taurl.recipe.config`): a critic
 (gae), a step scorer, LoRA, the async schedule and the dpo / distill / rejection stages.
@@ -29,9 +30,10 @@ import torch
 from taurl.credit import needs_values
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
+from taurl.train.credit_step import Credited, credit_step
 from taurl.train.distributed.pool import RankPool, start_ranks
 from taurl.train.distributed.wire import to_bytes
-from taurl.train.learner import Assigned, Learner, LearnerConfig
+from taurl.train.learner import Learner, LearnerConfig
 
 
 class RanksOptimizer:
@@ -74,13 +76,13 @@ class DistributedLearner(Learner):
         self.optimizer = RanksOptimizer(self.pool)  # type: ignore[assignment]
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None,
-               credit: Assigned | None = None) -> dict[str, float]:
+               credit: Credited | None = None) -> dict[str, float]:
         """`Learner.update` on the ranks; the driver's model then holds the new weights."""
         for wait in self.before_step:
             wait()
         for hook in self.optimizer.hooks:
             hook(self.optimizer, (), {})
-        credit = self.assign(trajs) if credit is None else credit
+        credit = credit_step(self, trajs) if credit is None else credit
         stats = self.pool.call("update", list(trajs), version, credit)[0]
         if not stats.get("learn/skipped"):
             self.pull_weights()

@@ -1,6 +1,6 @@
 """One rank's learner: `taurl.train.learner.Learner`'s update on this rank's micro-batches.
 
-Every rank receives the whole batch and its credit, so each cuts the same micro-batches
+Every rank receives the whole batch and its credited rows, so each cuts the same micro-batches
 (`taurl.train.rows.micro_batches`) and computes the same split
 (`taurl.train.distributed.split`); then it makes the rows of its own share only. The loss
 is normalised exactly as with one rank:
@@ -34,14 +34,14 @@ import torch.distributed as dist
 
 from taurl.data.trajectory import Trajectory
 from taurl.train import chains
+from taurl.train.credit_step import Credited
 from taurl.train.distributed.group import Place
 from taurl.train.distributed.metrics import combine_drift, combine_sums
 from taurl.train.distributed.split import assign_micro_batches, slots
 from taurl.train.distributed.wrap import empty_pass, global_norm, grad_sync, wrap
-from taurl.train.learner import Assigned, Learner, LearnerConfig, _Batch
+from taurl.train.learner import Learner, LearnerConfig, _Batch
 from taurl.train.mismatch import Mismatch
 from taurl.train.rows import Rows, action_logprobs, make_rows, micro_batches
-from taurl.train.staleness import staleness_stats
 
 
 class RankLearner(Learner):
@@ -54,17 +54,14 @@ class RankLearner(Learner):
                          reference=reference)
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None,
-               credit: Assigned | None = None) -> dict[str, float]:
-        """`Learner.update` on this rank's share; every rank returns the whole batch's metrics."""
+               credit: Credited | None = None) -> dict[str, float]:
+        """`Learner.update` on this rank's share of the credited rows (the driver's credit
+        step: `taurl.train.credit_step`); every rank returns the whole batch's metrics."""
         t0, cfg = time.perf_counter(), self.config
-        if version is None:
-            version = max((v for t in trajs for v in t.policy_versions), default=0)
-        assigned = self.assign(trajs) if credit is None else credit
-        kept, adv, stats = self._credit(trajs, assigned, version)
-        stats.update(staleness_stats(trajs, version).as_stats())
-        if stats.get("learn/skipped"):  # measured on every micro-batch by every rank: no split
+        version, credit, stats = self._begin(trajs, version, credit)
+        if credit.skip:  # measured on every micro-batch by every rank: no split
             return {**stats, "learn/learn_s": time.perf_counter() - t0}
-        batch, n_slots = self._share(kept, adv)
+        batch, n_slots = self._share(credit.kept, credit.advantages)
         ref = self._reference_logprobs(batch.rows)
         self.model.eval()  # as Learner.update: no dropout noise in the ratio
         sums: dict[str, float] = {}
