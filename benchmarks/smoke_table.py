@@ -334,4 +334,37 @@ COMMANDS: tuple[Command, ...] = (
         "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tinker_roundtrip.py --steps 30 --reps 3",
         ("--steps", "2", "--reps", "1"),
     ),
+    # The distributed learner on a real model (docs/scale-out.md)
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_equivalence.py --model " + REAL
+        + " --strategy fsdp --updates 3",
+        ("--updates", "1", "--groups", "1", "--rows", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_equivalence.py --model " + REAL
+        + " --strategy ddp --updates 3",
+        ("--updates", "1", "--groups", "1", "--rows", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_equivalence.py --model " + REAL
+        + " --floor --updates 3",
+        ("--updates", "1", "--groups", "1", "--rows", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy ddp"
+        " --updates 10",
+        ("--updates", "1"),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy fsdp"
+        " --updates 10",
+        ("--updates", "1"),
+    ),
+    Command(
+        ".venv/bin/python benchmarks/gpu_check.py --dry --out runs/gpu_check.json",
+        ("--skip", "cuda_tests", "vllm"),
+    ),
 )

@@ -16,9 +16,10 @@ import pytest
 import torch
 from test_learner_invalid import _model, _traj  # noqa: E402  (pytest puts this folder on sys.path)
 
+from taurl.train.distributed.equivalence import run_pair
 from taurl.train.distributed.metrics import combine_sums
 from taurl.train.distributed.split import assign_micro_batches, slots
-from taurl.train.learner import Learner, LearnerConfig, micro_batches
+from taurl.train.learner import LearnerConfig, micro_batches
 
 
 def test_the_split_balances_tokens_and_is_the_same_on_every_rank():
@@ -78,8 +79,6 @@ def pool():
     ("fsdp", "seq-mean-token-mean", "fp32"),
     ("ddp", "token-mean", "bf16-mixed")])  # bf16 autocast on every rank, TIS on, checkpointing
 def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation, precision):
-    from taurl.train.distributed.driver import DistributedLearner
-
     model = _model()
     reference = copy.deepcopy(model)
     with torch.no_grad():  # a reference apart from the policy: the KL term has a gradient
@@ -90,17 +89,10 @@ def test_two_ranks_take_the_step_of_one(pool, strategy, aggregation, precision):
                            precision=precision, activation_checkpointing=precision != "fp32")
     # 2+2, 2+2 and 1+0 micro-batches over the 2 ranks
     assert [len(micro_batches(b, 40)) for b in batches][:3] == [4, 4, 1]
-    single = copy.deepcopy(model)
-    one = Learner(single, config, reference=copy.deepcopy(reference))
-    expect = [one.update(b) for b in batches]
-    ranked = copy.deepcopy(model)
-    two = DistributedLearner(ranked, config, strategy=strategy, world_size=2, reference=reference,
-                             pool=pool)
-    got = [two.update(b) for b in batches]
-    diff = max(float((p - q).detach().abs().max())
-               for p, q in zip(single.parameters(), ranked.parameters(), strict=True))
-    rel = {k: max(abs(g[k] - e[k]) / abs(e[k]) for e, g in zip(expect[:3], got[:3], strict=True))
-           for k in ("learn/loss", "learn/grad_norm")}
+    pair = run_pair(model, config, batches, strategy=strategy, world_size=2, reference=reference,
+                    pool=pool)
+    one, two, expect, got = pair.one, pair.two, pair.expect, pair.got
+    diff, rel = pair.weight_difference(), pair.relative(updates=3)
     print(f"{strategy} {aggregation}: max relative diff {rel}, max weight diff {diff:.3g} "
           f"(lr {config.lr})")
     assert rel["learn/loss"] <= 1e-5 and rel["learn/grad_norm"] <= 1e-5, rel

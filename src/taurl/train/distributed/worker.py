@@ -89,6 +89,12 @@ class Rank:
         state = full_optimizer_state(self.learner.model, self.learner.optimizer)
         return state if self.place.rank == 0 else None
 
+    def peak_memory(self) -> int:
+        """The bytes this rank's process has held in GPU tensors at most (0 on CPU): the
+        driver cannot read another process's allocator (benchmarks/gpu_check.py asks)."""
+        dev = self.place.device
+        return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else 0
+
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         from taurl.train.distributed.wrap import load_full_optimizer_state
 
