@@ -700,8 +700,14 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
 
 @pytest.mark.vllm
 @needs_vllm
-def test_real_killed_server_fails_in_flight_requests(real):
-    # last in the module: it kills the shared server (SIGKILL: a crash, no clean shutdown)
+def test_real_killed_server_fails_in_flight_requests(real, monkeypatch):
+    # last in the module: it kills the shared server (SIGKILL: a crash, no clean shutdown).
+    # The request must still be sampling when the kill lands: greedy decoding of the weights
+    # the earlier tests left (v2) may say EOS at once, so this one request ignores EOS
+    body = real._body
+    monkeypatch.setattr(real, "_body", lambda prompt, sampling, seed, rid, max_tokens, _=False:
+                        body(prompt, sampling, seed, rid, max_tokens, True))
+
     async def go():
         task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
         await _until_sampling(real)  # killed mid-action, not before the request arrived
