@@ -21,11 +21,7 @@ SPEED = "docs/experiments/speed.md"
 CREDIT = "docs/experiments/long-credit.md"
 
 # one SFT step or two, one RL update of 2 tasks x 2 rollouts, evaluations of 2 tasks x 1 trial
-TRAIN_TINY = (
-    "--demos",
-    "32",
-    "--sft-max-steps",
-    "2",
+RL_TINY = (
     "--updates",
     "1",
     "--tasks-per-update",
@@ -37,6 +33,7 @@ TRAIN_TINY = (
     "--eval-trials",
     "1",
 )
+TRAIN_TINY = ("--demos", "32", "--sft-max-steps", "2", *RL_TINY)
 # search-v0's copy warm-up (300 steps in configs/demo.yaml)
 SEARCH_TINY = (*TRAIN_TINY, "--warmup-options", '{"steps": 2, "batch_size": 8}')
 REAL = "~/.cache/taurl/models/smollm2-135m-instruct"
@@ -300,18 +297,7 @@ COMMANDS: tuple[Command, ...] = (
         ".venv/bin/taurl train --config configs/real.yaml --model runs/demo-real/checkpoints/v1 "
         "--sft none --updates 4 --drop-zero-variance false --eval-tasks 4 --run-dir R "
         "--no-progress",
-        (
-            "--updates",
-            "1",
-            "--tasks-per-update",
-            "2",
-            "--group-size",
-            "2",
-            "--eval-tasks",
-            "2",
-            "--eval-trials",
-            "1",
-        ),
+        RL_TINY,
         needs=("real-model",),
         fill={" R ": " runs/mem "},
     ),
