@@ -263,3 +263,43 @@ def test_prompts_of_very_different_lengths_are_prefilled_apart_and_stay_exact(mo
     assert PREFILL_PAD_WASTE < 1
     assert wave([20, 20, 19, 18]) == 1
     assert wave([60, 4, 3, 3]) == 2  # 4 rows padded to 60 would be 240 positions for 70 tokens
+
+
+def test_pause_after_a_paused_wait_still_waits_for_the_running_forward(model, tok):
+    """A pause must not return while a forward pass runs. Before: the worker set `_idle` while
+    paused with work queued and never cleared it once it resumed, so the next pause (a weight
+    swap) returned at once and rebuilt the slim decoder's weights mid-step (CI: 'engine step
+    failed: IndexError: list index out of range' in the async schedule's interrupt test)."""
+    import threading
+    import time
+
+    engine = LocalEngine(model, tok, max_batch_size=4)
+    in_forward, slow = threading.Event(), threading.Event()
+    real = engine._decode
+
+    def decode(batch, kv):  # a slow step we can see from outside the worker
+        in_forward.set()
+        if not slow.is_set():
+            slow.set()
+            time.sleep(0.5)
+        try:
+            return real(batch, kv)
+        finally:
+            in_forward.clear()
+
+    engine._decode = decode
+
+    async def main():
+        await engine.pause("wait")
+        job = asyncio.ensure_future(engine.generate(_prompts(1, seed=5)[0], SamplingParams(max_tokens=8, seed=0)))
+        await asyncio.sleep(0.2)  # the worker sees the queued request while paused
+        await engine.resume()
+        while not in_forward.is_set():
+            await asyncio.sleep(0.005)
+        await engine.pause("abort")
+        running_when_paused = in_forward.is_set()
+        await engine.resume()
+        await job
+        return running_when_paused
+
+    assert asyncio.run(main()) is False

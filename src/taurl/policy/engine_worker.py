@@ -89,6 +89,10 @@ class BatchWorker:
                     return
                 if frozen and batch:
                     self._kept = len(batch)
+                elif not waiting and (batch or admitted):
+                    # a forward runs next: a pause taken from here on must wait for it (idle may
+                    # still be set from a paused wait with work queued, and pause trusts it)
+                    self._idle.clear()
             if waiting and (batch or self._pending):  # lock-step: a slot's request is still to come
                 self._wake.wait(1.0)  # generate, join and leave set it; the timeout is a safety net
                 self._wake.clear()
