@@ -162,6 +162,7 @@ def test_a_judged_run_trains_on_the_judge_and_is_evaluated_by_the_verifier(tmp_p
     final = json.loads((tmp_path / "run/evals/holdout-final.json").read_text())
     assert final["verifier"] == "said-it"  # the registered verifier evaluated
     assert summary["holdout"]["final"]["episodes"] == 2 and len(held) == 2
+    assert summary["judge"]["version"] == version and summary["judge"]["judge/calls"] > 0
     verifier = envs.spec("judged-word-v0").make_verifier()
     a = episode_agreement(held, build_judge(JUDGED), verifier)
     assert a.episodes == 2 and a.both_pass + a.both_fail + a.judge_only + a.verifier_only == 2
