@@ -41,9 +41,11 @@ def test_reward_config_problems_are_named():
         {"kind": "verifier", "judge": JUDGED["judge"]}))
 
 
-def test_a_judged_run_cannot_choose_its_sft_data_with_the_verifier():
+def test_a_judged_run_never_trains_on_the_verifier_by_another_door():
     problems = TrainConfig(reward=JUDGED, sft="rejection").problems()
     assert any("rejection would train on the verifier" in p for p in problems)
+    ray = TrainConfig(reward=JUDGED, backend="ray").problems()
+    assert any("judge runs with backend: local" in p for p in ray)
     assert not any("reward" in p for p in TrainConfig(reward=JUDGED).problems())
 
 

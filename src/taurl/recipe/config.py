@@ -322,6 +322,9 @@ class TrainConfig:
         if is_judged(self.reward) and self.sft == "rejection":  # it filters by the verifier
             out.append("reward.kind judge with sft: rejection would train on the verifier's "
                        "choices; use sft: expert, file or none")
+        if is_judged(self.reward) and self.backend != "local":  # Ray workers build plain envs
+            out.append("reward.kind judge runs with backend: local (Ray's rollout workers would "
+                       "train on the env's own reward)")
         if self.agent:
             from taurl.proxy.runner import agent_problems
 
