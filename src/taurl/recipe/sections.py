@@ -17,7 +17,7 @@ for one release, each with a warning naming its new place (``rl.lr``, ``eval.tas
 command-line flags and keyword overrides (``--lr``, ``taurl.train(..., lr=...)``) keep their
 flat names. Options not listed here (``seed``, ``env``, ``imports``, ``env_config``,
 ``system_prompt``, ``tasks``, ``task_options``, ``alarms``, ``trackers``, ``promotion``,
-``agent``, ``torch_threads``) stay at the top level.
+``agent``, ``torch_threads``, ``reward``) stay at the top level.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ SECTIONS: dict[str, dict[str, str]] = {
 }
 # the options that stay at the top level (every TrainConfig option is here or in a section)
 TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks", "task_options", "alarms",
-                 "trackers", "promotion", "agent", "torch_threads"})
+                 "trackers", "promotion", "agent", "torch_threads",
+                 "reward"})
 HOME: dict[str, str] = {flat: f"{section}.{key}" for section, keys in SECTIONS.items() for key, flat in keys.items()}
 
 
