@@ -121,6 +121,8 @@ class RayRankPool(RankPool):
     @classmethod
     def start(cls, world_size: int, device: str = "cpu",  # type: ignore[override]
               options: RayRankOptions | None = None) -> RayRankPool:
+        """`world_size` rank actors placed, joined and connected (module docstring, 1-3);
+        on any failure the placement group (and with it its actors) is removed first."""
         opts = options or RayRankOptions()
         ray = _ray()
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -128,7 +130,7 @@ class RayRankPool(RankPool):
 
         bundle = opts.bundle_for(device)
         owns, temp_dir = connect_ray(ray, opts.num_cpus or int(world_size * bundle.get("CPU", 1)))
-        group = None
+        group = listener = None
         try:
             group = placement_group([bundle] * world_size, strategy=opts.placement)
             ready, _ = ray.wait([group.ready()], timeout=opts.ready_timeout_s)
@@ -160,6 +162,8 @@ class RayRankPool(RankPool):
                 why = "; ".join(filter(None, (p.error() for p in procs)))
                 raise RankDied(f"{e}: {why}" if why else str(e)) from None
         except BaseException:
+            if listener is not None:
+                listener.close()
             if group is not None:
                 with contextlib.suppress(Exception):
                     remove_placement_group(group)
