@@ -201,6 +201,8 @@ class TrainConfig:
     lora: dict[str, Any] = field(default_factory=dict)  # train LoRA adapters (docs/lora.md): rank, alpha, dropout, targets; {}: full fine-tuning; pip install 'taurl[real]'
     train_strategy: str = "single"  # learner parallelism: single | ddp | fsdp (docs/scale-out.md)
     train_world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
+    train_launcher: str = "local"  # who starts the ranks: local (processes) | ray (Ray actors)
+    train_ray: dict[str, Any] = field(default_factory=dict)  # placement, bundle, ready_timeout_s
     precision: str = "fp32"  # learner: fp32 | bf16-mixed | fp16-mixed (fp32 master weights)
     activation_checkpointing: bool = False  # learner: recompute activations in the backward
     attention: str = "auto"  # learner attention kernel: auto (the model's) | sdpa | eager

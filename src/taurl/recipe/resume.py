@@ -28,7 +28,8 @@ from taurl.recipe.sections import flatten
 # (deterministic, like device and torch_threads, changes how later rows are computed, not what a stored one is)
 RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
              "generate_timeout_s", "device", "deterministic",
-             "train_strategy", "train_world_size")  # where the step runs, not what it is
+             "train_strategy", "train_world_size", "train_launcher",
+             "train_ray")  # where the step runs, not what it is
 
 
 class ResumeError(Error, ValueError):

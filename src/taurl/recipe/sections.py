@@ -59,6 +59,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "schedule": {"kind": "schedule", "staleness_eta": "staleness_eta", "overprovision": "overprovision",
                  "interrupt": "interrupt", "mask_stale": "mask_stale"},
     "train": {"strategy": "train_strategy", "world_size": "train_world_size",
+              "launcher": "train_launcher", "ray": "train_ray",
               "precision": "precision", "activation_checkpointing": "activation_checkpointing",
               "attention": "attention"},
     "eval": {"tasks": "eval_tasks", "trials": "eval_trials", "temperature": "eval_temperature", "seed": "eval_seed"},

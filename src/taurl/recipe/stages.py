@@ -133,7 +133,7 @@ def learner_for(cfg: Any, run: Any, v_sft: int, model: Any, tok: Any, reference:
 
         return DistributedLearner(model, cfg.learner_config(), strategy=cfg.train_strategy,
                                   world_size=cfg.train_world_size, pad_id=tok.pad_token_id,
-                                  reference=reference, device=cfg.device)
+                                  reference=reference, device=cfg.device, launch=rank_launch(cfg))
     return Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
                    shaper=step_scorer(cfg, model, tok, run.root / "shaping.jsonl"))
 
@@ -147,10 +147,26 @@ def sft_steps(cfg: Any) -> Any:
         return sft_loop
     import functools
 
+    from taurl.train.distributed.launch import launch_ranks
     from taurl.train.distributed.sft import ranked_sft_loop
 
+    start = functools.partial(launch_ranks, cfg.train_world_size, cfg.device, **rank_launch(cfg))
     return functools.partial(ranked_sft_loop, strategy=cfg.train_strategy,
-                             world_size=cfg.train_world_size, device=cfg.device)
+                             world_size=cfg.train_world_size, device=cfg.device, start=start)
+
+
+def rank_launch(cfg: Any) -> dict[str, Any]:
+    """How the ranks start (`taurl.train.distributed.launch.launch_ranks`): ``train.launcher``
+    and ``train.ray``; a local Ray cluster started for the ranks also gets the CPUs of
+    ``backend: ray``'s rollout workers (they join it: `taurl.scale.ray_backend`)."""
+    if cfg.train_launcher != "ray":
+        return {"launcher": cfg.train_launcher}
+    bundle = cfg.train_ray.get("bundle") or {"CPU": 1}
+    cpus = cfg.train_world_size * bundle.get("CPU", 0)
+    if cfg.backend == "ray":
+        opts = cfg.backend_options
+        cpus += opts.get("num_cpus", opts.get("workers", 2))
+    return {"launcher": "ray", "ray": dict(cfg.train_ray), "num_cpus": max(1, int(cpus + 0.999))}
 
 
 def run_own_stage(r: Any) -> bool:
@@ -184,9 +200,10 @@ def stage_summary(r: Any) -> dict[str, Any]:
 def parallel_problems(cfg: Any) -> list[str]:
     """`strategy_problems`, and what a run with ranks does not take yet (a TrainConfig)."""
     from taurl.credit import needs_values
-    from taurl.train.distributed.strategy import strategy_problems
+    from taurl.train.distributed.strategy import launcher_problems, strategy_problems
 
     out = strategy_problems(cfg.train_strategy, cfg.train_world_size)
+    out += launcher_problems(cfg.train_launcher, cfg.train_ray, cfg.train_strategy)
     if out or cfg.train_strategy == "single":
         return out
     unsupported = [(f"a critic (rl.estimator: {cfg.estimator})", needs_values(cfg.estimator)),

@@ -16,6 +16,8 @@ RAY_OPTIONS = {
     "max_restarts": (0, "restarts of a worker that dies (its unfinished episodes are re-run)"),
     "max_attempts": (1, "times one episode is tried before it is counted as failed"),
 }
+# and one mapping: each worker's custom Ray resources, e.g. {engines: 1} (the nodes that have it)
+RESOURCES_OPTION = "resources"
 
 
 def backend_problems(backend: str, options: dict[str, Any], *, engine: str) -> list[str]:
@@ -32,7 +34,13 @@ def backend_problems(backend: str, options: dict[str, Any], *, engine: str) -> l
         out.append(f"backend: ray runs a LocalEngine in each rollout worker; engine: {engine} on Ray is not "
                    "supported yet (use engine: local, or backend: local with engine: vllm)")
     for key, value in options.items():
-        if key not in RAY_OPTIONS:
+        if key == RESOURCES_OPTION:
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                    for v in value.values()):
+                out.append(f"backend_options resources must map Ray resource names to amounts > 0, "
+                           f"e.g. {{engines: 1}} (got {value!r})")
+        elif key not in RAY_OPTIONS:
             close = difflib.get_close_matches(key, RAY_OPTIONS, n=1)
             out.append(f"unknown backend_options key {key!r} of backend ray"
                        + (f"; did you mean {close[0]!r}?" if close else f" (it takes {', '.join(RAY_OPTIONS)})"))

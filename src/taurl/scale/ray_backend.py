@@ -153,8 +153,9 @@ class RayCollector:
             temp_dir = tempfile.mkdtemp(prefix="taurl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
             _init_local_cluster(ray, num_cpus, temp_dir)
         try:
-            actor = ray.remote(RolloutWorker).options(
-                num_cpus=num_cpus / n, max_restarts=max_restarts, max_task_retries=0)
+            actor = ray.remote(RolloutWorker).options(  # resources: e.g. {engines: 1}, a node's
+                num_cpus=num_cpus / n, max_restarts=max_restarts, max_task_retries=0,
+                resources=opts.get("resources") or None)
             per_worker = max(1, math.ceil(cfg.concurrency / n))
             workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed, run_id=r.run.root.name,
                                     max_batch_size=per_worker) for _ in range(n)]

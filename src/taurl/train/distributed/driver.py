@@ -31,7 +31,8 @@ from taurl.credit import needs_values
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train.credit_step import Credited, credit_step
-from taurl.train.distributed.pool import RankPool, start_ranks
+from taurl.train.distributed.launch import launch_ranks
+from taurl.train.distributed.pool import RankPool
 from taurl.train.distributed.wire import to_bytes
 from taurl.train.learner import Learner, LearnerConfig
 
@@ -63,15 +64,17 @@ class DistributedLearner(Learner):
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, *, strategy: str,
                  world_size: int, pad_id: int = 0, reference: torch.nn.Module | None = None,
-                 device: str = "cpu", pool: RankPool | None = None):
+                 device: str = "cpu", pool: RankPool | None = None,
+                 launch: dict[str, Any] | None = None):
         """pool: ranks already started (kept open by `close`); None starts `world_size` ranks
-        (`pool.start_ranks`: here, or yours with TAURL_DIST_LAUNCH=external)."""
+        with `launch` (`launch.launch_ranks`: local processes, or yours with
+        TAURL_DIST_LAUNCH=external; Ray actors with ``{"launcher": "ray"}``)."""
         if needs_values(config.estimator):  # the critic would train in the driver, not the ranks
             raise ConfigError(f"estimator {config.estimator!r} needs a critic, which runs with "
                               "train.strategy single only")
         super().__init__(model, config, pad_id=pad_id, reference=reference)
         self.owns_pool = pool is None
-        self.pool = pool if pool is not None else start_ranks(world_size, device)
+        self.pool = pool if pool is not None else launch_ranks(world_size, device, **(launch or {}))
         if self.pool.world_size != world_size:
             raise ValueError(f"the pool has {self.pool.world_size} ranks, not {world_size}")
         self.pool.call("build", to_bytes(model), to_bytes(self.reference), config, pad_id, strategy)

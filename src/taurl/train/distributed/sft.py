@@ -95,9 +95,11 @@ def ranked_sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, stra
                     warmup_steps: int, grad_clip: float, pad_id: int, micro_batch_tokens: int,
                     seed: int, max_steps: int = 0, max_seconds: float = 0.0,
                     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
-                    pool: Any = None) -> SFTRun:
+                    pool: Any = None, start: Callable[[], Any] | None = None) -> SFTRun:
     """`taurl.train.sft.sft_loop` with its steps on `world_size` ranks; `model` ends with the
-    trained weights. pool: ranks already started (left open); None starts them here."""
+    trained weights. pool: ranks already started (left open); None starts them here with
+    `start` (e.g. `taurl.train.distributed.launch.launch_ranks` bound to its arguments:
+    Ray actors), by default `pool.start_ranks` (local processes, or yours)."""
     from taurl.train.distributed.pool import start_ranks
     from taurl.train.distributed.wire import to_bytes
 
@@ -105,7 +107,7 @@ def ranked_sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, stra
     batches = [b for _ in range(epochs) for b in length_buckets(trajs, batch_size, rng)]
     if max_steps:
         batches = batches[:max_steps]
-    ranks = pool if pool is not None else start_ranks(world_size, device)
+    ranks = pool if pool is not None else (start or (lambda: start_ranks(world_size, device)))()
     t0, steps, stopped_by = time.perf_counter(), 0, None
     try:
         ranks.call("build_sft", to_bytes(model), strategy, {

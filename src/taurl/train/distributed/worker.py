@@ -136,15 +136,14 @@ def connect(address: str, key: bytes, wait_s: float) -> Connection | None:
             time.sleep(0.5)
 
 
-def main() -> None:
-    """Join the group, then serve the driver. Started by taurl's launcher: one driver, then
-    exit. Started by yours: every driver that connects in turn (the recipe's SFT, then RL),
-    until none has connected for TAURL_DIST_WAIT_S seconds (default an hour)."""
+def serve_drivers(once: bool) -> None:
+    """Join the group from the environment, then serve the driver at TAURL_DIST_ADDR: one
+    driver (`once`: taurl's launchers, local or Ray), or every driver that connects in turn
+    (the recipe's SFT, then RL) until none has for TAURL_DIST_WAIT_S seconds (default an
+    hour). Shared by this process's `main` and a Ray rank actor
+    (`taurl.scale.ray_ranks.RankActor`), so both run the same rank."""
     from taurl.train.distributed.group import join, leave
 
-    ours = bool(os.environ.get(ORPHAN_ENV))
-    if ours:
-        _die_with_parent()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     place = join(os.environ.get(DEVICE_ENV, "auto"))
     rank, key = Rank(place), bytes.fromhex(os.environ[KEY_ENV])
@@ -155,9 +154,18 @@ def main() -> None:
             serve(conn, rank)
         finally:
             conn.close()
-        if ours:
+        if once:
             break
     leave()
+
+
+def main() -> None:
+    """A rank process (module docstring): started by taurl's launcher, one driver and exit,
+    dying with its parent; started by yours, every driver in turn (`serve_drivers`)."""
+    ours = bool(os.environ.get(ORPHAN_ENV))
+    if ours:
+        _die_with_parent()
+    serve_drivers(once=ours)
     # nothing is left to write: skip the interpreter's finalization of torch (seconds per rank)
     sys.stdout.flush()
     sys.stderr.flush()
