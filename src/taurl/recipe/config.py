@@ -318,15 +318,9 @@ class TrainConfig:
             from taurl.policy.sources import model_problems
 
             out += [f"model: {p}" for p in model_problems(self.model)]
-        from taurl.reward.judged import is_judged, reward_problems
+        from taurl.reward.judged import run_reward_problems
 
-        out += reward_problems(self.reward)
-        if is_judged(self.reward) and self.sft == "rejection":  # it filters by the verifier
-            out.append("reward.kind judge with sft: rejection would train on the verifier's "
-                       "choices; use sft: expert, file or none")
-        if is_judged(self.reward) and self.backend != "local":  # Ray workers build plain envs
-            out.append("reward.kind judge runs with backend: local (Ray's rollout workers would "
-                       "train on the env's own reward)")
+        out += run_reward_problems(self.reward, sft=self.sft, backend=self.backend)
         if self.agent:
             from taurl.proxy.runner import agent_problems
 

@@ -38,6 +38,18 @@ BACKENDS = {"reference": {"answer_pattern", "max_score"},
             "url": {"url", "model", "rubric", "max_score", "show_reference", "api_key_env"}}
 
 
+def run_reward_problems(reward: dict[str, Any], *, sft: str, backend: str) -> list[str]:
+    """`reward_problems` plus what a judged reward cannot run with in a training config."""
+    out = reward_problems(reward)
+    if is_judged(reward) and sft == "rejection":  # it filters by the verifier
+        out.append("reward.kind judge with sft: rejection would train on the verifier's "
+                   "choices; use sft: expert, file or none")
+    if is_judged(reward) and backend != "local":  # Ray workers build plain envs
+        out.append("reward.kind judge runs with backend: local (Ray's rollout workers would "
+                   "train on the env's own reward)")
+    return out
+
+
 def reward_problems(reward: dict[str, Any]) -> list[str]:
     """What is wrong with a ``reward:`` config (module docstring); [] when it is fine."""
     if not reward:
