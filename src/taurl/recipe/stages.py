@@ -31,7 +31,7 @@ STAGES = ("rl", "rejection", "dpo", "distill")
 
 
 def stage_name(cfg: Any) -> str:
-    if cfg.sft == "rejection":
+    if cfg.sft.data == "rejection":
         return "rejection"
     if cfg.teacher:
         return "distill"
@@ -45,11 +45,11 @@ def stage_problems(cfg: Any) -> list[str]:
     from taurl.train.pair_learner import DPOOptions
 
     out: list[str] = []
-    chosen = [s for s, on in (("sft: rejection", cfg.sft == "rejection"), ("rl.teacher", bool(cfg.teacher)),
+    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"), ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
         out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs with model:)")
-    if cfg.rejection and cfg.sft != "rejection":
+    if cfg.rejection and cfg.sft.data != "rejection":
         out.append("sft.rejection options are set but sft is not 'rejection'")
     if cfg.dpo and cfg.objective != "dpo":
         out.append("rl.dpo options are set but rl.objective is not 'dpo'")
@@ -57,9 +57,9 @@ def stage_problems(cfg: Any) -> list[str]:
         out.append("rl.distill options are set but rl.teacher is not: give the teacher's checkpoint directory")
     out += RejectionOptions.problems_of(cfg.rejection) + DPOOptions.problems_of(cfg.dpo)
     out += DistillOptions.problems_of(cfg.distill)
-    if stage_name(cfg) != "rl" and cfg.schedule != "sync":
+    if stage_name(cfg) != "rl" and cfg.schedule.kind != "sync":
         out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
-    if cfg.sft == "rejection" and cfg.backend != "local":
+    if cfg.sft.data == "rejection" and cfg.backend != "local":
         out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
                    f"backend: {cfg.backend} is not supported there: drop backend (local)")
     if stage_name(cfg) != "rl" and cfg.lora:
@@ -191,7 +191,7 @@ def parallel_problems(cfg: Any) -> list[str]:
         return out
     unsupported = [(f"a critic (rl.estimator: {cfg.estimator})", needs_values(cfg.estimator)),
                    ("rl.step_scorer", cfg.step_scorer != "none"), ("policy.lora", bool(cfg.lora)),
-                   ("schedule: async", cfg.schedule == "async"),
+                   ("schedule: async", cfg.schedule.kind == "async"),
                    (f"the {stage_name(cfg)} stage", stage_name(cfg) != "rl")]
     if bad := [name for name, on in unsupported if on]:
         out.append(f"train.strategy {cfg.train_strategy} runs the RL learner alone for now; "
