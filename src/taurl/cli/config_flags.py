@@ -35,7 +35,11 @@ def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
             continue
         names = set(klass.__dict__.get("__annotations__", {}))
         above: list[str] = []
-        for line in inspect.getsource(klass).splitlines():
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):  # a class made at run time (make_dataclass): no comments
+            continue
+        for line in source.splitlines():
             text = line.strip()
             if text.startswith("#"):
                 above.append(text[1:].strip())
