@@ -99,11 +99,13 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
     from taurl.errors import ConfigError
     from taurl.recipe.config import TrainConfig, load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.sections import flat_options
 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
     bench.seed_run(src_p, run, json.loads((src_p / "state.json").read_text())["sft_version"])
-    data = {**json.loads(json.dumps(base.__dict__)), **(override or {}), **arm_overrides(arm),
+    data = {**json.loads(json.dumps(flat_options(base))), **(override or {}),
+            **arm_overrides(arm),
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
     cfg = load_config(TrainConfig, data=data)
     if overlap := bench.sft_task_overlap(base, cfg):

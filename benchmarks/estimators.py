@@ -30,6 +30,7 @@ from taurl.envs.tasks import plan_tasks
 from taurl.errors import ConfigError
 from taurl.recipe.config import TrainConfig, load_config
 from taurl.recipe.loop import train
+from taurl.recipe.sections import flat_options
 from taurl.rollout.episodes import episode_seed
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
@@ -101,7 +102,8 @@ def main() -> None:
                 seed_run(src, run, sft_version)
                 # the task plan's seed stays the SFT run's, so RL never trains on its demonstration tasks;
                 # the variant's seed changes the rollout sampling only
-                data = {**json.loads(json.dumps(base.__dict__)), **json.loads(override), "estimator": est,
+                data = {**json.loads(json.dumps(flat_options(base))), **json.loads(override),
+                        "estimator": est,
                         "updates": args.updates, "rl_max_seconds": 0, "rl_seed": seed}
                 cfg = load_config(TrainConfig, data=data)
                 if overlap := sft_task_overlap(base, cfg):

@@ -28,7 +28,6 @@ skipped. Named kill points (`taurl.chaos`) let the chaos test SIGKILL a run anyw
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import tempfile
@@ -423,7 +422,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
         "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
         "timings": r.state.get("timings", {}),
-        "config": dataclasses.asdict(c),
+        "config": flat_options(c),
     }
     # the gate's decision, final vs SFT, from the evaluations above (same tasks and seeds)
     from taurl.eval.promote_run import recipe_promotion

@@ -42,8 +42,8 @@ TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks
 
 # the flat names of the release before sections, and where each lives now (frozen: a new
 # option has no flat name, only its place)
-_RENAMED = {"model_size": "policy.size", "engine": "engine.kind", "engine_options": "engine.options",
-            "sft": "sft.data", "sft_data": "sft.file", "rl_seed": "rl.seed",
+_RENAMED = {"model_size": "policy.size", "engine": "engine.kind",
+            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file", "rl_seed": "rl.seed",
             "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
             "train_strategy": "train.strategy", "train_world_size": "train.world_size"}
 _PREFIXED = {"sft": ("epochs", "batch_size", "lr", "warmup_steps", "max_steps", "max_seconds"),
@@ -230,7 +230,8 @@ def build_config(cfg: Any, options: Mapping[str, Any]) -> None:
         elif f.name in given:
             value = given[f.name]
         else:
-            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            factory = f.default_factory
+            value = factory() if factory is not dataclasses.MISSING else f.default
         object.__setattr__(cfg, f.name, value)
 
 

@@ -80,7 +80,8 @@ def _check(values: dict[str, Any], known: set[str], hints: dict[str, Any], prefi
     for key in list(values):
         if key not in known:
             close = difflib.get_close_matches(key, names or known, n=1)
-            problems.append(f"unknown option {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            problems.append(f"unknown option {key!r}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
             values.pop(key)
         elif not _type_ok(values[key], hints[key]):
             problems.append(f"{prefix}{key} must be {_type_name(hints[key])} (got {values[key]!r})")

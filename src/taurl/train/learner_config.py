@@ -39,21 +39,29 @@ class LearnerConfig(LearnerNumerics):
     section), and the fields marked ``set_by`` are set by the run from other sections.
     """
 
-    estimator: str = "grpo"  # advantage estimator by name: grpo | gigpo | rloo | dr_grpo | ... (taurl.credit.ESTIMATORS)
-    estimator_options: dict[str, Any] = field(default_factory=dict)  # keyword options of the estimator, e.g. {"omega": 1.0}
+    # advantage estimator by name: grpo | gigpo | rloo | dr_grpo | ... (taurl.credit.ESTIMATORS)
+    estimator: str = "grpo"
+    # keyword options of the estimator, e.g. {"omega": 1.0}
+    estimator_options: dict[str, Any] = field(default_factory=dict)
     objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
-    objective_options: dict[str, Any] = field(default_factory=dict)  # extra keyword options of the objective
+    # extra keyword options of the objective
+    objective_options: dict[str, Any] = field(default_factory=dict)
     eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low for negative advantages
     eps_high: float = 0.28  # PPO clip above ("clip-higher", DAPO): ratio <= 1 + eps_high
-    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    lr: float = 5e-4  # AdamW learning rate (the recipe's rl.lr default: one value, tests/train/test_learner_defaults.py)
-    lr_warmup_steps: int = 0  # optimizer steps of linear lr warm-up (`warmup_lr`); 0: the full lr from the first step
+    # loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
+    # seq-mean-token-sum-norm (taurl.train.objectives.AGGREGATIONS)
+    aggregation: str = "token-mean"
+    lr: float = 5e-4  # RL AdamW learning rate
+    # optimizer steps of linear lr warm-up: step n uses lr * min(1, n / lr_warmup_steps); 0: off
+    lr_warmup_steps: int = 0
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm
     kl_coef: float = 0.0  # β of the KL(π_θ ‖ π_ref) loss term; 0 keeps no reference model
     kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
     entropy_coef: float = 0.0  # entropy bonus coefficient (the entropy is always measured)
-    drop_zero_variance: bool = True  # drop groups whose advantages are all zero (DAPO dynamic sampling, on the advantages used)
+    # drop groups whose advantages are all zero before the loss (DAPO dynamic sampling, on the
+    # advantages used; counted in learn/filter_*)
+    drop_zero_variance: bool = True
     micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
     epochs: int = 1  # optimizer steps on each batch (PPO epochs)
     # sampling temperature of the rollouts (logprobs are of logits / T)
@@ -62,10 +70,14 @@ class LearnerConfig(LearnerNumerics):
     norm_constant: float | None = field(default=None,
                                         metadata=_set_by("rollout.max_episode_tokens"))
     critic_lr: float = 1e-3  # AdamW learning rate of the critic (estimators that need values: gae)
-    vf_clip: float | None = 0.2  # PPO value-loss clip around the critic's old values (None: plain MSE)
+    vf_clip: float | None = 0.2  # critic's PPO value-loss clip (null: plain squared error)
     critic_epochs: int = 0  # critic optimizer steps on each batch (0: `epochs`, the policy's)
-    critic_warmup_updates: int = 0  # the critic's first updates train only the critic, no policy step (its values are fitted before they shape advantages)
-    segment_weighting: str = "token"  # how a chain's streams weigh: token (each action token) | episode (each episode 1/E): taurl.train.chains
+    # estimator gae: the first updates fit only the critic, no policy step (its values are
+    # fitted before they shape advantages; they count in the episode budget)
+    critic_warmup_updates: int = 0
+    # an episode of several token streams (compaction): token (each action token weighs the
+    # same) | episode (each episode 1/E), taurl.train.chains
+    segment_weighting: str = "token"
     tis: str = "auto"  # truncated IS min(π/μ, C) on the PG term: auto (dtypes differ) | on | off
     tis_cap: float = 2.0  # C of the TIS weight
     # the engine's dtype (policy.torch_dtype), against the learner's
@@ -80,8 +92,9 @@ class LearnerConfig(LearnerNumerics):
 
         out = estimator_problems(self.estimator, self.estimator_options)
         if self.aggregation == "seq-mean-token-sum-norm" and self.loss_norm_constant() is None:
-            out.append("aggregation seq-mean-token-sum-norm needs a constant normalizer: set norm_constant "
-                       "(taurl train sets it to max_episode_tokens), or objective_options {norm_constant: C}")
+            out.append("aggregation seq-mean-token-sum-norm needs a constant normalizer: set "
+                       "norm_constant (taurl train sets it to max_episode_tokens), or "
+                       "objective_options {norm_constant: C}")
         if (c := self.loss_norm_constant()) is not None and not c > 0:
             out.append(f"norm_constant must be > 0 (got {c!r})")
         if needs_values(self.estimator):
@@ -91,12 +104,15 @@ class LearnerConfig(LearnerNumerics):
                 out.append(f"vf_clip must be > 0 or null (got {self.vf_clip!r})")
         if isinstance(self.lr_warmup_steps, bool) or not isinstance(self.lr_warmup_steps, int) \
                 or self.lr_warmup_steps < 0:
-            out.append(f"lr_warmup_steps must be an integer >= 0 (0: no warm-up); got {self.lr_warmup_steps!r}")
+            out.append("lr_warmup_steps must be an integer >= 0 (0: no warm-up); got "
+                       f"{self.lr_warmup_steps!r}")
         if self.critic_epochs < 0:
-            out.append(f"critic_epochs must be >= 0 (0: the policy's epochs); got {self.critic_epochs!r}")
-        if self.critic_warmup_updates < 0 or (self.critic_warmup_updates and not needs_values(self.estimator)):
-            out.append(f"critic_warmup_updates must be >= 0 and needs an estimator with a critic (gae); got "
-                       f"{self.critic_warmup_updates!r} with estimator {self.estimator!r}")
+            out.append("critic_epochs must be >= 0 (0: the policy's epochs); got "
+                       f"{self.critic_epochs!r}")
+        warmup = self.critic_warmup_updates
+        if warmup < 0 or (warmup and not needs_values(self.estimator)):
+            out.append("critic_warmup_updates must be >= 0 and needs an estimator with a critic "
+                       f"(gae); got {warmup!r} with estimator {self.estimator!r}")
         try:
             if objective_family(self.objective) != "policy_gradient":
                 out.append(f"objective {self.objective!r} is not a policy-gradient loss; use ppo, "
@@ -127,8 +143,8 @@ class LearnerConfig(LearnerNumerics):
         """The critic's options (a `taurl.train.critic.CriticConfig`), from this config's."""
         from taurl.train.critic import CriticConfig
 
-        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip, epochs=self.critic_epochs or self.epochs,
-                            grad_clip=self.grad_clip,
+        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip,
+                            epochs=self.critic_epochs or self.epochs, grad_clip=self.grad_clip,
                             micro_batch_tokens=self.micro_batch_tokens)
 
     def _objective_kwargs(self) -> dict[str, Any]:
