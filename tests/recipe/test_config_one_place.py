@@ -122,3 +122,18 @@ def test_a_run_of_the_flat_release_resumes(tmp_path):
         check_resume(tmp_path, run_identity(dataclasses.replace(cfg, lr=2e-3), env))
     (tmp_path / "config.yaml").write_text("lr: 0.001\neval_tasks: 9\n")  # the flat release's
     assert load_config(TrainConfig, path=tmp_path / "config.yaml") == cfg
+
+
+@pytest.mark.parametrize("replay, message", [
+    ({"capacty": 8}, "rl.replay: unknown option 'capacty'; did you mean 'capacity'?"),
+    ({"fraction": "half"}, "rl.replay.fraction must be float"),
+    ({"max_age": 0}, "replay: max_age must be >= 1"),  # ReplayConfig.problems()
+])
+def test_a_typed_mapping_option_is_checked_from_its_option_class(replay, message):
+    """``rl.replay`` stays a mapping in the file and a dict in the run, while its keys,
+    types and checks come from one class (`ReplayConfig`), as for ``rl.curriculum``."""
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
+        load_config(TrainConfig, data={"rl": {"replay": replay}})
+    ok = load_config(TrainConfig, data={"rl": {"replay": {"capacity": 8},
+                                               "curriculum": {"mix": [0.2, 0.6, 0.2]}}})
+    assert ok.rl.replay == {"capacity": 8} and ok.replay == {"capacity": 8}

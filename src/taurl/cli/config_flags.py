@@ -82,6 +82,8 @@ def options_table(cls: type) -> str:
     rows = []
     for place, flag, f, doc, _ in _rows(cls):
         old = f"; was `{was[place]}`" if place in was else ""
+        if where := f.metadata.get("options"):  # a typed mapping: its class declares the keys
+            doc += f" (keys, types and defaults: `{where.replace(':', '.')}`)"
         flag = "--" + rename.get(flag, flag).replace("_", "-")
         rows.append(f"| `{place}` (`{flag}`{old}) | `{json.dumps(field_default(f))}` | "
                     f"{doc.replace('|', '/')} |")

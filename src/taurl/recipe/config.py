@@ -361,13 +361,11 @@ class TrainConfig:
 
     def mixing_problems(self) -> list[str]:
         """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""
-        from taurl.recipe.curriculum import curriculum_problems
-        from taurl.recipe.replay import replay_problems
+        from taurl.recipe.validate import typed_option_problems
         from taurl.train.prm import step_scorer_problems
 
         return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
-                + replay_problems(self.replay)
-                + curriculum_problems(self.curriculum))
+                + typed_option_problems(self))  # replay, curriculum: their option classes
 
     def monitor_problems(self) -> list[str]:
         """Problems with the alarms and trackers options (taurl.monitor)."""

@@ -33,6 +33,15 @@ from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episo
 from taurl.train.learner_config import LearnerConfig, LearnerNumerics
 
 
+def typed(where: str) -> Any:
+    """A mapping option whose keys are the fields of the option class `where`
+    (``"module:Class"``, imported when checked): the file writes it as before (``{}``: off)
+    and the run reads it as a dict, while its keys, their types and the class's
+    ``problems()`` are checked from the class (`taurl.recipe.validate.option_problems`), so
+    the class is its one declaration of keys and defaults."""
+    return field(default_factory=dict, metadata={"options": where})
+
+
 class _Kind:
     """A section named by its ``kind`` (``engine``, ``sft``, ``schedule``): until the code
     that read the old flat option (``cfg.engine == "vllm"``) is migrated, the section compares
@@ -174,10 +183,10 @@ class RLSection(LearnerConfig):
     step_scorer_options: dict[str, Any] = field(default_factory=dict)
     # experience replay of stored groups (docs/training/replay-curriculum.md): capacity,
     # max_age, fraction; {}: off
-    replay: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] = typed("taurl.recipe.replay:ReplayConfig")
     # tasks by online success-rate bucket (docs/training/replay-curriculum.md): mix, easy,
     # hard, min_seen; {}: off
-    curriculum: dict[str, Any] = field(default_factory=dict)
+    curriculum: dict[str, Any] = typed("taurl.recipe.curriculum:CurriculumConfig")
     # objective: dpo's options (taurl.train.pair_learner.DPOOptions): beta, pairs, anchor,
     # data (offline)
     dpo: dict[str, Any] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import json
 import types
 import typing
@@ -93,6 +94,53 @@ def _built(cfg: Any) -> Any:
     if hasattr(cfg, "problems") and (more := cfg.problems()):
         raise ConfigError(more)
     return cfg
+
+
+def option_class(f: dataclasses.Field) -> type | None:
+    """The option class a mapping field names (`taurl.recipe.options.typed`), or None."""
+    where = f.metadata.get("options")
+    if not where:
+        return None
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def option_problems(place: str, cls: type, value: Any) -> list[str]:
+    """Every problem with the mapping `value` of option class `cls` ({} is off): unknown keys
+    (with a "did you mean"), wrong types, then the class's own ``problems()``."""
+    if not isinstance(value, dict):
+        return [f"{place} must be a mapping of its options (got {value!r})"]
+    if not value:
+        return []
+    names = [f.name for f in dataclasses.fields(cls)]
+    hints = typing.get_type_hints(cls)
+    out = []
+    for key, v in value.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            out.append(f"{place}: unknown option {key!r}"
+                       + (f"; did you mean {close[0]!r}?" if close else "")
+                       + f" (options: {', '.join(names)})")
+        elif not _type_ok(v, hints[key]):
+            out.append(f"{place}.{key} must be {_type_name(hints[key])} (got {v!r})")
+    return out or option_value(cls, value).problems()
+
+
+def option_value(cls: type, value: dict[str, Any]) -> Any:
+    """`value` as an instance of its option class (lists where the class holds tuples)."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: tuple(v) if typing.get_origin(hints[k]) is tuple else v
+                  for k, v in value.items()})
+
+
+def typed_option_problems(cfg: Any) -> list[str]:
+    """`option_problems` of every typed mapping option of a sectioned config."""
+    out = []
+    for name in SECTION_TYPES:
+        for f in section_fields(name):
+            if (cls := option_class(f)) is not None:
+                out += option_problems(f"{name}.{f.name}", cls, getattr(getattr(cfg, name), f.name))
+    return out
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
