@@ -6,6 +6,7 @@ Each field's comment is its documentation; `taurl COMMAND --help` and docs/refer
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -379,6 +380,19 @@ ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
 
 
+
+
+def _signature() -> inspect.Signature:
+    """TrainConfig's keywords as `help` and editors show them: the top-level options and the
+    sections (the flat and dotted names it also takes are not listed)."""
+    return inspect.Signature([
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type,
+                          default=f.default if f.default is not dataclasses.MISSING
+                          else f.default_factory())  # type: ignore[misc]
+        for f in dataclasses.fields(TrainConfig)])
+
+
+TrainConfig.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _rollout_config(cfg: Any, **sampling: Any):
