@@ -121,8 +121,8 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
         return [_get(r, f"rollout/staleness_{key}", _get(r, f"learn/staleness_{key}")) for r in rl]
 
     timings = json.loads((run / "state.json").read_text()).get("timings", {})
-    return {"arm": arm, "seed": seed, "schedule": cfg.schedule, "eta": cfg.staleness_eta if cfg.schedule == "async"
-            else 0, "objective": cfg.objective, "updates": len(rl),
+    return {"arm": arm, "seed": seed, "schedule": cfg.schedule.kind,
+            "eta": cfg.staleness_eta if cfg.schedule.kind == "async" else 0, "objective": cfg.objective, "updates": len(rl),
             "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
             "override": override or {}, "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
             "validation": summary["validation"], "holdout": summary["holdout"],

@@ -55,7 +55,7 @@ def seed_run(src: Path, dst: Path, sft_version: int, evals: Path | None = None, 
 def task_plan(cfg: TrainConfig):
     """The task plan `taurl.recipe.loop.train` draws for `cfg` (the same call, the same seeds)."""
     return plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
-                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
 
 

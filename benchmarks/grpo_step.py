@@ -55,7 +55,7 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
         TrainConfig, path=src / "config.yaml")))), **(overrides or {})})
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
-                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=steps * cfg.tasks_per_update,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=steps * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     tmp = Path(tempfile.mkdtemp(prefix="taurl-step-"))
     try:

@@ -349,6 +349,37 @@ COMMANDS: tuple[Command, ...] = (
         " --updates 10",
         ("--updates", "1"),
     ),
+    # Judged rewards: RL from the demo's SFT policy on the judge's reward vs the verifier's
+    Command(
+        "taurl train --config configs/demo.yaml --model runs/demo/checkpoints/v1 --sft none "
+        "--updates 20 --run-dir runs/judge-ref --no-progress",
+        RL_TINY,
+        needs=("tiny-run",),
+        provides="runs/judge-ref",
+    ),
+    Command(
+        "taurl train --config configs/search-judged.yaml --model runs/demo/checkpoints/v1 "
+        "--sft none --updates 20 --run-dir runs/judged --no-progress",
+        RL_TINY,
+        needs=("tiny-run",),
+        provides="runs/judged",
+    ),
+    Command(
+        "python benchmarks/judge_agreement.py --run runs/judged --judge-config "
+        "configs/search-judged.yaml --tag final",
+        needs=("tiny-run",),
+    ),
+    Command(
+        "python benchmarks/judge_agreement.py --run runs/judge-ref --judge-config "
+        "configs/search-judged.yaml --tag final",
+        needs=("tiny-run",),
+    ),
+    Command(
+        "python benchmarks/judge_agreement.py --run runs/judged --judge-config "
+        "configs/search-judged.yaml --tag final --lm " + REAL + " --limit 60",
+        ("--limit", "2"),
+        needs=("tiny-run", "real-model"),
+    ),
     Command(
         ".venv/bin/python benchmarks/gpu_check.py --dry --out runs/gpu_check.json",
         ("--skip", "cuda_tests", "vllm"),

@@ -147,3 +147,17 @@ def gate_forward():
         return reached, release
 
     return gate
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(TinkerServer, tinker.ServiceClient): `taurl serve-tinker` on loopback serving a tiny
+    random-init policy as "tiny", one per test module (tests/test_tinker_*.py)."""
+    pytest.importorskip("tinker")
+    pytest.importorskip("starlette")
+    from tinker_harness import build_policy, start
+
+    policy = build_policy(tmp_path_factory.mktemp("policy"))
+    server, client = start(policy, tmp_path_factory.mktemp("run"))
+    yield server, client
+    server.stop()

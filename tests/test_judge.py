@@ -68,6 +68,19 @@ def test_an_injection_canary_does_not_raise_reward(name):
     assert result.reward == 0.0, (name, result.reply)
 
 
+def test_with_the_delimiting_off_the_canaries_do_raise_reward(monkeypatch):
+    """The mutation ``no-delimiting`` in one test: the text pasted into the prompt as is. The
+    canaries above then pay (the stand-in obeys them), so it is the delimiting that stops
+    them, not a stand-in that never listens; the plain wrong answer still gets 0."""
+    from taurl.reward import judge as judge_module
+
+    monkeypatch.setattr(judge_module, "quote_policy_text", lambda text, nonce: text)
+    j = judge()
+    assert j.score(TASK, "The capital of France is Lyon.").reward == 0.0
+    raised = {name for name, text in CANARIES.items() if j.score(TASK, text).reward > 0.0}
+    assert raised == set(CANARIES)
+
+
 @pytest.mark.attack
 @pytest.mark.mutation_exempt("no-delimiting", "strict verdict parsing, not delimiting, stops it")
 def test_a_claimed_score_is_never_read_as_the_verdict():

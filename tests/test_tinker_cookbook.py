@@ -19,6 +19,7 @@ pytest.importorskip("tinker")
 pytest.importorskip("starlette")
 pytest.importorskip("tinker_cookbook")
 
+from taurl.tinker.records import read_samples  # noqa: E402
 from tinker_harness import SEQ, build_policy, datum, loss  # noqa: E402
 
 CONVERSATION = {"messages": [{"role": "user", "content": "the city number 3 lies in"},
@@ -123,7 +124,6 @@ def test_cookbook_rl_train_one_step_on_the_example_task(tmp_path, monkeypatch):
 
     episodes = read_jsonl(tmp_path / "rl" / "iteration_000000" / "train_rollout_summaries.jsonl")
     assert len(episodes) == 4 and all(e["steps"][0]["ac_len"] > 0 for e in episodes)
-    samples = read_jsonl(tmp_path / "server" / "tinker_samples.jsonl")
-    assert sum(len(s["sequences"]) for s in samples) == 4
+    assert len(read_samples(tmp_path / "server")) == 4  # the ledger: one row per sequence
     ops = [r["tinker/op"] for r in read_jsonl(tmp_path / "server" / "metrics.jsonl")]
     assert "optim_step" in ops

@@ -19,15 +19,7 @@ pytest.importorskip("starlette")
 from tinker import types  # noqa: E402
 
 from taurl.tinker.records import read_samples  # noqa: E402
-from tinker_harness import MODEL, SEQ, build_policy, datum, logprobs, start  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    policy = build_policy(tmp_path_factory.mktemp("policy"))
-    server, client = start(policy, tmp_path_factory.mktemp("run"))
-    yield server, client
-    server.stop()
+from tinker_harness import MODEL, SEQ, datum, logprobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +48,10 @@ def test_sampling_from_base_and_from_lora_weights(served, trained):
     assert taught.tokens == SEQ[3:9] and taught.stop_reason == "length"
     untaught = base.sample(prompt(SEQ[:3]), 1, greedy()).result().sequences[0]
     assert untaught.tokens != SEQ[3:9] and len(untaught.tokens) == 6
-    records = read_samples(served[0].service.run_dir)
-    assert [r["model_path"] is None for r in records[-2:]] == [False, True]
-    assert records[-2]["weights_version"] == 30 and records[-1]["weights_version"] == 0
+    records = read_samples(served[0].service.run_dir)  # the ledger: one row per sequence
+    assert [r.metadata["tinker"]["model_path"] is None for r in records[-2:]] == [False, True]
+    assert [r.policy_versions for r in records[-2:]] == [[30], [0]]
+    assert list(records[-2].segments[1].token_ids) == SEQ[3:9]
     # named sampler weights: a tinker:// path any client can sample from
     tc, _ = trained
     path = tc.save_weights_for_sampler("taught").result().path
@@ -123,10 +116,11 @@ def test_sampled_logprobs_equal_the_learners_for_the_same_weights(served, traine
         full = SEQ[:4] + s.tokens
         learner = logprobs(tc.forward([datum(full)], "cross_entropy").result())[0]
         np.testing.assert_allclose(np.array(s.logprobs), learner[3:], atol=1e-4)
-    rec = read_samples(served[0].service.run_dir)[-1]
-    assert [r["tokens"] for r in rec["sequences"]] == [s.tokens for s in out.sequences]
-    assert [r["logprobs"] for r in rec["sequences"]] == [
+    recs = read_samples(served[0].service.run_dir)[-3:]
+    assert [list(r.segments[1].token_ids) for r in recs] == [s.tokens for s in out.sequences]
+    assert [list(r.segments[1].logprobs) for r in recs] == [
         np.asarray(s.logprobs, dtype=np.float32).tolist() for s in out.sequences]
+    assert [r.token_ids[:4] for r in recs] == [SEQ[:4]] * 3 and len({r.group_id for r in recs}) == 1
 
 
 def _user_error(excinfo, *phrases):

@@ -17,15 +17,7 @@ pytest.importorskip("starlette")
 
 from tinker import types  # noqa: E402
 
-from tinker_harness import MODEL, SEQ, build_policy, datum, logprobs, loss, start  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    policy = build_policy(tmp_path_factory.mktemp("policy"))
-    server, client = start(policy, tmp_path_factory.mktemp("run"))
-    yield server, client
-    server.stop()
+from tinker_harness import MODEL, SEQ, datum, logprobs, loss  # noqa: E402
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import torch
 from tests.train._tiny_lm import tiny_lm
 from transformers import Qwen2ForCausalLM
 
+from taurl.data.staleness import nearest_rank, staleness_stats
 from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ConfigError, Error
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.recipe.config import TrainConfig
 from taurl.train.learner import Learner, LearnerConfig
-from taurl.train.staleness import nearest_rank, staleness_stats
 
 V = 64
 

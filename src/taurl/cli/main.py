@@ -21,6 +21,7 @@ examples:
   taurl inspect runs/first --index 3                        # one trajectory, masks shown
   taurl export runs/first --format parquet                  # runs/first/exports/trajectories.parquet
   taurl export --merged runs/lora out/model                 # the newest policy, LoRA merged: a plain HF dir
+  taurl export --merged runs/svc out/m --checkpoint tinker://ID/sampler_weights/v1  # serve-tinker
   taurl envs                                                # registered environments
   taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
   taurl train --config configs/frozenlake.yaml --run-dir runs/fl
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN")
     p.add_argument("merged_out", metavar="OUT", nargs="?", help="with --merged: the new model directory")
     p.add_argument("--merged", action="store_true", help="export the policy (adapter merged) to OUT")
+    p.add_argument("--checkpoint", metavar="TINKER_PATH",
+                   help="with --merged: the `taurl serve-tinker` checkpoint of RUN to export "
+                        "(tinker://MODEL/sampler_weights/NAME; docs/tinker.md)")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--out", help="output file (default RUN/exports/trajectories.FORMAT)")
     p.add_argument("--split", help="only this split")
@@ -211,9 +215,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "export" and (args.merged or args.merged_out):
         if not (args.merged and args.merged_out):
             raise Error("a policy export is `taurl export --merged RUN_OR_CHECKPOINT OUT`")
-        from taurl.policy.export import export_merged
-
-        src, _ = export_merged(args.run_dir, args.merged_out)
+        src = _export_merged(args.run_dir, args.merged_out, args.checkpoint)
         print(f"wrote {src} as a plain Hugging Face model to {args.merged_out} "
               "(AutoModelForCausalLM.from_pretrained loads it)")
     elif args.command == "export":
@@ -310,3 +312,17 @@ def _print_metrics(metrics: dict) -> None:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _export_merged(source: str, out: str, checkpoint: str | None) -> str:
+    """``taurl export --merged``: a taurl checkpoint (RUN or RUN/checkpoints/vN), or a
+    ``taurl serve-tinker`` checkpoint (its directory, or RUN with ``--checkpoint tinker://...``)."""
+    from taurl.tinker import export as tinker_export
+
+    if checkpoint is not None:
+        source = str(tinker_export.checkpoint_directory(source, checkpoint))
+    if tinker_export.is_checkpoint(source):
+        return str(tinker_export.export_merged(source, out)[0])
+    from taurl.policy.export import export_merged
+
+    return str(export_merged(source, out)[0])

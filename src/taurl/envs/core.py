@@ -42,22 +42,10 @@ import contextlib
 import difflib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
+from taurl.data.task import Task  # noqa: F401  (its public home is here: `taurl.envs.core.Task`)
 from taurl.data.trajectory import ToolReceipt
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task instance. `answers` are the gold aliases; any of them counts."""
-
-    task_id: str
-    prompt: str  # the user message
-    answers: tuple[str, ...]
-    split: str  # "train" | "holdout" | …
-    env: str  # the env name the task belongs to
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class StepInfo(TypedDict, total=False):

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taurl.data.staleness import staleness_stats
+
 Row = dict[str, Any]
 
 ALARMS: dict[str, str] = {
@@ -253,9 +255,7 @@ def scan(rows: Sequence[Row], cfg: AlarmConfig) -> list[Alarm]:
 
 def staleness_max(trajs: Sequence[Any], version: int) -> float:
     """Largest `version` − (oldest policy version in an episode): how stale the batch is
-    (`taurl.train.staleness`, the one definition of an episode's age)."""
-    from taurl.train.staleness import staleness_stats
-
+    (`taurl.data.staleness`, the one definition of an episode's age)."""
     return staleness_stats(trajs, version).max
 
 

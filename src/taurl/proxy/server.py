@@ -42,7 +42,6 @@ Without one every call is admitted (the synchronous recipe needs none).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -55,6 +54,7 @@ from taurl.errors import Error
 from taurl.policy.protocol import SamplingParams
 from taurl.proxy.admission import AdmissionRequest, checked_delay, retry_after_headers
 from taurl.proxy.capture import Call, EpisodeCapture, ProxyError, matched_stop
+from taurl.proxy.http_thread import ServingThread, serve_in_thread
 from taurl.rollout.seeds import episode_seed
 from taurl.tools.passages import NO_RESULTS, format_hits
 
@@ -122,8 +122,7 @@ class ProxyServer:
         self.open_on_call = open_on_call
         self.closed: set[str] = set()  # ids popped: a later call is refused, never re-opens them
         self.lock = threading.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._serving: ServingThread | None = None
         from taurl.proxy.app import build_app
 
         self._mcp: tuple[Any, Any] | None = None  # (endpoint, session manager): with tools
@@ -151,35 +150,21 @@ class ProxyServer:
         return f"{self.url}/rollouts/{episode_id}/mcp" if self._mcp else None
 
     def start(self) -> ProxyServer:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve(sock)), name="taurl-proxy",
-                                        daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise Error(f"the proxy did not start on {self.url}")
-            time.sleep(0.01)
+        self._serving = serve_in_thread(self.app, self.host, self.port, name="taurl-proxy",
+                                        what="the proxy", serve=self._serve)
+        self.port = self._serving.port
         return self
 
-    async def _serve(self, sock: socket.socket) -> None:
+    async def _serve(self, server: Any, sock: socket.socket) -> None:
         async with contextlib.AsyncExitStack() as stack:
             if self._mcp is not None:  # the MCP endpoint's sessions live on the serving loop
                 await stack.enter_async_context(self._mcp[1].run())
-            await self._server.serve(sockets=[sock])
+            await server.serve(sockets=[sock])
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-            self._server = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     def __enter__(self) -> ProxyServer:
         return self.start()

@@ -151,6 +151,7 @@ class TrainConfig:
     # promotion gate thresholds (docs/evaluation.md): margin, safety_tolerance, max_cost_ratio,
     # max_wall_ratio, max_regression
     promotion: dict[str, Any] = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)  # {}: the env's | {kind: judge, ...}
     # your own agent through the proxy (docs/agents.md): callable | command, timeout_s, max_calls
     agent: dict[str, Any] = field(default_factory=dict)
     policy: PolicySection = field(default_factory=PolicySection)
@@ -276,6 +277,15 @@ class TrainConfig:
             from taurl.policy.sources import model_problems
 
             out += [f"model: {p}" for p in model_problems(self.model)]
+        from taurl.reward.judged import is_judged, reward_problems
+
+        out += reward_problems(self.reward)
+        if is_judged(self.reward) and self.sft.data == "rejection":  # it filters by the verifier
+            out.append("reward.kind judge with sft: rejection would train on the verifier's "
+                       "choices; use sft: expert, file or none")
+        if is_judged(self.reward) and self.backend != "local":  # Ray workers build plain envs
+            out.append("reward.kind judge runs with backend: local (Ray's rollout workers would "
+                       "train on the env's own reward)")
         if self.agent:
             from taurl.proxy.runner import agent_problems
 

@@ -59,6 +59,7 @@ from taurl.recipe.rl_step import rl_step
 from taurl.recipe.sections import flat_options
 from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
+from taurl.reward.judged import is_judged, shared_judge
 from taurl.rollout.episodes import Collector, EpisodeSpec, episode_seed
 from taurl.train import lora
 from taurl.train.checkpoint import (
@@ -424,6 +425,8 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "timings": r.state.get("timings", {}),
         "config": flat_options(c),
     }
+    if is_judged(c.reward):  # the judge's cost: its calls and cache hits in this process
+        summary["judge"] = {"version": (j := shared_judge(c.reward)).version, **j.stats}
     # the gate's decision, final vs SFT, from the evaluations above (same tasks and seeds)
     from taurl.eval.promote_run import recipe_promotion
 

@@ -38,7 +38,7 @@ log = logging.getLogger("taurl.recipe.config")
 
 # the options that stay at the top level (TrainConfig's own fields)
 TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks", "task_options",
-                 "alarms", "trackers", "promotion", "agent", "torch_threads"})
+                 "alarms", "trackers", "promotion", "reward", "agent", "torch_threads"})
 
 # the flat names of the release before sections, and where each lives now (frozen: a new
 # option has no flat name, only its place)

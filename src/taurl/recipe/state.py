@@ -26,16 +26,20 @@ from taurl.monitor.metrics import MetricsWriter
 from taurl.monitor.progress import phase_bar
 from taurl.policy.device import resolve_device, resolve_dtype
 from taurl.recipe.config import TrainConfig
+from taurl.reward.judged import is_judged, shared_judge
 
 Hook = Callable[[str, dict[str, Any]], None]
 log = logging.getLogger("taurl.recipe")
 
 
 def make_env(cfg: TrainConfig) -> Env:
-    """The run's env: its registration, the config's env options and system prompt."""
+    """The run's env: its registration, the config's env options and system prompt, and with
+    ``reward.kind: judge`` the run's judge as its outcome (`taurl.reward.judged`)."""
     env = envs.make(cfg.env, **cfg.env_kwargs())
     if cfg.system_prompt is not None:
         env.system_prompt = cfg.system_prompt
+    if is_judged(cfg.reward):
+        env.taurl_outcome = shared_judge(cfg.reward)
     return env
 
 

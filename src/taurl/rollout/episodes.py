@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 
 from taurl import chaos
 from taurl.data.ledger import Ledger
+from taurl.data.task import Task
 from taurl.data.trajectory import Trajectory
-from taurl.envs.core import Env, Task
+from taurl.envs.core import Env
 from taurl.rollout.loop import RolloutConfig
 from taurl.rollout.runner import EpisodeError, close_round, run_one, stored_episodes
 from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)

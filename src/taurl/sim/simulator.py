@@ -32,12 +32,12 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from taurl.data.staleness import nearest_rank
 from taurl.errors import Error
 from taurl.sim.decoder import Decoder
 from taurl.sim.result import SimResult
 from taurl.sim.schedules import Schedule
 from taurl.sim.workload import EpisodePlan, Workload, draw_episode, top_share
-from taurl.train.staleness import nearest_rank
 
 
 @dataclass

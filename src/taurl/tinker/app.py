@@ -4,7 +4,8 @@ Requests are parsed with the SDK's own request models (``tinker.types``), so a f
 sends is read the way the SDK means it. Answers: a future's id for work (its result through
 ``/api/v1/retrieve_future``), the response model's JSON for the rest; HTTP 400
 ``{"detail": ...}`` for a body that does not parse or a direct request the server refuses,
-404 for unknown ids, 410 for a finished session's heartbeat. Any ``X-API-Key`` is accepted:
+404 for unknown ids, 410 for a finished session's heartbeat. The REST listing of training
+runs and checkpoints is `taurl.tinker.rest`. Any ``X-API-Key`` is accepted:
 the server is meant for loopback (`taurl.tinker.server`).
 """
 
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from taurl.tinker import wire
+from taurl.tinker import rest, wire
 from taurl.tinker.futures import Payload
 from taurl.tinker.models import RequestError, UnknownId
 from taurl.tinker.service import TinkerService
@@ -127,6 +128,31 @@ def build_app(service: TinkerService) -> Starlette:
     async def sampler(request: Request) -> Response:
         return JSONResponse(service.get_sampler(request.path_params["sampler_id"]))
 
+    def page(request: Request, default_limit: int) -> tuple[int, int]:
+        try:
+            limit = int(request.query_params.get("limit", default_limit))
+            offset = int(request.query_params.get("offset", 0))
+        except ValueError:
+            raise BadRequest("limit and offset must be integers") from None
+        if limit < 0 or offset < 0:
+            raise BadRequest("limit and offset must be >= 0")
+        return limit, offset
+
+    async def training_runs(request: Request) -> Response:
+        return JSONResponse(rest.training_runs(service.run_dir, dict(service.registry.models),
+                                               *page(request, 20)))
+
+    async def training_run(request: Request) -> Response:
+        return JSONResponse(rest.training_run(service.run_dir, request.path_params["run_id"],
+                                              dict(service.registry.models)))
+
+    async def run_checkpoints(request: Request) -> Response:
+        return JSONResponse(rest.checkpoints(service.run_dir, request.path_params["run_id"],
+                                             dict(service.registry.models)))
+
+    async def user_checkpoints(request: Request) -> Response:
+        return JSONResponse(rest.user_checkpoints(service.run_dir, *page(request, 100)))
+
     async def accepted(_: Request) -> Response:
         return JSONResponse({"status": "accepted"})
 
@@ -162,6 +188,11 @@ def build_app(service: TinkerService) -> Starlette:
         Route(f"{API}/asample", future_route("SampleRequest", service.asample),
               methods=["POST"]),
         Route(f"{API}/retrieve_future", _errors(retrieve), methods=["POST"]),
+        Route(f"{API}/training_runs", _errors(training_runs), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}", _errors(training_run), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}/checkpoints", _errors(run_checkpoints),
+              methods=["GET"]),
+        Route(f"{API}/checkpoints", _errors(user_checkpoints), methods=["GET"]),
         Route(f"{API}/telemetry", _errors(accepted), methods=["POST"]),
         Route(f"{API}/cancel_future", _errors(nothing), methods=["POST"]),
     ]

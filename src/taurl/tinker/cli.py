@@ -10,8 +10,8 @@ Point the unmodified ``tinker`` SDK at it (any key with the ``tml-`` prefix is a
 
 ``--model`` takes anything taurl loads (a HF directory, a registry name, a GGUF file) and may
 be repeated; ``--model ALIAS=NAME`` serves NAME under the name clients pass as base_model.
-Checkpoints (``tinker://`` paths), ``tinker_samples.jsonl`` and ``metrics.jsonl`` go to
-``--run-dir`` (docs/tinker.md).
+Checkpoints (``tinker://`` paths), ``ledger.sqlite`` (every sampled sequence, token-exact;
+``taurl export RUN`` reads it) and ``metrics.jsonl`` go to ``--run-dir`` (docs/tinker.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_serve_tinker_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", action="append", required=True, metavar="[ALIAS=]NAME",
                    help="a model to serve: HF directory, registry name or GGUF file (repeatable)")
     p.add_argument("--run-dir", default="runs/tinker",
-                   help="where checkpoints, tinker_samples.jsonl and metrics.jsonl go")
+                   help="where checkpoints, ledger.sqlite and metrics.jsonl go")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     p.add_argument("--port", type=int, default=8765)
 

@@ -127,14 +127,18 @@ def check_sample_request(req: Any, prompt_len: int) -> None:
         raise RequestError(f"prompt_logprobs_last_n must be in [1, {prompt_len - 1}]")
 
 
+def seeds(params: Any, n: int) -> list[Any]:
+    """`params` for each of `n` sequences: sequence i draws with seed + i (when seeded)."""
+    from dataclasses import replace
+
+    return [replace(params, seed=None if params.seed is None else params.seed + i)
+            for i in range(n)]
+
+
 async def run_sample(engine: Any, prompt: list[int], params: Any, n: int
                      ) -> list[tuple[SampledSeq, Any]]:
     """`n` sequences from `engine` (seed + i per sequence when seeded)."""
-    from dataclasses import replace
-
-    reqs = [replace(params, seed=None if params.seed is None else params.seed + i)
-            for i in range(n)]
-    gens = await asyncio.gather(*(engine.generate(prompt, p) for p in reqs))
+    gens = await asyncio.gather(*(engine.generate(prompt, p) for p in seeds(params, n)))
     return [(SampledSeq(g.token_ids, g.logprobs, "length" if g.finish_reason == "length"
                         else "stop"), g) for g in gens]
 

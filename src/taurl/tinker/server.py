@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any
-
-from taurl.errors import Error
 
 
 class TinkerServer:
@@ -27,38 +21,24 @@ class TinkerServer:
         self.service = TinkerService(models, run_dir)
         self.app = build_app(self.service)
         self.host, self.port = host, port
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._serving: Any = None  # a `taurl.proxy.http_thread.ServingThread` once started
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> TinkerServer:
-        import uvicorn
+        from taurl.proxy.http_thread import serve_in_thread
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve([sock])),
-                                        name="taurl-tinker-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise Error(f"the Tinker server did not start on {self.url}")
-            time.sleep(0.01)
+        self._serving = serve_in_thread(self.app, self.host, self.port, name="taurl-tinker-http",
+                                        what="the Tinker server")
+        self.port = self._serving.port
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(timeout=10)
-            self._server = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
         self.service.close()
 
     def __enter__(self) -> TinkerServer:

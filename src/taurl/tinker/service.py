@@ -23,7 +23,7 @@ from typing import Any
 from taurl.tinker import checkpoints, wire
 from taurl.tinker.futures import FutureStore, Payload
 from taurl.tinker.models import ModelRegistry, RequestError
-from taurl.tinker.records import Recorder
+from taurl.tinker.records import Recorder, SampledSequence, SampleSource, sample_records
 from taurl.tinker.sampler import (
     EnginePool,
     SamplerSpec,
@@ -32,6 +32,7 @@ from taurl.tinker.sampler import (
     prompt_logprobs,
     prompt_tokens,
     run_sample,
+    seeds,
 )
 from taurl.tinker.sessions import Registry, model_id, sampler_id
 from taurl.tinker.trainer import LoraSpec, TrainingModel, checkpoint_meta
@@ -62,6 +63,7 @@ class TinkerService:
 
     def close(self) -> None:
         self.compute.shutdown(wait=False, cancel_futures=True)
+        self.recorder.close()
 
     # -- futures --------------------------------------------------------------------
     def submit(self, fn: Callable[[], Payload], **extra: Any) -> dict[str, Any]:
@@ -181,7 +183,8 @@ class TinkerService:
             tmp = final.with_name(f".{final.name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            m.save(tmp, optimizer=not sampler, meta={"path": cp.uri})
+            m.save(tmp, optimizer=not sampler,
+                   meta={"path": cp.uri, "base_path": str(m.base.path.resolve())})
             fsync_tree(tmp)
             replace_dir(tmp, final)
             self.recorder.training("save_weights_for_sampler" if sampler else "save_state",
@@ -279,14 +282,18 @@ class TinkerService:
         if req.prompt_logprobs:
             plps = await loop.run_in_executor(self.compute, prompt_logprobs, engine.model, prompt,
                                               req.prompt_logprobs_last_n)
-        self.recorder.sample({
-            "sampler": spec.sampler_id, "base_model": spec.base_model,
-            "model_path": spec.model_path, "weights_version": engine.version, "prompt": prompt,
-            "sampling_params": req.sampling_params.model_dump(mode="json"),
-            "prompt_logprobs": plps,
-            "sequences": [{"sequence_id": sid, "tokens": s.tokens, "logprobs": s.logprobs,
-                           "stop_reason": s.stop_reason, "finish_reason": g.finish_reason}
-                          for sid, (s, g) in zip(ids, seqs, strict=True)]})
+        sp = req.sampling_params.model_dump(mode="json")
+        tok = self.models.get(spec.base_model).tokenizer
+        source = SampleSource(
+            request_id=ids[0].split(":")[0], sampler_id=spec.sampler_id,
+            session_id=None if spec.sampler_id == "direct" else spec.sampler_id.split(":")[0],
+            base_model=spec.base_model, model_path=spec.model_path, version=engine.version)
+        records = sample_records(
+            self.recorder.run_id, source, prompt,
+            [SampledSequence(sid, s.tokens, s.logprobs, g.finish_reason, p.seed)
+             for sid, (s, g), p in zip(ids, seqs, seeds(params, len(seqs)), strict=True)],
+            sp, lambda t: tok.decode(t, skip_special_tokens=False), plps)
+        await loop.run_in_executor(None, self.recorder.samples, records)
         return Payload(wire.encode_sample_response([s for s, _ in seqs], plps), wire.PROTO)
 
 

@@ -30,7 +30,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from taurl.envs.core import Task
+from taurl.data.task import Task
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.reward.stack import Judge, RewardStack, Verdict, Violation
 from taurl.tools.executor import CallOutcome, ToolBox, run_blocking

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taurl.envs.core import Env, Task
-from taurl.envs.spec import EnvSpec
+from taurl.data.task import Task
+
+if TYPE_CHECKING:  # types only: the trainer reads an env through its spec, never imports one
+    from taurl.envs.core import Env
+    from taurl.envs.spec import EnvSpec
 
 GENERIC_EXPERT_TASKS = 2000  # expert episodes stepped for tokenizer text (enough for every word to recur)
 

@@ -22,7 +22,7 @@ detached, since the optimizer steps only after a whole epoch); its metrics per u
 tokens whose weight π_prox/μ was truncated or masked), ``learn/behaviour_kl`` (k3 estimate
 of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` / ``learn/is_weight_max_raw``. Every update
 also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour logprobs,
-`taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.train.staleness`).
+`taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.data.staleness`).
 
 The rows, their logprobs and the micro-batches are `taurl.train.rows`'s; the SFT step is
 `taurl.train.sft.sft_step` (both stay importable from here). The numerics (mixed precision,
@@ -55,6 +55,7 @@ import torch
 
 from taurl.credit import TurnBatch, make_estimator, needs_values
 from taurl.credit.batch import drop_invalid
+from taurl.data.staleness import staleness_stats
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train import chains
@@ -78,7 +79,6 @@ from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was t
     model_device,
 )
 from taurl.train.sft import sft_step  # noqa: F401
-from taurl.train.staleness import staleness_stats
 
 # ---------------------------------------------------------------------------------------
 # The learner
@@ -186,7 +186,7 @@ class Learner:
         step; then the metrics.
 
         version: the policy version being trained (the learner's), for the batch's staleness
-        (``learn/staleness_{mean,p95,max}``, `taurl.train.staleness`); None takes the newest
+        (``learn/staleness_{mean,p95,max}``, `taurl.data.staleness`); None takes the newest
         version in the batch, which is the learner's in the synchronous pipeline.
         credit: `credit_step(self, trajs)`, when the caller already ran it; None runs it here.
         """

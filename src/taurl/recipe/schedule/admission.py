@@ -9,7 +9,7 @@ Two guards bound staleness, and both are needed:
    order (a slow group started early can finish late), so admission alone can leak.
 
 An episode's age is ``learner version − the oldest policy version among its action
-segments`` (a partial rollout has several; the oldest one counts): `taurl.train.staleness`,
+segments`` (a partial rollout has several; the oldest one counts): `taurl.data.staleness`,
 which also gives the batch's mean / p95 / max.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from taurl.data import staleness
+from taurl.data.staleness import episode_age
 from taurl.data.trajectory import Trajectory
-from taurl.train import staleness
-from taurl.train.staleness import episode_age
 
 
 def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, eta: int, batch: int,
@@ -51,7 +51,7 @@ def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, 
 
 
 def group_age(group: Sequence[Trajectory], version: int) -> int:
-    """The oldest episode's age (`taurl.train.staleness.episode_age`): a group is as stale as
+    """The oldest episode's age (`taurl.data.staleness.episode_age`): a group is as stale as
     its stalest member; episodes without actions count as age 0."""
     return max((episode_age(t, version) or 0 for t in group), default=0)
 
