@@ -99,11 +99,13 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
     from taurl.errors import ConfigError
     from taurl.recipe.config import TrainConfig, load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.sections import flat_options
 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
     bench.seed_run(src_p, run, json.loads((src_p / "state.json").read_text())["sft_version"])
-    data = {**json.loads(json.dumps(base.__dict__)), **(override or {}), **arm_overrides(arm),
+    data = {**json.loads(json.dumps(flat_options(base))), **(override or {}),
+            **arm_overrides(arm),
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
     cfg = load_config(TrainConfig, data=data)
     if overlap := bench.sft_task_overlap(base, cfg):
@@ -119,8 +121,8 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
         return [_get(r, f"rollout/staleness_{key}", _get(r, f"learn/staleness_{key}")) for r in rl]
 
     timings = json.loads((run / "state.json").read_text()).get("timings", {})
-    return {"arm": arm, "seed": seed, "schedule": cfg.schedule, "eta": cfg.staleness_eta if cfg.schedule == "async"
-            else 0, "objective": cfg.objective, "updates": len(rl),
+    return {"arm": arm, "seed": seed, "schedule": cfg.schedule.kind,
+            "eta": cfg.staleness_eta if cfg.schedule.kind == "async" else 0, "objective": cfg.objective, "updates": len(rl),
             "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
             "override": override or {}, "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
             "validation": summary["validation"], "holdout": summary["holdout"],

@@ -34,6 +34,7 @@ def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt
               objective: str = "decoupled_ppo", threads: int = 1, engine_options: dict | None = None) -> dict:
     from taurl.recipe.config import TrainConfig, load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.sections import flat_options
 
     base = load_config(TrainConfig, path=src / "config.yaml")
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]
@@ -41,7 +42,7 @@ def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt
     try:
         policy = tmp / "policy"
         shutil.copytree(src / "checkpoints" / f"v{sft_version}", policy)
-        data = {**json.loads(json.dumps(base.__dict__)),
+        data = {**json.loads(json.dumps(flat_options(base))),
                 "model": str(policy), "sft": "none", "demos": 0, "updates": steps,
                 "schedule": "async", "staleness_eta": eta, "overprovision": overprovision,
                 "interrupt": interrupt, "objective": objective, "torch_threads": threads,

@@ -30,6 +30,7 @@ from taurl.envs.tasks import plan_tasks
 from taurl.errors import ConfigError
 from taurl.recipe.config import TrainConfig, load_config
 from taurl.recipe.loop import train
+from taurl.recipe.sections import flat_options
 from taurl.rollout.episodes import episode_seed
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
@@ -54,7 +55,7 @@ def seed_run(src: Path, dst: Path, sft_version: int, evals: Path | None = None, 
 def task_plan(cfg: TrainConfig):
     """The task plan `taurl.recipe.loop.train` draws for `cfg` (the same call, the same seeds)."""
     return plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
-                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
 
 
@@ -101,7 +102,8 @@ def main() -> None:
                 seed_run(src, run, sft_version)
                 # the task plan's seed stays the SFT run's, so RL never trains on its demonstration tasks;
                 # the variant's seed changes the rollout sampling only
-                data = {**json.loads(json.dumps(base.__dict__)), **json.loads(override), "estimator": est,
+                data = {**json.loads(json.dumps(flat_options(base))), **json.loads(override),
+                        "estimator": est,
                         "updates": args.updates, "rl_max_seconds": 0, "rl_seed": seed}
                 cfg = load_config(TrainConfig, data=data)
                 if overlap := sft_task_overlap(base, cfg):

@@ -44,17 +44,18 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
     from taurl.policy.engine import make_engine
     from taurl.policy.model import load_policy
     from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.sections import flat_options
     from taurl.rollout.episodes import EpisodeSpec, LocalCollector, episode_seed
     from taurl.train.checkpoint import save_checkpoint
     from taurl.train.learner import Learner
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = load_config(TrainConfig, data={**json.loads(json.dumps(load_config(
-        TrainConfig, path=src / "config.yaml").__dict__)), **(overrides or {})})
+    cfg = load_config(TrainConfig, data={**json.loads(json.dumps(flat_options(load_config(
+        TrainConfig, path=src / "config.yaml")))), **(overrides or {})})
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
-                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=steps * cfg.tasks_per_update,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=steps * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     tmp = Path(tempfile.mkdtemp(prefix="taurl-step-"))
     try:

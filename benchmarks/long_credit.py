@@ -51,6 +51,7 @@ import numpy as np
 from taurl.errors import ConfigError
 from taurl.eval.evaluate import cluster_wilson_interval, t_quantile
 from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.sections import flat_options
 
 DIAGNOSTICS = {"reward_std": "rollout/reward_std", "same_reward": "rollout/groups_same_reward",
                "entropy": "learn/entropy", "turns": "rollout/turns_mean", "invalid": "rollout/invalid_rate"}
@@ -265,7 +266,8 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
     src_p, run = Path(src), Path(out) / f"{est}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
     sft_version = json.loads((src_p / "state.json").read_text())["sft_version"]
-    data = {**json.loads(json.dumps(base.__dict__)), "estimator": est, "estimator_options": options,
+    data = {**json.loads(json.dumps(flat_options(base))), "estimator": est,
+            "estimator_options": options,
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed, **(overrides or {})}
     cfg = load_config(TrainConfig, data=data)
     same_evals = all(getattr(cfg, k) == getattr(base, k) for k in EVAL_KEYS)

@@ -16,7 +16,6 @@ page another change adds is never left out of the site.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import io
@@ -56,16 +55,11 @@ def _help_blocks(parser, prog: str) -> list[str]:
 
 
 def config_table(name: str) -> str:
-    """The option table of one config dataclass, nested sections as tables of their own."""
-    from taurl.cli.main import options_table
+    """The option table of one config dataclass (a sectioned one: every section's options,
+    each row named by its place in the file and its flag)."""
+    from taurl.cli.config_flags import options_table
 
-    cls = getattr(importlib.import_module("taurl.recipe.config"), name)
-    out = [options_table(cls)]
-    for f in dataclasses.fields(cls):
-        section = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if isinstance(section, type) and dataclasses.is_dataclass(section):
-            out += ["", f"#### `{f.name}:`", "", options_table(section)]
-    return "\n".join(out)
+    return options_table(getattr(importlib.import_module("taurl.recipe.config"), name))
 
 
 def export_fields() -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.sections import flat_options
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # async_learning imports its siblings long_credit / estimators
@@ -75,7 +76,7 @@ def test_tables_pair_by_seed_and_keep_arm_order():
 def test_arm_configs_are_valid_on_the_demo_config():
     base = load_config(TrainConfig, path=ROOT / "configs/demo.yaml")
     for arm, (schedule, eta, objective) in bench.ARMS.items():
-        cfg = load_config(TrainConfig, data={**base.__dict__, **bench.arm_overrides(arm)})
+        cfg = load_config(TrainConfig, data={**flat_options(base), **bench.arm_overrides(arm)})
         assert cfg.problems() == [], arm
         assert (cfg.schedule, cfg.objective) == (schedule, objective)
         if schedule == "async":

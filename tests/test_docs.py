@@ -129,7 +129,7 @@ def _hooks():
 def test_reference_pages_are_generated_from_the_code():
     """The config tables, export fields, ledger rules and glossary come from the code at
     build time, so a default, a field or a rule cannot drift from what the page says."""
-    from taurl.cli.main import options_table
+    from taurl.cli.config_flags import options_table
     from taurl.data.ledger import RULES
     from taurl.monitor.metrics import GLOSSARY
     from taurl.recipe.config import RolloutRunConfig, TrainConfig
@@ -143,7 +143,7 @@ def test_reference_pages_are_generated_from_the_code():
     glossary = hooks.render((ROOT / "docs/metrics.md").read_text())
     assert all(f"`{key.split(', ')[0]}`" in glossary for key in GLOSSARY)
     cli = hooks.render((ROOT / "docs/reference/cli.md").read_text())
-    assert "### `taurl train`" in cli and "--staleness-eta" in cli
+    assert "### `taurl train`" in cli and "--schedule.staleness-eta" in cli
     assert "gen:" not in config + formats + glossary + cli
     with pytest.raises(ValueError, match="unknown generated block"):
         hooks.render("<!-- gen:no-such-block -->")

@@ -54,8 +54,8 @@ CFG = TrainConfig(
     warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=2,
     drop_zero_variance=False,  # the random policy's equal rewards still make steps
     backend="ray", backend_options={"workers": WORKERS, "resources": {"engines": 1}},
-    train_strategy="fsdp", train_world_size=2, train_launcher="ray",
-    train_ray={"placement": "PACK", "bundle": {"CPU": 1, "learner": 1}})
+    train_strategy="fsdp", train_world_size=2, launcher="ray",
+    ray={"placement": "PACK", "bundle": {"CPU": 1, "learner": 1}})
 FULL = bool(os.environ.get("TAURL_REHEARSAL_FULL"))
 
 
@@ -232,7 +232,7 @@ def test_without_a_cluster_the_ranks_start_one_the_workers_share_and_the_run_sto
     assert not ray.is_initialized()
     sft = {"sft": "expert", "demos": 8, "sft_batch_size": 4, "sft_epochs": 1} if FULL else {}
     cfg = dataclasses.replace(CFG, updates=1, backend_options={"workers": 1},
-                              train_ray={"placement": "PACK"}, **sft)
+                              ray={"placement": "PACK"}, **sft)
     seen = {}
 
     def hook(name, info):

@@ -3,7 +3,7 @@
     import taurl
 
     summary = taurl.train(MyEnv, tasks=my_tasks, reward=my_reward, run_dir="runs/mine",
-                          updates=20, group_size=8)
+                          rl={"updates": 20, "group_size": 8})
 
 `env` is a registered name (``"search-v0"``) or an env factory (a class or a function
 returning an `Env`; registered for you, under a name derived from it). `tasks` is a list of
@@ -11,7 +11,10 @@ returning an `Env`; registered for you, under a name derived from it). `tasks` i
 model directory or a loaded ``(model, tokenizer)``. `reward(trajectory, task) -> float`, when
 given, replaces the record's outcome component; the env's constraint and shaping components
 stay as they are, and the evaluator scores with the same function. `config` is a
-`TrainConfig`, a dict or a YAML file; keyword overrides win. Everything is validated (types,
+`TrainConfig`, a dict or a YAML file; keyword overrides win, one per section of the file
+(``rl={"lr": 1e-3}``, ``eval={"tasks": 10}``, or a top-level option: ``seed=3``; the flat
+names of the release before sections, ``lr=1e-3``, still work with a warning naming the new
+spelling). Everything is validated (types,
 unknown keys, ``imports:``, the env's options) before any file is written.
 
 What the run directory holds: the config as trained (``config.yaml``), the given tasks as
@@ -36,7 +39,8 @@ from taurl.envs.tasks import SPLITS, _row_problem
 from taurl.errors import ConfigError, Error
 from taurl.monitor.progress import console_logging, remove_console_logging
 from taurl.recipe.config import TrainConfig, import_modules, load_config
-from taurl.recipe.sections import flatten
+from taurl.recipe.options import SECTION_TYPES
+from taurl.recipe.sections import merge, nest, options_of
 
 Reward = Callable[[Any, Task], float]
 
@@ -49,7 +53,8 @@ def train(env: str | Callable[..., Any], *, tasks: Sequence[Task] | str | Path |
           progress: bool = True, **overrides: Any) -> dict[str, Any]:
     """Train a policy on `env` (module docstring); returns summary.json's content.
 
-    overrides: any `TrainConfig` key (``updates=2``, ``group_size=4``, ...). An env factory
+    overrides: a section of the file as a dict (``rl={"updates": 2, "group_size": 4}``, only
+    the keys given change) or a top-level option (``seed=3``). An env factory
     without an expert trains without SFT (``sft: none``) unless the config says otherwise.
     """
     from taurl.recipe.loop import train as run_recipe
@@ -72,7 +77,7 @@ def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
     `split` of `env`'s tasks (or `tasks`); returns the `taurl.eval.evaluate.EvalResult`.
 
     Without `env` and `config`, a run directory is evaluated with the config it was trained
-    with. overrides: `TrainConfig` keys (``eval_tasks``, ``eval_trials``, ``eval_temperature``...).
+    with. overrides: as `train`'s (``eval={"tasks": 10, "trials": 1}``).
     """
     from taurl.data.runs import RunDir
     from taurl.envs.tasks import plan_tasks
@@ -94,10 +99,10 @@ def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
         if config is None:
             raise ConfigError("evaluate needs the env: pass env= (a registered name or a factory), or config=")
         env = _config_dict(config).get("env") or ""
-    eval_only = {"sft": "none", "sft_data": "", "expert_options": {}, "demos": 0, "warmup_options": {},
-                 "model": str(ckpt)}
+    eval_only = {"sft": {"data": "none", "file": "", "expert_options": {}, "demos": 0},
+                 "policy": {"warmup_options": {}, "model": str(ckpt)}}
     cfg, write = _prepare(env, tasks=tasks, model=None, reward=reward, config=config, run_dir=None,
-                          overrides={**eval_only, **overrides})
+                          overrides=merge(eval_only, nest(overrides, warn="keyword")))
     write()
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
                       n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
@@ -124,6 +129,7 @@ def _prepare(env: Any, *, tasks: Any, model: Any, reward: Any, config: Any, run_
         raise ConfigError("taurl.train takes the env first and the config as config=: "
                           "taurl.train('search-v0', config=TrainConfig(...), run_dir=...)")
     data = _config_dict(config)
+    overrides = nest(overrides, warn="keyword")  # old flat names: one warning, their new spelling
     # the config's imports register envs: import them before the env name is checked
     if isinstance(config, (str, Path)):
         imported = import_modules(str(config), overrides.get("imports"))
@@ -134,8 +140,9 @@ def _prepare(env: Any, *, tasks: Any, model: Any, reward: Any, config: Any, run_
     if reward is not None and not callable(reward):
         raise ConfigError(f"reward must be a function (trajectory, task) -> float, got {type(reward).__name__}")
     extra["env"] = _env_name(env, reward)
-    if registry.spec(extra["env"]).expert is None and "sft" not in data and "sft" not in overrides:
-        extra["sft"] = "none"  # no expert to learn from: RL from the policy as it is
+    if registry.spec(extra["env"]).expert is None and not any(
+            "data" in (d.get("sft") or {}) for d in (data, overrides)):
+        extra["sft.data"] = "none"  # no expert to learn from: RL from the policy as it is
     later: dict[str, str] = {}  # files written only after every check: set once load_config checked the rest
     task_text = None
     if isinstance(tasks, (str, Path)):
@@ -146,14 +153,14 @@ def _prepare(env: Any, *, tasks: Any, model: Any, reward: Any, config: Any, run_
             later["tasks"] = str(run_dir / "tasks.jsonl")
             writes.append(lambda: _write_text(Path(later["tasks"]), task_text))
     if isinstance(model, (str, Path)):
-        extra["model"] = str(model)  # the config checks it (a directory with config.json)
+        extra["policy.model"] = str(model)  # the config checks it (a directory with config.json)
     elif model is not None:
-        later["model"] = _model(model, run_dir, writes)
+        later["policy.model"] = _model(model, run_dir, writes)
     with tempfile.TemporaryDirectory(prefix="taurl-check-") as tmp:
         if task_text is not None:  # checked as the file it will be, in a scratch copy
             extra["tasks"] = str(Path(tmp) / "tasks.jsonl")
             Path(extra["tasks"]).write_text(task_text)
-        cfg = load_config(TrainConfig, data=data, overrides={**overrides, **extra})
+        cfg = load_config(TrainConfig, data=data, overrides=merge(overrides, nest(extra)))
         if task_text is not None and run_dir is None:  # evaluation without a run directory
             later["tasks"] = str(Path(tempfile.mkdtemp(prefix="taurl-tasks-")) / "tasks.jsonl")
             Path(later["tasks"]).write_text(task_text)
@@ -169,10 +176,19 @@ def _config_dict(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
     if isinstance(config, TrainConfig):  # the options it sets: those that differ from the defaults
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                if getattr(config, f.name) != _default(f)}
-    if isinstance(config, Mapping):  # flat names or sections (taurl.recipe.sections)
-        return flatten(dict(config), warn=False)
+        default = TrainConfig()
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(config):
+            if f.name in SECTION_TYPES:
+                mine = options_of(f.name, getattr(config, f.name))
+                base = options_of(f.name, getattr(default, f.name))
+                if changed := {k: v for k, v in mine.items() if v != base[k]}:
+                    out[f.name] = changed
+            elif getattr(config, f.name) != getattr(default, f.name):
+                out[f.name] = getattr(config, f.name)
+        return out
+    if isinstance(config, Mapping):  # sections (taurl.recipe.sections); old flat names warn
+        return nest(dict(config), warn="keyword")
     if isinstance(config, (str, Path)):
         import yaml
 
@@ -182,14 +198,8 @@ def _config_dict(config: Any) -> dict[str, Any]:
             raise ConfigError(f"cannot read config {config}: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {config} must be a mapping of option: value")
-        return flatten(loaded, warn=True)  # a file's flat keys are named with their new place
+        return nest(loaded, warn="file")  # a file's flat keys are named with their new place
     raise ConfigError(f"config must be a TrainConfig, a dict or a YAML file path, got {type(config).__name__}")
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
 
 
 def _env_name(env: Any, reward: Reward | None) -> str:

@@ -28,10 +28,14 @@ max_turns: 2
 def test_every_option_has_one_place():
     import dataclasses
 
+    from taurl.recipe.options import SECTION_TYPES, section_fields
     from taurl.recipe.sections import TOP
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert names == set(HOME) | TOP and not set(HOME) & TOP  # a new option must be given a section (or TOP)
+    assert names == set(SECTION_TYPES) | TOP and not set(SECTION_TYPES) & TOP
+    places = {f"{s}.{f.name}" for s in SECTION_TYPES for f in section_fields(s)}
+    assert set(HOME.values()) <= places  # every old flat name reads an option that exists
+    assert len(set(HOME.values())) == len(HOME)  # and no two old names read the same one
 
 
 def _registry_installed(raw: dict) -> bool:
@@ -83,7 +87,7 @@ def test_a_run_writes_its_config_in_sections_and_reads_it_back(tmp_path):
 @pytest.mark.parametrize("data, message", [
     ({"rl": {"lrr": 1.0}}, "unknown option rl.lrr; did you mean rl.lr?"),
     ({"rl": {"lr": 1e-3}, "lr": 2e-3}, "rl.lr is given twice"),
-    ({"eval": {"tasks": "many"}}, "eval_tasks must be int"),
+    ({"eval": {"tasks": "many"}}, "eval.tasks must be int"),
 ])
 def test_section_mistakes_are_named(data, message):
     with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
@@ -96,13 +100,16 @@ def test_each_section_is_a_typed_dataclass_with_the_flat_configs_defaults():
     import dataclasses
     import typing
 
-    cfg = TrainConfig(lr=1e-4, eval_tasks=7, engine_options={"replicas": 2})
+    from taurl.recipe.options import section_fields
+
+    cfg = TrainConfig(rl={"lr": 1e-4}, eval={"tasks": 7}, engine={"options": {"replicas": 2}})
     rl, ev, engine = cfg.section("rl"), cfg.section("eval"), cfg.section("engine")
     assert (rl.lr, rl.updates, ev.tasks, engine.options) == (1e-4, 30, 7, {"replicas": 2})
+    assert rl is cfg.rl and ev is cfg.eval
     assert typing.get_type_hints(type(rl))["lr"] is float and typing.get_type_hints(type(ev))["tasks"] is int
     for name, keys in SECTIONS.items():
         cls = type(cfg.section(name))
-        assert [f.name for f in dataclasses.fields(cls)] == list(keys)
+        assert [f.name for f in section_fields(name)] == list(keys)
         assert cls() == TrainConfig().section(name)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rl.lr = 1.0

@@ -115,8 +115,8 @@ def test_the_train_section_takes_the_launcher_and_names_its_problems():
     from taurl.recipe.config import TrainConfig
     from taurl.recipe.stages import parallel_problems, rank_launch
 
-    cfg = TrainConfig(train_strategy="fsdp", train_world_size=2, train_launcher="ray",
-                      train_ray={"placement": "SPREAD", "bundle": {"CPU": 2, "learner": 1}},
+    cfg = TrainConfig(train_strategy="fsdp", train_world_size=2, launcher="ray",
+                      ray={"placement": "SPREAD", "bundle": {"CPU": 2, "learner": 1}},
                       backend="ray", backend_options={"workers": 3})
     assert parallel_problems(cfg) == []
     assert cfg.section("train").launcher == "ray"
@@ -129,11 +129,11 @@ def test_the_train_section_takes_the_launcher_and_names_its_problems():
         return parallel_problems(TrainConfig(**{"train_strategy": "ddp", "train_world_size": 2,
                                                 **kw}))
 
-    assert problems(train_launcher="slurm") == [
+    assert problems(launcher="slurm") == [
         "train.launcher must be one of local, ray (got 'slurm')"]
-    assert problems(train_ray={"placement": "SPREAD"}) == [
+    assert problems(ray={"placement": "SPREAD"}) == [
         "train.ray is for train.launcher: ray; drop it"]
-    assert problems(train_launcher="ray", train_strategy="single", train_world_size=1)[0] == (
+    assert problems(launcher="ray", train_strategy="single", train_world_size=1)[0] == (
         "train.launcher ray starts learner ranks: it needs train.strategy ddp or fsdp")
 
 

@@ -274,9 +274,10 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
         saved["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
     for k in (*ROLLOUT_BUDGETS, "compaction"):  # a policy trained with compaction is evaluated with it
         if k in recipe.get("rollout", {}):
-            saved[k] = recipe["rollout"][k]
-    overrides = {"eval_tasks": tasks, "eval_trials": trials, "eval_temperature": temperature,
-                 "imports": modules or None, "sft": "none", "expert_options": {}, "demos": 0, "warmup_options": {}}
+            saved[f"rollout.{k}"] = recipe["rollout"][k]
+    overrides = {"eval.tasks": tasks, "eval.trials": trials, "eval.temperature": temperature,
+                 "imports": modules or None, "sft.data": "none", "sft.expert_options": {},
+                 "sft.demos": 0, "policy.warmup_options": {}}
     if config_path is None:
         overrides.update(saved)  # a bare checkpoint: evaluate it as it was trained
     cfg = load_config(TrainConfig, path=config_path, overrides=overrides)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import logging
 import os
 import sys
-import typing
 
+from taurl.cli.config_flags import add_config_flags, config_overrides
 from taurl.errors import ConfigError, Error
 from taurl.monitor.progress import console_logging
 
@@ -36,62 +35,6 @@ examples:
 """
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Each config field's trailing comment in config.py: its documentation."""
-    return dict(_field_docs(cls))
-
-
-# Once per class and process: every in-process CLI call builds the parser again, and
-# inspect.getsource re-parses the whole module each time (CPython 3.11's parser is not safe
-# to run in two threads at once: a parse beside an episode thread's raised a SystemError).
-@functools.cache
-def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
-    import inspect
-
-    docs = {}
-    for line in inspect.getsource(cls).splitlines():
-        name, sep, rest = line.strip().partition(":")
-        if sep and "#" in rest:
-            docs[name.strip()] = rest.split("#", 1)[1].strip()
-    return tuple(docs.items())
-
-
-def field_default(f: dataclasses.Field) -> typing.Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-
-
-def options_table(cls: type) -> str:
-    """The option table of a config class (docs/reference/config.md is generated with it)."""
-    from taurl.recipe.sections import HOME
-
-    docs = field_docs(cls)
-    home = HOME if getattr(cls, "SECTIONED", False) else {}  # its file is in sections: name both
-    flag = {"imports": "import"}
-    rows = [f"| `{home.get(f.name, f.name)}` (`--{flag.get(f.name, f.name).replace('_', '-')}`) | `{json.dumps(field_default(f))}` | "
-            f"{docs.get(f.name, '').replace('|', '/')} |" for f in dataclasses.fields(cls)]
-    return "\n".join(["| option in the file (flag) | default | meaning |", "|---|---|---|", *rows])
-
-
-def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
-    """One --flag per config field; the field's comment in config.py is its help."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        help_ = f"{docs.get(f.name, '')} (default: {field_default(f)!r})"
-        if hint in (int, float, str):
-            p.add_argument(flag, type=hint, default=None, help=help_)
-        elif f.name == "max_tool_calls":
-            p.add_argument(flag, type=int, default=None, help=help_)
-        elif f.name == "system_prompt":
-            p.add_argument(flag, type=str, default=None, help=help_)
-        elif f.name == "imports":
-            continue  # --import MODULE (repeatable), added by the command
-        else:
-            p.add_argument(flag, type=json.loads, default=None, help=help_ + " — JSON")
-
-
 # Over 60 lines on purpose: the argparse declaration of every subcommand, one flat list of
 # add_argument calls (declarations, no logic).
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True, help="run directory to create or continue")
     p.add_argument("--config", help="YAML file with any of the options below")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    _add_config_flags(p, RolloutRunConfig)
+    add_config_flags(p, RolloutRunConfig)
 
     p = sub.add_parser("export", help="export a run's trajectories to JSONL or Parquet, or a policy (--merged)",
                        description="Write every stored trajectory (or a filtered subset) in the public "
@@ -172,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
         p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
                        help="import MODULE first (it registers envs with taurl.envs.register); repeatable")
-        _add_config_flags(p, TrainConfig)
+        add_config_flags(p, TrainConfig)
     p = sub.add_parser("eval", help="evaluate a run's current policy (or a checkpoint) on the holdout split",
                        description="Evaluation with the env's own verifier: k trials per task, success with a "
                        "task-clustered 95% interval, pass@k, tool calls, tokens, invalid and truncation rates, safety and cost "
@@ -302,8 +245,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             pin_cpu_isa()
         from taurl.recipe.config import TrainConfig
 
-        overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)
-                     if f.name != "imports"}
+        overrides = config_overrides(args, TrainConfig)
         summary = commands.train(args.config, overrides, args.run_dir, progress=not args.no_progress,
                                  default_config="configs/demo.yaml" if args.command == "demo" else None,
                                  imports=args.imports)

@@ -24,14 +24,14 @@ def engine_options(r: Any, seed: int) -> dict[str, Any]:
     keys (batch size, seed; local: device, dtype, deterministic; vllm: a cache in the run)."""
     cfg = r.cfg
     opts = {"max_batch_size": cfg.concurrency, "seed": seed, **cfg.engine_options}
-    if cfg.engine == "local":  # its own copy of the weights, beside the policy
+    if cfg.engine.kind == "local":  # its own copy of the weights, beside the policy
         device, dtype = r.placement()
         opts.update(device=device, dtype=dtype, deterministic=cfg.deterministic)
     own_rows = "max_batch_size" not in cfg.engine_options
-    if cfg.schedule == "async" and cfg.engine == "local" and own_rows:  # one batch of rows
+    if cfg.schedule.kind == "async" and cfg.engine.kind == "local" and own_rows:  # one batch of rows
         opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update,
                                                    cfg.overprovision, cfg.group_size)
-    if cfg.engine == "vllm" and "url" not in opts:  # a server of ours: caches and log in the run
+    if cfg.engine.kind == "vllm" and "url" not in opts:  # a server of ours: caches and log in the run
         opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
     return opts
 
@@ -39,7 +39,7 @@ def engine_options(r: Any, seed: int) -> dict[str, Any]:
 def rollout_collector(r: Any, version: int, tok: Any, *, seed: int,
                       rollout: RolloutConfig | None = None) -> Collector:
     """The collector serving checkpoint `version` of run `r`: Ray workers (backend ray) or
-    `LocalCollector` over `make_engine(cfg.engine, ...)`; `rollout`: the episodes' budgets
+    `LocalCollector` over `make_engine(cfg.engine.kind, ...)`; `rollout`: the episodes' budgets
     (default: the config's)."""
     cfg = r.cfg
     rollout = rollout or cfg.rollout_config()
@@ -51,7 +51,7 @@ def rollout_collector(r: Any, version: int, tok: Any, *, seed: int,
         from taurl.scale.ray_backend import RayCollector
 
         return RayCollector.start(r, r.run.checkpoint(version), version, seed=seed)
-    engine = make_engine(cfg.engine, r.run.checkpoint(version), tok, version=version,
+    engine = make_engine(cfg.engine.kind, r.run.checkpoint(version), tok, version=version,
                          **engine_options(r, seed))
     return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency,
                           {"agent": cfg.agent})

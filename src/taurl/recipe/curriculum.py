@@ -60,23 +60,17 @@ class CurriculumConfig:
 
 
 def curriculum_problems(options: dict[str, Any]) -> list[str]:
-    """Every problem with the ``curriculum:`` mapping ({} is off)."""
-    if not options:
-        return []
-    unknown = sorted(set(options) - {"mix", "easy", "hard", "min_seen"})
-    if unknown:
-        return [f"curriculum: unknown option(s) {unknown}; options: mix, easy, hard, min_seen"]
-    try:
-        return curriculum_config(options).problems()
-    except (TypeError, ValueError) as e:
-        return [f"curriculum: {e}"]
+    """Every problem with the ``curriculum:`` mapping ({} is off): `CurriculumConfig`'s keys,
+    types and ``problems()`` (`taurl.recipe.validate.option_problems`)."""
+    from taurl.recipe.validate import option_problems
+
+    return option_problems("curriculum", CurriculumConfig, options)
 
 
 def curriculum_config(options: dict[str, Any]) -> CurriculumConfig:
-    opts = dict(options)
-    if "mix" in opts:
-        opts["mix"] = tuple(opts["mix"])
-    return CurriculumConfig(**opts)
+    from taurl.recipe.validate import option_value
+
+    return option_value(CurriculumConfig, options)
 
 
 def quotas(n: int, mix: Sequence[float], available: Sequence[int]) -> list[int]:

@@ -28,7 +28,6 @@ skipped. Named kill points (`taurl.chaos`) let the chaos test SIGKILL a run anyw
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import tempfile
@@ -57,6 +56,7 @@ from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
 from taurl.recipe.rl_step import rl_step
+from taurl.recipe.sections import flat_options
 from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
 from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
 from taurl.reward.judged import is_judged, shared_judge
@@ -85,7 +85,7 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
     cfg = check_config(cfg)  # types, values and imports: every problem at once, before any file is written
     spec = envs.spec(cfg.env)
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, env_config=cfg.env_config,
-                      n_demos=cfg.demos if cfg.sft == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
                       n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
     # the env keeps the protocol, or the run is refused before any file is written
     env_check = check_run_env(cfg, (plan.rl or plan.demos or plan.validation)[0], episode_seed(cfg.seed, "env-check"))
@@ -100,12 +100,12 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
     t0 = time.perf_counter()
     atomic_write_text(run.config, dump_config(cfg))
     with Ledger(run.ledger) as ledger, metrics_writer(run.metrics, cfg.trackers, run.root,
-                                                      dataclasses.asdict(cfg)) as metrics:
+                                                      flat_options(cfg)) as metrics:
         r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
         r.save_state(identity=identity)  # what a later start in this directory must match
         metrics.write(0, env_check)
-        if cfg.schedule == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
+        if cfg.schedule.kind == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
             from taurl.recipe.schedule.learner_proc import LearnerProcess
 
             r.learner_process = LearnerProcess()  # its imports (seconds) overlap SFT and the first evaluation
@@ -144,7 +144,7 @@ def prepare_policy(r: Run) -> None:
                                      expert_options=cfg.expert_options, seed=cfg.seed)
         if cfg.tokenizer_texts:
             texts = texts[::max(1, len(texts) // cfg.tokenizer_texts)]
-        if cfg.agent and cfg.sft == "expert":  # the agent's action format (tool-call JSON) gets merges too
+        if cfg.agent and cfg.sft.data == "expert":  # the agent's action format (tool-call JSON) gets merges too
             from taurl.proxy.demos import agent_tokenizer_texts
 
             texts += agent_tokenizer_texts(cfg, r.plan.demos)
@@ -184,9 +184,9 @@ def given_model(r: Run) -> str:
 def sft_data(r: Run) -> list:
     """The SFT trajectories: expert demonstrations (stored as ``demo-<i>``), a file, or none."""
     cfg, t0 = r.cfg, time.perf_counter()
-    if cfg.sft in ("none", "rejection"):  # rejection: the policy's own samples, after this (taurl.recipe.stages)
+    if cfg.sft.data in ("none", "rejection"):  # rejection: the policy's own samples, after this (taurl.recipe.stages)
         return []
-    if cfg.sft == "file":
+    if cfg.sft.data == "file":
         return read_sft_file(cfg.sft_data, cfg.env)
     if cfg.agent:  # the expert's replies served to the user's agent through the proxy
         from taurl.proxy.demos import agent_demonstrations
@@ -277,7 +277,7 @@ def reinforce(r: Run) -> None:
     chaos.on_optimizer_step(learner.optimizer)
     chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     loop = _rl_loop
-    if cfg.schedule == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.recipe.schedule)
+    if cfg.schedule.kind == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.recipe.schedule)
         from taurl.recipe.schedule.async_rl import async_rl_loop as loop
     try:
         loop(r, model, tok, learner, collector, version, first, seed)
@@ -423,7 +423,7 @@ def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
         "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
         "timings": r.state.get("timings", {}),
-        "config": dataclasses.asdict(c),
+        "config": flat_options(c),
     }
     if is_judged(c.reward):  # the judge's cost: its calls and cache hits in this process
         summary["judge"] = {"version": (j := shared_judge(c.reward)).version, **j.stats}

@@ -61,17 +61,11 @@ class ReplayConfig:
 
 
 def replay_problems(options: dict[str, Any]) -> list[str]:
-    """Every problem with the ``replay:`` mapping ({} is off)."""
-    if not options:
-        return []
-    unknown = sorted(set(options) - set(ReplayConfig.__dataclass_fields__))
-    if unknown:
-        return [f"replay: unknown option(s) {unknown}; options: capacity, max_age, fraction"]
-    bad = [k for k, v in options.items() if isinstance(v, bool) or not isinstance(v, (int, float))
-           or (k != "fraction" and not isinstance(v, int))]
-    if bad:
-        return [f"replay: {k} must be a number (capacity and max_age integers), got {options[k]!r}" for k in bad]
-    return ReplayConfig(**options).problems()
+    """Every problem with the ``replay:`` mapping ({} is off): `ReplayConfig`'s keys, types
+    and ``problems()`` (`taurl.recipe.validate.option_problems`)."""
+    from taurl.recipe.validate import option_problems
+
+    return option_problems("replay", ReplayConfig, options)
 
 
 @dataclass(frozen=True)

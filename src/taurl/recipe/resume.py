@@ -13,7 +13,6 @@ and how to start a new run instead; otherwise, e.g., a resume with ``--eval-tria
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -22,14 +21,14 @@ from typing import Any
 import yaml
 
 from taurl.errors import Error
-from taurl.recipe.sections import flatten
+from taurl.recipe.sections import flat_options, flatten
 
 # options a resume may change: how far the run goes and what it keeps, not what a record means
 # (deterministic, like device and torch_threads, changes how later rows are computed, not what a stored one is)
 RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
              "generate_timeout_s", "device", "deterministic",
-             "train_strategy", "train_world_size", "train_launcher",
-             "train_ray")  # where the step runs, not what it is
+             "train_strategy", "train_world_size",
+             "launcher", "ray")  # where the step runs, not what it is (train.launcher, train.ray)
 
 
 class ResumeError(Error, ValueError):
@@ -38,7 +37,8 @@ class ResumeError(Error, ValueError):
 
 def run_identity(cfg: Any, env: Any) -> dict[str, Any]:
     """What the run is: its configuration outside `RESUMABLE` (with a digest), its env and model."""
-    config = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE},
+    # under the flat names of the release before sections, so a run of that release resumes
+    config = json.loads(json.dumps({k: v for k, v in flat_options(cfg).items() if k not in RESUMABLE},
                                    default=str))
     return {"config_digest": _digest(config), "config": config,
             "env": {"name": env.name, "version": str(env.version),

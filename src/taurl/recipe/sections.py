@@ -1,4 +1,4 @@
-"""The training config file in sections: where each option lives in YAML.
+"""Where each option lives in a training config file, and the old flat spellings.
 
     env: search-v0
     policy:   {model: "", size: tiny}
@@ -10,135 +10,253 @@
     train:    {strategy: single, world_size: 1}
     eval:     {tasks: 100, trials: 3, temperature: 1.0, seed: 1234}
 
-Each section names the options of one stage of the loop; `SECTIONS` maps ``section.key``
-to the option's name in `taurl.recipe.config.TrainConfig` (one set of defaults: the
-dataclass's). The flat keys of earlier files (``lr: 5.0e-4``, ``eval_tasks: 100``) still load
-for one release, each with a warning naming its new place (``rl.lr``, ``eval.tasks``);
-command-line flags and keyword overrides (``--lr``, ``taurl.train(..., lr=...)``) keep their
-flat names. Options not listed here (``seed``, ``env``, ``imports``, ``env_config``,
-``system_prompt``, ``tasks``, ``task_options``, ``alarms``, ``trackers``, ``promotion``,
-``agent``, ``torch_threads``, ``reward``) stay at the top level.
+The sections are dataclasses (`taurl.recipe.options`); an option has one spelling, its
+place: ``rl.lr`` in YAML, ``cfg.rl.lr`` / ``rl={"lr": ...}`` in Python, ``--rl.lr`` on
+the command line. Options not in a section (`TOP`: ``seed``, ``env``, ``imports``, ...)
+stay at the top level.
+
+The flat names of earlier releases (``lr``, ``eval_tasks``, ``--lr``, ``train(lr=...)``)
+still load, with one warning naming each one's new place (`nest`); `LEGACY` lists them.
+Reading them (``cfg.lr``) keeps working without a warning for now (`homes`: the legacy
+names, and any section key that is unique across sections and not a top-level name).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import logging
 import re
-import typing
+from collections.abc import Mapping
 from typing import Any
 
 from taurl.errors import ConfigError
+from taurl.recipe.options import SECTION_TYPES, section_fields
 
 log = logging.getLogger("taurl.recipe.config")
 
-SECTIONS: dict[str, dict[str, str]] = {
-    "policy": {"model": "model", "size": "model_size", "tokenizer_texts": "tokenizer_texts",
-               "vocab_size": "vocab_size", "chat_template": "chat_template", "warmup_options": "warmup_options",
-               "lora": "lora", "device": "device", "torch_dtype": "torch_dtype"},
-    "rollout": {k: k for k in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
-                               "max_context", "max_tool_calls", "temperature", "concurrency",
-                               "deterministic", "generate_timeout_s", "backend", "backend_options", "compaction")},
-    "engine": {"kind": "engine", "options": "engine_options"},
-    "sft": {"data": "sft", "file": "sft_data", "demos": "demos", "expert_options": "expert_options",
-            "epochs": "sft_epochs", "batch_size": "sft_batch_size", "lr": "sft_lr",
-            "warmup_steps": "sft_warmup_steps", "max_steps": "sft_max_steps", "max_seconds": "sft_max_seconds",
-            "rejection": "rejection"},
-    "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update", "group_size": "group_size",
-           "seed": "rl_seed", "max_seconds": "rl_max_seconds", "keep_checkpoints": "keep_checkpoints",
-           "checkpoint_every": "checkpoint_every",
-           **{k: k for k in ("estimator", "estimator_options", "critic_lr", "vf_clip", "critic_epochs",
-                             "critic_warmup_updates", "step_scorer", "step_scorer_options", "replay", "curriculum",
-                             "objective", "objective_options", "eps_low", "eps_high", "aggregation",
-                             "segment_weighting", "lr",
-                             "lr_warmup_steps", "weight_decay", "grad_clip", "kl_coef", "kl_kind", "entropy_coef",
-                             "drop_zero_variance", "micro_batch_tokens", "epochs", "dpo", "teacher",
-                             "distill")},
-           "tis": "tis", "tis_cap": "tis_cap"},
-    "schedule": {"kind": "schedule", "staleness_eta": "staleness_eta", "overprovision": "overprovision",
-                 "interrupt": "interrupt", "mask_stale": "mask_stale"},
-    "train": {"strategy": "train_strategy", "world_size": "train_world_size",
-              "launcher": "train_launcher", "ray": "train_ray",
-              "precision": "precision", "activation_checkpointing": "activation_checkpointing",
-              "attention": "attention"},
-    "eval": {"tasks": "eval_tasks", "trials": "eval_trials", "temperature": "eval_temperature", "seed": "eval_seed"},
-}
-# the options that stay at the top level (every TrainConfig option is here or in a section)
-TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks", "task_options", "alarms",
-                 "trackers", "promotion", "agent", "torch_threads",
-                 "reward"})
-HOME: dict[str, str] = {flat: f"{section}.{key}" for section, keys in SECTIONS.items() for key, flat in keys.items()}
+# the options that stay at the top level (TrainConfig's own fields)
+TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks", "task_options",
+                 "alarms", "trackers", "promotion", "reward", "agent", "torch_threads"})
+
+# the flat names of the release before sections, and where each lives now (frozen: a new
+# option has no flat name, only its place)
+_RENAMED = {"model_size": "policy.size", "engine": "engine.kind",
+            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file", "rl_seed": "rl.seed",
+            "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
+            "train_strategy": "train.strategy", "train_world_size": "train.world_size"}
+_PREFIXED = {"sft": ("epochs", "batch_size", "lr", "warmup_steps", "max_steps", "max_seconds"),
+             "eval": ("tasks", "trials", "temperature", "seed")}
+_SAME = {"policy": "model tokenizer_texts vocab_size chat_template warmup_options lora device "
+                   "torch_dtype",
+         "rollout": "max_turns max_action_tokens max_episode_tokens max_observation_tokens "
+                    "max_context max_tool_calls temperature concurrency deterministic "
+                    "generate_timeout_s backend backend_options compaction",
+         "sft": "demos expert_options rejection",
+         "rl": "updates tasks_per_update group_size keep_checkpoints checkpoint_every estimator "
+               "estimator_options critic_lr vf_clip critic_epochs critic_warmup_updates "
+               "step_scorer step_scorer_options replay curriculum objective objective_options "
+               "eps_low eps_high aggregation segment_weighting lr lr_warmup_steps weight_decay "
+               "grad_clip kl_coef kl_kind entropy_coef drop_zero_variance micro_batch_tokens "
+               "epochs dpo teacher distill tis tis_cap",
+         "schedule": "staleness_eta overprovision interrupt mask_stale",
+         "train": "precision activation_checkpointing attention"}
+LEGACY: dict[str, str] = {
+    **_RENAMED,
+    **{f"{sec}_{key}": f"{sec}.{key}" for sec, keys in _PREFIXED.items() for key in keys},
+    **{key: f"{sec}.{key}" for sec, keys in _SAME.items() for key in keys.split()}}
 
 
-def section(cfg: Any, name: str) -> Any:
-    """`cfg`'s options of section `name` as that section's frozen dataclass, keyed as in the
-    file: ``section(cfg, "eval").tasks`` is ``cfg.eval_tasks``. The section types are built
-    from the config class's fields (`section_type`): their defaults are its defaults."""
-    if name not in SECTIONS:
-        raise ConfigError(f"unknown config section {name!r}; the sections are {', '.join(SECTIONS)}")
-    return section_type(type(cfg), name)(**{key: getattr(cfg, flat) for key, flat in SECTIONS[name].items()})
+def homes() -> dict[str, str]:
+    """Every flat name that reads an option of a section: `LEGACY`, and each section key that
+    is unique across the sections and is neither a top-level nor a section name."""
+    return _homes(tuple(SECTION_TYPES.items()))
 
 
 @functools.cache
-def section_type(cls: type, name: str) -> type:
-    """The dataclass of section `name` of config class `cls` (TrainConfig): one field per key
-    of the section, with the type and the default of the flat option it names."""
-    flat = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    spec = [(key, hints[option], dataclasses.field(default=flat[option].default,
-                                                    default_factory=flat[option].default_factory))
-            for key, option in SECTIONS[name].items()]
-    return dataclasses.make_dataclass(f"{name.title()}Section", spec, frozen=True)
+def _homes(types: tuple[tuple[str, type], ...]) -> dict[str, str]:
+    seen: dict[str, list[str]] = {}
+    for name, _ in types:
+        for f in section_fields(name):
+            seen.setdefault(f.name, []).append(f"{name}.{f.name}")
+    taken = set(LEGACY) | TOP | set(SECTION_TYPES)
+    auto = {key: places[0] for key, places in seen.items() if len(places) == 1 and key not in taken}
+    return {**auto, **LEGACY}
 
 
-def flatten(data: dict[str, Any], *, warn: bool) -> dict[str, Any]:
-    """The flat options of a sectioned mapping (module docstring). A section is a mapping;
-    ``sft: expert``, ``engine: vllm`` or ``schedule: async`` as a plain value is the old flat
-    key. warn: say, once per key, where a flat key that has a section now lives."""
+# where each flat name lives (`HOME`) and each section's keys with their flat names
+# (`SECTIONS`), as the shipped sections declare them
+HOME: dict[str, str] = dict(LEGACY)
+SECTIONS: dict[str, dict[str, str]] = {
+    name: {f.name: next((flat for flat, home in LEGACY.items() if home == f"{name}.{f.name}"),
+                        f.name) for f in section_fields(name)}
+    for name in SECTION_TYPES}
+
+
+def options_of(name: str, section: Any) -> dict[str, Any]:
+    """The options of a section instance, keyed as in the file."""
+    return {f.name: getattr(section, f.name) for f in section_fields(name)}
+
+
+_WARNING = {
+    "file": ("flat config keys are deprecated; write them in sections: {} (they load for one more "
+             "release; `python -m taurl.recipe.sections FILE` rewrites a file)", "{old} -> {new}"),
+    "flag": ("flat flags are deprecated; use {} (they work for one more release)",
+             "--{old_flag} -> --{new_flag}"),
+    "keyword": ("flat keyword options are deprecated; use {} (they work for one more release)",
+                "{old}=... -> {section}={{'{key}': ...}}"),
+}
+
+
+def nest(data: Mapping[str, Any], *, warn: str | None = None) -> dict[str, Any]:
+    """`data` (a file's mapping, overrides or a Python dict) with every option at its place:
+    ``{top: value, section: {key: value}}``. A section is a mapping (or a section instance);
+    ``"rl.lr"`` is that option; a flat name of `homes` is moved to its place, and with `warn`
+    (file | flag | keyword) ONE warning names the new spelling of each. A section name with a
+    plain value (``sft: expert``) is the old flat option. Unknown section keys and an option
+    given twice are ConfigErrors; unknown top-level keys are left for the loader to report."""
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # place -> how it was written, for "given twice"
     problems: list[str] = []
-    moved: list[str] = []
+    moved: list[tuple[str, str]] = []
+    places = homes()
     for key, value in data.items():
-        if key in SECTIONS and isinstance(value, dict):
-            names = SECTIONS[key]
+        if key in SECTION_TYPES and dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = options_of(key, value)
+        if key in SECTION_TYPES and isinstance(value, Mapping):
+            names = {f.name for f in section_fields(key)}
             for sub, v in value.items():
                 if sub not in names:
-                    import difflib
-
                     close = difflib.get_close_matches(str(sub), names, n=1)
-                    problems.append(f"unknown option {key}.{sub}" + (f"; did you mean {key}.{close[0]}?" if close else "")
-                                    + f" ({key} holds {', '.join(names)})")
+                    problems.append(f"unknown option {key}.{sub}"
+                                    + (f"; did you mean {key}.{close[0]}?" if close else "")
+                                    + f" ({key} holds {', '.join(sorted(names))})")
                     continue
-                _put(out, names[sub], v, f"{key}.{sub}", problems)
+                _put(out, given, key, sub, v, f"{key}.{sub}", problems)
             continue
-        if warn and key in HOME:
-            moved.append(f"{key} -> {HOME[key]}")
-        _put(out, key, value, key, problems)
+        place = key if "." in key else places.get(key)
+        if place is None:
+            out[key] = value  # a top-level option, or an unknown one (load_config names it)
+            continue
+        section, sub = place.split(".", 1)
+        if section not in SECTION_TYPES:
+            out[key] = value
+            continue
+        if "." not in key:
+            moved.append((key, place))
+        _put(out, given, section, sub, value, key, problems)
     if problems:
         raise ConfigError(problems)
-    if moved:
-        log.warning("flat config keys are deprecated; write them in sections: %s (they load for one more "
-                    "release; `python -m taurl.recipe.sections FILE` rewrites a file)", ", ".join(moved))
+    if warn and moved:
+        template, item = _WARNING[warn]
+        log.warning(template.format(", ".join(
+            item.format(old=old, new=new, old_flag=old.replace("_", "-"),
+                        new_flag=new.replace("_", "-"), section=new.split(".")[0],
+                        key=new.split(".")[1]) for old, new in moved)))
     return out
 
 
-def _put(out: dict[str, Any], flat: str, value: Any, written: str, problems: list[str]) -> None:
-    if flat in out and out[flat] != value:
-        problems.append(f"{HOME.get(flat, flat)} is given twice (in its section and as the old flat key {flat!r}, "
-                        f"the second time as {written}); keep one")
-    out[flat] = value
+def _put(out: dict[str, Any], given: dict[str, str], section: str, key: str, value: Any,
+         written: str, problems: list[str]) -> None:
+    place = f"{section}.{key}"
+    part = out.setdefault(section, {})
+    if place in given and part[key] != value:
+        problems.append(f"{place} is given twice (as {given[place]} and as {written}); keep one")
+    given.setdefault(place, written)
+    part[key] = value
 
 
-def sectioned(flat: dict[str, Any]) -> dict[str, Any]:
-    """`flat` options written in sections (the form `taurl.recipe.validate.dump_config` writes):
-    the top-level options first, then the sections in `SECTIONS` order."""
-    out = {name: value for name, value in flat.items() if name not in HOME}
-    for section, keys in SECTIONS.items():
-        part = {key: flat[name] for key, name in keys.items() if name in flat}
-        if part:
-            out[section] = part
+def merge(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Nested options `more` over `base`: a section's keys one by one, a later value wins."""
+    out = {k: dict(v) if k in SECTION_TYPES and isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in more.items():
+        if key in SECTION_TYPES and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
     return out
+
+
+def flatten(data: Mapping[str, Any], *, warn: bool = False) -> dict[str, Any]:
+    """`data` with every option under its flat name (the release before sections; a run's
+    identity in state.json is recorded so): ``{"rl": {"lr": 1e-3}}`` -> ``{"lr": 1e-3}``.
+    An option with no flat name keeps its place, ``"rl.new_option"``."""
+    return _flat(nest(data, warn="file" if warn else None))
+
+
+def flat_options(cfg: Any) -> dict[str, Any]:
+    """Every option of a TrainConfig under its flat name (`flatten`)."""
+    data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return _flat(nest(data))
+
+
+def _flat(nested: dict[str, Any]) -> dict[str, Any]:
+    flat_of = {home: flat for flat, home in homes().items()}
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        if key in SECTION_TYPES and isinstance(value, dict):
+            for sub, v in value.items():
+                out[flat_of.get(f"{key}.{sub}", f"{key}.{sub}")] = v
+        else:
+            out[key] = value
+    return out
+
+
+def build_config(cfg: Any, options: Mapping[str, Any]) -> None:
+    """`TrainConfig.__init__`: set `cfg`'s fields from `options` — top-level names, sections
+    (a mapping or a section instance), dotted (``"rl.lr"``) and flat names (``lr``, as
+    `dataclasses.replace(cfg, lr=...)` passes them, with the sections as they are); an
+    unknown name is a TypeError, as for any dataclass. No check here: `load_config` and
+    `check_config` check."""
+    fields = dataclasses.fields(cfg)
+    top_names = {f.name for f in fields if f.name not in SECTION_TYPES}
+    given: dict[str, Any] = {}
+    patches: dict[str, dict[str, Any]] = {}
+    places = homes()
+    for key, value in options.items():
+        is_section = isinstance(value, Mapping) or dataclasses.is_dataclass(value)
+        if key in top_names or (key in SECTION_TYPES and is_section):
+            given[key] = value
+        elif (place := key if "." in key else places.get(key)) and \
+                place.split(".")[0] in SECTION_TYPES:
+            section, sub = place.split(".", 1)
+            patches.setdefault(section, {})[sub] = value
+        else:
+            raise TypeError(f"TrainConfig got an unexpected option {key!r}")
+    for f in fields:
+        if f.name in SECTION_TYPES:
+            value = _section(f.name, given.get(f.name), patches.get(f.name, {}))
+        elif f.name in given:
+            value = given[f.name]
+        else:
+            factory = f.default_factory
+            value = factory() if factory is not dataclasses.MISSING else f.default
+        object.__setattr__(cfg, f.name, value)
+
+
+def _section(name: str, value: Any, patch: dict[str, Any]) -> Any:
+    cls = SECTION_TYPES[name]
+    if value is None:
+        return cls(**patch)
+    if isinstance(value, Mapping):
+        return cls(**{**value, **patch})
+    return dataclasses.replace(value, **patch) if patch else value
+
+
+def flat_read(cfg: Any, name: str) -> Any:
+    """`TrainConfig.__getattr__`: a flat name of `homes` reads its option (``cfg.lr`` is
+    ``cfg.rl.lr``), for the code written before sections."""
+    place = homes().get(name) if not name.startswith("__") else None
+    section = cfg.__dict__.get(place.split(".")[0]) if place else None
+    if section is None:
+        raise AttributeError(f"{type(cfg).__name__!r} object has no attribute {name!r}")
+    return getattr(section, place.split(".", 1)[1])
+
+
+def sectioned(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`flat` options written in sections: `nest` without a warning."""
+    return nest(flat)
 
 
 _ENTRY = re.compile(r"^([A-Za-z_]\w*):(.*)$")

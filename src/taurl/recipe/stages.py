@@ -31,7 +31,7 @@ STAGES = ("rl", "rejection", "dpo", "distill")
 
 
 def stage_name(cfg: Any) -> str:
-    if cfg.sft == "rejection":
+    if cfg.sft.data == "rejection":
         return "rejection"
     if cfg.teacher:
         return "distill"
@@ -45,11 +45,11 @@ def stage_problems(cfg: Any) -> list[str]:
     from taurl.train.pair_learner import DPOOptions
 
     out: list[str] = []
-    chosen = [s for s, on in (("sft: rejection", cfg.sft == "rejection"), ("rl.teacher", bool(cfg.teacher)),
+    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"), ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
         out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs with model:)")
-    if cfg.rejection and cfg.sft != "rejection":
+    if cfg.rejection and cfg.sft.data != "rejection":
         out.append("sft.rejection options are set but sft is not 'rejection'")
     if cfg.dpo and cfg.objective != "dpo":
         out.append("rl.dpo options are set but rl.objective is not 'dpo'")
@@ -57,9 +57,9 @@ def stage_problems(cfg: Any) -> list[str]:
         out.append("rl.distill options are set but rl.teacher is not: give the teacher's checkpoint directory")
     out += RejectionOptions.problems_of(cfg.rejection) + DPOOptions.problems_of(cfg.dpo)
     out += DistillOptions.problems_of(cfg.distill)
-    if stage_name(cfg) != "rl" and cfg.schedule != "sync":
+    if stage_name(cfg) != "rl" and cfg.schedule.kind != "sync":
         out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
-    if cfg.sft == "rejection" and cfg.backend != "local":
+    if cfg.sft.data == "rejection" and cfg.backend != "local":
         out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
                    f"backend: {cfg.backend} is not supported there: drop backend (local)")
     if stage_name(cfg) != "rl" and cfg.lora:
@@ -128,10 +128,10 @@ def learner_for(cfg: Any, run: Any, v_sft: int, model: Any, tok: Any, reference:
             raise ConfigError(why)
         return DistillLearner(model, teacher, DistillOptions(**cfg.distill), micro_batch_tokens=cfg.micro_batch_tokens,
                               estimator=cfg.estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
-    if cfg.train_strategy != "single":  # the update on N ranks; `model` gets their weights back
+    if cfg.train.strategy != "single":  # the update on N ranks; `model` gets their weights back
         from taurl.train.distributed.driver import DistributedLearner
 
-        return DistributedLearner(model, cfg.learner_config(), strategy=cfg.train_strategy,
+        return DistributedLearner(model, cfg.learner_config(), strategy=cfg.train.strategy,
                                   world_size=cfg.train_world_size, pad_id=tok.pad_token_id,
                                   reference=reference, device=cfg.device, launch=rank_launch(cfg))
     return Learner(model, cfg.learner_config(), pad_id=tok.pad_token_id, reference=reference,
@@ -143,7 +143,7 @@ def sft_steps(cfg: Any) -> Any:
     ``train.strategy`` ddp or fsdp (`taurl.train.distributed.sft.ranked_sft_loop`)."""
     from taurl.train.sft import sft_loop
 
-    if cfg.train_strategy == "single":
+    if cfg.train.strategy == "single":
         return sft_loop
     import functools
 
@@ -151,7 +151,7 @@ def sft_steps(cfg: Any) -> Any:
     from taurl.train.distributed.sft import ranked_sft_loop
 
     start = functools.partial(launch_ranks, cfg.train_world_size, cfg.device, **rank_launch(cfg))
-    return functools.partial(ranked_sft_loop, strategy=cfg.train_strategy,
+    return functools.partial(ranked_sft_loop, strategy=cfg.train.strategy,
                              world_size=cfg.train_world_size, device=cfg.device, start=start)
 
 
@@ -159,14 +159,14 @@ def rank_launch(cfg: Any) -> dict[str, Any]:
     """How the ranks start (`taurl.train.distributed.launch.launch_ranks`): ``train.launcher``
     and ``train.ray``; a local Ray cluster started for the ranks also gets the CPUs of
     ``backend: ray``'s rollout workers (they join it: `taurl.scale.ray_backend`)."""
-    if cfg.train_launcher != "ray":
-        return {"launcher": cfg.train_launcher}
-    bundle = cfg.train_ray.get("bundle") or {"CPU": 1}
+    if cfg.train.launcher != "ray":
+        return {"launcher": cfg.train.launcher}
+    bundle = cfg.train.ray.get("bundle") or {"CPU": 1}
     cpus = cfg.train_world_size * bundle.get("CPU", 0)
     if cfg.backend == "ray":
         opts = cfg.backend_options
         cpus += opts.get("num_cpus", opts.get("workers", 2))
-    return {"launcher": "ray", "ray": dict(cfg.train_ray), "num_cpus": max(1, int(cpus + 0.999))}
+    return {"launcher": "ray", "ray": dict(cfg.train.ray), "num_cpus": max(1, int(cpus + 0.999))}
 
 
 def run_own_stage(r: Any) -> bool:
@@ -202,15 +202,15 @@ def parallel_problems(cfg: Any) -> list[str]:
     from taurl.credit import needs_values
     from taurl.train.distributed.strategy import launcher_problems, strategy_problems
 
-    out = strategy_problems(cfg.train_strategy, cfg.train_world_size)
-    out += launcher_problems(cfg.train_launcher, cfg.train_ray, cfg.train_strategy)
-    if out or cfg.train_strategy == "single":
+    out = strategy_problems(cfg.train.strategy, cfg.train_world_size)
+    out += launcher_problems(cfg.train.launcher, cfg.train.ray, cfg.train.strategy)
+    if out or cfg.train.strategy == "single":
         return out
     unsupported = [(f"a critic (rl.estimator: {cfg.estimator})", needs_values(cfg.estimator)),
                    ("rl.step_scorer", cfg.step_scorer != "none"), ("policy.lora", bool(cfg.lora)),
-                   ("schedule: async", cfg.schedule == "async"),
+                   ("schedule: async", cfg.schedule.kind == "async"),
                    (f"the {stage_name(cfg)} stage", stage_name(cfg) != "rl")]
     if bad := [name for name, on in unsupported if on]:
-        out.append(f"train.strategy {cfg.train_strategy} runs the RL learner alone for now; "
+        out.append(f"train.strategy {cfg.train.strategy} runs the RL learner alone for now; "
                    f"{', '.join(bad)} need(s) train.strategy single")
     return out

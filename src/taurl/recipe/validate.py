@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import json
 import types
 import typing
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any
 import yaml
 
 from taurl.errors import ConfigError
-from taurl.recipe.sections import flatten, sectioned
+from taurl.recipe.options import SECTION_TYPES, section_fields
+from taurl.recipe.sections import homes, merge, nest, options_of
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,
@@ -27,10 +30,11 @@ def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path 
     """Build `cls` from a YAML file, a dict and overrides (later wins); validate everything.
 
     Unknown keys (with a "did you mean"), wrong types and out-of-range values are all
-    collected and raised together as one ConfigError.
+    collected and raised together as one ConfigError. A sectioned config (TrainConfig)
+    takes sections, dotted names (``"rl.lr"``) and the old flat names in each source; a
+    file's flat keys are named with their new place in one warning.
     """
-    merged: dict[str, Any] = {}
-    sections = getattr(cls, "SECTIONED", False)  # its file is written in sections (taurl.recipe.sections)
+    loaded: dict[str, Any] = {}
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -38,27 +42,105 @@ def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path 
             raise ConfigError(f"cannot read config {path}: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping of option: value")
-        merged.update(flatten(loaded, warn=True) if sections else loaded)  # a file's flat keys: say where they went
-    merged.update(flatten(data, warn=False) if sections and data else data or {})
-    overrides = flatten(overrides, warn=False) if sections and overrides else overrides
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if getattr(cls, "SECTIONED", False):  # its file is written in sections (taurl.recipe.sections)
+        return _load_sectioned(cls, [nest(loaded, warn="file"), nest(data or {}), nest(given)])
+    merged = {**loaded, **(data or {}), **given}
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    problems = []
-    for key in list(merged):
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            problems.append(f"unknown option {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-            merged.pop(key)
-        elif not _type_ok(merged[key], hints[key]):
-            problems.append(f"{key} must be {_type_name(hints[key])} (got {merged[key]!r})")
-            merged.pop(key)
+    problems = _check(merged, set(fields), typing.get_type_hints(cls), "")
     if problems:
         raise ConfigError(problems)
-    cfg = cls(**merged)
+    return _built(cls(**merged))
+
+
+def _load_sectioned(cls: type, sources: list[dict[str, Any]]):
+    merged: dict[str, Any] = {}
+    for source in sources:
+        merged = merge(merged, source)
+    top = {f.name for f in dataclasses.fields(cls) if f.name not in SECTION_TYPES}
+    hints = typing.get_type_hints(cls)
+    top_values = {k: v for k, v in merged.items() if k not in SECTION_TYPES}
+    names = top | set(homes()) | {f"{s}.{f.name}" for s in SECTION_TYPES for f in section_fields(s)}
+    problems = _check(top_values, top, hints, "", names)
+    for name in SECTION_TYPES:
+        if name in merged and not isinstance(merged[name], dict):
+            problems.append(f"{name} must be a mapping of its options (got {merged[name]!r})")
+            merged.pop(name)
+        elif name in merged:
+            section_hints = typing.get_type_hints(SECTION_TYPES[name])
+            problems += _check(merged[name], set(merged[name]), section_hints, f"{name}.")
+    if problems:
+        raise ConfigError(problems)
+    return _built(cls(**merged))
+
+
+def _check(values: dict[str, Any], known: set[str], hints: dict[str, Any], prefix: str,
+           names: set[str] | None = None) -> list[str]:
+    """Unknown keys (a "did you mean" from `names`) and wrong types; they are dropped."""
+    problems = []
+    for key in list(values):
+        if key not in known:
+            close = difflib.get_close_matches(key, names or known, n=1)
+            problems.append(f"unknown option {key!r}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+            values.pop(key)
+        elif not _type_ok(values[key], hints[key]):
+            problems.append(f"{prefix}{key} must be {_type_name(hints[key])} (got {values[key]!r})")
+            values.pop(key)
+    return problems
+
+
+def _built(cfg: Any) -> Any:
     if hasattr(cfg, "problems") and (more := cfg.problems()):
         raise ConfigError(more)
     return cfg
+
+
+def option_class(f: dataclasses.Field) -> type | None:
+    """The option class a mapping field names (`taurl.recipe.options.typed`), or None."""
+    where = f.metadata.get("options")
+    if not where:
+        return None
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def option_problems(place: str, cls: type, value: Any) -> list[str]:
+    """Every problem with the mapping `value` of option class `cls` ({} is off): unknown keys
+    (with a "did you mean"), wrong types, then the class's own ``problems()``."""
+    if not isinstance(value, dict):
+        return [f"{place} must be a mapping of its options (got {value!r})"]
+    if not value:
+        return []
+    names = [f.name for f in dataclasses.fields(cls)]
+    hints = typing.get_type_hints(cls)
+    out = []
+    for key, v in value.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            out.append(f"{place}: unknown option {key!r}"
+                       + (f"; did you mean {close[0]!r}?" if close else "")
+                       + f" (options: {', '.join(names)})")
+        elif not _type_ok(v, hints[key]):
+            out.append(f"{place}.{key} must be {_type_name(hints[key])} (got {v!r})")
+    return out or option_value(cls, value).problems()
+
+
+def option_value(cls: type, value: dict[str, Any]) -> Any:
+    """`value` as an instance of its option class (lists where the class holds tuples)."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: tuple(v) if typing.get_origin(hints[k]) is tuple else v
+                  for k, v in value.items()})
+
+
+def typed_option_problems(cfg: Any) -> list[str]:
+    """`option_problems` of every typed mapping option of a sectioned config."""
+    out = []
+    for name in SECTION_TYPES:
+        for f in section_fields(name):
+            if (cls := option_class(f)) is not None:
+                out += option_problems(f"{name}.{f.name}", cls, getattr(getattr(cfg, name), f.name))
+    return out
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -117,5 +199,8 @@ def check_config(cfg: Any) -> Any:
 
 def dump_config(cfg: Any) -> str:
     """`cfg` as YAML that `load_config` reads back (in sections, for a sectioned config)."""
-    data = dataclasses.asdict(cfg)
-    return yaml.safe_dump(sectioned(data) if getattr(cfg, "SECTIONED", False) else data, sort_keys=False)
+    if not getattr(cfg, "SECTIONED", False):
+        return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+    data = {f.name: (options_of(f.name, getattr(cfg, f.name)) if f.name in SECTION_TYPES
+                     else getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    return yaml.safe_dump(json.loads(json.dumps(data)), sort_keys=False)

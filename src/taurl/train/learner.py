@@ -45,30 +45,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from taurl.credit import TurnBatch, estimator_problems, make_estimator, needs_values
+from taurl.credit import TurnBatch, make_estimator, needs_values
 from taurl.credit.batch import drop_invalid
 from taurl.data.staleness import staleness_stats
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
 from taurl.train import chains
 from taurl.train.credit_step import Assigned, Credited, credit_step, filter_rows
-from taurl.train.critic import Critic, CriticConfig
+from taurl.train.critic import Critic
 from taurl.train.idle import fresh_rows as _fresh_rows
 from taurl.train.idle import idle_metrics
+from taurl.train.learner_config import LearnerConfig
 from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
-from taurl.train.objectives import kl_loss, make_objective, objective_family
+from taurl.train.objectives import kl_loss, make_objective
 from taurl.train.objectives.aggregation import aggregate
-from taurl.train.objectives.kl import KL_ESTIMATORS
 from taurl.train.optim import optimizer_step, optimizer_steps, warmup_lr  # noqa: F401  (re-exported)
 from taurl.train.precision import Numerics, batch_tis_stats, checkpointed_eval, cuda_peak_mb
 from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
@@ -80,106 +79,6 @@ from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was t
     model_device,
 )
 from taurl.train.sft import sft_step  # noqa: F401
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Hyper-parameters of one policy update (GRPO + PPO clip by default)."""
-
-    estimator: str = "grpo"  # advantage estimator by name: grpo | gigpo | rloo | dr_grpo | ... (taurl.credit.ESTIMATORS)
-    estimator_options: dict[str, Any] = field(default_factory=dict)  # keyword options of the estimator, e.g. {"omega": 1.0}
-    objective: str = "ppo"  # policy loss by name: ppo | dual_clip_ppo | gspo | decoupled_ppo
-    objective_options: dict[str, Any] = field(default_factory=dict)  # extra keyword options of the objective
-    eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low for negative advantages
-    eps_high: float = 0.28  # PPO clip above ("clip-higher", DAPO): ratio <= 1 + eps_high
-    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    lr: float = 5e-4  # AdamW learning rate (the recipe's rl.lr default: one value, tests/train/test_learner_defaults.py)
-    lr_warmup_steps: int = 0  # optimizer steps of linear lr warm-up (`warmup_lr`); 0: the full lr from the first step
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global gradient norm
-    kl_coef: float = 0.0  # β of the KL(π_θ ‖ π_ref) loss term; 0 keeps no reference model
-    kl_kind: str = "k3"  # KL estimator: k1 | k2 | k3
-    entropy_coef: float = 0.0  # entropy bonus coefficient (the entropy is always measured)
-    drop_zero_variance: bool = True  # drop groups whose advantages are all zero (DAPO dynamic sampling, on the advantages used)
-    micro_batch_tokens: int = 6144  # padded tokens per micro-batch (gradient accumulation)
-    epochs: int = 1  # optimizer steps on each batch (PPO epochs)
-    temperature: float = 1.0  # sampling temperature of the rollouts (logprobs are of logits / T)
-    norm_constant: float | None = None  # C of seq-mean-token-sum-norm (Dr. GRPO): a constant, e.g. the generation budget in tokens
-    critic_lr: float = 1e-3  # AdamW learning rate of the critic (estimators that need values: gae)
-    vf_clip: float | None = 0.2  # PPO value-loss clip around the critic's old values (None: plain MSE)
-    critic_epochs: int = 0  # critic optimizer steps on each batch (0: `epochs`, the policy's)
-    critic_warmup_updates: int = 0  # the critic's first updates train only the critic, no policy step (its values are fitted before they shape advantages)
-    segment_weighting: str = "token"  # how a chain's streams weigh: token (each action token) | episode (each episode 1/E): taurl.train.chains
-    precision: str = "fp32"  # fp32 | bf16-mixed | fp16-mixed (fp32 masters): taurl.train.precision
-    tis: str = "auto"  # truncated IS min(π/μ, C) on the PG term: auto (dtypes differ) | on | off
-    tis_cap: float = 2.0  # C of the TIS weight
-    activation_checkpointing: bool = False  # recompute each layer's activations in the backward
-    attention: str = "auto"  # the learner's attention kernel: auto (the model's) | sdpa | eager
-    engine_dtype: str = "float32"  # the engine's dtype (policy.torch_dtype), against the learner's
-
-    def problems(self) -> list[str]:
-        out = estimator_problems(self.estimator, self.estimator_options)
-        if self.aggregation == "seq-mean-token-sum-norm" and self.loss_norm_constant() is None:
-            out.append("aggregation seq-mean-token-sum-norm needs a constant normalizer: set norm_constant "
-                       "(taurl train sets it to max_episode_tokens), or objective_options {norm_constant: C}")
-        if (c := self.loss_norm_constant()) is not None and not c > 0:
-            out.append(f"norm_constant must be > 0 (got {c!r})")
-        if needs_values(self.estimator):
-            if not self.critic_lr > 0:
-                out.append(f"critic_lr must be > 0 (got {self.critic_lr!r})")
-            if self.vf_clip is not None and not self.vf_clip > 0:
-                out.append(f"vf_clip must be > 0 or null (got {self.vf_clip!r})")
-        if isinstance(self.lr_warmup_steps, bool) or not isinstance(self.lr_warmup_steps, int) \
-                or self.lr_warmup_steps < 0:
-            out.append(f"lr_warmup_steps must be an integer >= 0 (0: no warm-up); got {self.lr_warmup_steps!r}")
-        if self.critic_epochs < 0:
-            out.append(f"critic_epochs must be >= 0 (0: the policy's epochs); got {self.critic_epochs!r}")
-        if self.critic_warmup_updates < 0 or (self.critic_warmup_updates and not needs_values(self.estimator)):
-            out.append(f"critic_warmup_updates must be >= 0 and needs an estimator with a critic (gae); got "
-                       f"{self.critic_warmup_updates!r} with estimator {self.estimator!r}")
-        try:
-            if objective_family(self.objective) != "policy_gradient":
-                out.append(f"objective {self.objective!r} is not a policy-gradient loss; use ppo, "
-                           "dual_clip_ppo, gspo or decoupled_ppo")
-            else:
-                make_objective(self.objective, **self._objective_kwargs())
-        except ConfigError as e:
-            out += e.problems
-        for name in ("lr", "grad_clip", "micro_batch_tokens", "epochs", "temperature"):
-            if not getattr(self, name) > 0:
-                out.append(f"{name} must be > 0 (got {getattr(self, name)!r})")
-        if self.kl_coef < 0 or self.entropy_coef < 0:
-            out.append("kl_coef and entropy_coef must be >= 0")
-        if self.kl_kind not in KL_ESTIMATORS:
-            out.append(f"kl_kind must be one of {KL_ESTIMATORS} (got {self.kl_kind!r})")
-        from taurl.train.precision import precision_problems
-
-        out += precision_problems(self.precision, self.tis, self.tis_cap,
-                                  self.activation_checkpointing, self.attention, self.objective)
-        return out + chains.weighting_problems(self.segment_weighting, self.aggregation)
-
-    def loss_norm_constant(self) -> float | None:
-        """The constant C of seq-mean-token-sum-norm for every loss term (objective_options win)."""
-        c = self.objective_options.get("norm_constant", self.norm_constant)
-        return None if c is None else float(c)
-
-    def critic_config(self) -> CriticConfig:
-        return CriticConfig(lr=self.critic_lr, vf_clip=self.vf_clip, epochs=self.critic_epochs or self.epochs,
-                            grad_clip=self.grad_clip,
-                            micro_batch_tokens=self.micro_batch_tokens)
-
-    def _objective_kwargs(self) -> dict[str, Any]:
-        from taurl.train.objectives import get_objective
-
-        params = inspect.signature(get_objective(self.objective)).parameters
-        base = {"eps_low": self.eps_low, "eps_high": self.eps_high, "aggregation": self.aggregation}
-        if self.objective == "gspo":  # sequence-level ratios need their own (tiny) clip range
-            base = {"aggregation": self.aggregation}
-        # Dr. GRPO's C is one constant for the whole run, never the micro-batch's padded width
-        base["norm_constant"] = self.loss_norm_constant()
-        return {**{k: v for k, v in base.items() if k in params}, **self.objective_options}
-
-
 
 # ---------------------------------------------------------------------------------------
 # The learner

@@ -188,7 +188,7 @@ def run_problems(cfg: Any) -> list[str]:
     if not cfg.lora:
         return []
     out = lora_problems(cfg.lora)
-    if cfg.schedule == "async" or cfg.step_scorer != "none":
+    if cfg.schedule.kind == "async" or cfg.step_scorer != "none":
         out.append("lora runs with schedule: sync and step_scorer: none for now; drop lora or those options")
     if needs_values(cfg.estimator):
         out.append(f"lora: estimator {cfg.estimator!r} builds its critic from a copy of the policy; "

@@ -96,9 +96,9 @@ def engine_dtype(cfg: Any) -> str:
     ``policy.torch_dtype``; a vLLM server started by the run has its ``server_options.dtype``
     (float32 by default). A server given by url is taken as float32: its ``--dtype`` is not
     known here (``rl.tis: on`` corrects regardless)."""
-    if cfg.engine == "vllm":
-        return str((cfg.engine_options.get("server_options") or {}).get("dtype", "float32"))
-    return cfg.torch_dtype
+    if cfg.engine.kind == "vllm":
+        return str((cfg.engine.options.get("server_options") or {}).get("dtype", "float32"))
+    return cfg.policy.torch_dtype
 
 
 def master_dtype(precision: str, engine_dtype: str) -> torch.dtype:
