@@ -110,9 +110,8 @@ class EngineActor:
         self.tokenizer = load_tokenizer(path)
         self.served_dir = path
         self.sleeping = False
-        self.tokens_by_version: Counter[int] = (
-            Counter()
-        )  # sampled tokens, by the version that served them
+        # sampled tokens, by the version that served them
+        self.tokens_by_version: Counter[int] = Counter()
         self.engine = _make_engine(
             kind,
             path,

@@ -41,6 +41,7 @@ class EngineFleet:
         self.ray, self.actors, self.pg, self.infos = ray, actors, pg, infos
         self.weight_sync, self.colocate, self.hook = weight_sync, colocate, hook
         self._stats: dict[str, float] = dict(startup)  # reported with the next round
+        self.keep: list[Any] = []  # object refs the run's actors may need again (a restart)
         self.syncs: list[dict[str, float]] = []  # every sync's times, for tests and benchmarks
 
     @classmethod

@@ -17,6 +17,10 @@ to ``max_attempts`` tries, then counted in ``rollout/failed_episodes``): none is
 none stored twice. A restarted worker starts from the checkpoint it was created with, so
 each episode request names the version to serve and the worker loads it first.
 
+With ``engine: vllm`` the workers hold no engine: they sample from engine actors that each
+own a vLLM server (`taurl.scale.engine_actors`), placed and synced by the driver
+(`taurl.scale.engine_fleet`: a placement group, weights through the object store).
+
 The cluster is local (``ray.init(address="local", num_cpus=...)``, no dashboard; Ray
 still names the node by the machine's address in its logs), its session files in a short
 temporary directory (Ray's unix sockets must stay under 107 characters), and it is shut
@@ -343,7 +347,9 @@ def _start_engines(ray: Any, r: Any, checkpoint_dir: Path, version: int, *, seed
     fleet = EngineFleet.start(ray, cfg.engine, checkpoint_dir, version, cfg.backend_options,
                               engine_options=dict(cfg.engine_options), seed=seed,
                               max_batch_size=cfg.concurrency, hook=r.hook)
-    tok = load_tokenizer(checkpoint_dir)  # sent to the workers: they need no run directory
+    # sent to the workers, who need no run directory; held by the fleet, so that a worker Ray
+    # restarts still finds it in the object store (Ray frees a constructor's argument otherwise)
+    fleet.keep.append(tok := ray.put(load_tokenizer(checkpoint_dir)))
     n = len(fleet.actors)
     return fleet, [{"engine_actor": fleet.actors[i % n], "tokenizer": tok,
                     "max_context": fleet.infos[i % n]["max_context"]} for i in range(workers)]
