@@ -107,6 +107,17 @@ def test_the_actor_writes_each_version_locally_and_serves_it(ckpts, tmp_path):
     assert not (tmp_path / "node").exists()  # the node-local directory goes with the actor
 
 
+def test_a_relative_vllm_python_is_made_absolute_for_the_engine_nodes(tmp_path, monkeypatch):
+    from taurl.scale.engine_fleet import node_paths
+
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").write_text("")
+    monkeypatch.chdir(tmp_path)  # the actor's working directory is another one
+    opts = {"python": "venv/bin/python", "timeout_s": 5}
+    assert node_paths(opts) == {"python": str(tmp_path / "venv/bin/python"), "timeout_s": 5}
+    assert node_paths({"python": "missing/python"}) == {"python": "missing/python"}  # says so later
+
+
 def test_placement_bundles_per_engine():
     assert EnginePlacement(engines=2).bundles() == [{"CPU": 1.0}, {"CPU": 1.0}]
     p = EnginePlacement(engines=1, cpus=2, gpus=1, resource="engine")

@@ -105,7 +105,7 @@ class EngineFleet:
                 kind,
                 weights,
                 version,
-                engine_options,
+                node_paths(engine_options),
                 seed=seed + i,
                 max_batch_size=max_batch_size,
                 sleep_level=_sleep_level(options, colocate),
@@ -215,6 +215,15 @@ class EngineFleet:
                 log.warning("ray: engine actor close failed: %s", type(e).__name__)
             self.ray.kill(a, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def node_paths(engine_options: dict[str, Any]) -> dict[str, Any]:
+    """`engine_options` with a relative ``python`` that exists here made absolute: an engine
+    actor runs in a Ray worker, whose working directory is not the run's."""
+    python = engine_options.get("python")
+    if isinstance(python, str) and not Path(python).is_absolute() and Path(python).is_file():
+        return {**engine_options, "python": str(Path(python).absolute())}
+    return engine_options
 
 
 def _put(ray: Any, path: Path, version: int) -> tuple[Any, int]:
