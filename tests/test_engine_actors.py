@@ -163,7 +163,7 @@ def test_engine_backend_options_are_validated():
 def test_a_fleet_on_ray_syncs_through_the_object_store(ckpts, tmp_path):
     ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'taurl[ray]'")
     from taurl.scale.engine_actors import RemoteEngine
-    from taurl.scale.engine_fleet import EngineFleet
+    from taurl.scale.engine_fleet import EngineFleet, driver_node_ip
     from taurl.scale.ray_backend import _init_local_cluster
 
     tok, (p0, p1) = ckpts
@@ -172,12 +172,12 @@ def test_a_fleet_on_ray_syncs_through_the_object_store(ckpts, tmp_path):
     if owns:
         _init_local_cluster(ray, 1, temp)
     events = []
-    fleet = EngineFleet.start(
+    fleet = EngineFleet.start(  # colocated: pinned to this node (local engines do not sleep)
         ray,
         "local",
         p0,
         0,
-        {"engines": 1},
+        {"engines": 1, "colocate": True},
         engine_options={},
         seed=0,
         max_batch_size=4,
@@ -185,6 +185,9 @@ def test_a_fleet_on_ray_syncs_through_the_object_store(ckpts, tmp_path):
     )
     try:
         [info] = fleet.infos
+        node_ip = driver_node_ip(ray)
+        assert ray.cluster_resources().get(f"node:{node_ip}") == 1  # what colocation pins to
+        assert info["node_id"] == ray.get_runtime_context().get_node_id()
         assert info["version"] == 0 and info["served_dir"].startswith(info["root"])
         assert not info["served_dir"].startswith(str(p0.parent))  # its own copy, not the learner's
         stats = fleet.sync(p1, 1)

@@ -78,7 +78,7 @@ class EngineFleet:
             cpus=options.get("engine_cpus", 1),
             gpus=options.get("engine_gpus", 0),
             resource=resource if has_resource else None,
-            node_ip=ray.util.get_node_ip_address() if colocate else None,
+            node_ip=driver_node_ip(ray) if colocate else None,
         )
         t0 = time.perf_counter()
         pg = placement_group(placement.bundles(), strategy=placement.strategy, name="taurl-engines")
@@ -215,6 +215,15 @@ class EngineFleet:
                 log.warning("ray: engine actor close failed: %s", type(e).__name__)
             self.ray.kill(a, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def driver_node_ip(ray: Any) -> str:
+    """The address Ray names this process's node by (its ``node:<ip>`` resource)."""
+    me = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == me:
+            return str(node["NodeManagerAddress"])
+    return str(ray.util.get_node_ip_address())
 
 
 def node_paths(engine_options: dict[str, Any]) -> dict[str, Any]:
