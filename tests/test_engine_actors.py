@@ -107,6 +107,14 @@ def test_the_actor_writes_each_version_locally_and_serves_it(ckpts, tmp_path):
     assert not (tmp_path / "node").exists()  # the node-local directory goes with the actor
 
 
+def test_an_actor_that_cannot_start_removes_its_node_local_directory(ckpts, tmp_path):
+    _, (p0, _) = ckpts
+    with pytest.raises(Exception, match="unknown engine_options"):
+        EngineActor(0, "local", pack_checkpoint(p0, 0), 0, {"no_such_option": 1}, seed=0,
+                    max_batch_size=4, local_root=str(tmp_path / "node"))
+    assert not (tmp_path / "node").exists()  # a server that failed to start left it behind
+
+
 def test_a_relative_vllm_python_is_made_absolute_for_the_engine_nodes(tmp_path, monkeypatch):
     from taurl.scale.engine_fleet import node_paths
 

@@ -106,23 +106,27 @@ class EngineActor:
             else Path(tempfile.mkdtemp(prefix=f"taurl-engine{index}-"))
         )
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self._materialise(weights, version)
-        self.tokenizer = load_tokenizer(path)
-        self.served_dir = path
         self.sleeping = False
         # sampled tokens, by the version that served them
         self.tokens_by_version: Counter[int] = Counter()
-        self.engine = _make_engine(
-            kind,
-            path,
-            self.tokenizer,
-            version,
-            dict(options),
-            root=self.root,
-            seed=seed,
-            max_batch_size=max_batch_size,
-            sleep=sleep_level > 0,
-        )
+        try:
+            path = self._materialise(weights, version)
+            self.tokenizer = load_tokenizer(path)
+            self.served_dir = path
+            self.engine = _make_engine(
+                kind,
+                path,
+                self.tokenizer,
+                version,
+                dict(options),
+                root=self.root,
+                seed=seed,
+                max_batch_size=max_batch_size,
+                sleep=sleep_level > 0,
+            )
+        except BaseException:  # no `close` follows a failed start: its weights and log go now
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     def _materialise(self, weights: WeightBundle | str, version: int) -> Path:
         if isinstance(weights, WeightBundle):
