@@ -93,7 +93,8 @@ $(VLLM_VENV)/bin/python:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 
 test-vllm: $(STAMP) vllm-venv
-	TAURL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm tests/test_vllm_engine.py
+	TAURL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm \
+	  tests/test_vllm_engine.py tests/test_vllm_ray.py
 
 # After upgrading packages in .venv / .venv-vllm and passing `make test` / `make test-vllm`:
 # write the versions down as the ones a fresh machine installs.

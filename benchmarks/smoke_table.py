@@ -384,4 +384,10 @@ COMMANDS: tuple[Command, ...] = (
         ".venv/bin/python benchmarks/gpu_check.py --dry --out runs/gpu_check.json",
         ("--skip", "cuda_tests", "vllm"),
     ),
+    Command(  # engine: vllm inside Ray; the budget: the colocated test left out
+        "TAURL_VLLM_PYTHON=.venv-vllm/bin/python PYTHONPATH=src .venv/bin/python -m pytest -q -s "
+        "-m vllm tests/test_vllm_ray.py",
+        ("-k", "own_node"),
+        needs=("vllm",),
+    ),
 )

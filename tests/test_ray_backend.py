@@ -138,6 +138,7 @@ def test_backend_options_are_validated_with_did_you_mean():
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"backend": "local", "backend_options": {"workers": 2}})
     assert "are for backend: ray" in str(e.value)
-    with pytest.raises(ConfigError) as e:
-        load_config(TrainConfig, {"backend": "ray", "engine": "vllm"})
-    assert "engine: vllm on Ray is not supported yet" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # engine actors start servers (test_engine_actors.py)
+        load_config(TrainConfig, {"backend": "ray", "engine": "vllm",
+                                  "engine_options": {"url": "http://x"}})
+    assert "drop engine_options url" in str(e.value)

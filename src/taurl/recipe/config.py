@@ -260,7 +260,8 @@ class TrainConfig:
                 + run_precision_problems(self))
         from taurl.scale import backend_problems
 
-        out += backend_problems(self.backend, self.backend_options, engine=self.engine.kind)
+        out += backend_problems(self.backend, self.backend_options, engine=self.engine.kind,
+                                engine_options=self.engine_options)
         if self.backend == "ray" and self.agent:  # the proxy collector runs agents in this process only
             out.append("agent: (your agent through the proxy) runs with backend: local only; drop backend: ray")
         if self.sft.data not in ("expert", "file", "none", "rejection"):

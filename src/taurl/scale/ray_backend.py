@@ -17,6 +17,10 @@ to ``max_attempts`` tries, then counted in ``rollout/failed_episodes``): none is
 none stored twice. A restarted worker starts from the checkpoint it was created with, so
 each episode request names the version to serve and the worker loads it first.
 
+With ``engine: vllm`` the workers hold no engine: they sample from engine actors that each
+own a vLLM server (`taurl.scale.engine_actors`), placed and synced by the driver
+(`taurl.scale.engine_fleet`: a placement group, weights through the object store).
+
 The cluster is local (``ray.init(address="local", num_cpus=...)``, no dashboard; Ray
 still names the node by the machine's address in its logs), its session files in a short
 temporary directory (Ray's unix sockets must stay under 107 characters), and it is shut
@@ -72,7 +76,8 @@ class RolloutWorker:
     """
 
     def __init__(self, cfg: WorkerConfig, checkpoint_dir: str, version: int, *, seed: int, run_id: str,
-                 max_batch_size: int):
+                 max_batch_size: int, engine_actor: Any = None, tokenizer: Any = None,
+                 max_context: int = 0):
         import torch
 
         from taurl import envs
@@ -83,6 +88,13 @@ class RolloutWorker:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.run_id = cfg, run_id
+        if engine_actor is not None:  # engine: vllm, an engine actor of the run (engine_actors.py)
+            from taurl.scale.engine_actors import RemoteEngine
+
+            self.tokenizer = tokenizer
+            self.engine = RemoteEngine(engine_actor, version, max_context)
+            self._load_lock = asyncio.Lock()
+            return
         self.tokenizer = load_tokenizer(checkpoint_dir)
         self.engine = make_engine("local", checkpoint_dir, self.tokenizer, version=version,
                                   **{"max_batch_size": max_batch_size, "seed": seed, **cfg.engine_options})
@@ -130,7 +142,8 @@ class RayCollector:
     def __init__(self, workers: list[Any], checkpoint_dir: str, version: int, *, per_worker: int,
                  max_restarts: int, max_attempts: int, hook: Callable[[str, dict[str, Any]], None],
                  pids: list[int], owns_ray: bool, temp_dir: str | None, startup_s: float | None,
-                 temperature: float | None = None):
+                 temperature: float | None = None, fleet: Any = None):
+        self.fleet = fleet  # engine: vllm, the engine actors (taurl.scale.engine_fleet)
         self.workers, self.checkpoint_dir, self.version = workers, checkpoint_dir, version
         self.per_worker, self.max_restarts, self.max_attempts = per_worker, max_restarts, max_attempts
         self.hook, self.pids = hook, pids
@@ -151,19 +164,26 @@ class RayCollector:
         owns, temp_dir = not ray.is_initialized(), None
         if owns:
             temp_dir = tempfile.mkdtemp(prefix="taurl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-            _init_local_cluster(ray, num_cpus, temp_dir)
+            _init_local_cluster(ray, num_cpus + _engine_cpus(cfg), temp_dir)
+        fleet = None
         try:
             actor = ray.remote(RolloutWorker).options(  # resources: e.g. {engines: 1}, a node's
                 num_cpus=num_cpus / n, max_restarts=max_restarts, max_task_retries=0,
                 resources=opts.get("resources") or None)
             per_worker = max(1, math.ceil(cfg.concurrency / n))
+            remote: list[dict[str, Any]] = [{} for _ in range(n)]
+            if getattr(cfg, "engine", "local") != "local":  # engine actors beside the learner
+                fleet, remote = _start_engines(ray, r, checkpoint_dir, version, seed=seed,
+                                               workers=n)
             workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed, run_id=r.run.root.name,
-                                    max_batch_size=per_worker) for _ in range(n)]
+                                    max_batch_size=per_worker, **remote[i]) for i in range(n)]
             try:
                 pids = ray.get([w.pid.remote() for w in workers])
             except ray.exceptions.RayActorError as e:
                 raise Error(f"a Ray rollout worker could not start: {e}") from None
         except BaseException:
+            if fleet is not None:
+                fleet.close()
             if owns:
                 ray.shutdown()
                 shutil.rmtree(temp_dir, ignore_errors=True)
@@ -173,7 +193,7 @@ class RayCollector:
         r.hook("ray_workers_started", {"pids": list(pids), "startup_s": startup_s, "temp_dir": temp_dir})
         return cls(workers, str(checkpoint_dir), version, per_worker=per_worker, max_restarts=max_restarts,
                    max_attempts=max_attempts, hook=r.hook, pids=list(pids), owns_ray=owns, temp_dir=temp_dir,
-                   startup_s=startup_s, temperature=cfg.temperature)
+                   startup_s=startup_s, temperature=cfg.temperature, fleet=fleet)
 
     # -----------------------------------------------------------------------------------
 
@@ -257,12 +277,17 @@ class RayCollector:
                  "ray/worker_restarts": float(restarts), "ray/rerun_episodes": float(reruns)}
         if self.startup_s is not None:  # reported once, with the first update
             stats["time/ray_startup_s"], self.startup_s = self.startup_s, None
+        if self.fleet is not None:  # the sync before this round (or the engines' start-up)
+            stats.update(self.fleet.take_stats())
+            self.fleet.after_round()  # colocated: the engines sleep while the learner runs
         return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
         """Every live worker serves `checkpoint_dir` (read from the run directory) as `version`."""
         ray = _ray()
         self.checkpoint_dir, self.version = str(checkpoint_dir), version
+        if self.fleet is not None:  # the engines first: the workers then check they serve `version`
+            self.fleet.sync(checkpoint_dir, version)
         live = [w for w in range(len(self.workers)) if w not in self._dead]
         refs = [self.workers[w].load.remote(self.checkpoint_dir, version) for w in live]
         for w, ref in zip(live, refs, strict=True):
@@ -276,6 +301,8 @@ class RayCollector:
         ray = _ray()
         for w in self.workers:
             ray.kill(w, no_restart=True)
+        if self.fleet is not None:
+            self.fleet.close()  # stops the vLLM servers the engine actors started
         if self._owns_ray:
             ray.shutdown()
             if self._temp_dir:
@@ -300,3 +327,30 @@ def _init_local_cluster(ray: Any, num_cpus: int, temp_dir: str) -> None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+def _engine_cpus(cfg: Any) -> int:
+    """The CPUs the engine actors' bundles ask for (0 with engine: local)."""
+    if getattr(cfg, "engine", "local") == "local":
+        return 0
+    opts = cfg.backend_options
+    return math.ceil(opts.get("engines", 1) * opts.get("engine_cpus", 1))
+
+
+def _start_engines(ray: Any, r: Any, checkpoint_dir: Path, version: int, *, seed: int,
+                   workers: int) -> tuple[Any, list[dict[str, Any]]]:
+    """The engine actors of `r`'s run, and each rollout worker's keywords to reach one
+    (worker i samples from engine i mod engines)."""
+    from taurl.policy.tokenizer import load_tokenizer
+    from taurl.scale.engine_fleet import EngineFleet
+
+    cfg = r.cfg
+    fleet = EngineFleet.start(ray, cfg.engine, checkpoint_dir, version, cfg.backend_options,
+                              engine_options=dict(cfg.engine_options), seed=seed,
+                              max_batch_size=cfg.concurrency, hook=r.hook)
+    # sent to the workers, who need no run directory; held by the fleet, so that a worker Ray
+    # restarts still finds it in the object store (Ray frees a constructor's argument otherwise)
+    fleet.keep.append(tok := ray.put(load_tokenizer(checkpoint_dir)))
+    n = len(fleet.actors)
+    return fleet, [{"engine_actor": fleet.actors[i % n], "tokenizer": tok,
+                    "max_context": fleet.infos[i % n]["max_context"]} for i in range(workers)]
