@@ -36,11 +36,12 @@ TOL = 1e-4  # fp32 on CPU: the engine's incremental decode vs one plain forward
 ETA = 2
 TEMPERATURE = 0.8  # recorded logprobs are those of softmax(logits / T)
 TASKS = Path(__file__).parent / "fixtures" / "chaos_tasks.jsonl"
-# a tiny from-scratch policy, no SFT (v1 = v0: the adapters' base); drop_zero_variance off
-# and an entropy bonus, so every update takes a step and each version's adapter differs
+# a tiny from-scratch policy (built in the fixture: its tokenizer on the task texts alone), no
+# SFT (v1 = v0: the adapters' base); drop_zero_variance off and an entropy bonus, so every
+# update takes a step and each version's adapter differs from the one before
 CFG = dict(tasks=str(TASKS), sft="none", demos=0, updates=4, tasks_per_update=2, group_size=3,
            eval_tasks=1, eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
-           warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=12,
+           system_prompt="", concurrency=12,
            schedule="async", staleness_eta=ETA, overprovision=1, drop_zero_variance=False,
            lora={"rank": 4, "alpha": 8}, lr=2e-2, entropy_coef=0.05, keep_checkpoints=0,
            temperature=TEMPERATURE, eval_temperature=TEMPERATURE, alarms={"enabled": False})
@@ -48,12 +49,21 @@ CFG = dict(tasks=str(TASKS), sft="none", demos=0, updates=4, tasks_per_update=2,
 
 @pytest.fixture(scope="module")
 def async_lora_run(tmp_path_factory) -> tuple[RunDir, list[dict]]:
-    root = tmp_path_factory.mktemp("async-lora") / "run"
-    train(TrainConfig(**CFG), str(root), progress=False)
+    from taurl.policy.model import build_default_policy
+
+    tmp = tmp_path_factory.mktemp("async-lora")
+    texts = [t for line in TASKS.read_text().splitlines() for t in _texts(json.loads(line))]
+    build_default_policy(texts, tmp / "v0", size="tiny", vocab_size=400)
+    root = tmp / "run"
+    train(TrainConfig(**CFG, model=str(tmp / "v0")), str(root), progress=False)
     path, n = export(root, "jsonl")
     rows = read_jsonl(path)
     assert n == len(rows) > 0
     return RunDir(root), rows
+
+
+def _texts(task: dict) -> list[str]:
+    return [task["prompt"], *task["answers"]]
 
 
 def _merged(run: RunDir, version: int, v_sft: int) -> torch.nn.Module:
