@@ -97,6 +97,7 @@ def _trained_at(run: RunDir, v_sft: int, updates: int) -> dict[int, int]:
     return out
 
 
+@pytest.mark.attack  # tests/mutation_check.py learner-version-stamp: must fail
 def test_async_lora_rows_match_their_recorded_versions_merged_weights(async_lora_run):
     run, rows = async_lora_run
     v_sft = 1
@@ -154,6 +155,13 @@ def test_an_engine_refuses_an_adapter_version_it_does_not_record(async_lora_run,
     (bare / "taurl.json").write_text(json.dumps(meta))
     with pytest.raises(EngineError, match="records no policy_version"):
         asyncio.run(engine.load_weights(bare, 3))
+    # the vLLM engine refuses before it sends anything (no server is needed to see it)
+    from taurl.policy.vllm_engine import VLLMEngine
+
+    remote = VLLMEngine("http://127.0.0.1:9", version=1)
+    with pytest.raises(EngineError, match="is policy version 3, not 4"):
+        asyncio.run(remote.load_weights(run.checkpoint(3), 4))
+    assert remote.version == 1
     asyncio.run(engine.load_weights(run.checkpoint(3), 3))
     assert engine.version == 3
     ids = list(range(3, 30))
