@@ -48,18 +48,28 @@ CFG = dict(tasks=str(TASKS), sft="none", demos=0, updates=4, tasks_per_update=2,
 
 
 @pytest.fixture(scope="module")
-def async_lora_run(tmp_path_factory) -> tuple[RunDir, list[dict]]:
+def tiny_base(tmp_path_factory) -> Path:
+    """A tiny from-scratch policy whose tokenizer is trained on the task texts alone."""
     from taurl.policy.model import build_default_policy
 
-    tmp = tmp_path_factory.mktemp("async-lora")
+    path = tmp_path_factory.mktemp("async-lora-base") / "v0"
     texts = [t for line in TASKS.read_text().splitlines() for t in _texts(json.loads(line))]
-    build_default_policy(texts, tmp / "v0", size="tiny", vocab_size=400)
-    root = tmp / "run"
-    train(TrainConfig(**CFG, model=str(tmp / "v0")), str(root), progress=False)
+    build_default_policy(texts, path, size="tiny", vocab_size=400)
+    return path
+
+
+@pytest.fixture(scope="module")
+def async_lora_run(tmp_path_factory, tiny_base) -> tuple[RunDir, list[dict]]:
+    root = tmp_path_factory.mktemp("async-lora") / "run"
+    train(TrainConfig(**CFG, model=str(tiny_base)), str(root), progress=False)
+    return RunDir(root), _exported(root)
+
+
+def _exported(root: Path) -> list[dict]:
     path, n = export(root, "jsonl")
     rows = read_jsonl(path)
     assert n == len(rows) > 0
-    return RunDir(root), rows
+    return rows
 
 
 def _texts(task: dict) -> list[str]:
@@ -97,11 +107,9 @@ def _trained_at(run: RunDir, v_sft: int, updates: int) -> dict[int, int]:
     return out
 
 
-@pytest.mark.attack  # tests/mutation_check.py learner-version-stamp: must fail
-def test_async_lora_rows_match_their_recorded_versions_merged_weights(async_lora_run):
-    run, rows = async_lora_run
-    v_sft = 1
-    assert run.versions() == list(range(0, v_sft + CFG["updates"] + 1))  # every version kept
+def _recompute(run: RunDir, rows: list[dict], v_sft: int) -> tuple[float, int, list[float]]:
+    """(worst |Δ|, tokens checked, the next version's miss per row and version) of every
+    sampled token of `rows` against its recorded version's weights rebuilt by `_merged`."""
     sampled = [r for r in rows if r["source"] == "policy"]
     assert all(r["logprobs"] is not None for r in sampled)
     versions = sorted({v for r in sampled for v in r["token_versions"] if v >= 0})
@@ -118,6 +126,17 @@ def test_async_lora_rows_match_their_recorded_versions_merged_weights(async_lora
             if v + 1 in models:  # how far the next version's weights would be from the record
                 nxt = _plain_logprobs(models[v + 1], ids, TEMPERATURE)
                 separation.append(float((nxt[at] - recorded[at]).abs().max()))
+    return worst, checked, separation
+
+
+@pytest.mark.attack  # tests/mutation_check.py learner-version-stamp: must fail
+def test_async_lora_rows_match_their_recorded_versions_merged_weights(async_lora_run):
+    run, rows = async_lora_run
+    v_sft = 1
+    assert run.versions() == list(range(0, v_sft + CFG["updates"] + 1))  # every version kept
+    sampled = [r for r in rows if r["source"] == "policy"]
+    versions = sorted({v for r in sampled for v in r["token_versions"] if v >= 0})
+    worst, checked, separation = _recompute(run, rows, v_sft)
     print(f"async LoRA: {len(sampled)} rows, {checked} tokens, versions {versions}, worst |Δ| "
           f"{worst:.2e}, next version's smallest miss {min(separation, default=0):.2e}")
     assert checked > 0 and worst <= TOL, f"{checked} tokens, worst |Δ| = {worst:.2e}"
@@ -173,3 +192,25 @@ def test_lora_with_async_is_no_longer_refused_and_the_step_scorer_says_why():
     assert not TrainConfig(lora={"rank": 4}, schedule="async").lora_problems()
     text = " ".join(TrainConfig(lora={"rank": 4}, step_scorer="implicit_prm").lora_problems())
     assert "step scorer starts as a copy of the policy" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_async_lora_run_killed_mid_update_resumes_its_adapter_and_versions(tmp_path, tiny_base):
+    """SIGKILL in the learner's third optimizer step (v3, update 2's adapter, is on disk);
+    the same command again resumes from v3's adapter and its AdamW state, the engine serves
+    v3 merged, and every row of both parts still matches its recorded version's weights."""
+    import yaml
+
+    from chaos_harness import run_cli  # beside this file
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({**CFG, "model": str(tiny_base)}))
+    argv = ["train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run"), "--no-progress"]
+    assert run_cli(argv, kill_at="learner_step@step=3") not in (0, -9)
+    run = RunDir(tmp_path / "run")
+    assert run.versions() == [0, 1, 2, 3]
+    assert run_cli(argv) == 0
+    assert run.versions() == [0, 1, 2, 3, 4, 5]
+    worst, checked, _ = _recompute(run, _exported(run.root), 1)
+    assert checked > 0 and worst <= TOL, f"{checked} tokens, worst |Δ| = {worst:.2e}"
