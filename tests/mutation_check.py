@@ -25,6 +25,10 @@ or config can switch a protection off by accident):
   from its instructions (tests/test_judge.py's injection canaries).
 * ``lax-verdict``: the judge's verdict is the first ``SCORE: n`` anywhere in its reply, not
   exactly one last line (a response that claims a score then pays).
+* ``learner-version-stamp``: the async schedule stamps the engine with the learner's version
+  as soon as the learner advances (`AsyncSchedule.advance` sets the engine's version), before
+  the engine has loaded that version's adapter: the field's async-LoRA bug, samples of an
+  older adapter labelled with a newer version (tests/test_async_lora.py must then fail).
 * ``no-lockstep``: the local engine's deterministic mode no longer hears of its slots
   (`LocalEngine.join` / ``leave`` do nothing), so its steps follow timing again: two runs of
   one seed under other timing must then differ (tests/test_deterministic.py).
@@ -57,6 +61,7 @@ MUTATIONS = {  # name: (marker, suites)
     "no-lockstep": ("attack", ("tests/test_deterministic.py",)),
     "no-delimiting": ("attack", ("tests/test_judge.py",)),
     "lax-verdict": ("attack", ("tests/test_judge.py",)),
+    "learner-version-stamp": ("attack", ("tests/test_async_lora.py",)),
 }
 
 
@@ -84,8 +89,22 @@ def apply(name: str, mp) -> None:
         mp.setattr(judge, "quote_policy_text", lambda text, nonce: text)
     elif name == "lax-verdict":
         _lax_verdict(mp)
+    elif name == "learner-version-stamp":
+        _learner_version_stamp(mp)
     else:
         raise SystemExit(f"{ENV}={name!r}: unknown mutation; use one of {sorted(MUTATIONS)}")
+
+
+def _learner_version_stamp(mp) -> None:
+    from taurl.recipe.schedule.async_rl import AsyncSchedule
+
+    advance = AsyncSchedule.advance
+
+    def stamped(self, version):
+        advance(self, version)
+        self.engine._version = version  # the learner's number, the old adapter's weights
+
+    mp.setattr(AsyncSchedule, "advance", stamped)
 
 
 def _no_isolation(mp) -> None:

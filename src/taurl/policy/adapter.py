@@ -15,6 +15,11 @@ loaded, so an adapter is never applied to weights it was not trained on.
 Everything that serves a policy reads it merged: `load_merged` builds the base, attaches
 the adapter and folds it in (``W + (alpha / r) · B A``, peft's ``merge_and_unload``), giving a
 plain HF model, so the engines, evaluation and export see an ordinary causal LM.
+
+An engine serves an adapter only as the version it records (`check_served_version`): its
+taurl.json's ``policy_version`` is the version every token sampled with it is stamped with,
+so a sample can never carry the number of another adapter (or of the base) than the one
+whose weights produced it (docs/lora.md: LoRA with the async schedule).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 import torch
 
-from taurl.errors import ConfigError
+from taurl.errors import ConfigError, EngineError
 from taurl.policy.files import load_hf_policy, load_policy_meta, save_policy
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -97,6 +102,30 @@ def adapter_problems(path: str | Path) -> list[str]:
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is not the one it was trained on "
                 "(its weights' sha256 differs); restore that base or retrain the adapter"]
     return []
+
+
+def check_served_version(path: str | Path, version: int) -> None:
+    """Refuse to serve adapter checkpoint `path` as policy `version` unless its taurl.json
+    records exactly that version (an engine calls this before it swaps weights).
+
+    Why: an engine stamps every sampled token with the version it was told to serve; if that
+    number came from anywhere but the adapter's own record (the learner's current version, a
+    counter), a stale adapter or the base could sample under a newer number, and the
+    importance ratios and staleness of those samples would be silently wrong. A full
+    checkpoint is not checked (its weights are the version's whatever its number).
+    """
+    if not is_adapter_dir(path):
+        return
+    recorded = load_policy_meta(path).get("policy_version")
+    if recorded is None:
+        raise EngineError(f"the adapter at {str(path)!r} records no policy_version in its "
+                          "taurl.json; an engine serves an adapter only as the version it "
+                          f"records, so it will not serve it as version {version} (save it with "
+                          "taurl's save_checkpoint)")
+    if int(recorded) != int(version):
+        raise EngineError(f"the adapter at {str(path)!r} is policy version {recorded}, not "
+                          f"{version}: refusing to serve it as a version it does not record (its "
+                          "samples would carry the wrong version)")
 
 
 def load_merged(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,

@@ -188,7 +188,12 @@ class LocalEngine(BatchWorker):
                 await self.resume()
 
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
-        """Serve the weights saved at `checkpoint_dir` (an HF model directory) as `version`."""
+        """Serve the weights saved at `checkpoint_dir` (an HF model directory) as `version`;
+        an adapter checkpoint (LoRA) is served merged, and only as the version it records
+        (`taurl.policy.adapter.check_served_version`: a clear error otherwise)."""
+        from taurl.policy.adapter import check_served_version
+
+        check_served_version(checkpoint_dir, version)
         state = await asyncio.to_thread(_read_state_dict, Path(checkpoint_dir), self.model)
         await self.update_weights(state, version)
 

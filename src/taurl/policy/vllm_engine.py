@@ -241,7 +241,11 @@ class VLLMEngine(WeightSync):
                           queue_s=t_start - t_submit, generate_s=time.perf_counter() - t_start)
 
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
-        """Reload the server's weights from `checkpoint_dir`, record `version`, verify."""
+        """Reload the server's weights from `checkpoint_dir`, record `version`, verify (an
+        adapter only as the version it records: `taurl.policy.adapter.check_served_version`)."""
+        from taurl.policy.adapter import check_served_version
+
+        check_served_version(checkpoint_dir, version)
         await self._load(Path(checkpoint_dir), version)
 
     async def pause(self, mode: str = "wait") -> None:

@@ -12,7 +12,11 @@ What changes with it (docs/lora.md):
   the adapters switched off (peft's ``disable_adapter``): no second copy of the model;
 - the engines serve merged weights (``W + (alpha / r) · B A``), so sampling costs what it
   costs for the plain model, and the behaviour logprobs match the learner's unmerged forward
-  to float rounding (tests/train/test_lora.py bounds it at 1e-4).
+  to float rounding (tests/train/test_lora.py bounds it at 1e-4);
+- with ``schedule: async`` the learner process writes each version's adapter, and an engine
+  serves an adapter only as the version its checkpoint records (`taurl.policy.adapter.
+  check_served_version`), so every sampled token carries the adapter version that produced
+  it (tests/test_async_lora.py recomputes them from the saved adapters).
 
 LoRA dropout is active only in train mode: SFT uses it, the RL update runs in eval mode
 (`taurl.train.learner`: no noise in the ratio), so there it is off.
@@ -188,8 +192,10 @@ def run_problems(cfg: Any) -> list[str]:
     if not cfg.lora:
         return []
     out = lora_problems(cfg.lora)
-    if cfg.schedule.kind == "async" or cfg.step_scorer != "none":
-        out.append("lora runs with schedule: sync and step_scorer: none for now; drop lora or those options")
+    if cfg.step_scorer != "none":  # still refused: taurl.train.prm's φ deep-copies the policy
+        out.append("lora runs with step_scorer: none for now: the step scorer starts as a copy of "
+                   "the policy, and a copy of an adapted (peft) policy is not built or saved as a "
+                   "plain model yet; drop lora or the step scorer")
     if needs_values(cfg.estimator):
         out.append(f"lora: estimator {cfg.estimator!r} builds its critic from a copy of the policy; "
                    "use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or drop lora")

@@ -259,8 +259,15 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
 
         # the run's device; the engine's dtype, or fp32 master weights under mixed precision
         device, dtype = resolve_device(cfg.device), master_dtype(cfg.precision, cfg.torch_dtype)
-        model, tok = load_policy(run.checkpoint(version), device, dtype=dtype)
-        reference = load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
+        if cfg.lora:  # adapters on the SFT policy, as the sync loop builds them; each version's
+            # checkpoint holds its adapter, which the engine serves merged (docs/lora.md)
+            model, tok, reference, adapter = _lora_policy(cfg, run, version, v_sft)
+            model.to(device=device, dtype=dtype)
+            meta = {**meta, **adapter}
+        else:
+            model, tok = load_policy(run.checkpoint(version), device, dtype=dtype)
+            reference = (load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0]
+                         if cfg.kl_coef > 0 else None)
         learner = learner_for(cfg, run, v_sft, model, tok, reference)  # the sync loop's factory
         load_optimizer_state(run.checkpoint(version), learner.optimizer)
         learner.load_state(run.checkpoint(version))
@@ -312,6 +319,20 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         writer.wait()  # the last checkpoint is written before the process ends
     except Exception as e:  # noqa: BLE001
         send(("error", f"writing the last checkpoint: {type(e).__name__}: {e}"))
+
+
+def _lora_policy(cfg: Any, run: Any, version: int, v_sft: int
+                 ) -> tuple[Any, Any, None, dict[str, Any]]:
+    """(model, tokenizer, reference, checkpoint meta) of a LoRA run's learner at `version`:
+    the SFT policy with fresh adapters (or `version`'s), no reference model (the KL reference
+    is the base with the adapters off), and the ``lora`` entry every checkpoint carries (its
+    base and the base's digest). The adapters' seed is the run's, as in
+    `taurl.recipe.loop.reinforce`, so both schedules draw the same A matrices."""
+    from taurl.train import lora
+
+    options = lora.LoraOptions.from_dict(cfg.lora)
+    model, tok = lora.rl_policy(run, version, v_sft, options, seed=cfg.seed)
+    return model, tok, None, {"lora": lora.checkpoint_meta(run, v_sft, options)}
 
 
 def _locked(fn: Any) -> Any:
