@@ -353,4 +353,29 @@ COMMANDS: tuple[Command, ...] = (
         ".venv/bin/python benchmarks/gpu_check.py --dry --out runs/gpu_check.json",
         ("--skip", "cuda_tests", "vllm"),
     ),
+    # the demo at 2 learner ranks and in bf16-mixed; the scale model (docs/scale-out.md)
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo-2ranks.yaml"
+        " --run-dir runs/demo-2ranks --no-progress",
+        SEARCH_TINY,
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo-bf16.yaml"
+        " --run-dir runs/demo-bf16 --no-progress",
+        SEARCH_TINY,
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy ddp"
+        " --updates 10 --out runs/dist_threads.json",
+        ("--updates", "1"),
+        provides="runs/dist_threads.json",
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale_model.py --check"
+        " runs/dist_threads.json",
+        ("--gloo-mb", "1"),
+        needs=("tiny-run",),
+    ),
+    Command(".venv/bin/python benchmarks/scale_model.py"),
+    Command(".venv/bin/python benchmarks/scale_model.py --mfu 0.073"),
 )
