@@ -117,6 +117,9 @@ def test_weight_sync():
     # colocated, 4 FSDP ranks all-gather the bf16 copy: 3/4 · 2e9 at 100 GB/s, + reload
     assert weight_sync_s(M, WL, HW, colocated=True, learner_ranks=4,
                          cross_node=False) == pytest.approx(1.015)
+    # colocated DDP: every rank holds the whole weights, so only the reload is left
+    assert weight_sync_s(M, WL, HW, colocated=True, learner_ranks=4, cross_node=False,
+                         strategy="ddp") == pytest.approx(1.0)
 
 
 def test_placements_add_their_parts():

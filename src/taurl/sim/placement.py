@@ -81,7 +81,8 @@ def colocated(strategy: str, model: ModelShape, wl: StepWorkload, hw: Hardware, 
     learn, comm = learner_s(strategy, model, wl, hw, gpus)
     reserved = learner_resident(strategy, model, gpus)
     gen = generation_s(model, wl, hw, gpus // tp, tp, reserved=reserved)
-    sync = weight_sync_s(model, wl, hw, colocated=True, learner_ranks=gpus, cross_node=False)
+    sync = weight_sync_s(model, wl, hw, colocated=True, learner_ranks=gpus, cross_node=False,
+                         strategy=strategy)
     step = gen + learn + sync + hw.switch_s
     return Placement("colocated", strategy, gpus, gpus, tp, gen, learn, comm, sync, step)
 

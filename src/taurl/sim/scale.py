@@ -216,13 +216,14 @@ def generation_s(model: ModelShape, wl: StepWorkload, hw: Hardware, engines: int
 
 
 def weight_sync_s(model: ModelShape, wl: StepWorkload, hw: Hardware, *, colocated: bool,
-                  learner_ranks: int, cross_node: bool) -> float:
-    """New weights into every engine: FSDP's shards gathered (colocated: each GPU all-gathers
-    the engine's copy), or one pipelined broadcast of sync_bytes·N from the learner to the
-    engines (time independent of their count), plus the engine's fixed reload cost."""
+                  learner_ranks: int, cross_node: bool, strategy: str = "fsdp") -> float:
+    """New weights into every engine, plus the engine's fixed reload cost. Colocated: an
+    FSDP learner all-gathers the engine's copy across its ranks; a DDP rank holds it already
+    (a copy on the device, not counted). Split: one pipelined broadcast of sync_bytes·N from
+    the learner to the engines (its time independent of their count)."""
     payload = wl.sync_bytes * model.params
     if colocated:
-        moved = ring_bytes("all_gather", learner_ranks, payload)
+        moved = ring_bytes("all_gather", learner_ranks, payload) if strategy == "fsdp" else 0.0
         return moved / link_bytes_per_s(hw, learner_ranks) + hw.reload_s
     bw = hw.inter_bytes_per_s if cross_node else hw.intra_bytes_per_s
     return payload / bw + hw.reload_s
