@@ -363,10 +363,18 @@ COMMANDS: tuple[Command, ...] = (
         "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo-bf16.yaml"
         " --run-dir runs/demo-bf16 --no-progress",
         SEARCH_TINY,
+        provides="runs/demo-bf16",
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo.yaml --model"
+        " runs/demo-bf16/checkpoints/v1 --sft none --updates 4 --eval-tasks 2 --eval-trials 1"
+        " --precision bf16-mixed --run-dir runs/rl-bf16 --no-progress",
+        ("--updates", "1"),
+        needs=("tiny-run",),
     ),
     Command(
         "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy ddp"
-        " --updates 10 --out runs/dist_threads.json",
+        " --updates 3 --out runs/dist_threads.json",
         ("--updates", "1"),
         provides="runs/dist_threads.json",
     ),
