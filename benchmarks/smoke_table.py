@@ -384,6 +384,14 @@ COMMANDS: tuple[Command, ...] = (
         ("--gloo-mb", "1"),
         needs=("tiny-run",),
     ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl train --config configs/real.yaml --model " + REAL
+        + " --sft none --updates 2 --drop-zero-variance false --eval-tasks 4 --eval-trials 1"
+        " --precision bf16-mixed --activation-checkpointing true --attention sdpa"
+        " --run-dir runs/real-mem --no-progress",
+        ("--updates", "1", "--eval-tasks", "1"),
+        needs=("real-model",),
+    ),
     Command(".venv/bin/python benchmarks/scale_model.py"),
     Command(".venv/bin/python benchmarks/scale_model.py --mfu 0.073"),
 )
