@@ -31,8 +31,8 @@ from dist_equivalence import batches  # noqa: E402  (this folder, put on sys.pat
 
 def timed(learner, data) -> dict[str, float]:
     """Median wall seconds and learn_s per update over `data[1:]` (data[0] warms up), and
-    the mean micro-batches per update."""
-    walls, learn, micro = [], [], []
+    the mean micro-batches and trained tokens per update."""
+    walls, learn, micro, tokens = [], [], [], []
     for i, batch in enumerate(data):
         t = time.perf_counter()
         stats = learner.update(batch)
@@ -40,8 +40,10 @@ def timed(learner, data) -> dict[str, float]:
             walls.append(time.perf_counter() - t)
             learn.append(stats["learn/learn_s"])
             micro.append(stats["learn/micro_batches"])
+            tokens.append(stats["learn/tokens_per_s"] * stats["learn/learn_s"])
     return {"wall_s": round(statistics.median(walls), 4),
-            "learn_s": round(statistics.median(learn), 4), "micro_batches": statistics.mean(micro)}
+            "learn_s": round(statistics.median(learn), 4), "micro_batches": statistics.mean(micro),
+            "tokens": round(statistics.mean(tokens))}
 
 
 def main() -> None:
@@ -49,6 +51,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     ap.add_argument("--updates", type=int, default=10)
+    ap.add_argument("--out", help="also write the JSON line here (benchmarks/scale_model.py "
+                    "--check reads it)")
     a = ap.parse_args()
     if os.environ.get("OMP_NUM_THREADS") != "1":
         raise SystemExit("run with OMP_NUM_THREADS=1: the ranks take their thread count from it")
@@ -75,12 +79,15 @@ def main() -> None:
         two = timed(ranked, data)
     finally:
         ranked.close()
-    print(json.dumps({"params": sum(p.numel() for p in model.parameters()),
-                      "strategy": a.strategy,
-                      "updates": a.updates, "one_process_2_threads": one,
-                      "one_process_1_thread": single,
-                      "two_ranks_1_thread": two,
-                      "load_avg": os.getloadavg()[0]}), flush=True)
+    line = json.dumps({"params": sum(p.numel() for p in model.parameters()),
+                       "strategy": a.strategy,
+                       "updates": a.updates, "one_process_2_threads": one,
+                       "one_process_1_thread": single,
+                       "two_ranks_1_thread": two,
+                       "load_avg": os.getloadavg()[0]})
+    print(line, flush=True)
+    if a.out:
+        Path(a.out).write_text(line + "\n")
 
 
 if __name__ == "__main__":

@@ -390,4 +390,45 @@ COMMANDS: tuple[Command, ...] = (
         ("-k", "own_node"),
         needs=("vllm",),
     ),
+    # the demo at 2 learner ranks and in bf16-mixed; the scale model (docs/scale-out.md)
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo-2ranks.yaml"
+        " --run-dir runs/demo-2ranks --no-progress",
+        SEARCH_TINY,
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo-bf16.yaml"
+        " --run-dir runs/demo-bf16 --no-progress",
+        SEARCH_TINY,
+        provides="runs/demo-bf16",
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo.yaml --model"
+        " runs/demo-bf16/checkpoints/v1 --sft none --updates 4 --eval-tasks 2 --eval-trials 1"
+        " --precision bf16-mixed --run-dir runs/rl-bf16 --no-progress",
+        ("--updates", "1"),
+        needs=("tiny-run",),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy ddp"
+        " --updates 3 --out runs/dist_threads.json",
+        ("--updates", "1"),
+        provides="runs/dist_threads.json",
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale_model.py --check"
+        " runs/dist_threads.json",
+        ("--gloo-mb", "1"),
+        needs=("tiny-run",),
+    ),
+    Command(
+        "OMP_NUM_THREADS=1 .venv/bin/taurl train --config configs/real.yaml --model " + REAL
+        + " --sft none --updates 2 --drop-zero-variance false --eval-tasks 4 --eval-trials 1"
+        " --precision bf16-mixed --activation-checkpointing true --attention sdpa"
+        " --run-dir runs/real-mem --no-progress",
+        ("--updates", "1", "--eval-tasks", "1"),
+        needs=("real-model",),
+    ),
+    Command(".venv/bin/python benchmarks/scale_model.py"),
+    Command(".venv/bin/python benchmarks/scale_model.py --mfu 0.073"),
 )
