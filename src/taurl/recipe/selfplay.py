@@ -74,6 +74,7 @@ class SelfPlayConfig:
     vocab_size: int = 512
     opening_moves: list[int] = field(default_factory=lambda: [0, 2])
     max_illegal: int = 2  # the referee: the 2nd invalid move of a game forfeits it
+    illegal_penalty: float = 0.0  # self-play only: a step reward of -this per invalid move
     demos: int = 2000
     demo_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "random", "opponent_p_random": 1.0})
@@ -126,7 +127,8 @@ class SelfPlayConfig:
 
 # section -> {key in the YAML: field of SelfPlayConfig}
 SECTIONS: dict[str, dict[str, str]] = {
-    "game": {"opening_moves": "opening_moves", "max_illegal": "max_illegal"},
+    "game": {"opening_moves": "opening_moves", "max_illegal": "max_illegal",
+             "illegal_penalty": "illegal_penalty"},
     "policy": {"vocab_size": "vocab_size", "lora": "lora"},
     "sft": {"demos": "demos", "demo_opponent": "demo_opponent",
             "expert_p_random": "expert_p_random", "epochs": "sft_epochs",
@@ -235,7 +237,8 @@ class SelfPlay:
         game = [Task(f"sp/{t.metadata['opening']}/{i}", "", ("won",), "train", "tictactoe-v0",
                      {"opening": t.metadata["opening"]}) for i, t in enumerate(tasks)]
         results = asyncio.run(run_matches(
-            lambda: TicTacToeGame(max_illegal=self.cfg.max_illegal), seats, self.tok, game,
+            lambda: TicTacToeGame(self.cfg.max_illegal, self.cfg.illegal_penalty), seats,
+            self.tok, game,
             group_size=self.cfg.group_size, config=_rollout(self.cfg),
             seed=self.cfg.seed * 7919 + u, run_id="selfplay", round_index=u))
         trajs = [t for m in results for t in m.trained]
