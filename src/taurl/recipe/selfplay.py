@@ -243,7 +243,9 @@ class SelfPlay:
             seed=self.cfg.seed * 7919 + u, run_id="selfplay", round_index=u))
         trajs = [t for m in results for t in m.trained]
         metrics = self.learner.update(trajs, version=u)
-        wins = {r: sum(m.returns.get(r, 0) == 1.0 for m in results) / len(results) for r in ROLES}
+        won = [t.metadata["role"] for t in trajs
+               if t.stop_reason is not None and t.stop_reason.value == "won"]
+        wins = {r: won.count(r) / len(results) for r in ROLES}
         forfeits = sum(t.stop_reason is not None and t.stop_reason.value == "forfeit"
                        for t in trajs) / max(len(results), 1)
         return {"update": u, "x_win": wins["x"], "o_win": wins["o"], "forfeit": forfeits,
