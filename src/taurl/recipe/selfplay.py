@@ -86,6 +86,7 @@ class SelfPlayConfig:
     tasks_per_update: int = 16
     group_size: int = 4
     estimator: str = "zero_sum"
+    estimator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {gamma: 0.5}
     rl_lr: float = 1e-3
     lora: dict[str, Any] = field(default_factory=dict)  # {} full; {rank, alpha, per_role}
     validation_opponent: dict[str, Any] = field(
@@ -134,7 +135,8 @@ SECTIONS: dict[str, dict[str, str]] = {
             "expert_p_random": "expert_p_random", "epochs": "sft_epochs",
             "batch_size": "sft_batch_size", "lr": "sft_lr"},
     "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update",
-           "group_size": "group_size", "estimator": "estimator", "lr": "rl_lr"},
+           "group_size": "group_size", "estimator": "estimator",
+           "estimator_options": "estimator_options", "lr": "rl_lr"},
     "eval": {"validation_opponent": "validation_opponent",
              "holdout_opponent": "holdout_opponent", "tasks": "eval_tasks",
              "trials": "eval_trials", "temperature": "temperature"},
@@ -209,7 +211,8 @@ class SelfPlay:
         self.cfg, self.tok = cfg, tok
         options = {k: v for k, v in cfg.lora.items() if k != "per_role"}
         self.per_role = bool(cfg.lora.get("per_role", False))
-        lcfg = LearnerConfig(estimator=cfg.estimator, lr=cfg.rl_lr,
+        lcfg = LearnerConfig(estimator=cfg.estimator, estimator_options=cfg.estimator_options,
+                             lr=cfg.rl_lr,
                              temperature=cfg.temperature)
         model = copy.deepcopy(sft)
         if self.per_role:
