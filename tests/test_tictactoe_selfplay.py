@@ -16,7 +16,7 @@ TINY = ["sft.demos=64", "sft.epochs=2", "rl.updates=2", "rl.tasks_per_update=4",
 
 def test_the_shipped_config_loads_its_sections_and_refuses_unknown_keys(tmp_path):
     cfg = SelfPlayConfig.load(CONFIG)
-    assert cfg.lora.get("per_role") is True and cfg.estimator == "rae"
+    assert cfg.lora.get("per_role") is True and cfg.estimator == "returns"
     assert cfg.holdout_opponent != cfg.validation_opponent != cfg.demo_opponent
     assert SelfPlayConfig.load(CONFIG, ["rl.updates=3"]).updates == 3
     bad = tmp_path / "bad.yaml"
