@@ -315,6 +315,12 @@ COMMANDS: tuple[Command, ...] = (
         TRAIN_TINY,
         fill={" R": " runs/tictactoe"},
     ),
+    Command(
+        "python -m taurl.recipe.selfplay --config configs/tictactoe_selfplay.yaml --run-dir R",
+        ("--set", "sft.demos=32", "sft.epochs=1", "rl.updates=1", "rl.tasks_per_update=2",
+         "rl.group_size=2", "eval.tasks=2", "eval.trials=1"),
+        fill={" R": " runs/tictactoe-selfplay"},
+    ),
     # The Tinker API
     Command(
         "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tinker_roundtrip.py --steps 30 --reps 3",

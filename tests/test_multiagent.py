@@ -375,3 +375,18 @@ def test_match_records_round_trip_through_the_ledger_and_the_export(selfplay, tm
         assert back[t.episode_id] == t
         assert back[t.episode_id].metadata["role"] == t.metadata["role"]
         assert back[t.episode_id].metadata["match_id"] == t.metadata["match_id"]
+
+
+def test_the_illegal_penalty_is_a_step_reward_of_the_player_who_moved_illegally():
+    game = TicTacToeGame(max_illegal=2, illegal_penalty=0.5)
+    game.reset(EMPTY_GAME)
+    assert game.step("x", "<move>1</move>")[1] == {}
+    _, rewards, done, _, info = game.step("o", "<move>1</move>")  # taken: o is fined
+    assert rewards == {"o": -0.5} and not done and info["to_act"] == "o"
+    _, rewards, done, _, _ = game.step("o", "no move")  # the second: o forfeits, fined again
+    assert done and rewards == {"o": -0.5, "x": 1.0}
+    plain = TicTacToeGame(max_illegal=2)
+    plain.reset(EMPTY_GAME)
+    assert plain.step("x", "nothing")[1] == {}  # no penalty: an invalid move earns nothing
+    with pytest.raises(ConfigError):
+        TicTacToeGame(illegal_penalty=-1.0)

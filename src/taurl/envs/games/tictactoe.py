@@ -137,8 +137,14 @@ class TicTacToeGame:
     observation_style, stop, tools = "inline", STOP, []
     roles = ("x", "o")
 
-    def __init__(self, max_illegal: int = 2):
+    def __init__(self, max_illegal: int = 2, illegal_penalty: float = 0.0):
+        if not illegal_penalty >= 0:
+            raise ConfigError(f"illegal_penalty must be >= 0, got {illegal_penalty!r}")
         self.max_illegal = max_illegal
+        # a step reward of -illegal_penalty on each invalid move (0: the outcome alone): in
+        # self-play a forfeit is also the opponent's win, so without it an invalid move is
+        # told apart from a lost game only through the match's end
+        self.illegal_penalty = float(illegal_penalty)
         self.board = EMPTY
 
     def system_prompt_for(self, role: str) -> str:
@@ -161,10 +167,11 @@ class TicTacToeGame:
         if cell is None or self.board[cell] != ".":
             self.illegal[role] += 1
             info = {"action": {"kind": "illegal", "cell": cell}, "invalid": True, "to_act": role}
+            fine = -self.illegal_penalty
             if self.illegal[role] >= self.max_illegal:
                 return (
                     {},
-                    {role: LOSS, other(role): WIN},
+                    {role: LOSS + fine, other(role): WIN},
                     True,
                     False,
                     {
@@ -176,7 +183,7 @@ class TicTacToeGame:
                     },
                 )
             text = f"<information>illegal move. {render(self.board)}</information>"
-            return {role: text}, {}, False, False, info
+            return {role: text}, ({role: fine} if fine else {}), False, False, info
         self.board = play(self.board, cell)
         info = {"action": {"kind": "move", "cell": cell + 1}, "invalid": False}
         result = outcome(self.board)
