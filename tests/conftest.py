@@ -1,5 +1,6 @@
 """Session-wide test settings."""
 
+import logging
 import os
 import re
 
@@ -161,3 +162,10 @@ def served(tmp_path_factory):
     server, client = start(policy, tmp_path_factory.mktemp("run"))
     yield server, client
     server.stop()
+    # the SDK's session keeps a heartbeat thread after its server is gone; its warning every
+    # 10 s for the rest of the test session says only that this test server stopped
+    logging.getLogger("tinker.lib.internal_client_holder").addFilter(_stopped_server_heartbeats)
+
+
+def _stopped_server_heartbeats(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Session heartbeat failed")
