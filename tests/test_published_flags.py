@@ -56,7 +56,8 @@ def train_flags() -> set[str]:
 
 def test_the_parser_finds_old_and_new_flags():
     page = ("Run `taurl train --config c.yaml --sft-epochs 1 --rl.lr 0.1` or\n```bash\n"
-            ".venv/bin/taurl demo --model m \\\n    --dpo '{\"--lr\": 1}' --run-dir r  # --updates\n"
+            ".venv/bin/taurl demo --model m \\\n"
+            "    --dpo '{\"--lr\": 1}' --run-dir r  # --updates\n"
             "taurl eval runs/x --tasks 4\n```\n")
     cmds = commands(page)
     assert [flags(c) for c in cmds] == [["--config", "--sft-epochs", "--rl.lr"],
