@@ -7,12 +7,17 @@ flag a command names must be one `taurl train` knows, so a misspelled new flag f
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from taurl.cli.config_flags import config_overrides
 from taurl.cli.main import build_parser
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import LEGACY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +79,32 @@ def test_published_commands_use_the_section_flags(page):
     assert old == [], "deprecated flat flags (they print a warning):\n" + "\n".join(old)
     unknown = sorted({f for _, f in found if f not in known})
     assert unknown == [], f"flags `taurl train --help` does not list: {unknown}"
+
+
+def _smoke():
+    """benchmarks/smoke.py (the smoke tier; its table is benchmarks/smoke_table.py)."""
+    if "bench_smoke" not in sys.modules:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        spec = importlib.util.spec_from_file_location("bench_smoke", ROOT / "benchmarks/smoke.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_smoke"] = module  # its dataclass looks its module up
+        spec.loader.exec_module(module)
+    return sys.modules["bench_smoke"]
+
+
+def test_smoke_commands_parse_without_a_warning(tmp_path, caplog):
+    """The smoke tier runs each published command plus budget flags: the budget spells a flag
+    as the command does (`--rl.updates 20 ... --rl.updates 1`), since an old flag beside its
+    new one is an error ("given twice") and an old one alone warns."""
+    smoke, parser, ran = _smoke(), build_parser(), 0
+    for c in smoke.COMMANDS:
+        argv = smoke.invocation(c, tmp_path).argv
+        if "taurl.cli.main" not in argv:
+            continue
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            config_overrides(parser.parse_args(argv[argv.index("taurl.cli.main") + 1:]),
+                             TrainConfig)
+        assert not [r for r in caplog.messages if "deprecated" in r], c.published
+        ran += 1
+    assert ran >= 15  # taurl demo / taurl train entries
