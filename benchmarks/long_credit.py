@@ -1,7 +1,7 @@
 """Step-level credit on a long-horizon task: GRPO, RLOO, GiGPO, the graph estimator (SALT)
 and PPO + GAE from one SFT policy, several seeds each, the same budget of sampled episodes.
 
-    taurl train --config configs/frozenlake8.yaml --updates 1 --run-dir runs/fl8_sft   # the SFT policy
+    taurl train --config configs/frozenlake8.yaml --rl.updates 1 --run-dir runs/fl8_sft  # the SFT policy
     python benchmarks/long_credit.py --from runs/fl8_sft --out runs/long_credit \
         --estimators grpo rloo gigpo salt gae --seeds 0 1 2 3 4 --updates 4 --jobs 2
 

@@ -4,8 +4,9 @@
 loses its command: a command that no longer runs as written fails the tier. Each entry keeps
 the command exactly as its page prints it (`published`, continuation lines joined; a test checks
 the text is still on that page) and appends only budget flags (`budget`: argparse keeps the last
-value of a repeated flag, so `--updates 16 ... --updates 1` runs one update). Placeholders a
-page leaves to the reader (`R`, `S`, `RUN`, `/some/scratch`) are filled by `fill`.
+value of a repeated flag, so `--rl.updates 16 ... --rl.updates 1` runs one update; the budget
+spells a flag as the command does: an old flat flag beside its new one is "given twice").
+Placeholders a page leaves to the reader (`R`, `S`, `RUN`, `/some/scratch`) are filled by `fill`.
 
 `needs` names the prerequisites (`smoke.PREREQUISITES`): a command whose prerequisite is
 missing is skipped with the reason; `provides` marks the commands that make the tiny runs the
@@ -22,20 +23,20 @@ CREDIT = "docs/experiments/long-credit.md"
 
 # one SFT step or two, one RL update of 2 tasks x 2 rollouts, evaluations of 2 tasks x 1 trial
 RL_TINY = (
-    "--updates",
+    "--rl.updates",
     "1",
-    "--tasks-per-update",
+    "--rl.tasks-per-update",
     "2",
-    "--group-size",
+    "--rl.group-size",
     "2",
-    "--eval-tasks",
+    "--eval.tasks",
     "2",
-    "--eval-trials",
+    "--eval.trials",
     "1",
 )
-TRAIN_TINY = ("--demos", "32", "--sft-max-steps", "2", *RL_TINY)
+TRAIN_TINY = ("--sft.demos", "32", "--sft.max-steps", "2", *RL_TINY)
 # search-v0's copy warm-up (300 steps in configs/demo.yaml)
-SEARCH_TINY = (*TRAIN_TINY, "--warmup-options", '{"steps": 2, "batch_size": 8}')
+SEARCH_TINY = (*TRAIN_TINY, "--policy.warmup-options", '{"steps": 2, "batch_size": 8}')
 REAL = "~/.cache/taurl/models/smollm2-135m-instruct"
 
 
@@ -61,8 +62,8 @@ COMMANDS: tuple[Command, ...] = (
         provides="runs/demo-teacher",
     ),
     Command(
-        "taurl train --config configs/frozenlake8_p09.yaml --updates 1 --seed S --eval-seed 2026 "
-        "--run-dir runs/fl8p09_sft6_sS",
+        "taurl train --config configs/frozenlake8_p09.yaml --rl.updates 1 --seed S "
+        "--eval.seed 2026 --run-dir runs/fl8p09_sft6_sS",
         TRAIN_TINY,
         source=CREDIT,
         fill={"_sS": "_s0", "--seed S": "--seed 0"},
@@ -81,8 +82,8 @@ COMMANDS: tuple[Command, ...] = (
         needs=("module:openai",),
     ),
     Command(
-        "taurl train --config configs/demo.yaml --engine vllm --engine-options "
-        '\'{"python": ".venv-vllm/bin/python"}\' --updates 10 --rl-max-seconds 0 '
+        "taurl train --config configs/demo.yaml --engine.kind vllm --engine.options "
+        '\'{"python": ".venv-vllm/bin/python"}\' --rl.updates 10 --rl.max-seconds 0 '
         "--run-dir runs/vllm10",
         SEARCH_TINY,
         needs=("vllm",),
@@ -237,8 +238,9 @@ COMMANDS: tuple[Command, ...] = (
         fill={"S": "0"},
     ),
     Command(
-        "taurl train --config configs/reasoning_gym.yaml --seed S --run-dir runs/rg-S --updates 60",
-        (*TRAIN_TINY, "--updates", "2"),
+        "taurl train --config configs/reasoning_gym.yaml --seed S --run-dir runs/rg-S "
+        "--rl.updates 60",
+        (*TRAIN_TINY, "--rl.updates", "2"),
         needs=("module:reasoning_gym",),
         fill={"S": "0"},
     ),
@@ -260,7 +262,7 @@ COMMANDS: tuple[Command, ...] = (
     # 135M: engines (SmolLM2-135M-Instruct); the demo-real run comes first
     Command(
         "taurl train --config configs/real.yaml --run-dir runs/demo-real",
-        (*TRAIN_TINY, "--rl-max-seconds", "0"),
+        (*TRAIN_TINY, "--rl.max-seconds", "0"),
         needs=("real-model",),
         provides="runs/demo-real",
     ),
@@ -294,9 +296,9 @@ COMMANDS: tuple[Command, ...] = (
         fill={"RUN": "runs/demo-real"},
     ),
     Command(
-        ".venv/bin/taurl train --config configs/real.yaml --model runs/demo-real/checkpoints/v1 "
-        "--sft none --updates 4 --drop-zero-variance false --eval-tasks 4 --run-dir R "
-        "--no-progress",
+        ".venv/bin/taurl train --config configs/real.yaml --policy.model "
+        "runs/demo-real/checkpoints/v1 --sft.data none --rl.updates 4 "
+        "--rl.drop-zero-variance false --eval.tasks 4 --run-dir R --no-progress",
         RL_TINY,
         needs=("real-model",),
         fill={" R ": " runs/mem "},
@@ -357,15 +359,15 @@ COMMANDS: tuple[Command, ...] = (
     ),
     # Judged rewards: RL from the demo's SFT policy on the judge's reward vs the verifier's
     Command(
-        "taurl train --config configs/demo.yaml --model runs/demo/checkpoints/v1 --sft none "
-        "--updates 20 --run-dir runs/judge-ref --no-progress",
+        "taurl train --config configs/demo.yaml --policy.model runs/demo/checkpoints/v1 "
+        "--sft.data none --rl.updates 20 --run-dir runs/judge-ref --no-progress",
         RL_TINY,
         needs=("tiny-run",),
         provides="runs/judge-ref",
     ),
     Command(
-        "taurl train --config configs/search-judged.yaml --model runs/demo/checkpoints/v1 "
-        "--sft none --updates 20 --run-dir runs/judged --no-progress",
+        "taurl train --config configs/search-judged.yaml --policy.model runs/demo/checkpoints/v1 "
+        "--sft.data none --rl.updates 20 --run-dir runs/judged --no-progress",
         RL_TINY,
         needs=("tiny-run",),
         provides="runs/judged",
@@ -409,10 +411,10 @@ COMMANDS: tuple[Command, ...] = (
         provides="runs/demo-bf16",
     ),
     Command(
-        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo.yaml --model"
-        " runs/demo-bf16/checkpoints/v1 --sft none --updates 4 --eval-tasks 2 --eval-trials 1"
-        " --precision bf16-mixed --run-dir runs/rl-bf16 --no-progress",
-        ("--updates", "1"),
+        "OMP_NUM_THREADS=1 .venv/bin/taurl demo --config configs/demo.yaml --policy.model"
+        " runs/demo-bf16/checkpoints/v1 --sft.data none --rl.updates 4 --eval.tasks 2"
+        " --eval.trials 1 --train.precision bf16-mixed --run-dir runs/rl-bf16 --no-progress",
+        ("--rl.updates", "1"),
         needs=("tiny-run",),
     ),
     Command(
@@ -428,11 +430,11 @@ COMMANDS: tuple[Command, ...] = (
         needs=("tiny-run",),
     ),
     Command(
-        "OMP_NUM_THREADS=1 .venv/bin/taurl train --config configs/real.yaml --model " + REAL
-        + " --sft none --updates 2 --drop-zero-variance false --eval-tasks 4 --eval-trials 1"
-        " --precision bf16-mixed --activation-checkpointing true --attention sdpa"
-        " --run-dir runs/real-mem --no-progress",
-        ("--updates", "1", "--eval-tasks", "1"),
+        "OMP_NUM_THREADS=1 .venv/bin/taurl train --config configs/real.yaml --policy.model " + REAL
+        + " --sft.data none --rl.updates 2 --rl.drop-zero-variance false --eval.tasks 4"
+        " --eval.trials 1 --train.precision bf16-mixed --train.activation-checkpointing true"
+        " --train.attention sdpa --run-dir runs/real-mem --no-progress",
+        ("--rl.updates", "1", "--eval.tasks", "1"),
         needs=("real-model",),
     ),
     Command(".venv/bin/python benchmarks/scale_model.py"),

@@ -3,10 +3,11 @@
 The workload is `configs/real.yaml`'s RL update (`make demo-real`) from its SFT policy: 4 tasks x
 6 rollouts of search-v0, up to 3 actions of 48 tokens at T = 1, lr 2e-5, PPO-clip 0.2 / 0.28, no
 KL; every group trained (``drop_zero_variance: false`` here, since TRL trains zero-advantage
-groups too). taurl side: ``taurl train --config configs/real.yaml --model SFT --sft none`` (the
-recipe itself: rollout with ledger writes, learn, a checkpoint every update, the engine loading
-the new weights), timed per update from its metrics. TRL side: `benchmarks/trl_side_135m.py` in
-TRL's own venv (its docstring lists the glue). LoRA: rank 16, alpha 32, every linear layer, both.
+groups too). taurl side: ``taurl train --config configs/real.yaml --policy.model SFT
+--sft.data none`` (the recipe itself: rollout with ledger writes, learn, a checkpoint every
+update, the engine loading the new weights), timed per update from its metrics. TRL side:
+`benchmarks/trl_side_135m.py` in TRL's own venv (its docstring lists the glue). LoRA: rank 16,
+alpha 32, every linear layer, both.
 
 TRL's venv (TRL 1.16.0 on the same torch, transformers and peft as taurl's):
 
@@ -40,10 +41,11 @@ LORA = {"rank": 16, "alpha": 32, "targets": "all-linear"}
 def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) -> dict:
     run = scratch / f"taurl-{'lora' if lora else 'full'}-{time.time_ns()}"
     cmd = [str(Path(sys.executable).parent / "taurl"), "train", "--config", str(ROOT / "configs/real.yaml"),
-           "--model", str(sft), "--sft", "none", "--updates", str(steps), "--drop-zero-variance", "false",
-           "--eval-tasks", "4", "--run-dir", str(run), "--no-progress"]
+           "--policy.model", str(sft), "--sft.data", "none", "--rl.updates", str(steps),
+           "--rl.drop-zero-variance", "false", "--eval.tasks", "4", "--run-dir", str(run),
+           "--no-progress"]
     if lora:
-        cmd += ["--lora", json.dumps(LORA)]
+        cmd += ["--policy.lora", json.dumps(LORA)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     wall = time.perf_counter() - t0

@@ -26,7 +26,7 @@ examples:
   taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
   taurl train --config configs/frozenlake.yaml --run-dir runs/fl
   taurl train --import my_pkg.envs --env my-env-v0 --tasks tasks.jsonl --run-dir runs/mine
-  taurl train --config configs/demo.yaml --model path/to/hf_model --run-dir runs/hf
+  taurl train --config configs/demo.yaml --policy.model path/to/hf_model --run-dir runs/hf
   taurl eval runs/demo --trials 5                           # holdout evaluation of the run's current policy
   taurl promote runs/demo --candidate v31 --baseline v1     # the promotion gate (exit 0 promoted, 3 refused)
   taurl rollback runs/demo                                  # the previous promoted version is current again
@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", "the recipe for any registered environment and any local HF model",
          "Run or resume the recipe (tasks -> SFT -> evaluate -> RL updates -> evaluate -> report) for any "
          "registered env (--env; your own with --import MODULE or a taurl.envs entry point) and any local HF "
-         "causal LM (--model DIR; default: the env's tiny policy built from scratch). Tasks come from the env's "
-         "task source or a JSONL file (--tasks). Options come from --config, then flags.")):
+         "causal LM (--policy.model DIR; default: the env's tiny policy built from scratch). Tasks "
+         "come from the env's task source or a JSONL file (--tasks). Options come from --config, "
+         "then flags.")):
         p = sub.add_parser(name, help=help_, description=desc)
         p.add_argument("--run-dir", default=f"runs/{name}", help="run directory to create or resume")
         p.add_argument("--config", help="YAML file with any of the options below")
