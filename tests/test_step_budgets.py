@@ -1,7 +1,8 @@
 """Budgets in steps, not seconds (issue 28): the SFT budget is `sft_max_steps`, the RL budget
 `updates`, so the same seed gives the same run on a fast machine, a slow one or a busy one.
 `sft_max_seconds` / `rl_max_seconds` stay as safety caps, and a run one cuts says so in its
-summary (`train.cut_by`). A slow machine is made here by a sleep in every SFT step."""
+summary (`train.cut_by`). A slow machine is made here by a sleep in every SFT step; the
+rollouts batch in lock-step (`deterministic`), as the demo's do."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ MINI = dict(demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0
             warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5,
             sft_max_steps=20, updates=2, tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1,
             max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3,
-            temperature=0.5, eval_temperature=0.5)
+            temperature=0.5, eval_temperature=0.5,
+            # lock-step batching: without it a busy machine changes which requests share a
+            # forward, hence the last bits of a logprob and, rarely, a sampled token (CI saw
+            # equal figures and unequal final weights once); configs/demo.yaml turns it on too
+            deterministic=True)
 
 
 def slow_sft_steps(monkeypatch, seconds: float) -> None:
