@@ -507,9 +507,20 @@ def test_real_reload_serves_the_new_checkpoint_and_version(real, ckpts):
     assert before.policy_version == 0 and before.token_ids != after.token_ids
 
 
+def _ignoring_eos(real, monkeypatch) -> None:
+    """This test's requests ignore EOS: a pause or a kill must land while they still sample,
+    and greedy decoding of the weights the earlier tests left may say EOS at once (CI: the
+    abort tests then found nothing in flight, `_in_flight` 0, and waited out their 120 s)."""
+    body = real._body
+    monkeypatch.setattr(real, "_body", lambda prompt, sampling, seed, rid, max_tokens, _=False:
+                        body(prompt, sampling, seed, rid, max_tokens, True))
+
+
 @pytest.mark.vllm
 @needs_vllm
-def test_real_abort_returns_partial_tokens(real):
+def test_real_abort_returns_partial_tokens(real, monkeypatch):
+    _ignoring_eos(real, monkeypatch)
+
     async def go():
         task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
         await _until_sampling(real)
@@ -534,13 +545,14 @@ def _search_env():
 
 @pytest.mark.vllm
 @needs_vllm
-def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts):
+def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts, monkeypatch):
     from taurl.data.trajectory import StopReason, validate_trajectory
     from taurl.envs.search import generate_tasks
     from taurl.rollout.loop import RolloutConfig, run_episode
 
     tok, (p0, _) = ckpts
     asyncio.run(real.load_weights(p0, 0))
+    _ignoring_eos(real, monkeypatch)
     task = generate_tasks("train", n=1, seed=0)[0]
     cfg = RolloutConfig(temperature=0.0, max_action_tokens=2000, max_context=2048, max_episode_tokens=2000)
 
@@ -702,11 +714,8 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
 @needs_vllm
 def test_real_killed_server_fails_in_flight_requests(real, monkeypatch):
     # last in the module: it kills the shared server (SIGKILL: a crash, no clean shutdown).
-    # The request must still be sampling when the kill lands: greedy decoding of the weights
-    # the earlier tests left (v2) may say EOS at once, so this one request ignores EOS
-    body = real._body
-    monkeypatch.setattr(real, "_body", lambda prompt, sampling, seed, rid, max_tokens, _=False:
-                        body(prompt, sampling, seed, rid, max_tokens, True))
+    # The request must still be sampling when the kill lands (`_ignoring_eos`)
+    _ignoring_eos(real, monkeypatch)
 
     async def go():
         task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
