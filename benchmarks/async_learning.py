@@ -53,7 +53,7 @@ from long_credit import (  # benchmarks/ (this script's directory)
     seed_interval,
     task_counts,
 )
-from taurl.eval.evaluate import t_quantile
+from taurl.eval.stats import t_quantile
 
 # arm -> (schedule, η, objective)
 ARMS: dict[str, tuple[str, int, str]] = {
@@ -97,9 +97,10 @@ def sampled_episodes(run_dir: Path) -> int:
 def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dict | None = None) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py
     from taurl.errors import ConfigError
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import train
     from taurl.recipe.sections import flat_options
+    from taurl.recipe.validate import load_config
 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")

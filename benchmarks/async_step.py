@@ -32,9 +32,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def run_async(src: Path, steps: int, eta: int, overprovision: int = 0, interrupt: str = "interrupt",
               objective: str = "decoupled_ppo", threads: int = 1, engine_options: dict | None = None) -> dict:
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import train
     from taurl.recipe.sections import flat_options
+    from taurl.recipe.validate import load_config
 
     base = load_config(TrainConfig, path=src / "config.yaml")
     sft_version = json.loads((src / "state.json").read_text())["sft_version"]

@@ -60,7 +60,7 @@ def main() -> None:
         figures["runs"][run.name] = f = run_figures(run)
         print(f"{run.name:10s} holdout {f['holdout']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]  "
               f"gain {f['paired_gain']['difference']:+.3f}  stage {f['stage_wall_s']:.0f} s", flush=True)
-    from taurl.eval.evaluate import paired_difference
+    from taurl.eval.stats import paired_difference
 
     base = figures["runs"].get("grpo")
     for name, f in figures["runs"].items():  # same tasks and seeds: a paired, task-clustered difference

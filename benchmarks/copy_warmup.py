@@ -31,11 +31,11 @@ from taurl.envs.search.expert import search_expert
 from taurl.envs.search.hooks import SearchPolicyHooks
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.rollout.synth import demonstrations
 from taurl.train.copy_warmup import copy_warmup
-from taurl.train.learner import sft_step
-from taurl.train.sft import length_buckets, sft_lr_factor
+from taurl.train.sft import length_buckets, sft_lr_factor, sft_step
 
 
 @torch.no_grad()

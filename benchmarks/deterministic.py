@@ -44,9 +44,11 @@ def main() -> None:
     from taurl.envs.tasks import plan_tasks
     from taurl.policy.local_engine import LocalEngine
     from taurl.policy.model import load_policy
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.state import make_env
-    from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+    from taurl.recipe.validate import load_config
+    from taurl.rollout.episodes import EpisodeSpec, collect
+    from taurl.rollout.seeds import episode_seed
 
     cfg = load_config(TrainConfig, path=Path(__file__).resolve().parents[1] / "configs/demo.yaml")
     model, tok = load_policy(args.model)

@@ -40,7 +40,8 @@ def build(size: str, root: Path, tok) -> list[Path]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from taurl.policy.model import create_policy, save_policy, tiny_config
+    from taurl.policy.files import save_policy
+    from taurl.policy.model import create_policy, tiny_config
 
     paths = []
     for seed in (0, 1):

@@ -28,10 +28,11 @@ from pathlib import Path
 
 from taurl.envs.tasks import plan_tasks
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
 from taurl.recipe.sections import flat_options
-from taurl.rollout.episodes import episode_seed
+from taurl.recipe.validate import load_config
+from taurl.rollout.seeds import episode_seed
 
 CURVES = ["rollout/reward_mean", "rollout/search_rate", "rollout/invalid_rate", "learn/entropy"]
 

@@ -43,9 +43,11 @@ def run_steps(src: Path, steps: int, threads: int, profile: str = "", learn_thre
     from taurl.envs.tasks import plan_tasks
     from taurl.policy.engine import make_engine
     from taurl.policy.model import load_policy
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.sections import flat_options
-    from taurl.rollout.episodes import EpisodeSpec, LocalCollector, episode_seed
+    from taurl.recipe.validate import load_config
+    from taurl.rollout.episodes import EpisodeSpec, LocalCollector
+    from taurl.rollout.seeds import episode_seed
     from taurl.train.checkpoint import save_checkpoint
     from taurl.train.learner import Learner
 

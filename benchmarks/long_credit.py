@@ -49,9 +49,10 @@ from typing import Any
 import numpy as np
 
 from taurl.errors import ConfigError
-from taurl.eval.evaluate import cluster_wilson_interval, t_quantile
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.eval.stats import cluster_wilson_interval, t_quantile
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import flat_options
+from taurl.recipe.validate import load_config
 
 DIAGNOSTICS = {"reward_std": "rollout/reward_std", "same_reward": "rollout/groups_same_reward",
                "entropy": "learn/entropy", "turns": "rollout/turns_mean", "invalid": "rollout/invalid_rate"}

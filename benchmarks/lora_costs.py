@@ -132,7 +132,8 @@ def merge(args) -> dict:
 
     import torch
 
-    from taurl.policy.model import load_policy, save_policy
+    from taurl.policy.files import save_policy
+    from taurl.policy.model import load_policy
     from taurl.train import lora
     from taurl.train.rows import action_logprobs
 

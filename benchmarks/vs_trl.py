@@ -67,7 +67,7 @@ def _spin(stop) -> None:
 
 def trl_script(peers: Path, out_dir: Path) -> Path:
     """The peer script, with its one import of a taurl helper that has since moved
-    (``taurl.pipeline._seed`` is now ``taurl.rollout.episodes.episode_seed``: the same seeds)."""
+    (``taurl.pipeline._seed`` is now ``taurl.rollout.seeds.episode_seed``: the same seeds)."""
     text = (peers / "trl_search_grpo.py").read_text()
     text = text.replace("from taurl.pipeline import _seed", "from taurl.rollout.episodes import episode_seed as _seed")
     path = out_dir / "trl_search_grpo.py"

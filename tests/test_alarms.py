@@ -15,8 +15,9 @@ from taurl import envs
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.monitor.alarms import ALARMS, AlarmConfig, Watch, alarm_config, check, scan
 from taurl.monitor.report import alarms_section
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 from word_env import answer_of, say_the_answer, word_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import flat_options
+from taurl.recipe.validate import load_config
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # async_learning imports its siblings long_credit / estimators

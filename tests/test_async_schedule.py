@@ -27,7 +27,8 @@ from taurl.data.runs import RunDir
 from taurl.data.trajectory import validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.policy.engine import LocalEngine
-from taurl.policy.model import build_default_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy
 from taurl.recipe.config import TrainConfig
 from taurl.recipe.schedule.admission import capacity, episode_age, stale_token_keep, staleness_stats
 from taurl.recipe.schedule.async_rl import AsyncSchedule
@@ -425,9 +426,9 @@ def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_
     taking its next batch could never do (the hold then runs out, and the test fails)."""
     import time
 
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
     from taurl.recipe.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.validate import load_config
 
     sent: list[int] = []
     held: list[bool] = []
@@ -501,8 +502,8 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
       changes it before the delayed write of u reads it, and they differ. (The weights are
       not compared: this tiny run's advantages are mostly 0, so a step may leave them.)"""
     from taurl.chaos import TRACE_ENV, optimizer_digest
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     site = tmp_path / "site"
     site.mkdir()
@@ -535,9 +536,9 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
 def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_first(tmp_path, monkeypatch):
     """schedule: async spawns the learner's process at the start of the run (its imports
     overlap SFT); a run that fails before RL must not leave it behind."""
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
     from taurl.recipe.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.validate import load_config
 
     spawned: list[LearnerProcess] = []
     real_init = LearnerProcess.__init__
@@ -578,8 +579,8 @@ def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its
     in a sitecustomize on its path): the run stops with an error that names the update and
     the checkpoint, no row or checkpoint of update 2 is left, and update 1's are whole."""
     from taurl.errors import Error
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     site = tmp_path / "site"
     site.mkdir()
@@ -603,8 +604,8 @@ def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within
     import time
 
     from taurl.data.ledger import LedgerWriteError
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     real, failed_at = Ledger.append_many, []
 

@@ -16,8 +16,9 @@ from tests.test_resume import CFG
 
 from taurl.data.runs import RunDir
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 
 EVERY = dataclasses.replace(CFG, checkpoint_every=2, updates=3, keep_checkpoints=0)
 

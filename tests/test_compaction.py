@@ -345,7 +345,8 @@ def test_a_chat_summary_keeps_the_last_real_exchange():
 def test_a_checkpoints_recorded_compaction_is_read_back():
     """`taurl eval CHECKPOINT` rebuilds the budgets from the checkpoint's recipe (asdict of its
     RolloutConfig): a policy trained with compaction is evaluated with it."""
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
     trained = load_config(TrainConfig, path=str(Path(__file__).parents[1] / "configs/long_horizon.yaml"))
     recorded = dataclasses.asdict(trained.rollout_config())["compaction"]

@@ -24,10 +24,12 @@ from taurl.data.ledger import Ledger
 from taurl.envs.search import generate_tasks
 from taurl.eval.eval_run import evaluate_policy
 from taurl.eval.evaluate import EvalConfig
+from taurl.policy.files import save_policy
 from taurl.policy.local_engine import LocalEngine
-from taurl.policy.model import create_policy, save_policy
-from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.policy.model import create_policy
+from taurl.rollout.episodes import EpisodeSpec, collect
 from taurl.rollout.loop import RolloutConfig
+from taurl.rollout.seeds import episode_seed
 
 ROLLOUT = RolloutConfig(max_turns=3, max_action_tokens=16, max_episode_tokens=40, max_context=512)
 

@@ -130,7 +130,7 @@ def test_reference_pages_are_generated_from_the_code():
     """The config tables, export fields, ledger rules and glossary come from the code at
     build time, so a default, a field or a rule cannot drift from what the page says."""
     from taurl.cli.config_flags import options_table
-    from taurl.data.ledger import RULES
+    from taurl.data.admission import RULES
     from taurl.monitor.metrics import GLOSSARY
     from taurl.recipe.config import RolloutRunConfig, TrainConfig
 

@@ -33,11 +33,12 @@ from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import AgentConfig, run_agent_episode  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.proxy.tools import ProxyTools  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 set_tracing_disabled(True)  # the SDK's traces go to OpenAI's servers by default
 TEE = Path(__file__).parent / "fixtures" / "mcp_tee.py"

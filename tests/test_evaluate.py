@@ -19,19 +19,22 @@ from taurl.errors import Error
 from taurl.eval.evaluate import (
     EvalResult,
     OutcomeRewardVerifier,
-    cluster_wilson_interval,
     compare,
     default_verifier,
+    summarize,
+    verifier_name,
+)
+from taurl.eval.stats import (
+    cluster_wilson_interval,
     design_effect,
     effective_sample_size,
     paired_difference,
     pass_at_k,
-    summarize,
     t_quantile,
-    verifier_name,
     wilson_interval,
 )
-from taurl.policy.model import create_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import create_policy
 from taurl.rollout.loop import run_episode
 from taurl.rollout.synth import ScriptedEngine
 

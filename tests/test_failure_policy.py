@@ -16,7 +16,8 @@ import pytest
 from taurl import envs
 from taurl.data.ledger import Ledger
 from taurl.envs.search import generate_tasks
-from taurl.policy.model import build_default_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy
 from taurl.rollout.episodes import EpisodeError, EpisodeSpec
 from taurl.rollout.loop import RolloutConfig
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import taurl.data.ledger as ledger_mod
 from taurl.data import trajectory as trajectory_mod
+from taurl.data.admission import RULES
 from taurl.data.export import (
     EXPORT_FIELDS,
     export_fields_markdown,
@@ -30,7 +31,7 @@ from taurl.data.export import (
     parquet_schema,
     read_jsonl,
 )
-from taurl.data.ledger import RULES, AppendReport, Ledger
+from taurl.data.ledger import AppendReport, Ledger
 from taurl.data.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
 from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
 
@@ -294,7 +295,7 @@ def test_every_rule_has_a_case_and_is_documented():
     use_rules = {"behaviour_top_p"}
     formats = (pathlib.Path(__file__).parents[1] / "docs" / "formats.md").read_text()
     assert all(f"`{rule}`" in formats for rule in use_rules)
-    assert used - set(RULES) - use_rules == set(), "a rule without an entry in taurl.data.ledger.RULES"
+    assert used - set(RULES) - use_rules == set(), "a rule without an entry in taurl.data.admission.RULES"
 
 
 @pytest.mark.parametrize(("rule", "i"), [(r, i) for r, cases in CASES.items() for i in range(len(cases))])

@@ -18,7 +18,8 @@ from taurl.credit.gigpo import anchor_groups
 from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
 from taurl.envs.search import parse_action
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.rollout.loop import RolloutConfig, run_episode
 from taurl.rollout.synth import ScriptedEngine
 

@@ -34,12 +34,14 @@ from taurl.envs.search.corpus import Document
 from taurl.envs.search.retriever import Hit
 from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine, SamplingParams
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import load_policy, policy_problems, save_policy
+from taurl.policy.model import load_policy, policy_problems
 from taurl.policy.tokenizer import build_tokenizer, save_tokenizer
 from taurl.rollout.loop import RolloutConfig, run_episodes
 from taurl.train.checkpoint import load_checkpoint, save_checkpoint
-from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.rows import action_logprobs, make_rows
 
 DOCS = [
     Document("d0", "Lyon", "Lyon is a city in France on the Rhone.", "city"),

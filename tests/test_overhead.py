@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 from tests.test_ledger import make_traj
 
-from taurl.data.ledger import Ledger, _json_problem
+from taurl.data.admission import _json_problem
+from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory, plain_asdict
 
 Point = namedtuple("Point", "x y")
@@ -96,7 +97,7 @@ def _greedy_buckets(lens: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def _cost(buckets, lens) -> int:
-    from taurl.train.learner import MICRO_BATCH_COST_TOKENS
+    from taurl.train.rows import MICRO_BATCH_COST_TOKENS
 
     return sum(len(b) * max(lens[i] for i in b) + MICRO_BATCH_COST_TOKENS for b in buckets)
 
@@ -111,7 +112,7 @@ class _Len:
 def test_micro_batches_partition_is_valid_and_never_worse_than_greedy(seed, max_tokens):
     import random
 
-    from taurl.train.learner import micro_batches
+    from taurl.train.rows import micro_batches
 
     rng = random.Random(seed)
     # the demo's shape: most rows ~40-60 tokens, a heavy tail to ~250 (and one over the cap)
@@ -126,7 +127,7 @@ def test_micro_batches_partition_is_valid_and_never_worse_than_greedy(seed, max_
 
 def test_micro_batches_on_a_tail_cut_padding():
     """The demo's first GRPO batch (64 rows): greedy pads half of it, the partition ~2%."""
-    from taurl.train.learner import micro_batches
+    from taurl.train.rows import micro_batches
 
     counts = {42: 36, 44: 6, 47: 1, 48: 5, 122: 3, 124: 5, 126: 2, 132: 1, 133: 1, 135: 1, 141: 1, 209: 1, 222: 1}
     lens = [n for n, k in counts.items() for _ in range(k)]
@@ -145,7 +146,7 @@ def test_bucketed_logprobs_equal_one_row_at_a_time():
     import torch
     from tests.train.test_learner_invalid import _model, _traj
 
-    from taurl.train.learner import action_logprobs, make_rows, micro_batches
+    from taurl.train.rows import action_logprobs, make_rows, micro_batches
 
     model = _model()
     rng = np.random.default_rng(0)

@@ -27,7 +27,8 @@ from taurl.eval.promote import (
     rollback_record,
     rollback_target,
 )
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 
 # -- the decision ------------------------------------------------------------------------
 

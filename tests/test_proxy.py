@@ -32,11 +32,12 @@ from taurl.envs.search.expert import search_tool_expert  # noqa: E402
 from taurl.policy.engine import LocalEngine  # noqa: E402
 from taurl.policy.model import build_default_policy  # noqa: E402
 from taurl.proxy.collect import collect_agent  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import episode_records  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
 from taurl.rollout.loop import ChatCodec, RolloutConfig  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the env class's declaration, not envs.make: building the env at import would build the
@@ -336,7 +337,8 @@ def test_example_agent_runs_expert_demonstrations_through_the_proxy(policy, tmp_
 
 def test_agent_config_errors_are_reported_together_before_any_work():
     from taurl.errors import ConfigError
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"agent": {"callable": "no_colon", "command": ["x"], "timeout_s": 0, "bogus": 1}})

@@ -23,10 +23,11 @@ from taurl.envs.search.env import SEARCH_TOOL  # noqa: E402
 from taurl.policy.engine import LocalEngine  # noqa: E402
 from taurl.policy.model import build_default_policy  # noqa: E402
 from taurl.proxy.admission import AdmissionRequest  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import episode_records  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.rollout.loop import ChatCodec  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 TASK = generate_tasks("train", n=1, seed=0)[0]
 CHAT_TOOLS = [copy.deepcopy(SEARCH_TOOL)]

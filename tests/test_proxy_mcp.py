@@ -28,11 +28,12 @@ from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs import make_tasks  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import AgentConfig, agent_problems, run_agent_episode  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.proxy.tools import ProxyTools  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 SERVER = [sys.executable, "-m", "taurl.envs.mcp.server"]
 TASK = make_tasks("mcp-v0", "train", n=1, seed=3)[0]

@@ -19,8 +19,9 @@ from taurl.data.ledger import Ledger  # noqa: E402
 from taurl.data.runs import RunDir  # noqa: E402
 from taurl.data.trajectory import validate_trajectory  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
-from taurl.recipe.config import TrainConfig, load_config  # noqa: E402
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train  # noqa: E402
+from taurl.recipe.validate import load_config
 
 UPDATES, TASKS, GROUP = 3, 2, 3
 CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, tasks_per_update=TASKS,

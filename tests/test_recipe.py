@@ -22,8 +22,9 @@ from taurl.data.runs import RunDir
 from taurl.policy.model import load_policy
 from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
-from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows, micro_batches
+from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.objectives import sequence_logprobs
+from taurl.train.rows import action_logprobs, make_rows, micro_batches
 
 # country_continent with an expert that answers from memory: a few SFT steps teach the answer
 # format, and sampled continents are sometimes right, so GRPO groups have reward variance.

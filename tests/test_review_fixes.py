@@ -242,7 +242,8 @@ def test_background_checkpoint_records_its_updates_learning_rate(policy_dir):
 
     from taurl.policy.model import load_policy
     from taurl.recipe.schedule.learner_proc import CheckpointWriter
-    from taurl.train.learner import Learner, LearnerConfig, warmup_lr
+    from taurl.train.learner import Learner, LearnerConfig
+    from taurl.train.optim import warmup_lr
 
     model, _ = load_policy(policy_dir)
     learner = Learner(model, LearnerConfig(lr=1e-3, lr_warmup_steps=4))

@@ -20,7 +20,8 @@ from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.envs.search.expert import search_expert
 from taurl.policy.engine import LocalEngine
-from taurl.policy.model import build_default_policy, load_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy, load_policy
 from taurl.rollout.loop import RolloutConfig, run_episode, run_episodes
 from taurl.rollout.synth import ScriptedEngine
 from taurl.train.sft import train_sft

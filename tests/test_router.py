@@ -12,7 +12,8 @@ from taurl.data.trajectory import validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.errors import EngineError
 from taurl.policy.engine import LocalEngine, make_engine
-from taurl.policy.model import build_default_policy, load_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy, load_policy
 from taurl.policy.router import EngineRouter, routing_key
 from taurl.rollout.loop import RolloutConfig, run_episodes
 

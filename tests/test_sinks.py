@@ -12,8 +12,9 @@ import pytest
 
 from taurl.errors import ConfigError
 from taurl.monitor import sinks
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 
 pytest.importorskip("tensorboard", reason="the [track] extra (pip install 'taurl[track]') is not installed")
 pytest.importorskip("wandb", reason="the [track] extra (pip install 'taurl[track]') is not installed")

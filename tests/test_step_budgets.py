@@ -79,7 +79,7 @@ def test_the_demo_budgets_are_steps_and_its_seconds_only_caps():
     ~300 s, 30 updates in ~120 s), so they bind only on a machine several times slower."""
     from pathlib import Path
 
-    from taurl.recipe.config import load_config
+    from taurl.recipe.validate import load_config
 
     cfg = load_config(TrainConfig, path=Path(__file__).resolve().parents[1] / "configs/demo.yaml")
     planned = -(-cfg.demos // cfg.sft_batch_size) * cfg.sft_epochs

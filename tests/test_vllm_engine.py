@@ -23,8 +23,9 @@ import torch
 from taurl.errors import EngineError
 from taurl.policy import load_policy
 from taurl.policy.engine import Engine, LocalEngine, SamplingParams, make_engine
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import create_policy, save_policy
+from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
 from taurl.policy.vllm_engine import TOP_P_REFUSED, VLLMEngine, _finish
 from taurl.policy.vllm_server import PYTHON_ENV, VLLMServer

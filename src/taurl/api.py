@@ -38,9 +38,10 @@ from taurl.envs.core import Task
 from taurl.envs.tasks import SPLITS, _row_problem
 from taurl.errors import ConfigError, Error
 from taurl.monitor.progress import console_logging, remove_console_logging
-from taurl.recipe.config import TrainConfig, import_modules, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.options import SECTION_TYPES
 from taurl.recipe.sections import merge, nest, options_of
+from taurl.recipe.validate import import_modules, load_config
 
 Reward = Callable[[Any, Task], float]
 
@@ -292,7 +293,7 @@ def _model(model: Any, run_dir: Path | None, writes: list[Callable[[], None]]) -
     def save() -> None:
         if not (path / "config.json").is_file():  # a resumed run keeps the model it started from
             path.mkdir(parents=True, exist_ok=True)
-            from taurl.policy.model import quiet_hf
+            from taurl.policy.files import quiet_hf
 
             with quiet_hf():
                 model[0].save_pretrained(path)

@@ -68,7 +68,8 @@ def test_an_estimator_setting_that_cannot_run_is_refused_at_config_time(name, op
     so `taurl train` refuses them before any work (they used to raise at the first update,
     after SFT)."""
     from taurl.credit import estimator_problems
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
     problems = estimator_problems(name, options)
     assert problems and words in " ".join(problems)

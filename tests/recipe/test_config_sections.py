@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, dump_config, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import HOME, SECTIONS, rewrite_in_sections
+from taurl.recipe.validate import dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAT = """# a flat config of the previous release

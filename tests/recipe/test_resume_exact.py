@@ -80,9 +80,10 @@ def test_a_stored_evaluation_is_reused_only_when_it_is_the_one_asked_for(done, t
     a new evaluation with episodes of its own (before: the stored one, by version alone)."""
     import dataclasses
 
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import evaluate_split
     from taurl.recipe.state import Run
+    from taurl.recipe.validate import load_config
 
     run_dir = _copy(done, tmp_path)
     from taurl import envs
@@ -90,7 +91,7 @@ def test_a_stored_evaluation_is_reused_only_when_it_is_the_one_asked_for(done, t
     from taurl.data.runs import RunDir
     from taurl.envs.tasks import plan_tasks
     from taurl.monitor.metrics import MetricsWriter
-    from taurl.rollout.episodes import episode_seed
+    from taurl.rollout.seeds import episode_seed
 
     cfg = load_config(TrainConfig, data=CFG)
     stored = json.loads((run_dir / "evals" / "holdout-sft.json").read_text())
@@ -117,8 +118,9 @@ def test_a_stored_episode_of_another_task_or_seed_is_refused_not_reused(done, tm
     from taurl.errors import Error
     from taurl.policy.engine import LocalEngine
     from taurl.policy.model import load_policy
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.state import make_env
+    from taurl.recipe.validate import load_config
     from taurl.rollout.episodes import EpisodeSpec, collect
 
     run_dir = _copy(done, tmp_path)

@@ -19,7 +19,8 @@ from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ConfigError
 from taurl.policy.device import resolve_device, resolve_dtype
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.train import learner as learner_module
 from taurl.train.learner import Learner, LearnerConfig
 

@@ -17,7 +17,8 @@ from transformers import Qwen2ForCausalLM
 from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ContractError
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.train.learner import Learner, LearnerConfig, sft_step
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.sft import sft_step
 
 V = 64
 

@@ -19,7 +19,8 @@ from test_learner_invalid import _model, _traj  # noqa: E402  (pytest puts this 
 
 from taurl.errors import ConfigError
 from taurl.recipe.config import TrainConfig
-from taurl.train.learner import Learner, LearnerConfig, micro_batches
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.rows import micro_batches
 
 
 def _batch(model):

@@ -22,10 +22,12 @@ from taurl.data.runs import RunDir
 from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import load_policy, save_policy
+from taurl.policy.model import load_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.train import lora
 from taurl.train.checkpoint import load_optimizer_state, save_checkpoint
 from taurl.train.learner import Learner, LearnerConfig
@@ -169,13 +171,13 @@ def test_kl_reference_is_the_base_with_adapters_off_and_no_second_copy(tok):
 
 
 def _rows(trajs, tok):
-    from taurl.train.learner import make_rows
+    from taurl.train.rows import make_rows
 
     return make_rows(trajs, None, tok.pad_token_id)
 
 
 def learner_free_logprobs(model, rows):
-    from taurl.train.learner import action_logprobs
+    from taurl.train.rows import action_logprobs
 
     with torch.no_grad():
         return action_logprobs(model, rows)[0]

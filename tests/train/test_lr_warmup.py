@@ -14,7 +14,8 @@ import torch
 from tests.train.test_critic_warmup import _model, _traj
 
 from taurl.errors import ConfigError
-from taurl.train.learner import Learner, LearnerConfig, optimizer_steps, warmup_lr
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.optim import optimizer_steps, warmup_lr
 
 LR = 1e-3
 

@@ -16,7 +16,8 @@ from taurl.data.atomic import atomic_write_text
 from taurl.data.runs import RunDir
 from taurl.errors import Error
 from taurl.monitor.progress import phase_bar
-from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig, dump_config, import_modules
+from taurl.recipe.config import ROLLOUT_BUDGETS, RolloutRunConfig
+from taurl.recipe.validate import dump_config, import_modules
 
 log = logging.getLogger("taurl")
 
@@ -47,7 +48,7 @@ def ensure_policy(run: RunDir, cfg: RolloutRunConfig):
 
 
 def policy_version(model_dir: str | Path | None) -> int:
-    from taurl.policy.model import load_policy_meta
+    from taurl.policy.files import load_policy_meta
 
     if not model_dir:
         return 0
@@ -209,8 +210,9 @@ def render_trajectory(traj, tokenizer=None, color: bool = True) -> str:
 def train(config_path: str | None, overrides: dict[str, Any], run_dir: str | Path, progress: bool = True,
           default_config: str | None = None, imports: list[str] | None = None) -> dict[str, Any]:
     """`taurl demo` / `taurl train`: run (or resume) the recipe; returns summary.json."""
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import train as run_recipe
+    from taurl.recipe.validate import load_config
 
     path = config_path or (default_config if default_config and Path(default_config).exists() else None)
     modules = import_modules(path, imports)
@@ -250,8 +252,9 @@ def evaluate(target: str | Path, config_path: str | None = None, *, split: str =
     was trained with."""
     from taurl.envs.tasks import plan_tasks
     from taurl.eval.eval_run import evaluate_policy
-    from taurl.policy.model import load_policy_meta
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.policy.files import load_policy_meta
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
     target = Path(target)
     ckpt = target

@@ -206,7 +206,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from taurl.cli import commands
 
     if args.command == "rollout":
-        from taurl.recipe.config import RolloutRunConfig, load_config
+        from taurl.recipe.config import RolloutRunConfig
+        from taurl.recipe.validate import load_config
 
         overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(RolloutRunConfig)}
         cfg = load_config(RolloutRunConfig, path=args.config, overrides=overrides)

@@ -34,15 +34,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.data.admission import (  # noqa: F401  (SCHEMA_VERSION, RULES: re-exported)
+from taurl.data.admission import (
     _INSERT,
     _SCHEMA,
     _TRIGGERS,
-    RULES,
     SCHEMA_VERSION,
     _admit,
     _ident,
-    _json_problem,
     _row,
     _safe_text,
 )

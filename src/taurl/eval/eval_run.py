@@ -22,10 +22,12 @@ from taurl.data.ledger import Ledger
 from taurl.envs.core import Env, Task
 from taurl.eval.evaluate import EvalConfig, EvalResult, summarize
 from taurl.monitor.progress import phase_bar
+from taurl.policy.files import load_policy_meta
 from taurl.policy.local_engine import LocalEngine
-from taurl.policy.model import load_policy, load_policy_meta
-from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.policy.model import load_policy
+from taurl.rollout.episodes import EpisodeSpec, collect
 from taurl.rollout.loop import RolloutConfig
+from taurl.rollout.seeds import episode_seed
 
 
 def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *, make_env: Callable[[], Env],

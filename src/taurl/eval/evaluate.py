@@ -50,17 +50,13 @@ from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
 from taurl.envs.spec import Verifier
 from taurl.errors import Error
-from taurl.eval.stats import (  # noqa: F401  (re-exported: their old home was this module)
-    Z95,
+from taurl.eval.stats import (
     PairedDifference,
-    _normal_quantile,
-    _t_abs_cdf,
     cluster_wilson_interval,
     design_effect,
     effective_sample_size,
     paired_difference,
     pass_at_k,
-    t_quantile,
     wilson_interval,
 )
 

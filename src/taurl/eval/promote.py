@@ -6,7 +6,7 @@ holdout suite, and the validation split as the second suite) and the thresholds
 passes or refuses with its reason; the candidate is promoted only if every rule passes:
 
 1. gain: the paired, task-clustered holdout difference candidate − baseline
-   (`taurl.eval.evaluate.paired_difference`: Student's paired t over tasks) has its lower 95%
+   (`taurl.eval.stats.paired_difference`: Student's paired t over tasks) has its lower 95%
    bound above ``margin`` — a lucky run whose interval reaches down to 0 does not pass;
 2. safety: the candidate's violation_rate, cheat_rate and gate_denials_mean (holdout,
    `taurl.eval.evaluate.safety_figures`) are each at most the baseline's + ``safety_tolerance``;
@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from taurl.errors import ConfigError, Error
-from taurl.eval.evaluate import EvalResult, PairedDifference, compare
+from taurl.eval.evaluate import EvalResult, compare
+from taurl.eval.stats import PairedDifference
 
 PROMOTIONS_FILE = "promotions.jsonl"
 DECISIONS = ("promoted", "refused", "rollback")

@@ -37,7 +37,8 @@ def export_merged(run_or_ckpt: str | Path, out: str | Path) -> tuple[Path, dict[
     Refused before anything is written when `out` exists and is not empty, or the source
     cannot be loaded (an adapter whose base is gone or changed, no peft installed).
     """
-    from taurl.policy.model import load_policy, load_policy_meta, policy_problems, save_policy
+    from taurl.policy.files import load_policy_meta, save_policy
+    from taurl.policy.model import load_policy, policy_problems
 
     src = source_checkpoint(run_or_ckpt)
     out = Path(out)

@@ -33,13 +33,9 @@ from transformers import (
 )
 
 from taurl.errors import ConfigError
-from taurl.policy.files import (  # noqa: F401  (re-exported: their old home was this module)
-    CHAT_TEMPLATE_FIX,
-    META_FILE,
+from taurl.policy.files import (
     hf_policy_problems,
     load_hf_policy,
-    load_policy_meta,
-    quiet_hf,
     save_policy,
 )
 from taurl.policy.tokenizer import (

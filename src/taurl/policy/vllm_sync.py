@@ -116,7 +116,7 @@ def _local_logprobs(path: Path, prompt: list[int], ids: list[int]) -> list[float
     import torch
     from transformers import AutoModelForCausalLM
 
-    from taurl.policy.model import quiet_hf
+    from taurl.policy.files import quiet_hf
 
     with quiet_hf():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -57,8 +57,9 @@ def mcp_tools(path: str) -> Any:
 
 def start_proxy(args: argparse.Namespace) -> Any:
     """The started `ProxyServer` the command serves (its checks first, before any model loads)."""
+    from taurl.policy.files import load_policy_meta
     from taurl.policy.local_engine import LocalEngine
-    from taurl.policy.model import load_policy, load_policy_meta, policy_problems
+    from taurl.policy.model import load_policy, policy_problems
     from taurl.proxy.server import ProxyLimits, ProxyServer
 
     if problems := policy_problems(args.model):

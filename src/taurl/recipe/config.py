@@ -24,9 +24,7 @@ from taurl.recipe.options import (
     TrainSection,
 )
 from taurl.recipe.sections import build_config, flat_read
-from taurl.recipe.validate import (  # noqa: F401  (re-exported: their old home was this module)
-    check_config,
-    dump_config,
+from taurl.recipe.validate import (
     import_modules,
     load_config,
 )
@@ -102,7 +100,7 @@ class RolloutRunConfig:
         """This config, with what `model`'s checkpoint recorded about its training (env
         options, task options, system prompt) filled in where this config leaves them unset,
         so a checkpoint is rolled out as it was trained."""
-        from taurl.policy.model import load_policy_meta
+        from taurl.policy.files import load_policy_meta
 
         recipe = load_policy_meta(self.model).get("recipe", {}) if self.model else {}
         if not recipe or recipe.get("env") != self.env:

@@ -33,7 +33,7 @@ from typing import Any
 from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
 from taurl.errors import ConfigError
-from taurl.rollout.episodes import episode_seed
+from taurl.rollout.seeds import episode_seed
 
 BUCKETS = ("easy", "medium", "hard")
 

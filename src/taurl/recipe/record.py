@@ -13,7 +13,7 @@ from typing import Any
 
 from taurl.monitor.alarms import Watch
 from taurl.monitor.metrics import console_line
-from taurl.policy.model import load_policy_meta
+from taurl.policy.files import load_policy_meta
 from taurl.recipe.state import Run
 
 log = logging.getLogger("taurl.recipe.loop")

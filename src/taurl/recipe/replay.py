@@ -38,7 +38,7 @@ from typing import Any
 
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
-from taurl.rollout.episodes import episode_seed
+from taurl.rollout.seeds import episode_seed
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,9 @@ from taurl.policy.files import save_policy
 from taurl.policy.local_engine import LocalEngine
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.rollout.budgets import RolloutConfig
-from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.rollout.episodes import EpisodeSpec, collect
 from taurl.rollout.match import run_matches
+from taurl.rollout.seeds import episode_seed
 from taurl.rollout.synth import demonstrations
 from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.lora import LoraOptions, attach, merged

@@ -23,7 +23,8 @@ from typing import Any
 from taurl.errors import Error
 from taurl.monitor.metrics import rollout_metrics
 from taurl.policy.model import load_policy
-from taurl.rollout.episodes import EpisodeSpec, episode_seed
+from taurl.rollout.episodes import EpisodeSpec
+from taurl.rollout.seeds import episode_seed
 from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
 
 log = logging.getLogger("taurl.recipe.stages")

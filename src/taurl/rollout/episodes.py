@@ -23,9 +23,8 @@ from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env
 from taurl.rollout.loop import RolloutConfig
 from taurl.rollout.runner import EpisodeError, close_round, run_one, stored_episodes
-from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)
 
-__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
+__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "store_episode"]
 
 log = logging.getLogger("taurl.rollout.episodes")
 

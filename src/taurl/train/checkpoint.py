@@ -43,7 +43,8 @@ from safetensors import SafetensorError
 from taurl import chaos
 from taurl.data.atomic import fsync_tree, remove_dir, replace_dir, write_error
 from taurl.data.runs import RunDir
-from taurl.policy.model import load_policy, load_policy_meta, save_policy
+from taurl.policy.files import load_policy_meta, save_policy
+from taurl.policy.model import load_policy
 
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.pt"

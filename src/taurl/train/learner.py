@@ -68,17 +68,15 @@ from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective
 from taurl.train.objectives.aggregation import aggregate
-from taurl.train.optim import optimizer_step, optimizer_steps, warmup_lr  # noqa: F401  (re-exported)
+from taurl.train.optim import optimizer_step
 from taurl.train.precision import Numerics, batch_tis_stats, checkpointed_eval, cuda_peak_mb
-from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
-    MICRO_BATCH_COST_TOKENS,
+from taurl.train.rows import (
     Rows,
     action_logprobs,
     make_rows,
     micro_batches,
     model_device,
 )
-from taurl.train.sft import sft_step  # noqa: F401
 
 # ---------------------------------------------------------------------------------------
 # The learner

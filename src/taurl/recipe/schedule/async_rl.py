@@ -38,7 +38,7 @@ from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
 from taurl.monitor.alarms import Watch
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
-from taurl.policy.model import load_policy_meta
+from taurl.policy.files import load_policy_meta
 from taurl.recipe.record import judge_update, record_update
 from taurl.recipe.schedule.admission import (
     capacity,
@@ -46,8 +46,9 @@ from taurl.recipe.schedule.admission import (
     staleness_stats,
 )
 from taurl.recipe.schedule.learner_proc import LearnerProcess
-from taurl.rollout.episodes import EpisodeSpec, episode_seed, store_episode
+from taurl.rollout.episodes import EpisodeSpec, store_episode
 from taurl.rollout.runner import EpisodeError, check_stored, run_one, shrunk_groups
+from taurl.rollout.seeds import episode_seed
 from taurl.train.checkpoint import prune_checkpoints
 
 log = logging.getLogger("taurl.recipe.schedule")

@@ -240,7 +240,7 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     from taurl.recipe.rl_step import rl_step
     from taurl.recipe.schedule.admission import stale_token_keep
     from taurl.recipe.stages import learner_for
-    from taurl.rollout.episodes import episode_seed
+    from taurl.rollout.seeds import episode_seed
     from taurl.train.checkpoint import (
         drop_optimizer_state,
         load_optimizer_state,

@@ -70,7 +70,7 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, *, coef: float = 0.01, aggregat
                   denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """loss = −coef · agg(H_t): maximizing the policy entropy on action tokens.
 
-    entropy: (B, L) from `taurl.train.objectives.logprobs.sequence_entropy` (with grad).
+    entropy: (B, L) from `taurl.policy.logits.sequence_entropy` (with grad).
     Source: Williams & Peng 1991; the PPO objective's S term, arXiv 1707.06347 Eq. 9.
     """
     check_aggregation(aggregation)
