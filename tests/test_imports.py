@@ -222,6 +222,44 @@ def test_no_cycle_without_the_back_edge(tmp_path):
     assert cycles(graph) == []
 
 
+# The layers a lower one must not import (issue 38): the math and the data formats (data/,
+# credit/, train/objectives/, policy/) serve every recipe, CLI, proxy and env, so none of them
+# may depend on one. The envs package's own protocol modules are not "a specific env".
+LOWER = ("data", "credit", "train.objectives", "policy")
+UPPER = ("recipe", "cli", "api", "proxy")
+ENV_PROTOCOL = {"envs", "envs.core", "envs.spec", "envs.registry", "envs.tasks", "envs.checker"}
+
+
+def upward_edges(graph: dict[str, set[str]], package: str = "taurl") -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a LOWER layer reaches an UPPER one or a specific env."""
+    def within(module: str, layers: tuple[str, ...]) -> bool:
+        return any(module == f"{package}.{x}" or module.startswith(f"{package}.{x}.")
+                   for x in layers)
+
+    def specific_env(module: str) -> bool:
+        return within(module, ("envs",)) and module.removeprefix(f"{package}.") not in ENV_PROTOCOL
+
+    return sorted((a, b) for a, targets in graph.items() if within(a, LOWER)
+                  for b in targets if within(b, UPPER) or specific_env(b))
+
+
+def test_lower_layers_import_no_recipe_cli_api_proxy_or_env():
+    assert upward_edges(import_graph(SRC, "taurl")) == []
+
+
+@pytest.mark.parametrize("target", ["pkg.recipe.loop", "pkg.envs.search.env", "pkg.api"])
+def test_an_upward_edge_is_found_even_inside_a_function(tmp_path, target):
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/credit/__init__.py": "",
+                      "pkg/credit/grpo.py": f"def f():\n    import {target}\n",
+                      "pkg/recipe/__init__.py": "", "pkg/recipe/loop.py": "",
+                      "pkg/envs/__init__.py": "", "pkg/envs/core.py": "",
+                      "pkg/envs/search/__init__.py": "", "pkg/envs/search/env.py": "",
+                      "pkg/api.py": "", "pkg/data.py": "import pkg.envs.core\n"})
+    edges = upward_edges(import_graph(tmp_path, "pkg"), "pkg")
+    assert ("pkg.credit.grpo", target) in edges  # (and the packages the import runs on the way)
+    assert {a for a, _ in edges} == {"pkg.credit.grpo"}  # pkg.data -> envs.core is allowed
+
+
 def test_no_module_is_over_450_lines():
     # the house rule (docs/design.md#layout): a module a reader can hold, one job each
     src = Path(__file__).parents[1] / "src" / "taurl"
