@@ -267,10 +267,12 @@ def test_an_edge_against_the_loop_is_found(tmp_path):
                       "taurl/proxy/__init__.py": "", "taurl/proxy/collect.py": "",
                       "taurl/envs/__init__.py": "", "taurl/train/__init__.py": "",
                       "taurl/train/copy_warmup.py": "", "taurl/rollout/loop.py": "",
-                      "taurl/rollout/episodes.py": "def f():\n    from taurl.proxy import collect\n",
+                      "taurl/rollout/episodes.py":
+                          "def f():\n    from taurl.proxy import collect\n",
                       "taurl/rollout/compaction.py": "from typing import TYPE_CHECKING\n"
                       "if TYPE_CHECKING:\n    from taurl.rollout.loop import _State\n",
-                      "taurl/envs/hooks.py": "def w():\n    from taurl.train.copy_warmup import f\n"})
+                      "taurl/envs/hooks.py":
+                          "def w():\n    from taurl.train.copy_warmup import f\n"})
     assert edges_against(import_graph(tmp_path, "taurl", typing=True)) == [
         "taurl.envs.hooks -> taurl.train", "taurl.envs.hooks -> taurl.train.copy_warmup",
         "taurl.rollout.compaction -> taurl.rollout.loop",

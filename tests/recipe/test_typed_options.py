@@ -28,6 +28,7 @@ TYPED = [
     ("rl:\n  dpo: {X}", "bta", "beta", "beta"),
     ("rl:\n  distill: {X}", "los", "loss", "reward_weight"),
     ("promotion: {X}", "margn", "margin", "margin"),
+    ("train:\n  ray: {X}", "bundl", "bundle", "ready_timeout_s"),
 ]
 
 

@@ -93,7 +93,25 @@ def options_table(cls: type) -> str:
         flag = "--" + rename.get(flag, flag).replace("_", "-")
         rows.append(f"| `{place}` (`{flag}`{old}) | `{json.dumps(field_default(f))}` | "
                     f"{doc.replace('|', '/')} |")
+        if where:
+            rows += _key_rows(place, f)
     return "\n".join(["| option in the file (flag) | default | meaning |", "|---|---|---|", *rows])
+
+
+def _key_rows(place: str, f: dataclasses.Field) -> list[str]:
+    """A row per key of a typed option (`taurl.recipe.options.typed`): its default and its
+    comment in the option class, the one place they are written."""
+    from taurl.recipe.typed import option_class
+
+    cls = option_class(f)
+    docs = field_docs(cls)
+    out = []
+    for key in dataclasses.fields(cls):
+        default = field_default(key)
+        default = list(default) if isinstance(default, tuple) else default
+        out.append(f"| `{place}.{key.name}` (a key of `{place}`) | `{json.dumps(default)}` | "
+                   f"{docs.get(key.name, '').replace('|', '/')} |")
+    return out
 
 
 def add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:

@@ -24,8 +24,8 @@ def chain_sources(cfg: Any) -> list[str]:
     """What in `cfg` can make an episode a chain of token streams, in words (none: [])."""
     out = []
     if cfg.compaction.on:
-        out.append(f"rollout.compaction (policy {cfg.compaction.policy}) begins a new token stream when the "
-                   "context fills")
+        out.append(f"rollout.compaction (policy {cfg.compaction.policy}) begins a new token "
+                   "stream when the context fills")
     if cfg.agent:
         out.append("agent: (your agent through the proxy) begins a new token stream when it "
                    "rewrites its history")

@@ -312,8 +312,8 @@ class TrainConfig:
             from taurl.envs.registry import signature_problems
 
             out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
-                                       {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log",
-                                       "probe_tasks", "copy_phase"})
+                                       {"model", "tokenizer", "train_tasks", "seed", "lr",
+                                        "grad_clip", "log", "probe_tasks", "copy_phase"})
         return out
 
     def default_policy_options_ignored(self) -> list[str]:

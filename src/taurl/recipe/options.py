@@ -31,6 +31,7 @@ from typing import Any
 
 from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episode-budget defaults
 from taurl.rollout.options import CompactionConfig, RejectionOptions
+from taurl.train.distributed.strategy import RayPlacement
 from taurl.train.learner_config import LearnerConfig, LearnerNumerics
 from taurl.train.stage_options import DistillOptions, DPOOptions
 
@@ -233,7 +234,7 @@ class TrainSection(LearnerNumerics):
     world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
     launcher: str = "local"  # who starts the ranks: local (processes) | ray (Ray actors)
     # Ray ranks' placement (docs/scale-out.md): placement, bundle, ready_timeout_s
-    ray: dict[str, Any] = field(default_factory=dict)
+    ray: RayPlacement = typed(RayPlacement)
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,8 @@ def offline_dpo(r: Any, make_learner: Any) -> None:
     load_optimizer_state(r.run.checkpoint(version), learner.optimizer)
     pairs = trajectory_pairs(read_sft_file(cfg.dpo.data, cfg.env), learner.opts)
     if not pairs:
-        raise Error(f"rl.dpo.data {cfg.dpo.data} gives no pair: it needs >= 2 episodes of one task with "
-                    "different rewards")
+        raise Error(f"rl.dpo.data {cfg.dpo.data} gives no pair: it needs >= 2 episodes of one "
+                    "task with different rewards")
     per = learner.opts.pairs_per_update or cfg.tasks_per_update
     order = list(range(len(pairs)))
     random.Random(cfg.seed).shuffle(order)

@@ -24,6 +24,7 @@ from typing import Any
 
 from taurl.errors import ConfigError
 from taurl.policy.model import load_policy
+from taurl.recipe.typed import record_mapping
 
 log = logging.getLogger("taurl.recipe.stages")
 
@@ -159,12 +160,13 @@ def rank_launch(cfg: Any) -> dict[str, Any]:
     ``backend: ray``'s rollout workers (they join it: `taurl.scale.ray_backend`)."""
     if cfg.train.launcher != "ray":
         return {"launcher": cfg.train.launcher}
-    bundle = cfg.train.ray.get("bundle") or {"CPU": 1}
+    bundle = cfg.train.ray.bundle or {"CPU": 1}
     cpus = cfg.train_world_size * bundle.get("CPU", 0)
     if cfg.backend == "ray":
         opts = cfg.backend_options
         cpus += opts.get("num_cpus", opts.get("workers", 2))
-    return {"launcher": "ray", "ray": dict(cfg.train.ray), "num_cpus": max(1, int(cpus + 0.999))}
+    ray = record_mapping(cfg.train.ray)  # the keys given (RayRankOptions has the defaults)
+    return {"launcher": "ray", "ray": ray, "num_cpus": max(1, int(cpus + 0.999))}
 
 
 def run_own_stage(r: Any) -> bool:

@@ -59,7 +59,8 @@ def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], 
 
 async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
-                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None
+                  bar: tqdm | None = None,
+                  on_stored: Callable[[str, Trajectory], None] | None = None
                   ) -> tuple[list[Trajectory], dict[str, float]]:
     """The episodes of `specs`, in order: reused from the ledger, or run and appended at once.
 
@@ -166,9 +167,10 @@ class LocalCollector:
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:
-        return asyncio.run(self.run(self.engine, self.tokenizer, self.make_env, specs, config=self.config,
-                                   ledger=ledger, run_id=self.run_id, concurrency=self.concurrency,
-                                   on_stored=on_stored, **self.options))
+        return asyncio.run(self.run(self.engine, self.tokenizer, self.make_env, specs,
+                                    config=self.config, ledger=ledger, run_id=self.run_id,
+                                    concurrency=self.concurrency, on_stored=on_stored,
+                                    **self.options))
 
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
         asyncio.run(self.engine.load_weights(checkpoint_dir, version))  # served and verified

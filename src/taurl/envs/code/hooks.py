@@ -60,7 +60,7 @@ class CodePolicyHooks:
         names = [n for t in train_tasks for n in copy_strings(t)]
         probe = [n for t in probe_tasks for n in copy_strings(t)]
         return copy_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
-                                 grad_clip=grad_clip, seed=seed, log=log)
+                          grad_clip=grad_clip, seed=seed, log=log)
 
 
 def copy_strings(task: Task) -> list[str]:

@@ -46,5 +46,6 @@ class SearchPolicyHooks:
         `copy_phase` is the trainer's copy phase (`taurl.train.copy_warmup`), passed in by
         the recipe: an env names what to copy, the training stage (above the envs) trains it."""
         names = [t.metadata["subject"] for t in train_tasks] + [t.answers[0] for t in train_tasks if t.answers]
-        return copy_phase(model, tokenizer, names, [t.metadata["subject"] for t in probe_tasks], steps=steps,
-                                 batch_size=batch_size, lr=lr, grad_clip=grad_clip, seed=seed, log=log)
+        probe = [t.metadata["subject"] for t in probe_tasks]
+        return copy_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
+                          grad_clip=grad_clip, seed=seed, log=log)
