@@ -218,8 +218,11 @@ def test_copy_warmup_strings_hold_the_constants():
     p = task.metadata["params"]
     strings = copy_strings(task)
     assert f"{p['a']} * x + {p['b']}" in strings[0] and strings[-1] == json.dumps([p["a"], p["b"], p["m"], p["r"]])
+    from taurl.train.copy_warmup import copy_warmup_phase
+
     assert spec("code-v0").policy_hooks.warmup(None, None, [task], seed=0, lr=1e-3, grad_clip=1.0,
-                                               log=lambda *a: None, steps=0) == {}
+                                               log=lambda *a: None, steps=0,
+                                               copy_phase=copy_warmup_phase) == {}
 
 
 def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_family):

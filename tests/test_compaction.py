@@ -21,7 +21,9 @@ from taurl.policy.engine import LocalEngine
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.rollout.compaction import CompactionConfig, compaction_problems
+from taurl.recipe.config import RolloutRunConfig, load_config
+from taurl.recipe.validate import option_problems
+from taurl.rollout.compaction import CompactionConfig
 from taurl.rollout.loop import RolloutConfig, run_episode
 from taurl.rollout.stream import ChatCodec
 from taurl.rollout.synth import ScriptedEngine
@@ -187,11 +189,14 @@ def test_expert_demonstrations_that_summarize_stay_the_experts_walk(lake):
 
 
 def test_compaction_options_are_checked_before_any_work():
-    assert compaction_problems({"policy": "fold"}) and compaction_problems({"trigger": 1.5})
-    assert compaction_problems({"keep_turn": 1}) and compaction_problems({"summary": "maybe"})
+    def problems(options):
+        return option_problems("rollout.compaction", CompactionConfig, options)
+
+    assert problems({"policy": "fold"}) and problems({"trigger": 1.5})
+    assert problems({"keep_turn": 1}) and problems({"summary": "maybe"})
     with pytest.raises(ConfigError, match="policy"):
-        CompactionConfig.from_dict({"policy": "fold"})
-    assert CompactionConfig.from_dict({"policy": "env"}).on and not CompactionConfig.from_dict(None).on
+        load_config(RolloutRunConfig, data={"compaction": {"policy": "fold"}})
+    assert CompactionConfig(policy="env").on and not CompactionConfig().on
 
 
 # ---------------------------------------------------------------------------------------

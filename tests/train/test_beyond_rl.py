@@ -79,7 +79,10 @@ def test_rejection_keeps_only_verified_successes_and_never_a_cheat(tok, tasks):
     n = sum(ok.action_mask)
     assert keep_episodes([ok], [task], default_verifier("search-v0"), RejectionOptions(max_action_tokens=n - 1),
                          attempts=1).stats["rejection/rejected_length"] == 1
-    assert RejectionOptions.problems_of({"rounds": 0, "bukets": []})  # an unknown option, refused
+    from taurl.recipe.validate import option_problems
+
+    # an unknown option, refused
+    assert option_problems("sft.rejection", RejectionOptions, {"rounds": 0, "bukets": []})
 
 
 def test_dpo_pairs_never_cross_tasks_and_prefer_the_higher_reward(tok, tasks):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -49,9 +50,14 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
     with tempfile.TemporaryDirectory() as tmp:  # a checkpoint outside a run keeps its episodes in a scratch ledger
         own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
         try:
-            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger if ledger is not None else own,
-                                           run_id=run_id, concurrency=ecfg.concurrency, bar=bar,
-                                           agent=agent, all_chains=False))
+            run = collect
+            if agent:  # the user's agent through the proxy; one record per episode (its last chain)
+                from taurl.proxy.collect import collect_agent
+
+                run = functools.partial(collect_agent, agent=agent, all_chains=False)
+            trajs, _ = asyncio.run(run(engine, tok, make_env, specs, config=rollout,
+                                       ledger=ledger if ledger is not None else own,
+                                       run_id=run_id, concurrency=ecfg.concurrency, bar=bar))
         finally:
             bar.close()
             if own is not None:

@@ -36,7 +36,6 @@ checkpoint (`current_version`).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -46,7 +45,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from taurl.errors import ConfigError, Error
+from taurl.errors import Error
 from taurl.eval.evaluate import EvalResult, compare
 from taurl.eval.stats import PairedDifference
 
@@ -67,7 +66,9 @@ class PromotionConfig:
     max_regression: float = 0.05  # second suite (validation): paired difference >= −this
 
     def problems(self) -> list[str]:
-        out = []
+        """The values out of range (keys and types are the config loader's to check)."""
+        out = [f"promotion {f.name} must be a finite number (got {getattr(self, f.name)!r})"
+               for f in fields(self) if not math.isfinite(getattr(self, f.name))]
         if not -1.0 <= self.margin < 1.0:
             out.append(f"promotion margin must be in [-1, 1) (got {self.margin})")
         for k in ("safety_tolerance", "max_regression"):
@@ -77,28 +78,6 @@ class PromotionConfig:
             if not getattr(self, k) > 0:
                 out.append(f"promotion {k} must be > 0 (got {getattr(self, k)})")
         return out
-
-
-def promotion_problems(options: Mapping[str, Any]) -> list[str]:
-    """Every problem with a ``promotion:`` dict: unknown keys (with a did-you-mean), types, ranges."""
-    names = [f.name for f in fields(PromotionConfig)]
-    out = []
-    for k, v in options.items():
-        if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
-            out.append(f"unknown promotion option {k!r}" + (f"; did you mean {close[0]!r}?" if close else
-                                                              f" (options: {', '.join(names)})"))
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            out.append(f"promotion {k} must be a number (got {v!r})")
-    if out:
-        return out
-    return PromotionConfig(**{k: float(v) for k, v in options.items()}).problems()
-
-
-def promotion_config(options: Mapping[str, Any]) -> PromotionConfig:
-    if problems := promotion_problems(options):
-        raise ConfigError(problems)
-    return PromotionConfig(**{k: float(v) for k, v in options.items()})
 
 
 @dataclass(frozen=True)

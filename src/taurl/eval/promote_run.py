@@ -20,11 +20,11 @@ from taurl.data.runs import RunDir
 from taurl.errors import Error
 from taurl.eval.evaluate import EvalResult
 from taurl.eval.promote import (
+    PromotionConfig,
     PromotionDecision,
     append_record,
     current_version,
     decide,
-    promotion_config,
     read_records,
     rollback_record,
     rollback_target,
@@ -34,8 +34,9 @@ SPLITS = ("holdout", "validation")
 log = logging.getLogger("taurl.eval.promote")
 
 
-def recipe_promotion(run: RunDir, promotion: dict[str, Any], evals: dict[str, dict[str, dict[str, Any]]],
-                     baseline: int, candidate: int) -> dict[str, Any]:
+def recipe_promotion(run: RunDir, promotion: PromotionConfig,
+                     evals: dict[str, dict[str, dict[str, Any]]], baseline: int,
+                     candidate: int) -> dict[str, Any]:
     """The recipe's last step: the final policy (`candidate`) against the SFT one (`baseline`)
     from the evaluations the recipe already ran; appends the record once (a resumed run that
     finds its record reuses it) and logs the decision."""
@@ -44,7 +45,7 @@ def recipe_promotion(run: RunDir, promotion: dict[str, Any], evals: dict[str, di
             log.info(_line(rec))
             return rec
     as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
-    decision = decide(as_results["final"], as_results["sft"], promotion_config(promotion),
+    decision = decide(as_results["final"], as_results["sft"], promotion,
                       candidate_version=candidate, baseline_version=baseline,
                       current=current_version(run.root), source="recipe")
     append_record(run.root, decision)
@@ -147,7 +148,7 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     if base == cand:
         raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two versions")
     cfg = load_config(run)
-    thresholds = promotion_config(cfg.promotion)
+    thresholds = cfg.promotion
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
                       n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
     evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS} for v in (cand, base)}

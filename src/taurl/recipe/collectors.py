@@ -53,5 +53,11 @@ def rollout_collector(r: Any, version: int, tok: Any, *, seed: int,
         return RayCollector.start(r, r.run.checkpoint(version), version, seed=seed)
     engine = make_engine(cfg.engine.kind, r.run.checkpoint(version), tok, version=version,
                          **engine_options(r, seed))
-    return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency,
-                          {"agent": cfg.agent})
+    if cfg.agent:  # the user's agent through the training proxy: the proxy's collector
+        from functools import partial
+
+        from taurl.proxy.collect import collect_agent
+
+        return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency,
+                              run=partial(collect_agent, agent=cfg.agent))
+    return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency)

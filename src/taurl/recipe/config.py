@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from taurl.errors import ConfigError, UnknownEnvError
+from taurl.eval.promote import PromotionConfig
 from taurl.recipe.options import (
     SECTION_TYPES,
     EngineSection,
@@ -22,13 +23,16 @@ from taurl.recipe.options import (
     ScheduleSection,
     SFTSection,
     TrainSection,
+    typed,
 )
 from taurl.recipe.sections import build_config, flat_read
 from taurl.recipe.validate import (
     import_modules,
     load_config,
+    typed_option_problems,
 )
 from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episode-budget defaults
+from taurl.rollout.options import CompactionConfig
 from taurl.train.learner_config import LearnerNumerics
 
 
@@ -54,16 +58,16 @@ class RolloutRunConfig:
     max_episode_tokens: int = _Loop.max_episode_tokens  # sampled tokens per episode
     max_observation_tokens: int = _Loop.max_observation_tokens  # observation cut, in tokens
     max_context: int = _Loop.max_context  # prompt + actions + observations
-    compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...} (taurl.rollout.compaction)
+    # context management (policy: none | drop | truncate | summarize | env, trigger,
+    # keep_turns, ...; taurl.rollout.compaction)
+    compaction: CompactionConfig = typed(CompactionConfig)
     max_tool_calls: int | None = _Loop.max_tool_calls  # tool calls per episode (null: no budget)
 
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
     def problems(self) -> list[str]:
-        from taurl.rollout.compaction import compaction_problems
-
-        out = compaction_problems(self.compaction)
+        out = typed_option_problems(self)  # compaction
         for name in ("episodes", "group_size", "concurrency", "max_turns", "max_action_tokens",
                      "max_episode_tokens", "max_observation_tokens", "max_context"):
             if getattr(self, name) < 1:
@@ -148,7 +152,7 @@ class TrainConfig:
     trackers: list[str] = field(default_factory=list)
     # promotion gate thresholds (docs/evaluation.md): margin, safety_tolerance, max_cost_ratio,
     # max_wall_ratio, max_regression
-    promotion: dict[str, Any] = field(default_factory=dict)
+    promotion: PromotionConfig = typed(PromotionConfig)
     reward: dict[str, Any] = field(default_factory=dict)  # {}: the env's | {kind: judge, ...}
     # your own agent through the proxy (docs/agents.md): callable | command, timeout_s, max_calls
     agent: dict[str, Any] = field(default_factory=dict)
@@ -205,16 +209,13 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
-        from taurl.eval.promote import promotion_problems
         from taurl.policy.factory import local_engine_option_problem
         from taurl.recipe.stages import stage_problems
-        from taurl.rollout.compaction import compaction_problems
 
         pg = self if self.rl.objective != "dpo" else dataclasses.replace(
             self, rl=dataclasses.replace(self.rl, objective="ppo", objective_options={}))
         out = (pg.learner_config().problems() + self.eval_config().problems() + stage_problems(self)
-               + compaction_problems(self.compaction)
-               + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
+               + self.monitor_problems() + self.mixing_problems())
         for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
                      "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
                      "tasks_per_update"):
@@ -309,7 +310,8 @@ class TrainConfig:
             from taurl.envs.registry import signature_problems
 
             out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
-                                       {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
+                                       {"model", "tokenizer", "train_tasks", "seed", "lr",
+                                        "grad_clip", "log", "probe_tasks", "copy_phase"})
         return out
 
     def default_policy_options_ignored(self) -> list[str]:
@@ -364,12 +366,12 @@ class TrainConfig:
         return run_problems(self)
 
     def mixing_problems(self) -> list[str]:
-        """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""
-        from taurl.recipe.validate import typed_option_problems
+        """Problems with step_scorer (taurl.train.prm) and every typed option's values
+        (replay, curriculum, compaction, rejection, dpo, distill, promotion: their classes)."""
         from taurl.train.prm import step_scorer_problems
 
         return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
-                + typed_option_problems(self))  # replay, curriculum: their option classes
+                + typed_option_problems(self))
 
     def monitor_problems(self) -> list[str]:
         """Problems with the alarms and trackers options (taurl.monitor)."""
@@ -400,12 +402,10 @@ TrainConfig.__signature__ = _signature()  # type: ignore[attr-defined]
 
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
-    from taurl.rollout.compaction import CompactionConfig
-
     timeout = ({"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s")
                else {})
     return _Loop(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling,
-                 compaction=CompactionConfig.from_dict(cfg.compaction))
+                 compaction=cfg.compaction)
 
 
 def run_config(run: Any) -> TrainConfig:

@@ -155,10 +155,12 @@ def prepare_policy(r: Run) -> None:
             model, tok = build_default_policy(texts, tmp, size=cfg.model_size, vocab_size=cfg.vocab_size,
                                               seed=cfg.seed, chat_template=cfg.chat_template)
         if hasattr(r.spec.policy_hooks, "warmup"):
+            from taurl.train.copy_warmup import copy_warmup_phase
+
             m = r.spec.policy_hooks.warmup(
                 model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr, grad_clip=cfg.grad_clip,
                 log=lambda step, row: r.metrics.write(step, {"phase": "warmup", **row}),
-                probe_tasks=r.plan.rl, **cfg.warmup_options)
+                probe_tasks=r.plan.rl, copy_phase=copy_warmup_phase, **cfg.warmup_options)
             r.metrics.write(0, {"phase": "warmup", **m})
             log.info("warm-up: %s", ", ".join(f"{k} {v:.3f}" for k, v in m.items()))
     save_checkpoint(r.run, 0, model, tok, None, phase="initial", source=cfg.model or "default",

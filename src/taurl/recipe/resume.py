@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from taurl.errors import Error
-from taurl.recipe.sections import flat_options, flatten
+from taurl.recipe.sections import flat_options, flatten, homes
+from taurl.recipe.typed import is_record, option_class, record_value
 
 # options a resume may change: how far the run goes and what it keeps, not what a record means
 # (deterministic, like device and torch_threads, changes how later rows are computed, not what a stored one is)
@@ -78,7 +79,7 @@ def check_resume(run_dir: str | Path, identity: dict[str, Any]) -> None:
     if stored is None:
         return
     changed = [(k, old, identity["config"].get(k)) for k, old in sorted(stored.get("config", {}).items())
-               if k in identity["config"] and identity["config"][k] != old]
+               if k in identity["config"] and not _same_option(k, old, identity["config"][k])]
     for k, old in (stored.get("env") or {}).items():
         if identity["env"].get(k) != old:
             changed.append((f"env.{k}", old, identity["env"].get(k)))
@@ -107,6 +108,35 @@ def _stored_identity(root: Path) -> dict[str, Any] | None:
         return {"config": {k: v for k, v in json.loads(json.dumps(config, default=str)).items()
                            if k not in RESUMABLE}}
     return None
+
+
+def typed_classes() -> dict[str, type]:
+    """The option class of each typed option of `TrainConfig`, by its flat name (the names
+    a run's identity records)."""
+    import dataclasses
+
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.options import SECTION_TYPES, section_fields
+
+    flat_of = {home: flat for flat, home in homes().items()}
+    out = {f.name: option_class(f) for f in dataclasses.fields(TrainConfig) if is_record(f)}
+    for name in SECTION_TYPES:
+        out.update({flat_of.get(f"{name}.{f.name}", f"{name}.{f.name}"): option_class(f)
+                    for f in section_fields(name) if is_record(f)})
+    return out  # type: ignore[return-value]
+
+
+def _same_option(name: str, old: Any, new: Any) -> bool:
+    """Whether a stored option equals this run's; a typed option (`promotion`, `compaction`,
+    ...) is compared as its record, so a run that wrote its defaults out (``promotion:
+    {margin: 0.0, ...}``, recorded so before typed options) resumes with ``{}``."""
+    cls = typed_classes().get(name)
+    if old == new or cls is None or not (isinstance(old, dict) and isinstance(new, dict)):
+        return old == new
+    try:
+        return record_value(cls, old) == record_value(cls, new)
+    except TypeError:  # a key the class no longer has
+        return False
 
 
 def _digest(config: dict[str, Any]) -> str:

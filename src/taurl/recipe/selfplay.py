@@ -198,7 +198,7 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
                 engine = LocalEngine(policies[role], tok, version=0, seed=cfg.seed)
                 got, _ = asyncio.run(collect(
                     engine, tok, lambda: TicTacToeEnv(max_illegal=cfg.max_illegal), specs,
-                    config=_rollout(cfg), ledger=ledger, run_id=f"eval-{tag}", all_chains=False))
+                    config=_rollout(cfg), ledger=ledger, run_id=f"eval-{tag}"))
                 trajs += got
         finally:
             ledger.close()

@@ -35,11 +35,11 @@ def rejection_rounds(r: Any) -> None:
     from taurl.eval.evaluate import default_verifier
     from taurl.policy.tokenizer import load_tokenizer
     from taurl.recipe.collectors import rollout_collector
-    from taurl.rollout.rejection import RejectionOptions, keep_episodes
+    from taurl.rollout.rejection import keep_episodes
     from taurl.train.sft import sft_loop
 
     cfg = r.cfg
-    opts = RejectionOptions.from_dict(cfg.rejection)
+    opts = cfg.rejection
     attempts = opts.attempts or cfg.group_size
     n_tasks = opts.tasks or max(1, cfg.updates * cfg.tasks_per_update // opts.rounds)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
@@ -117,10 +117,10 @@ def offline_dpo(r: Any, make_learner: Any) -> None:
     model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
     learner = make_learner(r, model, tok, None)
     load_optimizer_state(r.run.checkpoint(version), learner.optimizer)
-    pairs = trajectory_pairs(read_sft_file(cfg.dpo["data"], cfg.env), learner.opts)
+    pairs = trajectory_pairs(read_sft_file(cfg.dpo.data, cfg.env), learner.opts)
     if not pairs:
-        raise Error(f"rl.dpo.data {cfg.dpo['data']} gives no pair: it needs >= 2 episodes of one task with "
-                    "different rewards")
+        raise Error(f"rl.dpo.data {cfg.dpo.data} gives no pair: it needs >= 2 episodes of one "
+                    "task with different rewards")
     per = learner.opts.pairs_per_update or cfg.tasks_per_update
     order = list(range(len(pairs)))
     random.Random(cfg.seed).shuffle(order)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -38,29 +37,9 @@ from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
 from taurl.train.optim import optimizer_step
 from taurl.train.rows import Rows, column_logits, make_rows, micro_batches, model_device
+from taurl.train.stage_options import DISTILL_LOSSES, DistillOptions
 
-KINDS = ("reverse_kl", "advantage")
-
-
-@dataclass(frozen=True)
-class DistillOptions:
-    """``rl.distill`` of the train config (used when ``rl.teacher`` is set)."""
-
-    loss: str = "reverse_kl"  # reverse_kl (exact, over the vocabulary) | advantage (−(log π_s − log π_t) on the sampled token)
-    reward_weight: float = 0.0  # weight of the env's reward (a PPO term on GRPO advantages); 0: pure distillation
-
-    @staticmethod
-    def problems_of(d: dict[str, Any]) -> list[str]:
-        known = {f.name for f in fields(DistillOptions)}
-        if bad := sorted(set(d) - known):
-            return [f"rl.distill: unknown option(s) {bad}; it takes {sorted(known)}"]
-        o = DistillOptions(**d)
-        out = []
-        if o.loss not in KINDS:
-            out.append(f"rl.distill.loss must be one of {list(KINDS)} (got {o.loss!r})")
-        if not isinstance(o.reward_weight, (int, float)) or o.reward_weight < 0:
-            out.append(f"rl.distill.reward_weight must be >= 0 (got {o.reward_weight!r})")
-        return out
+KINDS = DISTILL_LOSSES
 
 
 def tokenizer_problem(student: Any, teacher: Any, teacher_name: str = "the teacher") -> str | None:

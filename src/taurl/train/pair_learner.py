@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,36 +40,7 @@ from taurl.train.lora import trainable
 from taurl.train.objectives.dpo import dpo_loss
 from taurl.train.optim import optimizer_step
 from taurl.train.rows import action_logprobs, make_rows, model_device
-
-
-@dataclass(frozen=True)
-class DPOOptions:
-    """``rl.dpo`` of the train config (used when ``rl.objective: dpo``)."""
-
-    beta: float = 0.1  # DPO β: the strength of the implicit KL to the reference
-    label_smoothing: float = 0.0  # conservative DPO ε (0: the paper's loss)
-    pairs: str = "best_worst"  # best_worst (one pair per task) | all (every pair above min_margin)
-    min_margin: float = 0.0  # a pair's rewards must differ by more than this
-    anchor: bool = False  # step-level pairs only: the two episodes share at least their first turn
-    data: str = ""  # offline: a trajectory JSONL file (export format) to pair; "" samples fresh pairs online
-    pairs_per_update: int = 0  # offline: pairs per optimizer step (0: rl.tasks_per_update)
-
-    @staticmethod
-    def problems_of(d: dict[str, Any]) -> list[str]:
-        known = {f.name for f in fields(DPOOptions)}
-        if bad := sorted(set(d) - known):
-            return [f"rl.dpo: unknown option(s) {bad}; it takes {sorted(known)}"]
-        o = DPOOptions(**d)
-        out = []
-        if not (isinstance(o.beta, (int, float)) and o.beta > 0):
-            out.append(f"rl.dpo.beta must be > 0 (got {o.beta!r})")
-        if not 0 <= o.label_smoothing < 0.5:
-            out.append(f"rl.dpo.label_smoothing must be in [0, 0.5) (got {o.label_smoothing!r})")
-        if o.pairs not in ("best_worst", "all"):
-            out.append(f"rl.dpo.pairs must be best_worst or all (got {o.pairs!r})")
-        if o.min_margin < 0 or not isinstance(o.pairs_per_update, int) or o.pairs_per_update < 0:
-            out.append("rl.dpo.min_margin and rl.dpo.pairs_per_update must be >= 0")
-        return out
+from taurl.train.stage_options import DPOOptions
 
 
 @dataclass(frozen=True)

@@ -51,15 +51,16 @@ class CodePolicyHooks:
 
     def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int, lr: float,
                grad_clip: float, log: Callable[[int, dict[str, float]], None], steps: int = 0,
-               batch_size: int = 64, probe_tasks: Sequence[Task] = ()) -> dict[str, float]:
+               batch_size: int = 64, probe_tasks: Sequence[Task] = (),
+               copy_phase: Callable[..., dict[str, float]]) -> dict[str, float]:
         """`steps` of copying (module docstring; 0 skips it); returns the exact-copy rate of
-        strings of `probe_tasks` the warm-up never saw."""
-        from taurl.train.copy_warmup import copy_warmup_phase
-
+        strings of `probe_tasks` the warm-up never saw. `copy_phase` is the trainer's copy
+        phase (`taurl.train.copy_warmup.copy_warmup_phase`), passed in by the recipe: an env
+        names what to copy, the training stage (above the envs) trains it."""
         names = [n for t in train_tasks for n in copy_strings(t)]
         probe = [n for t in probe_tasks for n in copy_strings(t)]
-        return copy_warmup_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
-                                 grad_clip=grad_clip, seed=seed, log=log)
+        return copy_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
+                          grad_clip=grad_clip, seed=seed, log=log)
 
 
 def copy_strings(task: Task) -> list[str]:
