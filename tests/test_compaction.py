@@ -21,8 +21,8 @@ from taurl.policy.engine import LocalEngine
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import RolloutRunConfig, load_config
-from taurl.recipe.validate import option_problems
+from taurl.recipe.config import RolloutRunConfig
+from taurl.recipe.validate import load_config, option_problems
 from taurl.rollout.compaction import CompactionConfig
 from taurl.rollout.loop import RolloutConfig, run_episode
 from taurl.rollout.stream import ChatCodec

@@ -14,8 +14,9 @@ import yaml
 from taurl.cli.main import main
 from taurl.errors import ConfigError
 from taurl.eval.promote import PromotionConfig
-from taurl.recipe.config import RolloutRunConfig, TrainConfig, dump_config, load_config
+from taurl.recipe.config import RolloutRunConfig, TrainConfig
 from taurl.recipe.resume import check_resume, run_identity
+from taurl.recipe.validate import dump_config, load_config
 from taurl.rollout.options import CompactionConfig, RejectionOptions
 from taurl.train.stage_options import DistillOptions, DPOOptions
 
