@@ -135,7 +135,8 @@ def episode_env(make_env: Callable[[], Env]) -> Iterator[Env]:
 
 
 def task_request_problems(split: str, splits: Sequence[str], families: Iterable[str] | None,
-                          known_families: Iterable[str], n: int | None, *, n_may_be_none: bool = False
+                          known_families: Iterable[str], n: int | None, *,
+                          n_may_be_none: bool = False
                           ) -> tuple[list[str], list[str]]:
     """A task source's argument check: (the requested family names, in order and without
     repeats — all of them for None; the problems, each saying how to fix it)."""

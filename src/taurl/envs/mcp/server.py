@@ -37,7 +37,8 @@ _CALLS = [0]
 _LOCK = threading.Lock()
 
 
-def build(log: str | None = None, crash_after: int | None = None, hang_on: str | None = None) -> MCPServer:
+def build(log: str | None = None, crash_after: int | None = None,
+          hang_on: str | None = None) -> MCPServer:
     server = MCPServer("taurl-stock-table", log_level="WARNING")
 
     def received(tool: str, arguments: dict) -> None:
@@ -63,7 +64,8 @@ def build(log: str | None = None, crash_after: int | None = None, hang_on: str |
         received("lookup", {"item": item})
         key = " ".join(item.lower().split())
         if key not in STOCK:
-            raise ToolError(f"no item named {item!r} in the table")  # an expected error: the message reaches the client
+            # an expected error: the message reaches the client
+            raise ToolError(f"no item named {item!r} in the table")
         return STOCK[key]
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))

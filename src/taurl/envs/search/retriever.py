@@ -111,9 +111,11 @@ class BM25Retriever:
         if not words:
             return []
         k = min(k, len(self.docs))
-        with self._lock:  # bm25s keeps no per-call state we rely on, but is not documented thread-safe
+        with self._lock:
+            # bm25s keeps no per-call state we rely on, but is not documented thread-safe
             ids, scores = self._bm25.retrieve([words], k=k, show_progress=False, n_threads=0)
-        return [Hit(self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=False) if s > 0]
+        return [Hit(self.docs[int(i)], float(s))
+                for i, s in zip(ids[0], scores[0], strict=False) if s > 0]
 
 
 _SHARED: dict[str, BM25Retriever] = {}
