@@ -211,7 +211,8 @@ class BatchKV:
         for li in range(len(template)):
             ks, vs = [], []
             for p in prefixes:
-                k, v = p[li] if p is not None else (template[li][0][:, :, :0], template[li][1][:, :, :0])
+                k, v = p[li] if p is not None else (template[li][0][:, :, :0],
+                                                    template[li][1][:, :, :0])
                 ks.append(_left_pad(k, width, dim=2))
                 vs.append(_left_pad(v, width, dim=2))
             layers.append(GrowLayer.from_tensors(torch.cat(ks), torch.cat(vs)))
@@ -222,7 +223,8 @@ class BatchKV:
 
     def clone(self) -> BatchKV:
         """An independent copy (keys, values, mask, lengths) that writes do not share."""
-        layers = [GrowLayer.from_tensors(*(t.clone() for t in layer.used())) for layer in self.cache.layers]
+        layers = [GrowLayer.from_tensors(*(t.clone() for t in layer.used()))
+                  for layer in self.cache.layers]
         return BatchKV(Cache(layers=layers), self.mask.clone(), list(self.lengths))
 
     def select(self, rows: list[int]) -> BatchKV:

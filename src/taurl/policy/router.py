@@ -80,8 +80,9 @@ class EngineRouter:
                                        return_exceptions=True)
         if failed := [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]:
             i, err = failed[0]
-            raise EngineError(f"{len(failed)} of {len(self.engines)} engines failed to load version {version} "
-                              f"(engine {i}: {err}); the fleet would serve two versions, so the update stops")
+            raise EngineError(f"{len(failed)} of {len(self.engines)} engines failed to load "
+                              f"version {version} (engine {i}: {err}); the fleet would serve two "
+                              "versions, so the update stops")
         self._sticky.clear()  # the prefix caches were dropped with the old weights
 
     async def pause(self, mode: str = "wait") -> None:
