@@ -63,8 +63,10 @@ class CompactionConfig:
     keep_turns: int = 1  # drop / truncate / summarize: the last turns kept whole in the new prompt
     truncate_tokens: int = 8  # truncate: older observations cut to this many tokens
     summary_tokens: int = 48  # summarize: the summary's token budget
-    summary: str = "trained"  # summarize: trained (the summary is trained on) | masked (mask 0 in the loss)
-    summary_request: str = "Summarize the progress so far."  # summarize: the request appended before the summary
+    # summarize: trained (the summary is trained on) | masked (mask 0 in the loss)
+    summary: str = "trained"
+    # summarize: the request appended before the summary
+    summary_request: str = "Summarize the progress so far."
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> CompactionConfig:
@@ -84,18 +86,23 @@ def compaction_problems(d: Any) -> list[str]:
     if not isinstance(d, dict):
         return [f"rollout.compaction must be a mapping (policy: drop, ...), got {type(d).__name__}"]
     known = {f.name for f in fields(CompactionConfig)}
-    out = [f"rollout.compaction: unknown option {k!r}; known: {sorted(known)}" for k in d if k not in known]
+    out = [f"rollout.compaction: unknown option {k!r}; known: {sorted(known)}" for k in d
+           if k not in known]
     if d.get("policy", "none") not in POLICIES:
-        out.append(f"rollout.compaction.policy must be one of {', '.join(POLICIES)} (got {d.get('policy')!r})")
+        out.append(f"rollout.compaction.policy must be one of {', '.join(POLICIES)} (got "
+                   f"{d.get('policy')!r})")
     if d.get("summary", "trained") not in ("trained", "masked"):
-        out.append(f"rollout.compaction.summary must be trained or masked (got {d.get('summary')!r})")
+        out.append("rollout.compaction.summary must be trained or masked (got "
+                   f"{d.get('summary')!r})")
     trigger = d.get("trigger", 0.8)
     if isinstance(trigger, bool) or not isinstance(trigger, (int, float)) or not 0 < trigger <= 1:
-        out.append(f"rollout.compaction.trigger must be a share of max_context in (0, 1] (got {trigger!r})")
+        out.append("rollout.compaction.trigger must be a share of max_context in (0, 1] (got "
+                   f"{trigger!r})")
     for k in ("keep_turns", "truncate_tokens", "summary_tokens"):
         v = d.get(k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "keep_turns" else 1):
-            out.append(f"rollout.compaction.{k} must be an integer >= {0 if k == 'keep_turns' else 1} (got {v!r})")
+            out.append(f"rollout.compaction.{k} must be an integer >= "
+                       f"{0 if k == 'keep_turns' else 1} (got {v!r})")
     return out
 
 
@@ -137,8 +144,10 @@ async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None
             return
     hook = getattr(env, "compact_prompt", None)
     if c.policy == "env" and hook is None:
-        st.stop, st.info = StopReason.ERROR, {"error": f"compaction policy env: {type(env).__name__} has no "
-                                                       "compact_prompt(task) hook; use drop, truncate or summarize"}
+        st.stop, st.info = StopReason.ERROR, {"error": "compaction policy env: "
+                                                       f"{type(env).__name__} has no "
+                                                       "compact_prompt(task) hook; use drop, "
+                                                       "truncate or summarize"}
         return
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
     if not isinstance(user, str):
@@ -205,9 +214,11 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     else:  # the stream ends in an opened assistant turn (the generation prompt): it closes empty
         ep.add_to_assistant("")
         message = {"role": "user", "content": c.summary_request}
-        ep.append("observation", ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
+        ep.append("observation",
+                  ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
         ep.messages.append(message)
-    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8, cfg.max_episode_tokens - st.sampled)
+    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8,
+                 cfg.max_episode_tokens - st.sampled)
     if budget < 1:
         return ""
     if st.policy:

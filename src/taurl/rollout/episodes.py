@@ -25,7 +25,8 @@ from taurl.rollout.loop import RolloutConfig
 from taurl.rollout.runner import EpisodeError, close_round, run_one, stored_episodes
 from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)
 
-__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
+__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed",
+           "store_episode"]
 
 log = logging.getLogger("taurl.rollout.episodes")
 
@@ -57,9 +58,11 @@ def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], 
     return True
 
 
-async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
+async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env],
+                  specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
-                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None,
+                  bar: tqdm | None = None,
+                  on_stored: Callable[[str, Trajectory], None] | None = None,
                   agent: dict[str, Any] | None = None, all_chains: bool = True
                   ) -> tuple[list[Trajectory], dict[str, float]]:
     """The episodes of `specs`, in order: reused from the ledger, or run and appended at once.
@@ -76,10 +79,11 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     if agent:
         from taurl.proxy.collect import collect_agent
 
-        return await collect_agent(engine, tokenizer, make_env, specs, agent=agent, config=config, ledger=ledger,
-                                   run_id=run_id, concurrency=concurrency, bar=bar, on_stored=on_stored,
-                                   all_chains=all_chains)
-    out = stored_episodes(ledger, specs, config.temperature)  # a resumed round's, checked to be its own
+        return await collect_agent(engine, tokenizer, make_env, specs, agent=agent, config=config,
+                                   ledger=ledger, run_id=run_id, concurrency=concurrency, bar=bar,
+                                   on_stored=on_stored, all_chains=all_chains)
+    # a resumed round's, checked to be its own
+    out = stored_episodes(ledger, specs, config.temperature)
     failed: list[str] = []
 
     async def one(s: EpisodeSpec) -> None:
@@ -97,11 +101,13 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     if bar is not None:
         bar.update(len(reused_ids))
     await run_in_slots(engine, [one(s) for s in specs if s.episode_id not in out], concurrency)
-    stats = close_round(specs, out, failed, reused_ids)  # nothing usable: the run stops with the first cause
+    # nothing usable: the run stops with the first cause
+    stats = close_round(specs, out, failed, reused_ids)
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
 
-async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]], concurrency: int) -> None:
+async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]],
+                       concurrency: int) -> None:
     """Run `jobs` in order, at most `concurrency` at once: each of that many slots takes the
     next job when its last one is done.
 
