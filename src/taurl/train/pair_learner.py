@@ -51,7 +51,8 @@ class DPOOptions:
     pairs: str = "best_worst"  # best_worst (one pair per task) | all (every pair above min_margin)
     min_margin: float = 0.0  # a pair's rewards must differ by more than this
     anchor: bool = False  # step-level pairs only: the two episodes share at least their first turn
-    data: str = ""  # offline: a trajectory JSONL file (export format) to pair; "" samples fresh pairs online
+    # offline: a trajectory JSONL file (export format) to pair; "" samples fresh pairs online
+    data: str = ""
     pairs_per_update: int = 0  # offline: pairs per optimizer step (0: rl.tasks_per_update)
 
     @staticmethod
@@ -157,11 +158,13 @@ class DPOLearner:
     same loss and gradient as one batch of all P (to float rounding).
     """
 
-    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *, lr: float,
+    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *,
+                 lr: float,
                  grad_clip: float, pad_id: int, temperature: float = 1.0, weight_decay: float = 0.0,
                  lr_warmup_steps: int = 0, micro_batch_tokens: int = 6144):
         if reference is None:
-            raise ConfigError("DPO needs a frozen reference policy (the stage's starting checkpoint)")
+            raise ConfigError("DPO needs a frozen reference policy (the stage's starting "
+                              "checkpoint)")
         self.model, self.opts, self.pad_id, self.temperature = model, opts, pad_id, temperature
         self.lr, self.grad_clip, self.lr_warmup_steps = lr, grad_clip, lr_warmup_steps
         self.micro_batch_tokens = micro_batch_tokens
