@@ -258,7 +258,8 @@ class BatchWorker:
         temps = torch.tensor([r.sampling.temperature for r in reqs],
                              device=logits.device).unsqueeze(-1)
         greedy = temps.squeeze(-1) == 0
-        logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
+        logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps,
+                                                              torch.ones_like(temps)), dim=-1)
         tokens = sample_tokens(logprobs_all, [r.sampling.top_p for r in reqs],
                                [r.generator or self._generator for r in reqs],
                                top_k=[r.sampling.top_k for r in reqs])

@@ -45,8 +45,10 @@ class GrowLayer(DynamicLayer):
         if not self.is_initialized:
             self.device = key_states.device
             self.is_initialized = True
-            self.keys = key_states.new_empty((b, key_states.shape[1], max(2 * n, 16), key_states.shape[-1]))
-            self.values = value_states.new_empty((b, value_states.shape[1], self.keys.shape[2], value_states.shape[-1]))
+            self.keys = key_states.new_empty((b, key_states.shape[1], max(2 * n, 16),
+                                              key_states.shape[-1]))
+            self.values = value_states.new_empty((b, value_states.shape[1], self.keys.shape[2],
+                                                  value_states.shape[-1]))
             self.rows = b
         if b != self.rows:
             raise ValueError(f"{b} rows of keys for a cache of {self.rows} rows")

@@ -81,7 +81,8 @@ class LocalEngine(BatchWorker):
         self.eos_ids = _ids(eos)
         # a chat model may end its turn with a token other than the tokenizer's EOS (Llama 3's
         # <|eot_id|>): its generation config lists every end id, and HF generate stops at each
-        self.eos_ids |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        self.eos_ids |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id",
+                                     None))
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None)
                           or 0) if tokenizer is not None else 0
         self._generator = torch.Generator().manual_seed(seed)
@@ -142,7 +143,8 @@ class LocalEngine(BatchWorker):
         req.max_new = min(sampling.max_tokens, self._max_context - len(prompt))
         # the queue's order: by arrival, or in deterministic mode by content (arrival only
         # breaks ties between identical requests, whose samples are identical too)
-        order = ((sampling.seed if sampling.seed is not None else -1, tuple(prompt), next(self._arrivals))
+        order = ((sampling.seed if sampling.seed is not None else -1, tuple(prompt),
+                  next(self._arrivals))
                  if self.deterministic else (next(self._arrivals),))
         with self._lock:
             heapq.heappush(self._pending, (sampling.priority, order, req))

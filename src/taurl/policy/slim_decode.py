@@ -106,7 +106,8 @@ class SlimDecoder:
         self.projs = []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            self.projs.append((Proj.of([a.q_proj, a.k_proj, a.v_proj], self.pack), Proj.of([a.o_proj], self.pack),
+            self.projs.append((Proj.of([a.q_proj, a.k_proj, a.v_proj], self.pack),
+                               Proj.of([a.o_proj], self.pack),
                                # Llama's mlp_bias: biased
                                Proj.of([mlp.gate_proj, mlp.up_proj], self.pack),
                                Proj.of([mlp.down_proj], self.pack)))
