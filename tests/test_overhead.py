@@ -12,7 +12,8 @@ import pytest
 from tests.test_ledger import make_traj
 
 from taurl.data.ledger import Ledger, _json_problem
-from taurl.data.trajectory import Trajectory, plain_asdict
+from taurl.data.plain import plain_asdict
+from taurl.data.trajectory import Trajectory
 
 Point = namedtuple("Point", "x y")
 

@@ -89,11 +89,13 @@ def join_streams(parts: Sequence[Trajectory], reasons: Sequence[str], **changes)
     segments, messages, turns, starts = [], [], [], []
     for k, p in enumerate(parts):
         if k:
-            starts.append(StreamStart(segment=len(segments), message=len(messages), reason=reasons[k - 1]))
+            starts.append(StreamStart(segment=len(segments), message=len(messages),
+                                      reason=reasons[k - 1]))
         base = len(segments)
         for t in p.turns:
             o = t.observation_segment
-            turns.append(dataclasses.replace(t, index=len(turns), action_segment=t.action_segment + base,
+            turns.append(dataclasses.replace(t, index=len(turns),
+                                             action_segment=t.action_segment + base,
                                              observation_segment=None if o is None else o + base))
         segments.extend(p.segments)
         messages.extend(p.messages)

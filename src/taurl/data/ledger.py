@@ -201,7 +201,8 @@ class Ledger:
             except ContractError as e:
                 checked.append(e)
             except RecursionError:  # from any of the walks over a pathologically deep record
-                checked.append(ContractError("not_json", "the record is nested too deeply to store"))
+                checked.append(ContractError("not_json",
+                                             "the record is nested too deeply to store"))
         accepted: list[str] = []
         rejected: list[Rejected] = []
         with self._lock:
