@@ -58,8 +58,8 @@ def rejection_rounds(r: Any) -> None:
         # the RL loop's factory: engine, engine_options and their defaults mean the same here
         collector = rollout_collector(r, version, tok, seed=seed,
                                       rollout=cfg.rollout_config(temperature))
-        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
-                             f"rs{rnd:02d}:{t.task_id}")
+        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t,
+                             episode_seed(seed, "rejection", rnd, i, g), f"rs{rnd:02d}:{t.task_id}")
                  for i, t in enumerate(tasks) for g in range(attempts)]
         try:
             batch, cstats = collector.collect(specs, ledger=r.ledger)

@@ -112,6 +112,7 @@ class Run:
         """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl
         rollout`)."""
         c = self.cfg
-        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(), "system_prompt": c.system_prompt,
+        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(),
+                           "system_prompt": c.system_prompt,
                            "tasks": c.tasks, "task_options": c.task_options, "imports": c.imports,
                            "rollout": dataclasses.asdict(c.rollout_config())}}

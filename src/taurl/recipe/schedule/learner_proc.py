@@ -64,7 +64,8 @@ class LearnerProcess:
         self.listener = Listener(family="AF_UNIX", authkey=key)
         env = {**os.environ, KEY_ENV: key.hex(),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.recipe.schedule.learner_proc", self.listener.address],
+        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.recipe.schedule.learner_proc",
+                                      self.listener.address],
                                      env=env)
         self.args: tuple | None = None  # `start`
         self.closed = False
