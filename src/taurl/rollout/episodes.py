@@ -175,7 +175,8 @@ class LocalCollector:
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:
-        return asyncio.run(collect(self.engine, self.tokenizer, self.make_env, specs, config=self.config,
+        return asyncio.run(collect(self.engine, self.tokenizer, self.make_env, specs,
+                                   config=self.config,
                                    ledger=ledger, run_id=self.run_id, concurrency=self.concurrency,
                                    on_stored=on_stored, **self.options))
 

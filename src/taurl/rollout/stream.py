@@ -124,7 +124,8 @@ class _Episode:
 
     def append(self, kind: str, ids: list[int], logprobs=None, version=None) -> tuple[int, str]:
         text = self.codec.decode(ids)
-        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
+        self.segments.append(Segment(kind, tuple(ids),
+                                     None if logprobs is None else tuple(logprobs), version))
         self.ids.extend(ids)
         self.text += text
         return len(self.segments) - 1, text
