@@ -115,7 +115,8 @@ def optimizer_digest(state_dict: dict[str, Any]) -> str:
     items = []
     for pid in sorted(state_dict["state"]):
         for k, v in sorted(state_dict["state"][pid].items()):
-            items.append((f"{pid}.{k}", v if isinstance(v, torch.Tensor) else torch.tensor(float(v))))
+            items.append((f"{pid}.{k}",
+                          v if isinstance(v, torch.Tensor) else torch.tensor(float(v))))
     groups = json.dumps([{k: v for k, v in g.items()} for g in state_dict["param_groups"]],
                         sort_keys=True, default=str)
     return digest_tensors(items) + ":" + hashlib.sha256(groups.encode()).hexdigest()[:8]
