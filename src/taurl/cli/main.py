@@ -261,7 +261,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         path, n = commands.export(args.run_dir, args.format, args.out, **query)
         print(f"wrote {n} trajectories to {path}")
     elif args.command == "inspect":
-        print(commands.inspect_text(args.run_dir, args.episode, args.index, color=not args.no_color))
+        print(commands.inspect_text(args.run_dir, args.episode, args.index,
+                                    color=not args.no_color))
     elif args.command == "envs":
         from taurl.envs import import_env_modules, make, registered, spec
 
@@ -288,7 +289,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides = config_overrides(args, TrainConfig)
         summary = commands.train(args.config, overrides, args.run_dir,
                                  progress=not args.no_progress,
-                                 default_config="configs/demo.yaml" if args.command == "demo" else None,
+                                 default_config=("configs/demo.yaml" if args.command == "demo"
+                                                 else None),
                                  imports=args.imports)
         print(commands.summary_text(summary, args.run_dir))
     elif args.command == "eval":
