@@ -195,11 +195,13 @@ class TurnBatch:
             step_rewards=_arr(step_rewards, shape, np.float64, 0.0),
             process_rewards=_arr(process_rewards, shape, np.float64, 0.0),
             state_hash=distinct if state_hash is None else _arr(state_hash, shape, np.int64, 0),
-            action_hash=-1 - distinct if action_hash is None else _arr(action_hash, shape, np.int64, 0),
+            action_hash=(-1 - distinct if action_hash is None
+                         else _arr(action_hash, shape, np.int64, 0)),
             segment_id=_arr(segment_id, shape, np.int64, 0),
             truncated=_arr(truncated, (n,), bool, False),
             values=None if values is None else _arr(values, shape, np.float64, 0.0),
-            bootstrap_values=None if bootstrap_values is None else _arr(bootstrap_values, (n,), np.float64, 0.0),
+            bootstrap_values=(None if bootstrap_values is None
+                              else _arr(bootstrap_values, (n,), np.float64, 0.0)),
             group_names=tuple(str(x) for x in labels),
         )
 

@@ -94,9 +94,11 @@ def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, 
         shaped = clipped
     real = bool(turn_mask.any())
     stats = {
-        "learn/prm_step_reward_mean": float(raw[turn_mask].mean() / weight) if real and weight else 0.0,
+        "learn/prm_step_reward_mean": (float(raw[turn_mask].mean() / weight) if real and weight
+                                       else 0.0),
         "learn/prm_shaping_abs_per_turn": float(np.abs(shaped[turn_mask]).mean()) if real else 0.0,
-        "learn/prm_shaping_sum_abs_max": float(np.abs(shaped.sum(axis=1)).max()) if shaped.size else 0.0,
+        "learn/prm_shaping_sum_abs_max": (float(np.abs(shaped.sum(axis=1)).max()) if shaped.size
+                                          else 0.0),
         "learn/prm_clip_frac": float((raw[turn_mask] != clipped[turn_mask]).mean()) if real else 0.0,
     }
     return shaped, stats

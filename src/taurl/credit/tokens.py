@@ -28,7 +28,8 @@ def turn_spans(traj: Trajectory) -> np.ndarray:
     reads V(s_t)).
     """
     starts = np.cumsum([0] + [len(s.token_ids) for s in traj.segments])
-    return np.array([[starts[t.action_segment], starts[_action_end(traj, t.action_segment)]] for t in traj.turns],
+    return np.array([[starts[t.action_segment],
+                      starts[_action_end(traj, t.action_segment)]] for t in traj.turns],
                     dtype=np.int64).reshape(-1, 2)
 
 
