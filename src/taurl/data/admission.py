@@ -119,7 +119,8 @@ def _json_problem(x: Any, finite: bool, where: str = "record") -> str | None:
     if x is None or isinstance(x, (bool, int)):
         return None
     if isinstance(x, float):
-        return None if math.isfinite(x) or not finite else f"{where} is {x}; JSON has no NaN/Infinity"
+        return (None if math.isfinite(x) or not finite else f"{where} is {x}; JSON has no "
+                                                            "NaN/Infinity")
     if isinstance(x, str):
         try:
             x.encode("utf-8")

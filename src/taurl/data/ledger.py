@@ -345,7 +345,8 @@ class Ledger:
     def episode_ids(self, *, limit: int | None = None, **filters: Any) -> list[str]:
         """The matching episode ids in insertion order."""
         conds, params = self._where(**filters)
-        sql = ("SELECT episode_id FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds else "")
+        sql = ("SELECT episode_id FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds
+                                                        else "")
                + " ORDER BY seq" + (" LIMIT ?" if limit is not None else ""))
         with self._lock:
             rows = self._db().execute(sql, [*params, *([limit] if limit is not None else [])]).fetchall()
