@@ -44,7 +44,8 @@ def check_tool(tool: Any, where: str = "tool") -> None:
     "description", "parameters": {"type": "object", ...}}} with well-formed properties."""
     fix = ('declare tools as {"type": "function", "function": {"name", "description", '
            '"parameters": {"type": "object", "properties": {...}}}}')
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+    if (not isinstance(tool, dict) or tool.get("type") != "function"
+        or not isinstance(tool.get("function"), dict)):
         raise EnvCheckError(f"{where} is not a function declaration; {fix}")
     fn = tool["function"]
     if not isinstance(fn.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", fn["name"]):

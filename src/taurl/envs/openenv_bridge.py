@@ -69,7 +69,8 @@ def observation_text(obs: dict[str, Any], key: str | None) -> str:
     if key:
         return str(obs.get(key, ""))
     strings = [v for k, v in obs.items() if isinstance(v, str) and v]
-    return strings[0] if len(strings) == 1 else json.dumps({k: v for k, v in obs.items() if k != "tools"}, default=str)
+    return (strings[0] if len(strings) == 1
+            else json.dumps({k: v for k, v in obs.items() if k != "tools"}, default=str))
 
 
 class Session:
@@ -169,7 +170,8 @@ def openenv_tasks(split: str, n: int, seed: int = 0, *,
             if split_of(f"openenv-seed:{s}", (0.8, 0.1, 0.1)) != split:
                 continue
             result = session.call("reset", seed=s, **cfg.get("reset_kwargs", {}))
-            out.append(Task(task_id=f"seed-{s}", prompt=observation_text(result.observation, cfg.get("observation_key")),
+            out.append(Task(task_id=f"seed-{s}",
+                            prompt=observation_text(result.observation, cfg.get("observation_key")),
                             answers=(), split=split, env=NAME, metadata={"reset_seed": s}))
     finally:
         session.close()
@@ -203,7 +205,8 @@ class OpenEnvEnv:
                                scopes=frozenset(scopes.get(t["name"], ["read"]))) for t in schema]
         self.toolbox = ToolBox(self.specs, parser="hermes")
         self.tools = self.toolbox.declarations
-        self.gate_config = GateConfig(scopes=frozenset(cfg.get("gate_scopes", ["read", "write", "execute"])),
+        self.gate_config = GateConfig(scopes=frozenset(cfg.get("gate_scopes",
+                                                               ["read", "write", "execute"])),
                                       max_calls=int(cfg.get("max_calls", 64)))
         self.verifier_version = f"openenv-core {package_version(PACKAGE)} replay"
         self.provenance = {"package": PACKAGE, "version": package_version(PACKAGE),
@@ -231,7 +234,8 @@ class OpenEnvEnv:
         self._mcp = bool(tools)
         if tools:
             return [{"name": t["name"], "description": t.get("description", ""),
-                     "parameters": t.get("input_schema") or t.get("inputSchema") or {"type": "object", "properties": {}}}
+                     "parameters": (t.get("input_schema") or t.get("inputSchema")
+                                    or {"type": "object", "properties": {}})}
                     for t in tools]
         import httpx
 
@@ -286,7 +290,8 @@ class OpenEnvEnv:
         t0 = time.perf_counter()
         out = await self.toolbox.step(action, self._gate)
         info: dict[str, Any] = {"action": {"kind": "tool_call" if out.call else "invalid",
-                                           **({"tool": out.call.name, "arguments": out.call.arguments}
+                                           **({"tool": out.call.name,
+                                               "arguments": out.call.arguments}
                                               if out.call else {})},
                                 "invalid": out.invalid, "turn": self._turn,
                                 "latency_s": time.perf_counter() - t0}

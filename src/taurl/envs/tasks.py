@@ -112,7 +112,8 @@ def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demo
         random.Random(seed).shuffle(pools["train"])
         for s in ("validation", "holdout"):
             random.Random(eval_seed).shuffle(pools[s])
-        train, validation, holdout = pools["train"], pools["validation"][:n_eval], pools["holdout"][:n_eval]
+        train, validation, holdout = (pools["train"], pools["validation"][:n_eval],
+                                      pools["holdout"][:n_eval])
         skipped = len(tf.problems)
     else:
         source = {"env_config": env_config, **task_options}

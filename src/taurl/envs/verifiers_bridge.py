@@ -130,7 +130,8 @@ def verifiers_tasks(split: str, n: int, seed: int = 0, *,
         prompt = row.get("prompt") or []
         users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         key = hashlib.blake2b(_row_key(row).encode(), digest_size=8).hexdigest()
-        out.append(Task(task_id=f"{env_config['env_id']}-{key}", prompt=_text(users[-1]["content"]) if users else "",
+        out.append(Task(task_id=f"{env_config['env_id']}-{key}",
+                        prompt=_text(users[-1]["content"]) if users else "",
                         answers=(str(row["answer"]),
                                  ) if row.get("answer") not in (None, "") else (), split=split,
                         env=NAME, metadata={"row": json.loads(json.dumps(row, default=str))}))
@@ -152,7 +153,8 @@ class VerifiersEnv:
         self.env_config, self.max_turns = env_config, max_turns
         self.kind = ("single_turn" if isinstance(self.venv, vf.SingleTurnEnv) else
                      "tool" if isinstance(self.venv, vf.ToolEnv) else "multi_turn")
-        self.tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+        self.tools = [{"type": "function",
+                       "function": {"name": t.name, "description": t.description or "",
                                                         "parameters": t.parameters}}
                       for t in (getattr(self.venv, "tool_defs", None) or [])]
         self.system_prompt = getattr(self.venv, "system_prompt", None) or ""
@@ -170,7 +172,8 @@ class VerifiersEnv:
                               "verifiers' task source")
         # never called: taurl samples
         client = self.vf.ClientConfig(api_base_url="http://127.0.0.1:9/v1")
-        self._state = run_blocking(self.venv.init_state(dict(task.metadata["row"]), client, "taurl"))
+        self._state = run_blocking(self.venv.init_state(dict(task.metadata["row"]), client,
+                                                        "taurl"))
         self._messages = list(self._state["prompt"])
         self._done, self._turn = False, 0
         return "", {"task_id": task.task_id, "seed": seed, "env": self.name,
@@ -195,11 +198,14 @@ class VerifiersEnv:
             for i, c in enumerate(calls)] or None)
         before = list(self._messages)
         self._messages.append(msg)
-        self._state["trajectory"].append({"prompt": before, "completion": [msg], "is_truncated": False})
+        self._state["trajectory"].append({"prompt": before, "completion": [msg],
+                                          "is_truncated": False})
         info: dict[str, Any] = {"action": {"kind": "tool_call" if calls else "answer",
-                                           **({"calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}
+                                           **({"calls": [{"name": c.name,
+                                                          "arguments": c.arguments} for c in calls]}
                                               if calls else {"answer": action})},
-                                "invalid": parsed is not None and parsed.kind in ("malformed", "too_long"),
+                                "invalid": (parsed is not None
+                                            and parsed.kind in ("malformed", "too_long")),
                                 "turn": self._turn}
         obs, role = "", "tool"
         # verifiers' own order: the stop conditions look at the new message first, then the

@@ -134,7 +134,7 @@ class CodeEnv(ToolEnv):
             tool(self.submit, scopes=("read",)),
         ]
         tools = _chosen(tools, all_tools)
-        super().__init__(tools, verifier_factory=verifier_factory or functools.partial(HiddenTestVerifier, root=root),
+        super().__init__(tools, verifier_factory=(verifier_factory or functools.partial(HiddenTestVerifier, root=root)),
                          gate=gate or CODE_GATE, stack=stack or CODE_STACK, max_turns=max_turns,
                          submit_tool="submit", max_output_chars=max_output_chars,
                          parser=parser, call_example=CALL_EXAMPLE)

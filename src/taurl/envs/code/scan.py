@@ -28,7 +28,8 @@ from collections.abc import Iterable
 
 EXIT_CALLS = frozenset({"sys.exit", "os._exit", "exit", "quit", "os.abort", "os.kill", "os.killpg",
                         "signal.raise_signal", "posix._exit"})
-TAMPER_CALLS = frozenset({"sys._getframe", "inspect.currentframe", "inspect.stack", "inspect.getouterframes",
+TAMPER_CALLS = frozenset({"sys._getframe", "inspect.currentframe", "inspect.stack",
+                          "inspect.getouterframes",
                           "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
                           "sys.setprofile", "threading.settrace", "threading.setprofile",
                           "atexit.register", "sys.addaudithook", "signal.signal"})

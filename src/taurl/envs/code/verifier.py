@@ -62,7 +62,8 @@ VERIFIER_VERSION = "code-hidden-v1"  # bump when the cases, the runner or the ru
 PINNED_RUNNER_SHA256 = "7c816877527ad9cac81cd5ac851236542b8e762cde1ba5979cf81ac0a0a74c87"
 RULES = ("tests_modified", "harness_files", "workspace_link", "early_exit", "harness_tamper",
          "forged_output", "pass_marker", "test_access", "hardcoded_outputs", "eq_override")
-HARNESS_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "tox.ini",
+HARNESS_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini",
+                           "tox.ini",
                            "json.py", "os.py", "sys.py", "copy.py", "builtins.py", "unittest.py",
                            "pytest.py"})
 VERIFY_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=5, memory_bytes=512 << 20, nproc=32,
@@ -147,7 +148,8 @@ class HiddenTestVerifier:
     async def _run(self, task: Task, solution: str,
                    cases: list[list]) -> tuple[float, str, list, dict]:
         nonce = secrets.token_hex(16)
-        spec = json.dumps({"nonce": nonce, "func": task.metadata["func"], "cases": [a for a, _ in cases]})
+        spec = json.dumps({"nonce": nonce, "func": task.metadata["func"],
+                           "cases": [a for a, _ in cases]})
         sb = Sandbox.create(self.sandbox_config, root=self.root)
         try:
             sb.write_file(SOLUTION_FILE, solution)
@@ -183,7 +185,8 @@ class HiddenTestVerifier:
         metrics = {"cases_passed": float(passed), "cases_total": float(len(cases)),
                    "run_s": r.wall_s}
         if r.timed_out:
-            return 0.0, f"the hidden tests timed out after {r.wall_s:.1f} s (case {passed + 1} of {len(cases)})", flags, metrics
+            return (0.0, f"the hidden tests timed out after {r.wall_s:.1f} s (case {passed + 1} of "
+                         f"{len(cases)})", flags, metrics)
         if ev is not None:
             return 0.0, _event_text(ev, cases), flags, metrics
         if passed < len(cases):
@@ -192,9 +195,11 @@ class HiddenTestVerifier:
                 return 0.0, (f"hidden test {passed + 1} of {len(cases)} failed: "
                              f"{task.metadata['func']}({_args_text(args)}) returned "
                              f"{_short(rep.results[passed])}, expected {_short(want)}"), flags, metrics
-            return 0.0, f"hidden test {passed + 1} of {len(cases)} did not report a result (exit status {r.exit_code})", flags, metrics
+            return (0.0, f"hidden test {passed + 1} of {len(cases)} did not report a result (exit "
+                         f"status {r.exit_code})", flags, metrics)
         if not rep.done or r.exit_code != 0:
-            return 0.0, f"the test runner did not finish cleanly (exit status {r.exit_code})", flags, metrics
+            return (0.0, f"the test runner did not finish cleanly (exit status {r.exit_code})",
+                    flags, metrics)
         return 1.0, f"all {len(cases)} hidden tests passed", flags, metrics
 
     def _verdict(self, score: float, detail: str, flags: list[tuple[str, str]] = (), *,

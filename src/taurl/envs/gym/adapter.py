@@ -146,7 +146,8 @@ class GymTextEnv:
         info = {"task_id": task.task_id, "seed": seed, "env": self.name,
                 "env_version": self.version,
                 "max_turns": self.max_turns, "verifier_version": self.verifier_version,
-                "gym_id": self._gym.spec.id if self._gym.spec is not None else type(self._gym.unwrapped).__name__,
+                "gym_id": (self._gym.spec.id if self._gym.spec is not None
+                           else type(self._gym.unwrapped).__name__),
                 "provenance": self.game.world(task)}
         return "", info
 
@@ -188,5 +189,6 @@ class GymTextEnv:
             info.update(reward_components={"outcome": reward},
                         verifier_version=self.verifier_version)
         self._done = terminated or truncated
-        text = "" if self._done else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}</information>\n"
+        text = ("" if self._done
+                else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}</information>\n")
         return text, reward, terminated, truncated, info

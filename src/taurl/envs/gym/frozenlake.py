@@ -90,8 +90,8 @@ def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery:
 
     drawn = draw(split, n, candidates(), map_key, FRACTIONS, distinct=split != "train",
                  max_draws=max(1000, 200 * n), what=f"{size}x{size} maps")
-    return [Task(task_id=f"frozenlake{size}-{split}-s{seed}-{i}", prompt=prompt_of(rows), answers=(), split=split,
-                 env=NAME,
+    return [Task(task_id=f"frozenlake{size}-{split}-s{seed}-{i}", prompt=prompt_of(rows),
+                 answers=(), split=split, env=NAME,
                  metadata={"map": rows, "size": size, "slippery": slippery, "map_seed": map_seed,
                                      "map_hash": content_hash(map_key(rows))})
             for i, (map_seed, rows) in enumerate(drawn)]

@@ -39,7 +39,8 @@ def split_of(key: str, fractions: tuple[float, float, float]) -> str:
 
 def derive_seed(*parts: object) -> int:
     """A 32-bit seed from `parts` (stable across processes, unlike hash())."""
-    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(),
+                                          digest_size=4).digest(), "little")
 
 
 def draw(split: str, n: int, candidates: Iterator[tuple[int, W]], key: Callable[[W], str],

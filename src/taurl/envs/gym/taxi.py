@@ -53,7 +53,8 @@ def state_key(start: tuple[int, int, int, int]) -> str:
 
 
 def describe_state(row: int, col: int, passenger: int, dest: int) -> str:
-    where = "in taxi" if passenger == 4 else f"at {PADS[passenger]} row {PAD_CELLS[passenger][0]} col {PAD_CELLS[passenger][1]}"
+    where = ("in taxi" if passenger == 4 else f"at {PADS[passenger]} row {PAD_CELLS[passenger][0]} "
+                                              f"col {PAD_CELLS[passenger][1]}")
     return (f"taxi row {row} col {col}. passenger {where}. destination {PADS[dest]} row "
             f"{PAD_CELLS[dest][0]} col {PAD_CELLS[dest][1]}")
 
@@ -77,8 +78,8 @@ def taxi_tasks(split: str, n: int, seed: int = 0, rainy: bool = False) -> list[T
                  max_draws=max(len(START_STATES),
                                2 * n * len(START_STATES) // 100 + len(START_STATES)),
                  what="taxi start states")
-    return [Task(task_id=f"taxi-{split}-s{seed}-{i}", prompt=prompt_of(start), answers=(), split=split, env=NAME,
-                 metadata={"start": list(start), "rainy": rainy,
+    return [Task(task_id=f"taxi-{split}-s{seed}-{i}", prompt=prompt_of(start), answers=(),
+                 split=split, env=NAME, metadata={"start": list(start), "rainy": rainy,
                            "state_hash": content_hash(state_key(start))})
             for i, (_, start) in enumerate(drawn)]
 

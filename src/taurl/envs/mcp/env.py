@@ -30,7 +30,8 @@ from taurl.tools.specs import ToolSpec, tool
 from taurl.tools.tool_env import ToolEnv
 
 VERSION = "1"
-DEFAULT_SERVERS = ({"name": "table", "command": [sys.executable, "-m", "taurl.envs.mcp.server"], "timeout_s": 10.0},)
+DEFAULT_SERVERS = ({"name": "table", "command": [sys.executable, "-m", "taurl.envs.mcp.server"],
+                    "timeout_s": 10.0},)
 SYSTEM_PROMPT = ("You answer with the help of tools. Look the item up, then call submit with its "
                  "stock code. Make exactly one tool call per message.")
 
@@ -42,7 +43,8 @@ def with_mcp_tools(tools: Sequence[ToolSpec],
     names = [s.name for s in specs]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
-        raise ConfigError([f"tool {n!r} is declared by the env and by an MCP server; rename one" for n in clashes])
+        raise ConfigError([f"tool {n!r} is declared by the env and by an MCP server; rename one"
+                           for n in clashes])
     return specs
 
 
@@ -79,7 +81,8 @@ class MCPEnv(ToolEnv):
         return answer
 
     def _verdict_text(self, verdict: Verdict) -> str:
-        return "Submission received: correct." if verdict.passed else f"Submission received: {verdict.detail}"
+        return ("Submission received: correct." if verdict.passed
+                else f"Submission received: {verdict.detail}")
 
     def _start(self, task: Task, seed: int | None) -> dict[str, Any]:
         servers = [{"name": s.name, "transport": "http" if s.url else "stdio",

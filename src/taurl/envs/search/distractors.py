@@ -44,7 +44,8 @@ def check_distractors(k: object) -> list[str]:
 
 
 def prompt_of(subject: str, distractors: list[str]) -> str:
-    names = distractors[0] if len(distractors) == 1 else f"{', '.join(distractors[:-1])} or {distractors[-1]}"
+    names = (distractors[0] if len(distractors) == 1 else f"{', '.join(distractors[:-1])} or "
+                                                          f"{distractors[-1]}")
     return f"Not {names}: what is the capital of the country where the city of {subject} lies?"
 
 

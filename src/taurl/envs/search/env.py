@@ -131,7 +131,8 @@ class SearchEnv:
                 "max_doc_chars": self.max_doc_chars, "verifier_version": VERIFIER_VERSION,
                 "corpus_fingerprint": getattr(self.retriever, "fingerprint", "")}
         # the world the episode runs in, kept in the trajectory (a custom retriever may not know it)
-        info["provenance"] = {"corpus_fingerprint": info["corpus_fingerprint"]} if info["corpus_fingerprint"] else {}
+        info["provenance"] = ({"corpus_fingerprint": info["corpus_fingerprint"]}
+                              if info["corpus_fingerprint"] else {})
         return "", info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
