@@ -42,7 +42,8 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
     version = int(load_policy_meta(path).get("policy_version", 0))
     engine = LocalEngine(model, tok, version=version, max_batch_size=ecfg.concurrency,
                          seed=ecfg.seed, deterministic=ecfg.deterministic)
-    specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k), f"eval-{tag}:{t.task_id}")
+    specs = [EpisodeSpec(f"eval-{tag}-{i:04d}-{k}", t, episode_seed(ecfg.seed, i, k),
+                         f"eval-{tag}:{t.task_id}")
              for i, t in enumerate(tasks) for k in range(ecfg.trials)]
     t0 = time.perf_counter()
     bar = phase_bar(len(specs), f"eval {tag}", "ep", enabled=progress)
@@ -50,7 +51,8 @@ def evaluate_policy(path: str | Path, tasks: Sequence[Task], ecfg: EvalConfig, *
         # a checkpoint outside a run keeps its episodes in a scratch ledger
         own = Ledger(Path(tmp) / "ledger.sqlite") if ledger is None else None
         try:
-            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout, ledger=ledger if ledger is not None else own,
+            trajs, _ = asyncio.run(collect(engine, tok, make_env, specs, config=rollout,
+                                           ledger=ledger if ledger is not None else own,
                                            run_id=run_id, concurrency=ecfg.concurrency, bar=bar,
                                            agent=agent, all_chains=False))
         finally:

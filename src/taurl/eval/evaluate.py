@@ -182,7 +182,8 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["ci95"], d["ci95_iid"], d["truncation_ci95"] = list(self.ci95), list(self.ci95_iid), list(self.truncation_ci95)
+        d["ci95"], d["ci95_iid"], d["truncation_ci95"] = (list(self.ci95), list(self.ci95_iid),
+                                                          list(self.truncation_ci95))
         return d
 
     @classmethod

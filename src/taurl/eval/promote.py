@@ -86,7 +86,8 @@ def promotion_problems(options: Mapping[str, Any]) -> list[str]:
     for k, v in options.items():
         if k not in names:
             close = difflib.get_close_matches(str(k), names, n=1)
-            out.append(f"unknown promotion option {k!r}" + (f"; did you mean {close[0]!r}?" if close else
+            out.append(f"unknown promotion option {k!r}" + (f"; did you mean {close[0]!r}?" if close
+                                                            else
                                                               f" (options: {', '.join(names)})"))
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             out.append(f"promotion {k} must be a number (got {v!r})")
