@@ -100,7 +100,8 @@ def alarm_config(options: dict[str, Any]) -> tuple[AlarmConfig, list[str]]:
     for key, value in options.items():
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
-            problems.append(f"alarms: unknown option {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            problems.append(f"alarms: unknown option {key!r}" + (f"; did you mean {close[0]!r}?"
+                                                                 if close else ""))
             continue
         hint = hints[key]
         ok = (isinstance(value, bool) if hint is bool else
@@ -141,7 +142,8 @@ def _median_before(rows: Sequence[Row], key: str, cfg: AlarmConfig,
 
 def _reward_std(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
     v = rows[-1].get("rollout/reward_std")
-    return None if v is None or v > cfg.reward_std_min else f"reward std {v:.4f} <= {cfg.reward_std_min:g}"
+    return (None if v is None or v > cfg.reward_std_min
+            else f"reward std {v:.4f} <= {cfg.reward_std_min:g}")
 
 
 def _same_groups(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:

@@ -244,7 +244,8 @@ def curve_figures(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     out = []
-    for phase, key, title, ylabel in (("warmup", "copy/loss", "Copy warm-up loss", "NLL of the copy"),
+    for phase, key, title, ylabel in (("warmup", "copy/loss", "Copy warm-up loss",
+                                       "NLL of the copy"),
                                       ("sft", "sft/loss", "SFT loss", "NLL of action tokens")):
         # a run resumed after a crash in SFT redoes the warm-up and SFT: plot the last try
         last = {r["step"]: r for r in rows if r.get("phase") == phase and key in r}
