@@ -130,7 +130,8 @@ def hf_policy_problems(path: str | Path, *, chat_template: str | None = None) ->
 
         kind = config.get("model_type")
         if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            why = " (it needs remote code, which taurl never runs)" if config.get("auto_map") else ""
+            why = (" (it needs remote code, which taurl never runs)" if config.get("auto_map")
+                   else "")
             out.append(f"{where!r}: model_type {kind!r} is not a causal LM that "
                        f"AutoModelForCausalLM builds{why}; use a decoder-only model (e.g. qwen2, "
                        "llama, gpt2, gpt_neox)")
@@ -166,7 +167,8 @@ def _any_file(path: Path, names: Iterable[str]) -> bool:
 
 def _has_chat_template(path: Path, tok_cfg: dict[str, Any]) -> bool:
     # transformers 5 writes chat_template.jinja; older versions a key or chat_template.json
-    return bool(tok_cfg.get("chat_template")) or _any_file(path, ("chat_template.jinja", "chat_template.json"))
+    return (bool(tok_cfg.get("chat_template"))
+            or _any_file(path, ("chat_template.jinja", "chat_template.json")))
 
 
 def load_hf_policy(

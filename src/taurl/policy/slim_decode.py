@@ -85,7 +85,8 @@ class SlimDecoder:
         if sum(p.numel() for p in model.parameters()) > MAX_PARAMS:
             return None  # compute-bound: little to gain, and the fused copies would cost memory
         inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner.rotary_emb, "inv_freq"):
+        if (inner is None or not hasattr(inner, "rotary_emb")
+            or not hasattr(inner.rotary_emb, "inv_freq")):
             return None
         if any(t != "full_attention"
                for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):

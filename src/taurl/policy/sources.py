@@ -382,7 +382,8 @@ def weights_sha256(path: Path) -> str | None:
         return None
     if len(files) == 1:
         return file_sha256(files[0])
-    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n"
+                                  for f in files).encode()).hexdigest()
 
 
 def list_models(home: Path | None = None) -> list[dict[str, Any]]:

@@ -76,7 +76,8 @@ class VLLMServer:
         self.port = port or free_port()
         self.served_model_name = served_model_name
         self._own_cache = cache_dir is None
-        self.cache_dir = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="taurl-vllm-"))
+        self.cache_dir = (Path(cache_dir) if cache_dir
+                          else Path(tempfile.mkdtemp(prefix="taurl-vllm-")))
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
