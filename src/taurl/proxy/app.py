@@ -108,11 +108,13 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         return handler
 
     async def models(request: Request) -> Any:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
+        return JSONResponse({"object": "list",
+                             "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
 
     async def search(request: Request) -> Any:
         try:
-            return JSONResponse(proxy.search(request.path_params["episode_id"], await read(request)))
+            return JSONResponse(proxy.search(request.path_params["episode_id"],
+                                             await read(request)))
         except ProxyError as e:
             return error(e)
 
@@ -129,7 +131,8 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
 
     async def tool_call(request: Request) -> Any:
         try:
-            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"], await read(request)))
+            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"],
+                                                      await read(request)))
         except ProxyError as e:
             return error(e)
 
@@ -170,8 +173,8 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
     async def unknown(request: Request, exc: Exception) -> Any:
         status = getattr(exc, "status_code", 404)
         what = "no route" if status == 404 else f"{request.method} is not served at"
-        return error(ProxyError(f"{what} {request.url.path}; the proxy serves: {routes_served()}", status,
-                                "unknown_route"))
+        return error(ProxyError(f"{what} {request.url.path}; the proxy serves: {routes_served()}",
+                                status, "unknown_route"))
 
     mcp = [Route(P + "/mcp", mcp_endpoint)] if mcp_endpoint is not None else []
     return Starlette(routes=[

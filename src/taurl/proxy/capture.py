@@ -87,7 +87,8 @@ class Chain:
 
     def append(self, kind: str, ids: list[int], logprobs: list[float] | None = None,
                version: int | None = None) -> int:
-        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
+        self.segments.append(Segment(kind, tuple(ids),
+                                     None if logprobs is None else tuple(logprobs), version))
         self.ids.extend(ids)
         self.text += self.codec.decode(ids)
         return len(self.segments) - 1
@@ -121,7 +122,8 @@ def template_message(m: dict[str, Any]) -> dict[str, Any]:
     """A normalized message as the chat template reads it."""
     out = {"role": m["role"], "content": m["content"]}
     if m.get("tool_calls"):
-        out["tool_calls"] = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        out["tool_calls"] = [{"type": "function",
+                              "function": {"name": c["name"], "arguments": c["arguments"]}}
                              for c in m["tool_calls"]]
     return out
 

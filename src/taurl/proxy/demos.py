@@ -55,7 +55,8 @@ def agent_demonstrations(r: Any) -> list:
     tok = load_tokenizer(r.run.checkpoint(0))
     specs = [EpisodeSpec(f"demo-{i}", t, cfg.seed + i, f"demo:{t.task_id}")
              for i, t in enumerate(r.plan.demos)]
-    replies = dict(zip((s.episode_id for s in specs), expert_replies(cfg, r.plan.demos), strict=True))
+    replies = dict(zip((s.episode_id for s in specs), expert_replies(cfg, r.plan.demos),
+                       strict=True))
     rollout = cfg.rollout_config()
     bar = r.bar(len(specs), "demos")
     trajs, stats = asyncio.run(collect_agent(

@@ -52,8 +52,10 @@ def to_chat(body: dict) -> dict:
         if not isinstance(blocks, list):
             raise ProxyError("a message's 'content' must be a string or a list of content blocks")
         out += _assistant(blocks) if m["role"] == "assistant" else _user(blocks)
-    tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
-                                               "parameters": t.get("input_schema") or {"type": "object"}}}
+    tools = [{"type": "function",
+              "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                               "parameters": (t.get("input_schema")
+                                                              or {"type": "object"})}}
              for t in body.get("tools") or []]
     stop = body.get("stop_sequences")
     chat = {"messages": out, "tools": tools or None, "max_tokens": body.get("max_tokens"),
@@ -82,7 +84,8 @@ def _user(blocks: list) -> list[dict]:
     out: list[dict] = []
     for b in blocks:
         if isinstance(b, dict) and b.get("type") == "tool_result":
-            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""), "content": _text(b.get("content", ""))})
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                        "content": _text(b.get("content", ""))})
         elif out and out[-1]["role"] == "user":
             out[-1]["content"] += _block_text(b)
         else:
@@ -141,12 +144,16 @@ def events(message: dict) -> list[tuple[str, dict]]:
             deltas = [{"type": "thinking_delta", "thinking": b["thinking"]},
                       {"type": "signature_delta", "signature": ""}]
         else:
-            first, deltas = {**b, "input": {}}, [{"type": "input_json_delta", "partial_json": json.dumps(b["input"])}]
-        out.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": first}))
+            first, deltas = ({**b, "input": {}},
+                             [{"type": "input_json_delta", "partial_json": json.dumps(b["input"])}])
+        out.append(("content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": first}))
         out += [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
                 for d in deltas]
         out.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    out.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": message["usage"]["output_tokens"]},
+    out.append(("message_delta",
+                {"type": "message_delta",
+                 "usage": {"output_tokens": message["usage"]["output_tokens"]},
                                   "delta": {"stop_reason": message["stop_reason"],
                                             "stop_sequence": message["stop_sequence"]}}))
     out.append(("message_stop", {"type": "message_stop"}))

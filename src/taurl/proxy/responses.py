@@ -135,10 +135,12 @@ def input_messages(items: list[Any]) -> list[dict]:
                 msg = assistant()
             msg["content"] += _text(item.get("content", ""))
         elif kind == "function_call":
-            assistant()["tool_calls"].append({"id": item.get("call_id", ""), "type": "function", "function": {
+            assistant()["tool_calls"].append({"id": item.get("call_id", ""), "type": "function",
+                                              "function": {
                 "name": item.get("name", ""), "arguments": item.get("arguments", "{}")}})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _text(item.get("output", ""))})
+            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+                        "content": _text(item.get("output", ""))})
         elif kind == "message":
             role = {"developer": "system"}.get(item.get("role"), item.get("role"))
             if role not in ("user", "system"):
@@ -171,9 +173,11 @@ def reply(call: Call, ep: Any, rid: str, conversation: list[dict], asked: Any = 
                        "content": [{"type": "reasoning_text", "text": m.group(1)}]})
         content = content[m.end():]
     if content or not call.tool_calls:
-        output.append({"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": "completed",
+        output.append({"type": "message", "id": f"msg_{rid}", "role": "assistant",
+                       "status": "completed",
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
-    output += [{"type": "function_call", "id": f"fc_{tc['id']}", "call_id": tc["id"], "status": "completed",
+    output += [{"type": "function_call", "id": f"fc_{tc['id']}", "call_id": tc["id"],
+                "status": "completed",
                 "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
                for tc in call.tool_calls]
     # the agent's limit

@@ -157,7 +157,9 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
         except BaseException as e:  # noqa: BLE001 — handed to the episode, which records it
             res, exc = None, e
         if not loop.is_closed():
-            loop.call_soon_threadsafe(lambda: fut.done() or (fut.set_exception(exc) if exc else fut.set_result(res)))
+            loop.call_soon_threadsafe(lambda: (fut.done()
+                                               or (fut.set_exception(exc) if exc
+                                                   else fut.set_result(res))))
 
     threading.Thread(target=run, daemon=True, name="taurl-agent").start()
     return await fut
@@ -216,7 +218,8 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
             if inspect.iscoroutinefunction(fn):
                 answer = await _on_agent_loop(fn(prompt, base, retriever, **kw), agent.timeout_s)
             else:
-                answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
+                answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever,
+                                                                      **kw)), agent.timeout_s)
         else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
                    "ANTHROPIC_BASE_URL": urls["anthropic_base_url"], "ANTHROPIC_API_KEY": "taurl",
@@ -266,8 +269,10 @@ def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
         # the tools run after this call, before the next
         mine = [r for n, r in receipts if n == call.index + 1]
         errors = [e for n, e in tool_errors if n == call.index + 1]
-        turns.append(Turn(index=j, action_text=call.text, action=action, error="; ".join(errors) or None,
-                          observation_text=chain.codec.decode(chain.segments[obs].token_ids) if obs is not None else "",
+        turns.append(Turn(index=j, action_text=call.text, action=action,
+                          error="; ".join(errors) or None,
+                          observation_text=(chain.codec.decode(chain.segments[obs].token_ids)
+                                            if obs is not None else ""),
                           action_segment=call.action_segment, observation_segment=obs,
                           finish_reason=call.finish_reason, invalid=action["kind"] == "invalid",
                           receipt=mine[0] if mine else None, generate_s=call.generate_s))
@@ -345,7 +350,8 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
         # the host gate's penalty (a forbidden tool, a budget)
         comps["constraint"] = ep.gate_stop[1]
     # one reward for the episode, the outcome of its last chain's answer
-    return [replace(t, reward=sum(comps.values()), reward_components=comps, verifier_version=version) for t in out]
+    return [replace(t, reward=sum(comps.values()), reward_components=comps,
+                    verifier_version=version) for t in out]
 
 
 async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable | None, spec: Any,

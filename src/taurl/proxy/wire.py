@@ -11,7 +11,8 @@ MODEL_NAME = "taurl-policy"
 
 
 def _finish(call: Call) -> str:
-    return "tool_calls" if call.tool_calls else "length" if call.finish_reason == "length" else "stop"
+    return ("tool_calls" if call.tool_calls else "length" if call.finish_reason == "length"
+            else "stop")
 
 
 def _chat_body(rid: str, call: Call, prompt_tokens: int) -> dict:
@@ -20,7 +21,8 @@ def _chat_body(rid: str, call: Call, prompt_tokens: int) -> dict:
         msg["tool_calls"] = call.tool_calls
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": MODEL_NAME,
-            "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call), "logprobs": None}],
+            "choices": [{"index": 0, "message": msg, "finish_reason": _finish(call),
+                         "logprobs": None}],
             "usage": _usage(call, prompt_tokens)}
 
 
@@ -42,7 +44,8 @@ def _chat_chunks(rid: str, call: Call) -> list[dict]:
         out.append(chunk({"tool_calls": [{"index": j, "id": tc["id"], "type": "function",
                                           "function": {"name": tc["function"]["name"],
                                                        "arguments": ""}}]}))
-        out.append(chunk({"tool_calls": [{"index": j, "function": {"arguments": tc["function"]["arguments"]}}]}))
+        out.append(chunk({"tool_calls": [{"index": j,
+                                          "function": {"arguments": tc["function"]["arguments"]}}]}))
     out.append(chunk({}, _finish(call)))
     return out
 
@@ -50,4 +53,5 @@ def _chat_chunks(rid: str, call: Call) -> list[dict]:
 def _completion_body(rid: str, call: Call) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()),
             "model": MODEL_NAME,
-            "choices": [{"index": 0, "text": call.text, "finish_reason": _finish(call), "logprobs": None}]}
+            "choices": [{"index": 0, "text": call.text, "finish_reason": _finish(call),
+                         "logprobs": None}]}
