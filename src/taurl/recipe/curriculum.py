@@ -118,7 +118,8 @@ class Curriculum:
         if n < self.config.min_seen:
             return "medium"
         rate = self.successes.get(task_id, 0) / n
-        return "easy" if rate >= self.config.easy else "hard" if rate <= self.config.hard else "medium"
+        return ("easy" if rate >= self.config.easy else "hard" if rate <= self.config.hard
+                else "medium")
 
     def draw(self, n: int, update: int) -> tuple[list[Task], dict[str, float]]:
         """`n` distinct tasks for `update`, by bucket quotas; and curriculum/* metrics."""

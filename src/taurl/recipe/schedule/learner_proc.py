@@ -293,7 +293,8 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     send = _locked(conn.send)  # the writer thread sends too
     send(("ready", None))
     # a critic or a step scorer (their own models and optimizers) is saved in the foreground
-    writer = CheckpointWriter(background=learner.critic is None and not hasattr(learner.shaper, "save"))
+    writer = CheckpointWriter(background=(learner.critic is None
+                                          and not hasattr(learner.shaper, "save")))
     writer.attach(learner)
     chaos.on_optimizer_step(learner.optimizer)
 
