@@ -163,7 +163,8 @@ def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int,
     provenance = reset_info.get("provenance", {}) if isinstance(reset_info, dict) else {}
     provenance = copy.deepcopy(provenance)  # the env may reuse its dict; the record is immutable
     st = _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids,
-                stop_strings, eos_text, inline, getattr(engine, "source", POLICY_SOURCE), provenance)
+                stop_strings, eos_text, inline, getattr(engine, "source", POLICY_SOURCE),
+                provenance)
     if reset_error is not None:
         st.stop, st.info = StopReason.ERROR, {"error": reset_error}
     return st

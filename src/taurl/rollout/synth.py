@@ -85,7 +85,8 @@ class ScriptedEngine:
         self._calls += 1
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
         if text is None or self.eos_each:  # the turn ends: EOS, after as much of the text as fits
-            ids, reason = ids[:max(0, sampling.max_tokens - 1)] + [self.tokenizer.eos_token_id], "eos"
+            ids, reason = (ids[:max(0, sampling.max_tokens - 1)] + [self.tokenizer.eos_token_id],
+                           "eos")
         else:
             ids, reason = ids[:sampling.max_tokens], "stop"
         return Generation(ids, [0.0] * len(ids), reason, 0, prompt_tokens=len(prompt_ids))
@@ -146,7 +147,8 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
         return _with_metadata(traj, expert=name, expert_options=options)
 
     # gather keeps task order whatever order the episodes finish in
-    return list(await asyncio.gather(*(one(i, t, a) for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
+    return list(await asyncio.gather(*(one(i, t, a)
+                                       for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
 
 
 def _with_metadata(traj: Trajectory, **extra: Any) -> Trajectory:
