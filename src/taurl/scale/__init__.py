@@ -36,7 +36,8 @@ def backend_problems(backend: str, options: dict[str, Any], *, engine: str,
     """What is wrong with `backend` and its `options` (empty when nothing)."""
     if backend not in BACKENDS:
         close = difflib.get_close_matches(str(backend), BACKENDS, n=1)
-        return [f"backend must be local or ray (got {backend!r})" + (f"; did you mean {close[0]!r}?" if close else "")]
+        return [f"backend must be local or ray (got {backend!r})" + (f"; did you mean {close[0]!r}?"
+                                                                     if close else "")]
     if backend == "local":
         return ([f"backend_options {sorted(options)} are for backend: ray; drop them"] if options
                 else [])

@@ -148,7 +148,8 @@ class RayCollector:
                  temperature: float | None = None, fleet: Any = None):
         self.fleet = fleet  # engine: vllm, the engine actors (taurl.scale.engine_fleet)
         self.workers, self.checkpoint_dir, self.version = workers, checkpoint_dir, version
-        self.per_worker, self.max_restarts, self.max_attempts = per_worker, max_restarts, max_attempts
+        self.per_worker, self.max_restarts, self.max_attempts = (per_worker, max_restarts,
+                                                                 max_attempts)
         self.hook, self.pids = hook, pids
         self._owns_ray, self._temp_dir, self.startup_s = owns_ray, temp_dir, startup_s
         self._dead: set[int] = set()  # workers whose restarts are spent
@@ -179,7 +180,8 @@ class RayCollector:
             if getattr(cfg, "engine", "local") != "local":  # engine actors beside the learner
                 fleet, remote = _start_engines(ray, r, checkpoint_dir, version, seed=seed,
                                                workers=n)
-            workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed, run_id=r.run.root.name,
+            workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed,
+                                    run_id=r.run.root.name,
                                     max_batch_size=per_worker, **remote[i]) for i in range(n)]
             try:
                 pids = ray.get([w.pid.remote() for w in workers])
