@@ -141,7 +141,8 @@ class ToolBox:
                                         f"tool {call.name!r} timed out after {timeout:g} s and was "
                                         "stopped")
         except Exception as e:  # noqa: BLE001 — a tool's failure is the model's news, not ours
-            status, error = "error", f"tool {call.name!r} failed: {type(e).__name__}: {_cut(str(e), 500)}"
+            status, error = ("error", f"tool {call.name!r} failed: {type(e).__name__}: "
+                                      f"{_cut(str(e), 500)}")
         latency = time.perf_counter() - t0
         gate.account(latency)
         if status != "ok":

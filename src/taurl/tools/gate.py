@@ -159,7 +159,8 @@ class Gate:
                               f"budget of {cfg.max_cost:g} ({self.cost:g} spent)")
         if spec.scopes & cfg.approval_scopes:
             try:
-                verdict = cfg.approve(call, spec) if cfg.approve is not None else "no approver is configured"
+                verdict = (cfg.approve(call, spec) if cfg.approve is not None
+                           else "no approver is configured")
             except Exception as e:  # noqa: BLE001 — a broken approver denies, it never crashes the rollout
                 verdict = f"the approver failed ({type(e).__name__}: {e})"
             if verdict is not True:

@@ -156,7 +156,8 @@ class MCPClient:
         timeout = self.config.timeout_s
         try:
             # the SDK's own timeout too, so a request never outlives its caller on this loop
-            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout + 1.0),
+            result = await asyncio.wait_for(client.call_tool(tool, arguments,
+                                                             read_timeout_seconds=timeout + 1.0),
                                             timeout)
         except asyncio.TimeoutError:  # the server is hung or too slow: its state is unknown
             await self._failed(stop)
@@ -180,7 +181,8 @@ class MCPClient:
 
     def _restart_note(self) -> str:
         left = self.config.max_restarts - self.restarts
-        return f"it will be restarted on the next call ({left} restart(s) left)" if left > 0 else "it has no restarts left"
+        return (f"it will be restarted on the next call ({left} restart(s) left)" if left > 0
+                else "it has no restarts left")
 
     async def _ensure(self) -> Any:
         if self._lock is None:
@@ -378,7 +380,8 @@ def _spec(client: MCPClient, cfg: MCPServerConfig, tool: Any) -> ToolSpec:
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     parameters.pop("title", None)  # pydantic's titles: noise in every prompt
-    parameters["properties"] = {k: {kk: vv for kk, vv in v.items() if kk != "title"} if isinstance(v, dict) else v
+    parameters["properties"] = {k: ({kk: vv for kk, vv in v.items() if kk != "title"}
+                                    if isinstance(v, dict) else v)
                                 for k, v in parameters["properties"].items()}
     description = " ".join((tool.description or tool.title or f"the {server_name} tool of MCP "
                                                               f"server {cfg.name}").split())

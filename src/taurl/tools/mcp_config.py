@@ -102,7 +102,8 @@ class MCPServerConfig:
 
     def key(self) -> str:
         """Identity of the server for the shared-client cache."""
-        return json.dumps({k: getattr(self, k) for k in ("name", "command", "url", "env", "cwd", "stderr", "timeout_s",
+        return json.dumps({k: getattr(self, k) for k in ("name", "command", "url", "env", "cwd",
+                                                         "stderr", "timeout_s",
                                                           "connect_timeout_s", "max_restarts")},
                           sort_keys=True, default=list)
 

@@ -180,7 +180,8 @@ def parse_xml(text: str, tools: Mapping[str, Mapping[str, Any]], *,
             return _fail("too_long", f"the <{name}> call is {len(body)} characters long; the limit "
                                      f"is {max_call_chars}")
         props = dict(tools[name].get("properties", {}))
-        children = {k: v for k, v in re.findall(r"<(\w+)>(.*?)</\1>", body, re.DOTALL) if k in props}
+        children = {k: v for k, v in re.findall(r"<(\w+)>(.*?)</\1>", body,
+                                                re.DOTALL) if k in props}
         if not children and len(props) == 1:
             children = {next(iter(props)): body}
         args: dict[str, Any] = {}

@@ -154,7 +154,8 @@ class ToolEnv:
         self._errors_in_a_row = self._errors_in_a_row + 1 if out.error else 0
         d = out.decision
         if d is not None and not d.allowed and (d.truncate or d.penalty):
-            self._violations.append(Violation(d.rule, d.reason, d.penalty, d.truncate, voids_outcome=False))
+            self._violations.append(Violation(d.rule, d.reason, d.penalty, d.truncate,
+                                              voids_outcome=False))
         obs = out.observation
         if d is not None and not d.allowed and d.truncate:
             return obs, self._finish(info, None, d.stop_reason), False, True, info
@@ -162,7 +163,8 @@ class ToolEnv:
             verdict = await _judge(self.make_verifier(), self._task, self._submission(out.value))
             stop = "error" if verdict.error else "answered"
             reward = self._finish(info, verdict, stop)
-            return self._verdict_text(verdict), reward, verdict.error is None, verdict.error is not None, info
+            return (self._verdict_text(verdict), reward, verdict.error is None,
+                    verdict.error is not None, info)
         if self._errors_in_a_row >= self.max_consecutive_errors:
             return obs, self._finish(info, None, "error"), False, True, info
         if self._turn >= self.max_turns:
@@ -223,4 +225,5 @@ def _action_dict(out: CallOutcome) -> dict[str, Any]:
 def _verdict_text(v: Verdict) -> str:
     if v.error:
         return f"Submission received, but it could not be checked: {v.error}"
-    return "Submission received: all hidden tests passed." if v.passed else f"Submission received: {v.detail}"
+    return ("Submission received: all hidden tests passed." if v.passed
+            else f"Submission received: {v.detail}")
