@@ -117,7 +117,8 @@ def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = 
     path = Path(path)
     model, tokenizer = load_policy(path, device, dtype=dtype)
     if optimizer is not None and (path / OPTIMIZER_FILE).exists():
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True,
+                                             map_location="cpu"))
     return model, tokenizer, load_policy_meta(path)
 
 

@@ -182,7 +182,8 @@ class Critic:
         if (d / "critic.json").exists():  # older critics did not count their updates
             self.updates = int(json.loads((d / "critic.json").read_text()).get("updates", 0))
         if (d / OPTIMIZER_FILE).exists():
-            self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
+            self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True,
+                                                      map_location="cpu"))
         return True
 
 

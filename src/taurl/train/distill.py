@@ -181,7 +181,8 @@ class DistillLearner:
                     "learn/learn_s": time.perf_counter() - t0}
         device = model_device(self.model)
         chunks = micro_batches(valid, self.micro_batch_tokens)
-        rows = [make_rows([valid[i] for i in c], None if adv is None else adv[c], self.pad_id, device)
+        rows = [make_rows([valid[i] for i in c], None if adv is None else adv[c], self.pad_id,
+                          device)
                 for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
         self.model.eval()

@@ -219,7 +219,8 @@ class Learner:
                                               with_entropy=True,
                                               entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
-                    drift.append(self._mismatch(lp.detach(), r, [batch.views[i] for i in batch.chunks[j]], version))
+                    drift.append(self._mismatch(lp.detach(), r,
+                                                [batch.views[i] for i in batch.chunks[j]], version))
                     if prox is not None:
                         prox.append(lp.detach())
                 loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,   # loss
@@ -252,7 +253,8 @@ class Learner:
     def _rows(self, kept: list[Trajectory], adv: np.ndarray) -> _Batch:
         """`kept` as padded rows (one per token stream: `taurl.train.chains`), in micro-batches."""
         views, adv = chains.split_streams(kept, adv, self.config.segment_weighting)
-        chunks, device = micro_batches(views, self.config.micro_batch_tokens), model_device(self.model)
+        chunks, device = (micro_batches(views, self.config.micro_batch_tokens),
+                          model_device(self.model))
         keep = chains.with_untrained(self.token_keep)
         rows = [make_rows([views[i] for i in c], adv[c], self.pad_id, device, keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)

@@ -107,7 +107,8 @@ def target_problems(targets: str | list[str] | tuple[str, ...],
 
 def _adaptable(module: torch.nn.Module) -> bool:
     # what peft's LoRA adapts: Linear, Embedding, and GPT-2's Conv1D (a transposed linear layer)
-    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or type(module).__name__ == "Conv1D"
+    return (isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
+            or type(module).__name__ == "Conv1D")
 
 
 def model_target_problems(options: dict[str, Any], config: Any) -> list[str]:

@@ -222,7 +222,8 @@ class ImplicitPRM:
         d = Path(checkpoint_dir) / PRM_DIR
         d.mkdir(parents=True, exist_ok=True)
         save_weights(self.model, d / WEIGHTS_FILE)
-        (d / "prm.json").write_text(json.dumps({"scorer": "implicit_prm", **self.config.__dict__}, indent=1))
+        (d / "prm.json").write_text(json.dumps({"scorer": "implicit_prm", **self.config.__dict__},
+                                               indent=1))
         return d
 
     def load(self, checkpoint_dir: str | Path) -> bool:

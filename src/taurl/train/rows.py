@@ -73,7 +73,8 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
                                   dtype=torch.float32)
     adv = torch.zeros((n, width))
     if advantages is not None:
-        adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
+        adv = torch.from_numpy(broadcast_to_tokens(advantages,
+                                                   padded_token_turn_index(trajs, width))).float()
     rows = Rows(ids, attn, mask, beh, adv)
     if device is None:
         return rows

@@ -64,7 +64,8 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
     losses: list[float] = []
     for _ in range(epochs):
         for group in length_buckets(trajs, batch_size, rng):
-            losses.append(sft_step(model, opt, group, pad_id=pad_id, grad_clip=grad_clip)["sft/loss"])
+            losses.append(sft_step(model, opt, group, pad_id=pad_id,
+                                   grad_clip=grad_clip)["sft/loss"])
             if progress is not None:
                 progress(len(losses), losses[-1])
             if max_steps is not None and len(losses) >= max_steps:
