@@ -139,7 +139,8 @@ def _prepare(env: Any, *, tasks: Any, model: Any, reward: Any, config: Any, run_
     if isinstance(config, (str, Path)):
         imported = import_modules(str(config), overrides.get("imports"))
     else:
-        imported = import_modules(None, [*(data.get("imports") or []), *(overrides.get("imports") or [])])
+        imported = import_modules(None, [*(data.get("imports") or []),
+                                         *(overrides.get("imports") or [])])
     writes: list[Callable[[], None]] = []
     extra: dict[str, Any] = {"imports": imported or None}
     if reward is not None and not callable(reward):
