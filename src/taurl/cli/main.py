@@ -19,19 +19,27 @@ examples:
   taurl rollout --run-dir runs/g --group-size 8 --split holdout --temperature 0.7
   taurl rollout --config configs/rollout.yaml --run-dir runs/cfg
   taurl inspect runs/first --index 3                        # one trajectory, masks shown
-  taurl export runs/first --format parquet                  # runs/first/exports/trajectories.parquet
-  taurl export --merged runs/lora out/model                 # the newest policy, LoRA merged: a plain HF dir
+  taurl export runs/first --format parquet                  \
+# runs/first/exports/trajectories.parquet
+  taurl export --merged runs/lora out/model                 \
+# the newest policy, LoRA merged: a plain HF dir
   taurl export --merged runs/svc out/m --checkpoint tinker://ID/sampler_weights/v1  # serve-tinker
   taurl envs                                                # registered environments
-  taurl demo                                                # SFT -> GRPO -> holdout eval -> runs/demo/report.html
+  taurl demo                                                \
+# SFT -> GRPO -> holdout eval -> runs/demo/report.html
   taurl train --config configs/frozenlake.yaml --run-dir runs/fl
   taurl train --import my_pkg.envs --env my-env-v0 --tasks tasks.jsonl --run-dir runs/mine
   taurl train --config configs/demo.yaml --policy.model path/to/hf_model --run-dir runs/hf
-  taurl eval runs/demo --trials 5                           # holdout evaluation of the run's current policy
-  taurl promote runs/demo --candidate v31 --baseline v1     # the promotion gate (exit 0 promoted, 3 refused)
-  taurl rollback runs/demo                                  # the previous promoted version is current again
-  taurl models list                                         # registry models and converted GGUF files
-  taurl train --config configs/real.yaml                    # a pretrained 135M model (make demo-real)
+  taurl eval runs/demo --trials 5                           \
+# holdout evaluation of the run's current policy
+  taurl promote runs/demo --candidate v31 --baseline v1     \
+# the promotion gate (exit 0 promoted, 3 refused)
+  taurl rollback runs/demo                                  \
+# the previous promoted version is current again
+  taurl models list                                         \
+# registry models and converted GGUF files
+  taurl train --config configs/real.yaml                    \
+# a pretrained 135M model (make demo-real)
 """
 
 
@@ -274,7 +282,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                 # one env that cannot be built (a missing extra) does not hide the others
                 print(f"{name}  unavailable: {e}")
                 continue
-            parts = [p for p, on in (("tasks", s.tasks), ("expert", s.expert), ("verifier", s.verifier)) if on]
+            parts = [p for p, on in (("tasks", s.tasks), ("expert", s.expert),
+                                     ("verifier", s.verifier)) if on]
             print(f"{name}  version {env.version}  style {env.observation_style}  "
                   f"tools {[t['function']['name'] for t in env.tools]}  has "
                   f"{'+'.join(parts) or '-'}  from {s.source}")
