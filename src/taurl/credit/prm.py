@@ -52,7 +52,8 @@ def implicit_step_rewards(log_ratio: np.ndarray, turn_mask: np.ndarray, *,
     log_ratio: (N, T) per-turn sums of log π_φ − log π_old over each turn's action tokens
     (`taurl.credit.tokens.turn_sums`).
 
-    >>> implicit_step_rewards(np.array([[2.0, -1.0, 9.0]]), np.array([[True, True, False]]), beta=0.5)
+    >>> implicit_step_rewards(np.array([[2.0, -1.0, 9.0]]), np.array([[True, True, False]]),
+    ...                       beta=0.5)
     array([[ 1. , -0.5,  0. ]])
     """
     check_positive("beta", beta)
@@ -99,7 +100,8 @@ def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, 
         "learn/prm_shaping_abs_per_turn": float(np.abs(shaped[turn_mask]).mean()) if real else 0.0,
         "learn/prm_shaping_sum_abs_max": (float(np.abs(shaped.sum(axis=1)).max()) if shaped.size
                                           else 0.0),
-        "learn/prm_clip_frac": float((raw[turn_mask] != clipped[turn_mask]).mean()) if real else 0.0,
+        "learn/prm_clip_frac": (float((raw[turn_mask] != clipped[turn_mask]).mean()) if real
+                                else 0.0),
     }
     return shaped, stats
 
@@ -109,7 +111,8 @@ def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none",
     """A_{i,t} = A^E_i + α · A^S_{i,t}: GRPO on the episode plus iStar's step term.
 
         A^E_i     = (S_i − mean_g S) / (std_g S + eps)                 (GRPO on the outcome)
-        A^S_{i,t} = (p_{i,t} − mean_g p) [/ (std_g p + eps)]           over every real turn of group g
+        A^S_{i,t} = (p_{i,t} − mean_g p) [/ (std_g p + eps)]           over every real turn of
+                                                                       group g
 
     Source: iStar, arXiv 2509.19199, Eq. 6–8 (episode- and step-level advantages, summed).
     p = ``batch.process_rewards`` (the step scorer's shaping; without one A^S = 0 and this
