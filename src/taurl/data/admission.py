@@ -55,7 +55,8 @@ BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: {t} rows cannot be updat
 CREATE TRIGGER IF NOT EXISTS {t}_no_delete BEFORE DELETE ON {t}
 BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: {t} rows cannot be deleted'); END;
 CREATE TRIGGER IF NOT EXISTS {t}_no_replace BEFORE INSERT ON {t}
-WHEN EXISTS (SELECT 1 FROM {t} WHERE {key} = NEW.{key}) OR EXISTS (SELECT 1 FROM {t} WHERE seq = NEW.seq)
+WHEN EXISTS (SELECT 1 FROM {t} WHERE {key} = NEW.{key}) \
+OR EXISTS (SELECT 1 FROM {t} WHERE seq = NEW.seq)
 BEGIN SELECT RAISE(ABORT, 'taurl ledger is append-only: a stored row cannot be replaced'); END;
 """
 # Every rule a refused append can name (ContractError.rule), with its meaning.
@@ -102,7 +103,8 @@ RULES: dict[str, str] = {
     "derived_mismatch": "a count, valid or policy_versions differs from what the record gives",
 }
 # keys a dict given to `append` may have: the record's fields and the export's extras
-_KNOWN_KEYS = frozenset(f.name for f in fields(Trajectory)) | (frozenset(EXPORT_FIELDS) - {"record"})
+_KNOWN_KEYS = (frozenset(f.name for f in fields(Trajectory))
+               | (frozenset(EXPORT_FIELDS) - {"record"}))
 
 
 
@@ -134,7 +136,8 @@ def _json_problem(x: Any, finite: bool, where: str = "record") -> str | None:
         if kinds <= _INT_KINDS or (kinds <= _NUM_KINDS
                                    and (not finite or all(map(math.isfinite, x)))):
             return None
-        return next((p for i, v in enumerate(x) if (p := _json_problem(v, finite, f"{where}[{i}]"))), None)
+        return next((p for i, v in enumerate(x)
+                     if (p := _json_problem(v, finite, f"{where}[{i}]"))), None)
     if isinstance(x, dict):
         for k, v in x.items():
             if not isinstance(k, str):
@@ -198,8 +201,8 @@ def _json_round_trip(d: Any) -> Any:
 
 def _ident(item: Any, key: str) -> str | None:
     """`item`'s episode_id/run_id for the rejections table, if it has a readable one."""
-    v = getattr(item, key,
-                None) if isinstance(item, Trajectory) else item.get(key) if isinstance(item, dict) else None
+    v = (getattr(item, key, None) if isinstance(item, Trajectory)
+         else item.get(key) if isinstance(item, dict) else None)
     return _safe_text(v) if isinstance(v, str) else None
 
 

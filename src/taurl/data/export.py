@@ -293,7 +293,8 @@ def parquet_schema() -> Any:
     import pyarrow as pa  # imported here: the ledger itself needs only the stdlib
 
     s, i32 = pa.string(), pa.int32()
-    fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version")]
+    fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name",
+                               "env_version")]
     fields += [("seed", pa.int64()), ("reward", pa.float64()), ("reward_components", s),
                ("verifier_version", s), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                ("stop_reason", s), ("valid", pa.bool_()), ("source", s), ("provenance", s),

@@ -257,7 +257,8 @@ class Ledger:
             row = self._db().execute("SELECT record FROM trajectories WHERE episode_id = ?",
                                      (episode_id,)).fetchone()
         if row is None:
-            raise UnknownEpisodeError(f"no trajectory with episode_id {episode_id!r} in {self.path}")
+            raise UnknownEpisodeError(f"no trajectory with episode_id {episode_id!r} in "
+                                      f"{self.path}")
         return Trajectory.from_dict(json.loads(row[0]))
 
     def __contains__(self, episode_id: object) -> bool:
@@ -349,7 +350,8 @@ class Ledger:
                                                         else "")
                + " ORDER BY seq" + (" LIMIT ?" if limit is not None else ""))
         with self._lock:
-            rows = self._db().execute(sql, [*params, *([limit] if limit is not None else [])]).fetchall()
+            rows = self._db().execute(
+                sql, [*params, *([limit] if limit is not None else [])]).fetchall()
         return [r[0] for r in rows]
 
     def rejections(self, *, run_id: str | None = None, rule: str | None = None) -> list[Rejection]:
@@ -376,7 +378,8 @@ class Ledger:
             c = self._db()
             n, mean, valid, term, trunc, toks, atoks, turns = c.execute(
                 "SELECT COUNT(*), AVG(reward), SUM(valid), SUM(terminated), SUM(truncated), "
-                f"SUM(num_tokens), SUM(num_action_tokens), SUM(num_turns) FROM trajectories {where}",
+                "SUM(num_tokens), SUM(num_action_tokens), SUM(num_turns) FROM trajectories "
+                f"{where}",
                 params).fetchone()
             reasons = c.execute(f"SELECT stop_reason, COUNT(*) FROM trajectories {where} "
                                 "GROUP BY stop_reason ORDER BY stop_reason", params).fetchall()

@@ -7,7 +7,8 @@
       checkpoints/v<N>/    policy version N in Hugging Face format, tokenizer included
       state.json           the recipe's resumable progress (written atomically)
       evals/<tag>.json     each evaluation's figures (written atomically)
-      promotions.jsonl     promotion decisions, one JSON object per line (`current`: the version made current)
+      promotions.jsonl     promotion decisions, one JSON object per line (`current`: the
+                           version made current)
       exports/             trajectory exports (JSONL / Parquet)
       report.html          plots and holdout results (training runs)
       summary.json         the final figures (training runs)

@@ -42,9 +42,8 @@ def stream_problems(traj: Any) -> list[str]:
     seg, msg = 0, 0
     for k, s in enumerate(traj.stream_starts):
         where = f"stream_starts[{k}]"
-        if not (_is(s.segment, int)
-                and _is(s.message, int)) or not (seg < s.segment < len(traj.segments)
-                                                                     and msg < s.message <= len(traj.messages)):
+        if not (_is(s.segment, int) and _is(s.message, int)) or not (
+                seg < s.segment < len(traj.segments) and msg < s.message <= len(traj.messages)):
             out.append(f"{where}: segment {s.segment!r} / message {s.message!r} must come after "
                        f"the previous stream's ({seg} / {msg}) and inside the record")
             continue
