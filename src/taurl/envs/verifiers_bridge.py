@@ -242,8 +242,9 @@ class VerifiersEnv:
         self._state["completion"] = self._messages[len(self._state["prompt"]):]
         await self.venv.rubric.score_rollout(self._state)
         metrics = {k: float(v) for k, v in (self._state.get("metrics") or {}).items()}
-        return float(self._state["reward"] or 0.0), {"outcome": float(self._state["reward"] or 0.0),
-                                                     **{f"rubric/{k}": v for k, v in metrics.items()}}
+        return float(self._state["reward"] or 0.0), {
+            "outcome": float(self._state["reward"] or 0.0),
+            **{f"rubric/{k}": v for k, v in metrics.items()}}
 
 
 class VerifiersVerifier:

@@ -134,7 +134,9 @@ class CodeEnv(ToolEnv):
             tool(self.submit, scopes=("read",)),
         ]
         tools = _chosen(tools, all_tools)
-        super().__init__(tools, verifier_factory=(verifier_factory or functools.partial(HiddenTestVerifier, root=root)),
+        super().__init__(tools, verifier_factory=(verifier_factory
+                                                  or functools.partial(HiddenTestVerifier,
+                                                                       root=root)),
                          gate=gate or CODE_GATE, stack=stack or CODE_STACK, max_turns=max_turns,
                          submit_tool="submit", max_output_chars=max_output_chars,
                          parser=parser, call_example=CALL_EXAMPLE)
@@ -254,7 +256,8 @@ def compact_declaration(decl: dict[str, Any]) -> dict[str, Any]:
     if params.get("required"):
         schema["required"] = list(params["required"])
     return {"type": "function", "function": {"name": fn["name"],
-                                             "description": COMPACT_DESCRIPTIONS.get(fn["name"], fn["description"]),
+                                             "description": COMPACT_DESCRIPTIONS.get(
+                                                 fn["name"], fn["description"]),
                                              "parameters": schema}}
 
 

@@ -85,7 +85,8 @@ class ReplayVerifier:
                     if not terminated or info.get("stop_reason") != "answered":
                         return (
                             0.0,
-                            f"the replayed episode ended by {info.get('stop_reason')}, not a submit",
+                            f"the replayed episode ended by {info.get('stop_reason')}, not a "
+                            "submit",
                         )
                     verdict = info.get("verdict") or {}
                     outcome = float(info["reward_components"].get("outcome", 0.0))

@@ -60,8 +60,8 @@ def _is_main_guard(node: ast.AST) -> bool:
 
 def _is_bare_string(node: ast.AST) -> bool:
     """A docstring or any other string statement: text for readers, not code."""
-    return isinstance(node, ast.Expr) and isinstance(node.value,
-                                                     ast.Constant) and isinstance(node.value.value, str)
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def _nodes(tree: ast.AST) -> Iterable[ast.AST]:

@@ -139,7 +139,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "def window_sums(xs):\n    return [sum(xs[i:i + {k}]) for i in range(len(xs) - {k} + "
            "1)]\n"),
     Family("unique_mod", "unique_by_mod", "(xs: list[int]) -> list[int]",
-           "Keep only the first item of xs of each residue class modulo {m} (Python's %), in order.",
+           "Keep only the first item of xs of each residue class modulo {m} (Python's %), in "
+           "order.",
            lambda r: {"m": r.randint(2, 9)},
            lambda r, p: (_ints(r, n=(0, 10)),), (([],), ([3, 3],)),
            "def unique_by_mod(xs):\n    seen = set()\n    out = []\n    for x in xs:\n"

@@ -194,7 +194,8 @@ class HiddenTestVerifier:
                 args, want = cases[passed]
                 return 0.0, (f"hidden test {passed + 1} of {len(cases)} failed: "
                              f"{task.metadata['func']}({_args_text(args)}) returned "
-                             f"{_short(rep.results[passed])}, expected {_short(want)}"), flags, metrics
+                             f"{_short(rep.results[passed])}, expected "
+                             f"{_short(want)}"), flags, metrics
             return (0.0, f"hidden test {passed + 1} of {len(cases)} did not report a result (exit "
                          f"status {r.exit_code})", flags, metrics)
         if not rep.done or r.exit_code != 0:

@@ -190,5 +190,6 @@ class GymTextEnv:
                         verifier_version=self.verifier_version)
         self._done = terminated or truncated
         text = ("" if self._done
-                else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}</information>\n")
+                else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}"
+                     "</information>\n")
         return text, reward, terminated, truncated, info

@@ -52,7 +52,8 @@ def map_key(rows: list[str]) -> str:
 
 def prompt_of(rows: list[str]) -> str:
     grid = "\n".join(" ".join(r) for r in rows)
-    return f"Map ({len(rows)}x{len(rows)}):\n{grid}\n<information>{describe_cell(rows, 0, 0)}</information>"
+    return (f"Map ({len(rows)}x{len(rows)}):\n{grid}\n"
+            f"<information>{describe_cell(rows, 0, 0)}</information>")
 
 
 def describe_cell(rows: list[str], r: int, c: int) -> str:

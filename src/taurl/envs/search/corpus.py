@@ -122,7 +122,8 @@ def country_text(code: str, geo: Geo) -> str:
     truncating a document to a few hundred characters keeps them."""
     c = geo.countries[code]
     name = c["name"]
-    parts = [f"{name} is a country in {geo.continents.get(c['continentcode'], c['continentcode'])}."]
+    parts = [f"{name} is a country in "
+             f"{geo.continents.get(c['continentcode'], c['continentcode'])}."]
     if c["capital"]:
         parts.append(f"Its capital is {c['capital']}.")
     if c["currencyname"]:

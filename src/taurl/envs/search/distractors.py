@@ -78,8 +78,8 @@ def distractor_tasks(base: Sequence[Task], k: int) -> list[Task]:
             {"city": p.metadata["subject"], "country": p.metadata["bridge"],
              "capital": p.answers[0]}
             for p in picked]}
-        meta["entities"] = list(dict.fromkeys([*task.metadata["entities"], *(e for p in picked
-                                                                              for e in p.metadata["entities"])]))
+        meta["entities"] = list(dict.fromkeys(
+            [*task.metadata["entities"], *(e for p in picked for e in p.metadata["entities"])]))
         out.append(Task(task_id=f"search-v0/{FAMILY}/{k}/{task.metadata['subject_id']}",
                         prompt=prompt_of(task.metadata["subject"], names), answers=task.answers,
                         split=task.split, env=task.env, metadata=meta))

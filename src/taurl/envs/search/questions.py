@@ -286,7 +286,8 @@ def _names_any(words: list[str], phrases: set[str], prefixes: set[str]) -> bool:
 @functools.cache
 def _distractor_pool(split_by: str, split: str, k: int) -> tuple[Task, ...]:
     """The split's ``city_distractors_capital`` tasks with `k` distractors each."""
-    return tuple(distractors_family.distractor_tasks(_task_pool(split_by)[split][distractors_family.BASE_FAMILY], k))
+    return tuple(distractors_family.distractor_tasks(
+        _task_pool(split_by)[split][distractors_family.BASE_FAMILY], k))
 
 
 def generate_tasks(split: str, n: int | None = None, seed: int = 0,

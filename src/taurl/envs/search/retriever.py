@@ -69,7 +69,8 @@ class BM25Retriever:
         self.fingerprint = corpus_fingerprint(self.docs)
         root = Path(cache_dir) if cache_dir is not None else cache_root()
         # the key names everything the index depends on: the corpus, bm25s and our tokenization
-        self.index_dir = root / "bm25" / f"{self.fingerprint}-bm25s{bm25s.__version__}-{INDEX_VERSION}"
+        self.index_dir = (root / "bm25"
+                          / f"{self.fingerprint}-bm25s{bm25s.__version__}-{INDEX_VERSION}")
         self._lock = threading.Lock()
         self.loaded_from_cache = False
         if (self.index_dir / _DONE).exists():
