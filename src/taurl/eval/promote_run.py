@@ -45,7 +45,8 @@ def recipe_promotion(run: RunDir, promotion: dict[str, Any],
             and rec.get("baseline") == baseline):
             log.info(_line(rec))
             return rec
-    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
+    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS}
+                  for tag in ("sft", "final")}
     decision = decide(as_results["final"], as_results["sft"], promotion_config(promotion),
                       candidate_version=candidate, baseline_version=baseline,
                       current=current_version(run.root), source="recipe")

@@ -204,7 +204,8 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float],
 
     d = [.5, .5, 0, .5]: d̄ = .375, s² = .1875/3, s/√4 = .125, t_3 = 3.1824, half .3978:
 
-    >>> r = paired_difference({"a": 0, "b": 1, "c": 1, "d": 0}, {"a": 1, "b": 2, "c": 1, "d": 1}, trials=2)
+    >>> r = paired_difference({"a": 0, "b": 1, "c": 1, "d": 0}, {"a": 1, "b": 2, "c": 1, "d": 1},
+    ...                       trials=2)
     >>> round(r.difference, 4), [round(x, 4) for x in r.ci95]
     (0.375, [-0.0228, 0.7728])
     """
