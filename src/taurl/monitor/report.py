@@ -27,7 +27,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
                        "[1−ε_low, 1+ε_high])",
     "learn/approx_kl": "mean over action tokens of (r − 1) − log r, r = π_θ/π_old (k3 estimate of "
                        "KL(π_old‖π_θ))",
-    "learn/kl_k3": "mean k3 estimate of KL(π_θ ‖ π_ref) to the frozen SFT policy (when kl_coef > 0)",
+    "learn/kl_k3": "mean k3 estimate of KL(π_θ ‖ π_ref) to the frozen SFT policy (when kl_coef "
+                   "> 0)",
     "learn/entropy": "mean policy entropy H(π(·|x_<t)) over action tokens",
     "learn/grad_norm": "global gradient norm before clipping",
     "learn/lr": "the learning rate of the update's optimizer step (lr, or less during "
@@ -56,14 +57,9 @@ TRAIN_GLOSSARY: dict[str, str] = {
     "rollout/failed_episodes": "episodes that produced no record (an exception or a ledger "
                                "rejection), logged",
     "time/rollout_s, time/learn_s, time/checkpoint_s": "seconds of the update spent on each",
-    "mem/rollout_peak_rss_mb, mem/learn_peak_rss_mb, mem/checkpoint_peak_rss_mb": "peak resident "
-                                                                                  "memory (MB) of "
-                                                                                  "the process in "
-                                                                                  "each phase of "
-                                                                                  "the update "
-                                                                                  "(VmHWM reset at "
-                                                                                  "the phase's "
-                                                                                  "start; taurl.monitor.memory)",
+    "mem/rollout_peak_rss_mb, mem/learn_peak_rss_mb, mem/checkpoint_peak_rss_mb":
+        "peak resident memory (MB) of the process in each phase of the update (VmHWM reset at "
+        "the phase's start; taurl.monitor.memory)",
     "copy/loss": "copy warm-up: token-mean NLL of the copied name (taurl.train.copy_warmup)",
     "copy/exact_unseen": "copy warm-up: share of names it never trained on copied exactly (greedy)",
     "sft/loss": "token-mean NLL of the demonstrations' action tokens",
@@ -83,7 +79,8 @@ TRAIN_GLOSSARY: dict[str, str] = {
                                             "verifier-detected cheat, over recorded episodes",
     "eval/gate_denials_mean, eval/tool_errors_mean": "tool calls the host gate denied / that "
                                                      "failed (error, timeout), per episode",
-    "eval/tokens_per_success, eval/tool_calls_per_success, eval/wall_s_per_success": "Σ over recorded episodes / verified successes (absent: no success)",
+    "eval/tokens_per_success, eval/tool_calls_per_success, eval/wall_s_per_success":
+        "Σ over recorded episodes / verified successes (absent: no success)",
     "alarm/<name>": "1 when the health alarm <name> fires at this RL update, else 0 "
                     "(taurl.monitor.alarms)",
     "rollout/staleness_max": "max over the batch's episodes of (sampling version − the oldest "
@@ -317,7 +314,8 @@ def promotion_section(summary: dict[str, Any]) -> str:
     p = summary.get("promotion")
     if not p:
         return ""
-    rows = "".join(f"<tr><th>{html.escape(c['rule'])}</th><td>{'pass' if c['passed'] else '<b>FAIL</b>'}</td>"
+    rows = "".join(f"<tr><th>{html.escape(c['rule'])}</th>"
+                   f"<td>{'pass' if c['passed'] else '<b>FAIL</b>'}</td>"
                    f"<td style='text-align:left'>{html.escape(c['reason'])}</td></tr>"
                    for c in p.get("checks", []))
     thr = ", ".join(f"{k} {v:g}" for k, v in p.get("thresholds", {}).items())
@@ -371,7 +369,8 @@ def alarms_section(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> s
                else "")
             + ".</p>")
     body = "".join(
-        f"<tr><th>{html.escape(name)}</th><td>{html.escape(', '.join(str(a.update) for a in got))}</td>"
+        f"<tr><th>{html.escape(name)}</th>"
+        f"<td>{html.escape(', '.join(str(a.update) for a in got))}</td>"
         f"<td style='text-align:left'>{html.escape(got[0].message)}</td>"
         f"<td style='text-align:left'>{html.escape(ALARMS[name])}</td></tr>"
         for name, got in fired.items())
@@ -405,9 +404,9 @@ def render_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> st
                         for k, v in TRAIN_GLOSSARY.items())
     parts.append(f"<h2>Glossary</h2><table>{rows_html}</table>")
     parts.append("<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=2)) + "</pre>")
-    style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px "
-             "8px;text-align:right}figure{display:inline-block;margin:4px}")
+    style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;"
+             "text-align:right}figure{display:inline-block;margin:4px}")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>taurl "
             f"report</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
 

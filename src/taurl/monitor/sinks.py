@@ -163,5 +163,6 @@ def read_wandb_history(path: str | Path) -> list[dict[str, Any]]:
             rec = pb.Record()
             rec.ParseFromString(part)
             if rec.WhichOneof("record_type") == "history":
-                out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+                out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                            for i in rec.history.item})
     return out
