@@ -98,11 +98,13 @@ def adapter_problems(path: str | Path) -> list[str]:
         return e.problems
     if not base.is_dir():
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is gone; an adapter "
-                "checkpoint needs its base (keep the run's SFT checkpoint, or export with --merged)"]
+                "checkpoint needs its base (keep the run's SFT checkpoint, or export with "
+                "--merged)"]
     want = load_policy_meta(path)["lora"].get("base_sha256")
     if want and weights_sha256(base) != want:
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is not the one it was "
-                "trained on (its weights' sha256 differs); restore that base or retrain the adapter"]
+                "trained on (its weights' sha256 differs); restore that base or retrain the "
+                "adapter"]
     return []
 
 

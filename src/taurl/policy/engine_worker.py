@@ -122,7 +122,8 @@ class BatchWorker:
                         batch, kv = self._drop(batch, kv, done)
             except Exception as e:  # fail every request in flight, never hang a caller
                 for r in batch + admitted:
-                    self._resolve(r, exc=EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+                    self._resolve(r, exc=EngineError(
+                        f"engine step failed: {type(e).__name__}: {e}"))
                 batch, kv = [], None
 
     def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor, list[_Request]]:
@@ -166,7 +167,8 @@ class BatchWorker:
         chunks: list[list[int]] = []
         real = 0  # real new tokens of the last chunk
         for i in order:  # a chunk's first row is its longest: every row is padded to it
-            if (chunks and (len(chunks[-1]) + 1) * new[chunks[-1][0]] <= (1 + PREFILL_PAD_WASTE) * (real + new[i])):
+            if (chunks and (len(chunks[-1]) + 1) * new[chunks[-1][0]]
+                    <= (1 + PREFILL_PAD_WASTE) * (real + new[i])):
                 chunks[-1].append(i)
                 real += new[i]
             else:
@@ -231,8 +233,9 @@ class BatchWorker:
             if not self._check_slim(exact, ref):
                 logits, kv.cache = ref, trial.cache
             else:  # what the packed GEMMs' rounding moved the served step from the forward's
-                self.stats["slim_max_dlogp"] = float((torch.log_softmax(logits.float(), -1)
-                                                      - torch.log_softmax(ref.float(), -1)).abs().max())
+                self.stats["slim_max_dlogp"] = float(
+                    (torch.log_softmax(logits.float(), -1)
+                     - torch.log_softmax(ref.float(), -1)).abs().max())
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 use_cache=True, **{self._cache_kw: kv.cache}).logits[:, -1, :]

@@ -48,8 +48,9 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
             for i, o in enumerate(per):  # servers taurl starts: one cache and log directory each
                 if isinstance(o.get("server_options"),
                               dict) and o["server_options"].get("cache_dir"):
-                    o["server_options"] = {**o["server_options"],
-                                           "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
+                    o["server_options"] = {
+                        **o["server_options"],
+                        "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
         engines: list[Engine] = []
         try:
             for o in per:

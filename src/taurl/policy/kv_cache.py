@@ -202,7 +202,8 @@ class BatchKV:
         return out
 
     @classmethod
-    def from_prefixes(cls, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None]) -> BatchKV | None:
+    def from_prefixes(cls, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None]
+                      ) -> BatchKV | None:
         """A batch cache holding each row's cached prefix, left-padded (None: no prefix)."""
         widths = [0 if p is None else p[0][0].shape[2] for p in prefixes]
         width = max(widths)

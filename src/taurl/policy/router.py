@@ -24,7 +24,8 @@ from pathlib import Path
 from taurl.errors import EngineError
 from taurl.policy.protocol import Engine, EngineHealth, Generation, SamplingParams
 
-routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("taurl_routing_key", default=None)
+routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("taurl_routing_key",
+                                                                         default=None)
 
 
 class EngineRouter:
