@@ -5,7 +5,8 @@
       command: [python, examples/openai_agent.py]     # a command line
       timeout_s: 60                          # an agent that hangs is stopped here
       max_calls: 8                           # model calls per episode
-      tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate (`taurl.proxy.tools`)
+      tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate
+                                                  # (`taurl.proxy.tools`)
 
 A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
 thread; an ``async def`` one is awaited on one event loop shared by every episode for the
@@ -182,8 +183,8 @@ def _agent_loop() -> asyncio.AbstractEventLoop:
 
 async def _on_agent_loop(coro: Any, timeout: float) -> Any:
     """Await `coro` on the agents' loop; at the timeout it is cancelled there."""
-    return await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _agent_loop())),
-                                  timeout)
+    return await asyncio.wait_for(
+        asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _agent_loop())), timeout)
 
 
 async def _run_command(argv: Sequence[str], env: dict[str, str], timeout: float) -> str:

@@ -44,8 +44,8 @@ def _chat_chunks(rid: str, call: Call) -> list[dict]:
         out.append(chunk({"tool_calls": [{"index": j, "id": tc["id"], "type": "function",
                                           "function": {"name": tc["function"]["name"],
                                                        "arguments": ""}}]}))
-        out.append(chunk({"tool_calls": [{"index": j,
-                                          "function": {"arguments": tc["function"]["arguments"]}}]}))
+        out.append(chunk({"tool_calls": [{
+            "index": j, "function": {"arguments": tc["function"]["arguments"]}}]}))
     out.append(chunk({}, _finish(call)))
     return out
 
