@@ -5,7 +5,8 @@
     sft     = expert demonstrations through the real loop | a trajectory file | none
     evaluate(validation, holdout) of the SFT policy
     for update u = 1..U:                         # policy version v = v_sft + u − 1
-        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once (backend: local | ray)
+        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at
+                                                           # once (backend: local | ray)
         stats = rl_step(learner, batch, v)                 # credit (estimator, filter, critic
                                                            # fit), then rows → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version

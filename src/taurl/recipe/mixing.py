@@ -1,7 +1,9 @@
 """The RL loop's optional batch planner: the curriculum chooses tasks, replay mixes groups in.
 
-    mix = BatchMix.start(cfg, pool, seed, ledger, run_id, first, v_sft)    # None-safe: both off is a no-op
-    tasks, s1 = mix.tasks(update, default_tasks)        # curriculum: bucketed draw; else the plan's slice
+    mix = BatchMix.start(cfg, pool, seed, ledger, run_id, first, v_sft)    # None-safe: both
+                                                         # off is a no-op
+    tasks, s1 = mix.tasks(update, default_tasks)        # curriculum: bucketed draw; else the
+                                                         # plan's slice
     train, s2 = mix.batch(fresh, update, version)       # replay: fresh + stored groups; else fresh
     mix.observe(fresh)                                   # after the update: rates, buffer
 

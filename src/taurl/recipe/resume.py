@@ -39,8 +39,8 @@ class ResumeError(Error, ValueError):
 def run_identity(cfg: Any, env: Any) -> dict[str, Any]:
     """What the run is: its configuration outside `RESUMABLE` (with a digest), its env and model."""
     # under the flat names of the release before sections, so a run of that release resumes
-    config = json.loads(json.dumps({k: v for k, v in flat_options(cfg).items() if k not in RESUMABLE},
-                                   default=str))
+    config = json.loads(json.dumps({k: v for k, v in flat_options(cfg).items()
+                                    if k not in RESUMABLE}, default=str))
     return {"config_digest": _digest(config), "config": config,
             "env": {"name": env.name, "version": str(env.version),
                     "verifier_version": str(getattr(env, "verifier_version", ""))},
@@ -135,4 +135,5 @@ def eval_tag(tag: str, mismatch: list[str], version: int, trials: int, temperatu
     ids of their own, so none of the stored evaluation's is reused for it."""
     if mismatch == ["policy_version"]:  # the run was extended (more updates) after this evaluation
         return f"{tag}-v{version}"
-    return f"{tag}-{_digest({'v': version, 'k': trials, 't': temperature, 's': seed, 'tasks': task_ids})[:8]}"
+    asked = {"v": version, "k": trials, "t": temperature, "s": seed, "tasks": task_ids}
+    return f"{tag}-{_digest(asked)[:8]}"

@@ -5,7 +5,8 @@ updates and the last; the newest ``keep_checkpoints`` kept) and resume from the 
 
 Rejection round k (policy version v = v_sft + k − 1):
 
-    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the ledger
+    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the
+                                                                                # ledger
     kept     = keep_episodes(episodes)        # verified, clean, length, diversity, difficulty
     v + 1    = sft_loop(v, kept)              # masked NLL on the kept episodes' action tokens
 
@@ -90,7 +91,8 @@ def rejection_rounds(r: Any) -> None:
         r.metrics.write(version + 1, row)
         log.info("rejection round %d: kept %d of %d episodes, %d SFT steps -> v%d", rnd,
                  len(kept.trajs), len(batch), steps, version + 1)
-        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs), "sft_steps": steps}]
+        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs),
+                        "sft_steps": steps}]
         r.save_state(rejection=done)
         r.phase_done("rejection", time.perf_counter() - t0)
     # A stage that kept nothing trained nothing: its "policy" is the SFT checkpoint under a

@@ -1,13 +1,15 @@
 """The recipe's training stage after the SFT checkpoint: RL, or one of three other contracts.
 
     stage      chosen by                 what each step trains on
-    rl         (default)                 advantages of the policy's own samples (`taurl.train.learner`)
-    rejection  sft: rejection            the policy's verified, clean samples, SFT (`taurl.rollout.rejection`)
+    rl         (default)                 advantages of the policy's own samples
+                                         (`taurl.train.learner`)
+    rejection  sft: rejection            the policy's verified, clean samples, SFT
+                                         (`taurl.rollout.rejection`)
     dpo        rl.objective: dpo         pairs of a higher- and a lower-reward episode of one task
                                          (`taurl.train.pair_learner`); online, or offline from
                                          rl.dpo.data
-    distill    rl.teacher: DIR           the teacher's distribution on the student's own action tokens
-                                         (`taurl.train.distill`)
+    distill    rl.teacher: DIR           the teacher's distribution on the student's own action
+                                         tokens (`taurl.train.distill`)
 
 Every stage is a step of the same recipe (`taurl.recipe.loop`): the config is validated at
 once, the stage starts from the SFT checkpoint (``v_sft``; with ``sft: rejection`` or ``none``
@@ -46,7 +48,8 @@ def stage_problems(cfg: Any) -> list[str]:
     from taurl.train.pair_learner import DPOOptions
 
     out: list[str] = []
-    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"), ("rl.teacher", bool(cfg.teacher)),
+    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"),
+                              ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
         out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs "

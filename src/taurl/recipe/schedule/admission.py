@@ -47,7 +47,8 @@ def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, 
     >>> capacity(max_concurrent=5, running=3, accepted=0, version=2, eta=4, batch=4)
     2
     """
-    return max(0, min(max_concurrent - running, (eta + version + 1) * batch + overprovision - (accepted + running)))
+    return max(0, min(max_concurrent - running,
+                      (eta + version + 1) * batch + overprovision - (accepted + running)))
 
 
 def group_age(group: Sequence[Trajectory], version: int) -> int:

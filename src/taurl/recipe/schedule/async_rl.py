@@ -2,7 +2,8 @@
 staleness ≤ η.
 
     producers (asyncio tasks on the engine, in this process):
-        while capacity(running, accepted, v) > 0:            # admission (taurl.recipe.schedule.admission)
+        while capacity(running, accepted, v) > 0:            # admission
+                                                             # (taurl.recipe.schedule.admission)
             start group g: G episodes of task rl[g], ids a<g>-<j>, seeds fixed by (seed, g, j)
         every episode runs on whatever weights the engine serves, and is stored in the
         ledger the moment it ends (one action segment per policy version)

@@ -104,7 +104,8 @@ class LearnerProcess:
     def _died(self) -> LearnerDied:
         code = self.proc.wait(5)
         return LearnerDied(f"the learner process died (exit code {code}); run the same command "
-                           "again: the run resumes from its newest checkpoint, stored episodes kept")
+                           "again: the run resumes from its newest checkpoint, stored episodes "
+                           "kept")
 
     def _recv(self) -> Any:
         return self._recv_kind()[1]
