@@ -206,7 +206,8 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     the policy a request and an answer to imitate, which skipping compaction would not
     (their episodes would then end context_full)."""
     c, ep, cfg = st.config.compaction, st.ep, st.config
-    if len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens > st.max_context:
+    if (len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens
+            > st.max_context):
         return ""  # no room left to ask: the compaction goes on without a summary
     if st.inline:
         o_idx, _ = ep.append("observation", ep.codec.encode(f"\n{c.summary_request}\n"))

@@ -147,8 +147,8 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
         return _with_metadata(traj, expert=name, expert_options=options)
 
     # gather keeps task order whatever order the episodes finish in
-    return list(await asyncio.gather(*(one(i, t, a)
-                                       for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
+    return list(await asyncio.gather(
+        *(one(i, t, a) for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
 
 
 def _with_metadata(traj: Trajectory, **extra: Any) -> Trajectory:
