@@ -59,7 +59,8 @@ class Schedule:
     def label(self) -> str:
         if self.kind == "async":
             return (f"async(eta={self.eta}{',interrupt' if self.interrupt else ''}"
-                    f"{',mask' if self.stale == 'mask' else ''}{f',cap={self.max_batch}' if self.max_batch else ''})")
+                    f"{',mask' if self.stale == 'mask' else ''}"
+                    f"{f',cap={self.max_batch}' if self.max_batch else ''})")
         if self.kind == "overprovision":
             return f"overprovision(+{self.overprovision:g})"
         return self.kind
