@@ -162,14 +162,16 @@ class MCPClient:
         except asyncio.TimeoutError:  # the server is hung or too slow: its state is unknown
             await self._failed(stop)
             raise MCPTimeout(f"MCP server {self.config.name!r} did not answer {tool!r} within "
-                             f"{timeout:g} s; the connection was closed and {self._restart_note()}") from None
+                             f"{timeout:g} s; the connection was closed and "
+                             f"{self._restart_note()}") from None
         except asyncio.CancelledError:  # the caller gave up (its budget): treat the server as hung
             await asyncio.shield(self._failed(stop))
             raise
         except Exception as e:  # noqa: BLE001 — the transport failed: the connection is gone
             await self._failed(stop)
             raise MCPToolError(f"MCP server {self.config.name!r} failed during the call "
-                               f"({type(e).__name__}: {str(e)[:300]}); {self._restart_note()}") from None
+                               f"({type(e).__name__}: {str(e)[:300]}); "
+                               f"{self._restart_note()}") from None
         text = render_result(result)
         if result.is_error:
             raise MCPToolError(text[:2000] or "the server reported an error without a message")
@@ -241,7 +243,8 @@ class MCPClient:
         cmd = self.config.command
         params = StdioServerParameters(command=cmd[0], args=list(cmd[1:]),
                                        env={**os.environ, **self.config.env}, cwd=self.config.cwd)
-        errlog = stack.enter_context(open(self.config.stderr, "a")) if self.config.stderr else sys.stderr  # noqa: SIM115
+        errlog = (stack.enter_context(open(self.config.stderr, "a"))  # noqa: SIM115
+                  if self.config.stderr else sys.stderr)
         return stdio_client(params, errlog=errlog)
 
     async def _failed(self, stop: asyncio.Event | None) -> None:
