@@ -103,7 +103,8 @@ def untrained_keep(traj: Trajectory) -> list[float]:
     return keep
 
 
-def with_untrained(keep: Callable[[Trajectory], Sequence[float]] | None) -> Callable[[Trajectory], Sequence[float]]:
+def with_untrained(keep: Callable[[Trajectory], Sequence[float]] | None
+                   ) -> Callable[[Trajectory], Sequence[float]]:
     """`keep` (the learner's per-token weights, or None) times `untrained_keep`."""
     def combined(traj: Trajectory) -> Sequence[float]:
         base = untrained_keep(traj)

@@ -91,11 +91,13 @@ def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, step
         raise ValueError("copy_warmup needs at least one name")
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt,
+                                              lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
     model.train()
     losses = []
     for step in range(1, steps + 1):
-        loss = copy_loss(model, copy_batch([rng.choice(names) for _ in range(batch_size)], tokenizer))
+        loss = copy_loss(model, copy_batch([rng.choice(names) for _ in range(batch_size)],
+                                           tokenizer))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

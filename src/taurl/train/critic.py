@@ -1,7 +1,8 @@
 """The critic of `estimator: gae`: one value per turn, trained with PPO's clipped value loss.
 
     V(s_t)   = critic(tokens < start of turn t's action)[-1]        one value per turn (N, T)
-    V(s_T)   = critic(all tokens)[-1]                               the state after the last turn (N,)
+    V(s_T)   = critic(all tokens)[-1]                               the state after the last turn
+                                                                    (N,)
     A, R     = GAE over turns (`taurl.credit.gae_turns`), bootstrapping V(s_T) only when truncated
     ℓ_vf     = ½ max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)   (`objectives.value.value_loss`)
 

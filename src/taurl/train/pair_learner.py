@@ -3,7 +3,8 @@
 The recipe's ``rl.objective: dpo`` (`taurl.recipe.stages`) trains on pairs instead of
 advantages. Each update:
 
-    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward, same task
+    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward,
+                                              # same task
     log π(τ) = Σ_t m_t log π(a_t | ·)         # action tokens only (m: the action mask)
     loss     = dpo_loss(π_θ, π_ref)           # taurl.train.objectives.dpo, mean over pairs
     AdamW step                                 # one new policy version

@@ -2,9 +2,11 @@
 
     per update, on the batch's valid episodes (iStar, arXiv 2509.19199, Alg. 1):
       pairs  = preference_pairs(outcome scores, groups)           success vs failure of one task
-      φ      ← φ − lr ∇ DPO(φ; pairs, ref = π_old)                 `steps` AdamW steps, trajectory DPO
+      φ      ← φ − lr ∇ DPO(φ; pairs, ref = π_old)                 `steps` AdamW steps,
+                                                                   trajectory DPO
       q_t    = β Σ_{tokens of turn t} log π_φ − log π_old          the implicit step reward
-      p_t    = centre(clip(w q_t, ±c))                             `taurl.credit.prm.episode_neutral_shaping`
+      p_t    = centre(clip(w q_t, ±c))
+               (`taurl.credit.prm.episode_neutral_shaping`)
       batch.process_rewards = p                                    the outcome is left untouched
 
 φ is a copy of the policy (class and weights) when the learner is built — the SFT policy at

@@ -131,7 +131,8 @@ def read_sft_file(path: str, env: str) -> list:
     keep, bad = [], []
     for i, row in enumerate(read_jsonl(path), 1):
         try:
-            traj = Trajectory.from_dict({k: v for k, v in row.items() if k in Trajectory.__dataclass_fields__})
+            traj = Trajectory.from_dict({k: v for k, v in row.items()
+                                         if k in Trajectory.__dataclass_fields__})
         except Exception as e:  # noqa: BLE001 — a broken row is reported, the others are kept
             bad.append(f"row {i}: {type(e).__name__}: {e}")
             continue

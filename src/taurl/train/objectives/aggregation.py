@@ -1,9 +1,11 @@
 """How per-token losses (B, L) become one scalar: the aggregation mode, chosen explicitly.
 
     token-mean               Σ_{b,t} m·ℓ / Σ m                         (DAPO, arXiv 2503.14476 §3.3)
-    seq-mean-token-mean      (1/S) Σ_s [Σ_t m·ℓ / Σ_t m]               (GRPO, arXiv 2402.03300 Eq. 3)
+    seq-mean-token-mean      (1/S) Σ_s [Σ_t m·ℓ / Σ_t m]               (GRPO, arXiv 2402.03300
+                                                                        Eq. 3)
     seq-mean-token-sum       (1/S) Σ_s Σ_t m·ℓ
-    seq-mean-token-sum-norm  (1/(S·C)) Σ_s Σ_t m·ℓ, C a constant        (Dr. GRPO, arXiv 2503.20783 §3.2)
+    seq-mean-token-sum-norm  (1/(S·C)) Σ_s Σ_t m·ℓ, C a constant        (Dr. GRPO, arXiv
+                                                                        2503.20783 §3.2)
 
 A *sequence* s is a row, or — when one trajectory spans several rows (turn-per-row
 training, a long episode cut into windows) — every row with the same ``traj_index``, so a

@@ -1,7 +1,8 @@
 """PPO's clipped surrogate, with asymmetric clipping and dual clipping.
 
     ρ_t = π_θ(a_t) / π_old(a_t)
-    ℓ_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε_low, 1 + ε_high))            (PPO, arXiv 1707.06347 Eq. 7)
+    ℓ_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε_low, 1 + ε_high))            (PPO, arXiv 1707.06347
+                                                                          Eq. 7)
     dual clip, A_t < 0:  ℓ_t = min(ℓ_t, −c·A_t),  c > 1                   (arXiv 1912.09729)
 
 ε_high > ε_low ("clip-higher") lets unlikely tokens grow and keeps entropy up
