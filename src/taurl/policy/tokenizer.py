@@ -150,7 +150,7 @@ _COMPACT_TOOLS = r"""{%- if tools %}
         {{- ')' + (': ' + f.description if f.description else '') }}
     {%- endfor %}
     {{- '\n</tools><|im_end|>\n' }}
-"""
+"""  # noqa: E501 (a chat template's text is saved with every tokenizer: it stays as it is)
 CHAT_TEMPLATE_COMPACT = _TOOLS_BLOCK.sub(lambda _: _COMPACT_TOOLS, CHAT_TEMPLATE, count=1)
 CHAT_TEMPLATES = {"chatml": CHAT_TEMPLATE, "chatml-compact": CHAT_TEMPLATE_COMPACT}
 
