@@ -159,8 +159,8 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0,
                       n_rl=0, n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed,
                       env_config=cfg.env_config)
-    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s,
-                                     progress) for s in SPLITS} for v in (cand, base)}
+    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS}
+             for v in (cand, base)}
     decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand,
                       baseline_version=base, current=current_version(run.root), source="cli")
     append_record(run.root, decision)
