@@ -77,8 +77,8 @@ class EngineRouter:
             self._in_flight[i] -= 1
 
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
-        results = await asyncio.gather(*(e.load_weights(checkpoint_dir,
-                                                        version) for e in self.engines),
+        results = await asyncio.gather(*(e.load_weights(checkpoint_dir, version)
+                                         for e in self.engines),
                                        return_exceptions=True)
         if failed := [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]:
             i, err = failed[0]
