@@ -105,14 +105,14 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
     stats = {**stats,
              "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
              "rollout/chains_per_episode": sum(t.num_streams for t in finals) / max(1, len(finals)),
-             "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls",
-                                                                      0) for t in finals)),
+             "rollout/malformed_tool_calls":
+                 float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
              "rollout/agent_tool_errors": float(sum(t.num_errors for t in finals)),
              "rollout/throttled_calls": float(proxy.throttled),
-             "rollout/admission_waits": float(sum(t.metadata.get("admission_waits",
-                                                                 0) for t in finals)),
-             "rollout/admission_wait_s": float(sum(t.metadata.get("admission_wait_s",
-                                                                  0.0) for t in finals)),
+             "rollout/admission_waits":
+                 float(sum(t.metadata.get("admission_waits", 0) for t in finals)),
+             "rollout/admission_wait_s":
+                 float(sum(t.metadata.get("admission_wait_s", 0.0) for t in finals)),
              "time/agent_collect_s": time.perf_counter() - t0}
     if all_chains:
         return [t for s in specs if s.episode_id in out for t in out[s.episode_id]], stats
