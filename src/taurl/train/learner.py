@@ -305,8 +305,8 @@ class Learner:
         """Token-weighted means over micro-batches and epochs; a maximum stays the maximum."""
         epochs = self.config.epochs
         for k, v in m.items():
-            sums[k] = max(sums.get(k, v),
-                          v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + weight * v / epochs
+            sums[k] = (max(sums.get(k, v), v) if k.endswith(_MAX_KEYS)
+                       else sums.get(k, 0.0) + weight * v / epochs)
         sums["learn/loss"] = sums.get("learn/loss", 0.0) + loss / epochs
 
     def _step(self) -> tuple[torch.Tensor, float]:
