@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from taurl.recipe import loop as recipe
+from taurl.recipe import evaluation as recipe
 
 
 class FakeResult:

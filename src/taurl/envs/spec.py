@@ -70,7 +70,8 @@ class EnvSpec:
     """One registered environment and its optional plug points (module docstring)."""
 
     name: str
-    factory: Callable[..., Env]  # (a "module:attr" string until `registry.spec` imports it; so the others)
+    # (a "module:attr" string until `registry.spec` imports it; so the others)
+    factory: Callable[..., Env]
     tasks: TaskSource | None = None
     expert: Expert | None = None
     verifier: Callable[[], Verifier] | None = None  # makes a fresh instance per evaluation

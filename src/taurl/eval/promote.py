@@ -136,13 +136,15 @@ def _check_pair(a: EvalResult, b: EvalResult, what: str) -> None:
     for key in ("eval_seed", "temperature"):
         va, vb = getattr(a, key), getattr(b, key)
         if va is not None and vb is not None and va != vb:
-            raise Error(f"the {what} evaluations differ in {key} ({va} vs {vb}): a promotion compares two "
-                        "policies on the same tasks and seeds; evaluate both with the same eval settings")
+            raise Error(f"the {what} evaluations differ in {key} ({va} vs {vb}): a promotion "
+                        "compares two policies on the same tasks and seeds; evaluate both with the "
+                        "same eval settings")
 
 
-def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResult], cfg: PromotionConfig, *,
-           candidate_version: int, baseline_version: int, current: int | None = None, source: str = "",
-           now: float | None = None) -> PromotionDecision:
+def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResult],
+           cfg: PromotionConfig, *,
+           candidate_version: int, baseline_version: int, current: int | None = None,
+           source: str = "", now: float | None = None) -> PromotionDecision:
     """The gate's decision (module docstring: the rules) from each policy's ``holdout`` and
     ``validation`` evaluations, paired by task. Raises Error when the two evaluations of a
     split are not of the same tasks, trials, seed and temperature.
@@ -158,13 +160,15 @@ def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResul
     second: PairedDifference = compare(baseline["validation"], candidate["validation"])
     checks = [
         Check("gain", gain.ci95[0] > cfg.margin,
-              f"holdout gain {gain.difference:+.3f}, 95% CI [{gain.ci95[0]:+.3f}, {gain.ci95[1]:+.3f}] over "
-              f"{gain.tasks} tasks: lower bound {'>' if gain.ci95[0] > cfg.margin else '<='} margin {cfg.margin:+.3f}"),
+              f"holdout gain {gain.difference:+.3f}, 95% CI [{gain.ci95[0]:+.3f}, "
+              f"{gain.ci95[1]:+.3f}] over {gain.tasks} tasks: lower bound "
+              f"{'>' if gain.ci95[0] > cfg.margin else '<='} margin {cfg.margin:+.3f}"),
     ]
     for k in SAFETY_KEYS:
         c, b = getattr(hc, k), getattr(hb, k)
         ok = c <= b + cfg.safety_tolerance + 1e-12
-        checks.append(Check(f"safety/{k}", ok, f"{k} {c:.4g} {'<=' if ok else '>'} baseline {b:.4g} + tolerance "
+        checks.append(Check(f"safety/{k}", ok, f"{k} {c:.4g} {'<=' if ok else '>'} baseline "
+                                               f"{b:.4g} + tolerance "
                                                 f"{cfg.safety_tolerance:.4g}"))
     for k in COST_KEYS:
         ratio = cfg.max_wall_ratio if k == "wall_s_per_success" else cfg.max_cost_ratio
@@ -179,15 +183,17 @@ def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResul
         checks.append(Check(f"cost/{k}", ok, why))
     ok = second.difference >= -cfg.max_regression - 1e-12
     checks.append(Check("second_suite", ok,
-                        f"validation (second suite) difference {second.difference:+.3f} {'>=' if ok else '<'} "
-                        f"-{cfg.max_regression:.3f}"))
+                        f"validation (second suite) difference {second.difference:+.3f} "
+                        f"{'>=' if ok else '<'} -{cfg.max_regression:.3f}"))
     promoted = all(c.passed for c in checks)
     figures = {"holdout_gain": gain.to_dict(), "validation_gain": second.to_dict(),
                **{f"{who}/{k}": getattr(r, k) for who, r in (("candidate", hc), ("baseline", hb))
                   for k in ("success", *SAFETY_KEYS, *COST_KEYS, "tool_error_rate", "wall_s_mean")}}
     return PromotionDecision(
-        candidate=candidate_version, baseline=baseline_version, decision="promoted" if promoted else "refused",
-        current=candidate_version if promoted else (baseline_version if current in (None, candidate_version)
+        candidate=candidate_version, baseline=baseline_version,
+        decision="promoted" if promoted else "refused",
+        current=candidate_version if promoted else (baseline_version
+                                                    if current in (None, candidate_version)
                                                     else current),
         reasons=[("pass " if c.passed else "FAIL ") + c.reason for c in checks],
         time=time.time() if now is None else now, figures=figures, thresholds=asdict(cfg),
@@ -245,7 +251,8 @@ def _checkpoint_versions(run_dir: Path) -> list[int]:
 
 
 def current_version(run_dir: str | Path) -> int:
-    """The run's current policy version: the last record's ``current``, else the newest checkpoint."""
+    """The run's current policy version: the last record's ``current``, else the newest
+    checkpoint."""
     records = read_records(run_dir)
     if records:
         return int(records[-1]["current"])
@@ -289,7 +296,10 @@ def rollback_target(records: list[dict[str, Any]]) -> int | None:
     return chain[chain.index(cur) - 1]
 
 
-def rollback_record(current: int, target: int, *, source: str = "cli", now: float | None = None) -> PromotionDecision:
-    return PromotionDecision(candidate=target, baseline=current, decision="rollback", current=target,
-                             reasons=[f"rollback requested: v{target} replaces v{current} as the current policy"],
+def rollback_record(current: int, target: int, *, source: str = "cli",
+                    now: float | None = None) -> PromotionDecision:
+    return PromotionDecision(candidate=target, baseline=current, decision="rollback",
+                             current=target,
+                             reasons=[f"rollback requested: v{target} replaces v{current} as the "
+                                      "current policy"],
                              time=time.time() if now is None else now, source=source)

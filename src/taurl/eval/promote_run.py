@@ -41,7 +41,8 @@ def recipe_promotion(run: RunDir, promotion: PromotionConfig,
     from the evaluations the recipe already ran; appends the record once (a resumed run that
     finds its record reuses it) and logs the decision."""
     for rec in read_records(run.root):
-        if rec.get("source") == "recipe" and rec["candidate"] == candidate and rec.get("baseline") == baseline:
+        if (rec.get("source") == "recipe" and rec["candidate"] == candidate
+            and rec.get("baseline") == baseline):
             log.info(_line(rec))
             return rec
     as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
@@ -70,8 +71,8 @@ def _version(text: str | int, flag: str) -> int:
 def _open_run(run_dir: str | Path) -> RunDir:
     run = RunDir(Path(run_dir))
     if not run.config.exists() or not run.versions():
-        raise Error(f"{run_dir} is not a training run directory (it needs config.yaml and checkpoints/v<N>); "
-                    "give the directory `taurl train --run-dir` wrote")
+        raise Error(f"{run_dir} is not a training run directory (it needs config.yaml and "
+                    "checkpoints/v<N>); give the directory `taurl train --run-dir` wrote")
     return run
 
 
@@ -79,17 +80,20 @@ def _need_version(run: RunDir, v: int, flag: str) -> None:
     if v not in run.versions():
         raise Error(f"{flag} v{v}: {run.root} has no checkpoint v{v} (it has "
                     f"{', '.join(f'v{x}' for x in run.versions())}; training keeps the newest "
-                    "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 keeps all)")
+                    "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 "
+                    "keeps all)")
 
 
 def _matches(d: dict[str, Any], version: int, split: str, tasks: list, cfg: Any) -> bool:
-    return (d.get("policy_version") == version and d.get("split") == split and d.get("trials") == cfg.eval_trials
+    return (d.get("policy_version") == version and d.get("split") == split
+            and d.get("trials") == cfg.eval_trials
             and d.get("eval_seed") == cfg.eval_seed and d.get("temperature") == cfg.eval_temperature
             and "wall_s_per_success" in d  # older files lack the safety and cost figures
             and set(d.get("task_successes", {})) == {t.task_id for t in tasks})
 
 
-def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str, progress: bool = True) -> EvalResult:
+def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
+                     progress: bool = True) -> EvalResult:
     """`version`'s evaluation on `split` (module docstring: reused, else run and kept)."""
     tasks = getattr(plan, split)
     for path in sorted((run.root / "evals").glob("*.json")):
@@ -111,10 +115,11 @@ def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
 
     tag = f"promote-{split}-v{version}"
     with Ledger(run.ledger) as ledger:
-        result = evaluate_policy(run.checkpoint(version), tasks, cfg.eval_config(), make_env=make_env,
+        result = evaluate_policy(run.checkpoint(version), tasks, cfg.eval_config(),
+                                 make_env=make_env,
                                  rollout=cfg.rollout_config(cfg.eval_temperature),
-                                 verifier=envs.spec(cfg.env).make_verifier(), ledger=ledger, run_id=run.root.name,
-                                 tag=tag, progress=progress)
+                                 verifier=envs.spec(cfg.env).make_verifier(), ledger=ledger,
+                                 run_id=run.root.name, tag=tag, progress=progress)
     atomic_write_text(run.root / "evals" / f"{tag}.json", json.dumps(result.to_dict(), indent=2))
     return result
 
@@ -126,8 +131,8 @@ def _default_baseline(run: RunDir, candidate: int) -> int:
     earlier = rollback_target(read_records(run.root))
     if earlier is not None:
         return earlier
-    raise Error(f"v{candidate} is already the current policy and no earlier promoted version exists: "
-                "name the baseline with --baseline vM")
+    raise Error(f"v{candidate} is already the current policy and no earlier promoted version "
+                "exists: name the baseline with --baseline vM")
 
 
 def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | None = None,
@@ -146,7 +151,8 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     base = _default_baseline(run, cand) if baseline is None else _version(baseline, "--baseline")
     _need_version(run, base, "--baseline")
     if base == cand:
-        raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two versions")
+        raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two "
+                    "versions")
     cfg = load_config(run)
     thresholds = cfg.promotion
     plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
@@ -165,8 +171,8 @@ def rollback(run_dir: str | Path, to: str | int | None = None) -> PromotionDecis
     if to is None:
         target = rollback_target(read_records(run.root))
         if target is None:
-            raise Error(f"{run.root}: no earlier promoted version to roll back to (current v{cur}); "
-                        "name one with --to vM")
+            raise Error(f"{run.root}: no earlier promoted version to roll back to (current "
+                        f"v{cur}); name one with --to vM")
     else:
         target = _version(to, "--to")
     _need_version(run, target, "--to")

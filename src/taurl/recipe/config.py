@@ -1,6 +1,7 @@
 """Typed run configurations: loaded from YAML, validated once, all problems reported together.
 
-Each field's comment is its documentation; `taurl COMMAND --help` and docs/reference/config.md list them.
+Each field's comment is its documentation; `taurl COMMAND --help` and
+docs/reference/config.md list them.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class RolloutRunConfig:
     env_config: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the env
     model: str = ""  # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md); "" builds the default tiny policy
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
-    system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
+    # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
+    system_prompt: str | None = None
     split: str = "train"  # task split to sample: train | validation | holdout
-    task_options: dict[str, Any] = field(default_factory=dict)  # the env's task-source options (search-v0: families, split_by)
+    # the env's task-source options (search-v0: families, split_by)
+    task_options: dict[str, Any] = field(default_factory=dict)
     episodes: int = 64  # number of episodes (tasks x group_size)
     group_size: int = 1  # episodes per task (G, for group-relative credit)
     concurrency: int = 32  # episodes in flight at once (the engine batches them)
@@ -115,7 +118,8 @@ class RolloutRunConfig:
         if not self.task_options and recipe.get("task_options"):
             changes["task_options"] = recipe["task_options"]
         if not self.env_config and recipe.get("env_config"):
-            changes["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
+            changes["env_config"] = {k: v for k, v in recipe["env_config"].items()
+                                     if k != "max_turns"}
         return dataclasses.replace(self, **changes)
 
 
@@ -184,7 +188,8 @@ class TrainConfig:
         the same for every batch —, the engine's dtype and the train section's numerics)."""
         from taurl.train.precision import engine_dtype
 
-        numerics = {f.name: getattr(self.train, f.name) for f in dataclasses.fields(LearnerNumerics)}
+        numerics = {f.name: getattr(self.train, f.name)
+                    for f in dataclasses.fields(LearnerNumerics)}
         return dataclasses.replace(self.rl, temperature=self.rollout.temperature,
                                    norm_constant=float(self.rollout.max_episode_tokens),
                                    engine_dtype=engine_dtype(self), **numerics)
@@ -221,34 +226,41 @@ class TrainConfig:
                      "tasks_per_update"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts", "sft_max_steps"):
+        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts",
+                     "sft_max_steps"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
         if not self.temperature > 0:
             # greedy sampling makes the G rollouts of a group identical: every group has zero
             # reward variance, so every group is dropped and every update is skipped (and the
             # behaviour logprobs of an argmax are not a policy's)
-            out.append(f"temperature must be > 0 to train (got {self.temperature}): at 0 the G rollouts of a "
-                       "group are identical, every group has zero advantage and no update learns anything; "
-                       "train at temperature 1.0 (the default) and set eval_temperature: 0 for greedy evaluation")
+            out.append(f"temperature must be > 0 to train (got {self.temperature}): at 0 the G "
+                       "rollouts of a group are identical, every group has zero advantage and no "
+                       "update learns anything; train at temperature 1.0 (the default) and set "
+                       "eval_temperature: 0 for greedy evaluation")
         if not self.generate_timeout_s > 0:
             out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
         if isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1:
-            out.append(f"checkpoint_every must be an integer >= 1 (1: every update); got {self.checkpoint_every!r}")
+            out.append("checkpoint_every must be an integer >= 1 (1: every update); got "
+                       f"{self.checkpoint_every!r}")
         elif self.checkpoint_every > 1 and self.schedule.kind == "async":
-            out.append("checkpoint_every > 1 runs with schedule: sync (the async learner checkpoints every "
-                       "version); use checkpoint_every: 1 or schedule: sync")
+            out.append("checkpoint_every > 1 runs with schedule: sync (the async learner "
+                       "checkpoints every version); use checkpoint_every: 1 or schedule: sync")
         if self.keep_checkpoints < 0:
-            out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
+            out.append("keep_checkpoints must be >= 0 (0 keeps every version; got "
+                       f"{self.keep_checkpoints})")
         if self.group_size < 2:
-            out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
+            out.append("group_size must be >= 2: group-relative advantages compare rollouts of one "
+                       "task")
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
         if self.chat_template not in ("chatml", "chatml-compact"):
-            out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
+            out.append("chat_template must be chatml or chatml-compact (got "
+                       f"{self.chat_template!r})")
         if self.engine.kind not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine.kind!r})")
-        elif self.engine.kind == "local" and (bad := local_engine_option_problem(self.engine_options)):
+        elif (self.engine.kind == "local"
+              and (bad := local_engine_option_problem(self.engine_options))):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
         from taurl.policy.device import device_problems
@@ -261,8 +273,10 @@ class TrainConfig:
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine.kind,
                                 engine_options=self.engine_options)
-        if self.backend == "ray" and self.agent:  # the proxy collector runs agents in this process only
-            out.append("agent: (your agent through the proxy) runs with backend: local only; drop backend: ray")
+        if self.backend == "ray" and self.agent:
+            # the proxy collector runs agents in this process only
+            out.append("agent: (your agent through the proxy) runs with backend: local only; drop "
+                       "backend: ray")
         if self.sft.data not in ("expert", "file", "none", "rejection"):
             out.append(f"sft must be expert, file, none or rejection (got {self.sft.data!r})")
         if self.sft.data == "file" and not Path(self.sft_data).is_file():
@@ -270,9 +284,11 @@ class TrainConfig:
         if self.sft.data != "file" and self.sft_data:
             out.append("sft_data is set but sft is not 'file': set sft: file, or drop sft_data")
         if self.tasks and not Path(self.tasks).is_file():
-            out.append(f"tasks: {self.tasks!r} is not a file; give a JSONL task file or '' for the env's tasks")
+            out.append(f"tasks: {self.tasks!r} is not a file; give a JSONL task file or '' for the "
+                       "env's tasks")
         if self.tasks and self.task_options:
-            out.append("task_options apply to the env's task source; with a task file (tasks:) drop them")
+            out.append("task_options apply to the env's task source; with a task file (tasks:) "
+                       "drop them")
         if self.model:
             from taurl.policy.sources import model_problems
 
@@ -299,13 +315,16 @@ class TrainConfig:
                 out += registry.expert_option_problems(self.env, self.expert_options)
             if self.demos < 1:
                 out.append("sft: expert needs demos >= 1")
-        elif self.expert_options and self.sft.data == "file":  # (a demo config reused with sft none/rejection keeps them)
+        elif self.expert_options and self.sft.data == "file":
+            # (a demo config reused with sft none/rejection keeps them)
             out.append("expert_options are set but sft is not 'expert'")
         hooks = spec.policy_hooks
-        # with a given model the warm-up is not applied (default_policy_options_ignored, which the recipe logs)
+        # with a given model the warm-up is not applied (default_policy_options_ignored, which the
+        # recipe logs)
         warmup = self.warmup_options if not self.model else {}
         if warmup and not hasattr(hooks, "warmup"):
-            out.append(f"warmup_options: {self.env} has no warm-up hook for its default policy; drop them")
+            out.append(f"warmup_options: {self.env} has no warm-up hook for its default policy; "
+                       "drop them")
         elif warmup:
             from taurl.envs.registry import signature_problems
 
@@ -320,8 +339,10 @@ class TrainConfig:
         if not self.model:
             return []
         defaults = PolicySection()
-        out = [flat for flat, key in (("model_size", "size"), ("tokenizer_texts", "tokenizer_texts"),
-                                      ("vocab_size", "vocab_size"), ("chat_template", "chat_template"))
+        out = [flat for flat, key in (("model_size", "size"),
+                                      ("tokenizer_texts", "tokenizer_texts"),
+                                      ("vocab_size", "vocab_size"),
+                                      ("chat_template", "chat_template"))
                if getattr(self.policy, key) != getattr(defaults, key)]
         return out + (["warmup_options"] if self.warmup_options else [])
 
@@ -331,18 +352,20 @@ class TrainConfig:
         if self.schedule.kind not in ("sync", "async"):
             out.append(f"schedule must be sync or async (got {self.schedule.kind!r})")
         if self.staleness_eta < 0 or self.overprovision < 0:
-            out.append(f"staleness_eta and overprovision must be >= 0 (got {self.staleness_eta}, {self.overprovision})")
+            out.append(f"staleness_eta and overprovision must be >= 0 (got {self.staleness_eta}, "
+                       f"{self.overprovision})")
         if self.interrupt not in ("finish", "interrupt"):
             out.append(f"interrupt must be finish or interrupt (got {self.interrupt!r})")
         if self.schedule.kind == "async" and (self.backend != "local" or self.agent):
-            out.append("schedule: async runs with backend: local and the built-in agent loop; drop backend/agent "
-                       "or use schedule: sync")
+            out.append("schedule: async runs with backend: local and the built-in agent loop; drop "
+                       "backend/agent or use schedule: sync")
         if self.schedule.kind == "async" and self.concurrency < self.group_size:
-            out.append(f"schedule: async needs concurrency >= group_size (a group runs at once); got "
-                       f"{self.concurrency} < {self.group_size}")
-        if self.schedule.kind == "async" and (self.step_scorer != "none" or self.replay or self.curriculum):
-            out.append("schedule: async does not take step_scorer, replay or curriculum yet (they hook the "
-                       "synchronous loop); drop them or use schedule: sync")
+            out.append("schedule: async needs concurrency >= group_size (a group runs at once); "
+                       f"got {self.concurrency} < {self.group_size}")
+        if self.schedule.kind == "async" and (self.step_scorer != "none" or self.replay
+                                              or self.curriculum):
+            out.append("schedule: async does not take step_scorer, replay or curriculum yet (they "
+                       "hook the synchronous loop); drop them or use schedule: sync")
         return out
 
     def deterministic_problems(self) -> list[str]:
@@ -350,17 +373,21 @@ class TrainConfig:
         process, fed by the synchronous collector and the built-in agent loop."""
         if not self.deterministic:
             return []
-        other = [f"{k}: {v}" for k, v, ok in (("engine", self.engine.kind, "local"), ("backend", self.backend, "local"),
-                                                ("schedule", self.schedule.kind, "sync")) if v != ok]
+        other = [f"{k}: {v}" for k, v, ok in (("engine", self.engine.kind, "local"),
+                                              ("backend", self.backend, "local"),
+                                              ("schedule", self.schedule.kind, "sync"))
+                 if v != ok]
         other += ["engine_options.replicas > 1"] * (self.engine_options.get("replicas", 1) != 1)
         other += ["agent: (your agent through the proxy)"] * bool(self.agent)
         if other:
-            return [f"rollout.deterministic: true needs engine local (one replica), backend local, schedule sync and "
-                    f"the built-in agent loop; this config has {', '.join(other)}. Drop deterministic, or those"]
+            return ["rollout.deterministic: true needs engine local (one replica), backend local, "
+                    "schedule sync and the built-in agent loop; this config has "
+                    f"{', '.join(other)}. Drop deterministic, or those"]
         return []
 
     def lora_problems(self) -> list[str]:
-        """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names included."""
+        """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names
+        included."""
         from taurl.train.lora import run_problems
 
         return run_problems(self)
@@ -381,7 +408,8 @@ class TrainConfig:
         return alarm_config(self.alarms)[1] + tracker_problems(self.trackers)
 
 
-ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
+ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
+                   "max_context",
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
 
 

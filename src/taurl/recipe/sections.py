@@ -43,8 +43,8 @@ TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks
 # the flat names of the release before sections, and where each lives now (frozen: a new
 # option has no flat name, only its place)
 _RENAMED = {"model_size": "policy.size", "engine": "engine.kind",
-            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file", "rl_seed": "rl.seed",
-            "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
+            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file",
+            "rl_seed": "rl.seed", "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
             "train_strategy": "train.strategy", "train_world_size": "train.world_size"}
 _PREFIXED = {"sft": ("epochs", "batch_size", "lr", "warmup_steps", "max_steps", "max_seconds"),
              "eval": ("tasks", "trials", "temperature", "seed")}
@@ -332,7 +332,8 @@ def _is_section(key: str, block: list[str]) -> bool:
     return value == "" or value.startswith("{")
 
 
-if __name__ == "__main__":  # python -m taurl.recipe.sections FILE...: rewrite flat config files in place
+if __name__ == "__main__":
+    # python -m taurl.recipe.sections FILE...: rewrite flat config files in place
     import sys
 
     for name in sys.argv[1:]:

@@ -5,7 +5,8 @@ updates and the last; the newest ``keep_checkpoints`` kept) and resume from the 
 
 Rejection round k (policy version v = v_sft + k − 1):
 
-    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the ledger
+    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the
+                                                                                # ledger
     kept     = keep_episodes(episodes)        # verified, clean, length, diversity, difficulty
     v + 1    = sft_loop(v, kept)              # masked NLL on the kept episodes' action tokens
 
@@ -48,7 +49,8 @@ def rejection_rounds(r: Any) -> None:
     temperature = opts.temperature or cfg.temperature
     pool = r.plan.rl
     if not pool:
-        raise Error("sft: rejection has no training tasks to sample: set rl.updates and rl.tasks_per_update >= 1")
+        raise Error("sft: rejection has no training tasks to sample: set rl.updates and "
+                    "rl.tasks_per_update >= 1")
     done = r.state.get("rejection", [])
     for rnd in range(len(done) + 1, opts.rounds + 1):
         t0 = time.perf_counter()
@@ -58,8 +60,9 @@ def rejection_rounds(r: Any) -> None:
         # the RL loop's factory: engine, engine_options and their defaults mean the same here
         collector = rollout_collector(r, version, tok, seed=seed,
                                       rollout=cfg.rollout_config(temperature))
-        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
-                             f"rs{rnd:02d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(attempts)]
+        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t,
+                             episode_seed(seed, "rejection", rnd, i, g), f"rs{rnd:02d}:{t.task_id}")
+                 for i, t in enumerate(tasks) for g in range(attempts)]
         try:
             batch, cstats = collector.collect(specs, ledger=r.ledger)
         finally:
@@ -69,23 +72,28 @@ def rejection_rounds(r: Any) -> None:
         model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
         steps = 0
         if kept.trajs:
-            run = sft_loop(model, kept.trajs, epochs=opts.epochs or cfg.sft_epochs, batch_size=cfg.sft_batch_size,
-                           lr=opts.lr or cfg.sft_lr, warmup_steps=opts.warmup_steps, grad_clip=cfg.grad_clip,
+            run = sft_loop(model, kept.trajs, epochs=opts.epochs or cfg.sft_epochs,
+                           batch_size=cfg.sft_batch_size,
+                           lr=opts.lr or cfg.sft_lr, warmup_steps=opts.warmup_steps,
+                           grad_clip=cfg.grad_clip,
                            pad_id=tok.pad_token_id, micro_batch_tokens=cfg.micro_batch_tokens,
                            seed=episode_seed(seed, "rejection-sft", rnd) % 2**31)
             steps = run.steps
         else:
-            log.warning("rejection round %d kept no episode of %d: version %d is version %d's weights", rnd,
+            log.warning("rejection round %d kept no episode of %d: version %d is version %d's "
+                        "weights", rnd,
                         len(batch), version + 1, version)
         keep_checkpoint(r, version + 1, model, tok, None, phase="rejection", round=rnd,
                         sft_steps=steps)
         row = {"phase": "rejection", "update": rnd, "policy/version": version + 1,
-               **rollout_metrics(batch, t_roll), **cstats, **kept.stats, "rejection/sft_steps": float(steps),
+               **rollout_metrics(batch, t_roll), **cstats, **kept.stats,
+               "rejection/sft_steps": float(steps),
                "time/rollout_s": t_roll, "time/update_s": time.perf_counter() - t0}
         r.metrics.write(version + 1, row)
-        log.info("rejection round %d: kept %d of %d episodes, %d SFT steps -> v%d", rnd, len(kept.trajs),
-                 len(batch), steps, version + 1)
-        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs), "sft_steps": steps}]
+        log.info("rejection round %d: kept %d of %d episodes, %d SFT steps -> v%d", rnd,
+                 len(kept.trajs), len(batch), steps, version + 1)
+        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs),
+                        "sft_steps": steps}]
         r.save_state(rejection=done)
         r.phase_done("rejection", time.perf_counter() - t0)
     # A stage that kept nothing trained nothing: its "policy" is the SFT checkpoint under a

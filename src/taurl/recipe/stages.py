@@ -1,12 +1,15 @@
 """The recipe's training stage after the SFT checkpoint: RL, or one of three other contracts.
 
     stage      chosen by                 what each step trains on
-    rl         (default)                 advantages of the policy's own samples (`taurl.train.learner`)
-    rejection  sft: rejection            the policy's verified, clean samples, SFT (`taurl.rollout.rejection`)
+    rl         (default)                 advantages of the policy's own samples
+                                         (`taurl.train.learner`)
+    rejection  sft: rejection            the policy's verified, clean samples, SFT
+                                         (`taurl.rollout.rejection`)
     dpo        rl.objective: dpo         pairs of a higher- and a lower-reward episode of one task
-                                         (`taurl.train.pair_learner`); online, or offline from rl.dpo.data
-    distill    rl.teacher: DIR           the teacher's distribution on the student's own action tokens
-                                         (`taurl.train.distill`)
+                                         (`taurl.train.pair_learner`); online, or offline from
+                                         rl.dpo.data
+    distill    rl.teacher: DIR           the teacher's distribution on the student's own action
+                                         tokens (`taurl.train.distill`)
 
 Every stage is a step of the same recipe (`taurl.recipe.loop`): the config is validated at
 once, the stage starts from the SFT checkpoint (``v_sft``; with ``sft: rejection`` or ``none``
@@ -45,7 +48,8 @@ def stage_problems(cfg: Any) -> list[str]:
     from taurl.train.stage_options import DistillOptions, DPOOptions
 
     out: list[str] = []
-    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"), ("rl.teacher", bool(cfg.teacher)),
+    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"),
+                              ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
         out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs with model:)")
@@ -56,7 +60,8 @@ def stage_problems(cfg: Any) -> list[str]:
     if cfg.distill != DistillOptions() and not cfg.teacher:
         out.append("rl.distill options are set but rl.teacher is not: give the teacher's checkpoint directory")
     if stage_name(cfg) != "rl" and cfg.schedule.kind != "sync":
-        out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
+        out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the "
+                   "async one)")
     if cfg.sft.data == "rejection" and cfg.backend != "local":
         out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
                    f"backend: {cfg.backend} is not supported there: drop backend (local)")
@@ -83,8 +88,8 @@ def teacher_problems(teacher: str, model: str) -> list[str]:
     from pathlib import Path
 
     if not (Path(teacher) / "config.json").is_file():
-        return [f"rl.teacher {teacher!r} is not a model directory (no config.json); give a checkpoint, "
-                "e.g. runs/demo/checkpoints/v31"]
+        return [f"rl.teacher {teacher!r} is not a model directory (no config.json); give a "
+                "checkpoint, e.g. runs/demo/checkpoints/v31"]
     if not model or not (Path(model) / "config.json").is_file():
         return []  # the student is built by the run: its tokenizer is checked when the stage starts
     from taurl.policy.tokenizer import load_tokenizer
@@ -108,7 +113,8 @@ def learner_for(cfg: Any, run: Any, v_sft: int, model: Any, tok: Any, reference:
     from taurl.train.prm import step_scorer
 
     stage = stage_name(cfg)
-    common = {"lr": cfg.lr, "grad_clip": cfg.grad_clip, "pad_id": tok.pad_token_id, "temperature": cfg.temperature,
+    common = {"lr": cfg.lr, "grad_clip": cfg.grad_clip, "pad_id": tok.pad_token_id,
+              "temperature": cfg.temperature,
               "weight_decay": cfg.weight_decay, "lr_warmup_steps": cfg.lr_warmup_steps}
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.torch_dtype)  # Run.placement
     if stage == "dpo":

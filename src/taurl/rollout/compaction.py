@@ -114,8 +114,10 @@ async def _compact(engine: Any, env: Any, task: Any, st: CompactionState, t: int
             return
     hook = getattr(env, "compact_prompt", None)
     if c.policy == "env" and hook is None:
-        st.stop, st.info = StopReason.ERROR, {"error": f"compaction policy env: {type(env).__name__} has no "
-                                                       "compact_prompt(task) hook; use drop, truncate or summarize"}
+        st.stop, st.info = StopReason.ERROR, {"error": "compaction policy env: "
+                                                       f"{type(env).__name__} has no "
+                                                       "compact_prompt(task) hook; use drop, "
+                                                       "truncate or summarize"}
         return
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
     if not isinstance(user, str):
@@ -174,7 +176,8 @@ async def _summarize(engine: Any, st: CompactionState, t: int) -> str:
     the policy a request and an answer to imitate, which skipping compaction would not
     (their episodes would then end context_full)."""
     c, ep, cfg = st.config.compaction, st.ep, st.config
-    if len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens > st.max_context:
+    if (len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens
+            > st.max_context):
         return ""  # no room left to ask: the compaction goes on without a summary
     if st.inline:
         o_idx, _ = ep.append("observation", ep.codec.encode(f"\n{c.summary_request}\n"))
@@ -182,9 +185,11 @@ async def _summarize(engine: Any, st: CompactionState, t: int) -> str:
     else:  # the stream ends in an opened assistant turn (the generation prompt): it closes empty
         ep.add_to_assistant("")
         message = {"role": "user", "content": c.summary_request}
-        ep.append("observation", ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
+        ep.append("observation",
+                  ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
         ep.messages.append(message)
-    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8, cfg.max_episode_tokens - st.sampled)
+    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8,
+                 cfg.max_episode_tokens - st.sampled)
     if budget < 1:
         return ""
     if st.policy:

@@ -56,7 +56,8 @@ def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], 
     return True
 
 
-async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
+async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env],
+                  specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
                   bar: tqdm | None = None,
                   on_stored: Callable[[str, Trajectory], None] | None = None
@@ -90,11 +91,13 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     if bar is not None:
         bar.update(len(reused_ids))
     await run_in_slots(engine, [one(s) for s in specs if s.episode_id not in out], concurrency)
-    stats = close_round(specs, out, failed, reused_ids)  # nothing usable: the run stops with the first cause
+    # nothing usable: the run stops with the first cause
+    stats = close_round(specs, out, failed, reused_ids)
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
 
-async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]], concurrency: int) -> None:
+async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]],
+                       concurrency: int) -> None:
     """Run `jobs` in order, at most `concurrency` at once: each of that many slots takes the
     next job when its last one is done.
 

@@ -55,7 +55,8 @@ def is_clean(traj: Trajectory) -> str | None:
     return None if traj.valid else "error"
 
 
-def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task], verify: Callable[[Trajectory, Task], float],
+def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task],
+                  verify: Callable[[Trajectory, Task], float],
                   opts: RejectionOptions, attempts: int) -> Kept:
     """The episodes of `trajs` that pass every filter (module docstring), in task order."""
     by_id = {t.task_id: t for t in tasks}
@@ -78,9 +79,11 @@ def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task], verify: Ca
             n_act = sum(e.action_mask)
             if why := is_clean(e):
                 stats[f"rejection/rejected_{why}"] += 1
-            elif n_act < opts.min_action_tokens or (opts.max_action_tokens and n_act > opts.max_action_tokens):
+            elif n_act < opts.min_action_tokens or (opts.max_action_tokens
+                                                    and n_act > opts.max_action_tokens):
                 stats["rejection/rejected_length"] += 1
-            elif any(jaccard(action_sequence(e), action_sequence(k)) > opts.max_jaccard for k in kept):
+            elif any(jaccard(action_sequence(e), action_sequence(k)) > opts.max_jaccard
+                     for k in kept):
                 stats["rejection/rejected_duplicate"] += 1
             elif len(kept) >= per_task:
                 stats["rejection/rejected_per_task"] += 1

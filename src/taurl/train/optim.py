@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, warmup_steps: int,
-                   grad_clip: float,
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float,
+                   warmup_steps: int, grad_clip: float,
                    scaler: torch.amp.GradScaler | None = None) -> tuple[torch.Tensor, float]:
     """Clip the accumulated gradient to `grad_clip`, set the warm-up learning rate, step.
 
@@ -17,7 +17,8 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr:
     if scaler is not None:
         scaler.unscale_(optimizer)
     # the trained parameters (with LoRA the adapters'; the frozen base has no gradient)
-    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                          grad_clip)
     step_lr = warmup_lr(lr, optimizer_steps(optimizer) + 1, warmup_steps)
     for group in optimizer.param_groups:
         group["lr"] = step_lr
@@ -36,7 +37,8 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     and TRL warm up the same way). Why RL needs it here: AdamW's bias-corrected first step is
     lr · g / |g| per parameter whatever the gradient's size, so a fresh optimizer's first
     update moves nearly every weight by the full lr on the direction of one small batch
-    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
+    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0:
+    lr.
     """
     return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
 

@@ -3,7 +3,8 @@
 The recipe's ``rl.objective: dpo`` (`taurl.recipe.stages`) trains on pairs instead of
 advantages. Each update:
 
-    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward, same task
+    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward,
+                                              # same task
     log π(τ) = Σ_t m_t log π(a_t | ·)         # action tokens only (m: the action mask)
     loss     = dpo_loss(π_θ, π_ref)           # taurl.train.objectives.dpo, mean over pairs
     AdamW step                                 # one new policy version
@@ -128,11 +129,13 @@ class DPOLearner:
     same loss and gradient as one batch of all P (to float rounding).
     """
 
-    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *, lr: float,
+    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *,
+                 lr: float,
                  grad_clip: float, pad_id: int, temperature: float = 1.0, weight_decay: float = 0.0,
                  lr_warmup_steps: int = 0, micro_batch_tokens: int = 6144):
         if reference is None:
-            raise ConfigError("DPO needs a frozen reference policy (the stage's starting checkpoint)")
+            raise ConfigError("DPO needs a frozen reference policy (the stage's starting "
+                              "checkpoint)")
         self.model, self.opts, self.pad_id, self.temperature = model, opts, pad_id, temperature
         self.lr, self.grad_clip, self.lr_warmup_steps = lr, grad_clip, lr_warmup_steps
         self.micro_batch_tokens = micro_batch_tokens

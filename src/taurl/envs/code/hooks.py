@@ -33,7 +33,8 @@ PREFIX_WEIGHT = 50  # copies of the system prompt and tool declarations
 class CodePolicyHooks:
     """The `taurl.envs.spec.PolicyHooks` of code-v0 (module docstring)."""
 
-    def tokenizer_texts(self, env: Env, train_tasks: Sequence[Task], families: Any = None) -> list[str]:
+    def tokenizer_texts(self, env: Env, train_tasks: Sequence[Task],
+                        families: Any = None) -> list[str]:
         texts = [env.system_prompt, json.dumps(env.tools)] * PREFIX_WEIGHT
         rng = random.Random(0)
         for task in train_tasks:
@@ -49,7 +50,8 @@ class CodePolicyHooks:
         env.close()
         return [t for t in texts if t]
 
-    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int, lr: float,
+    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int,
+               lr: float,
                grad_clip: float, log: Callable[[int, dict[str, float]], None], steps: int = 0,
                batch_size: int = 64, probe_tasks: Sequence[Task] = (),
                copy_phase: Callable[..., dict[str, float]]) -> dict[str, float]:

@@ -7,8 +7,9 @@
   both splits share), so no held-out name shapes the vocabulary.
 * `warmup`: the copy warm-up (`taurl.train.copy_warmup`): a model built from scratch has
   no induction heads, and ~300 steps of copying the demonstration tasks' subjects and
-  answers form them before SFT (docs/experiments/speed.md, "Copy warm-up": holdout query copy 0.04 without, 0.93 with).
-  Copy accuracy is measured on subjects of RL tasks, which the warm-up never saw.
+  answers form them before SFT (docs/experiments/speed.md, "Copy warm-up": holdout query copy 0.04
+  without, 0.93 with). Copy accuracy is measured on subjects of RL tasks, which the warm-up never
+  saw.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class SearchPolicyHooks:
         texts += [t.prompt for t in generate_tasks("train", split_by=split_by)]
         return texts + [env.system_prompt] * 50
 
-    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int, lr: float,
+    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int,
+               lr: float,
                grad_clip: float, log: Callable[[int, dict[str, float]], None], steps: int = 300,
                batch_size: int = 64, probe_tasks: Sequence[Task] = (),
                copy_phase: Callable[..., dict[str, float]]) -> dict[str, float]:

@@ -27,7 +27,8 @@ from taurl.train.objectives.value import ValueModel, value_loss
 __all__ = [
     "AGGREGATIONS", "OBJECTIVES", "ValueModel", "aggregate", "decoupled_ppo_loss", "dpo_loss",
     "dual_clip_ppo_loss", "entropy_bonus", "get_objective", "gspo_loss", "importance_weights",
-    "kl_estimate", "kl_loss", "kl_reward_penalty", "make_objective", "masked_mean", "objective_family",
+    "kl_estimate", "kl_loss", "kl_reward_penalty", "make_objective", "masked_mean",
+    "objective_family",
     "objective_names", "ppo_clip_loss", "sequence_entropy", "sequence_logprobs", "sft_loss",
     "value_loss",
 ]
