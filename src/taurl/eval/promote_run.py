@@ -45,7 +45,8 @@ def recipe_promotion(run: RunDir, promotion: PromotionConfig,
             and rec.get("baseline") == baseline):
             log.info(_line(rec))
             return rec
-    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
+    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS}
+                  for tag in ("sft", "final")}
     decision = decide(as_results["final"], as_results["sft"], promotion,
                       candidate_version=candidate, baseline_version=baseline,
                       current=current_version(run.root), source="recipe")
@@ -155,11 +156,13 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
                     "versions")
     cfg = load_config(run)
     thresholds = cfg.promotion
-    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
-                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
-    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS} for v in (cand, base)}
-    decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand, baseline_version=base,
-                      current=current_version(run.root), source="cli")
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0,
+                      n_rl=0, n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed,
+                      env_config=cfg.env_config)
+    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS}
+             for v in (cand, base)}
+    decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand,
+                      baseline_version=base, current=current_version(run.root), source="cli")
     append_record(run.root, decision)
     return decision
 

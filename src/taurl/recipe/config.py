@@ -43,7 +43,9 @@ class RolloutRunConfig:
 
     env: str = "search-v0"  # registered environment name (taurl.envs.registered())
     env_config: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the env
-    model: str = ""  # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md); "" builds the default tiny policy
+    # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md);
+    # "" builds the default tiny policy
+    model: str = ""
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
     # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
     system_prompt: str | None = None
@@ -221,9 +223,9 @@ class TrainConfig:
             self, rl=dataclasses.replace(self.rl, objective="ppo", objective_options={}))
         out = (pg.learner_config().problems() + self.eval_config().problems() + stage_problems(self)
                + self.monitor_problems() + self.mixing_problems())
-        for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
-                     "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
-                     "tasks_per_update"):
+        for name in ("max_turns", "max_action_tokens", "max_episode_tokens",
+                     "max_observation_tokens", "max_context", "concurrency", "sft_epochs",
+                     "sft_batch_size", "updates", "tasks_per_update"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts",
@@ -328,7 +330,8 @@ class TrainConfig:
         elif warmup:
             from taurl.envs.registry import signature_problems
 
-            out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
+            out += signature_problems(hooks.warmup, self.warmup_options,
+                                       f"{self.env}'s warm-up", "option",
                                        {"model", "tokenizer", "train_tasks", "seed", "lr",
                                         "grad_clip", "log", "probe_tasks", "copy_phase"})
         return out

@@ -16,7 +16,7 @@ from typing import Any
 from taurl.data.atomic import atomic_write_text
 from taurl.envs.core import Task
 from taurl.eval.eval_run import evaluate_policy
-from taurl.eval.evaluate import paired_difference
+from taurl.eval.stats import paired_difference
 from taurl.recipe.resume import eval_mismatch, eval_tag
 from taurl.recipe.sections import flat_options
 from taurl.recipe.stages import stage_summary

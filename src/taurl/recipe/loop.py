@@ -43,8 +43,6 @@ from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
 from taurl.envs.tasks import plan_tasks
 from taurl.errors import Error
-from taurl.eval.eval_run import evaluate_policy
-from taurl.eval.stats import paired_difference
 from taurl.monitor.alarms import Watch, staleness_max
 from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
@@ -52,15 +50,15 @@ from taurl.monitor.sinks import metrics_writer
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.recipe.collectors import rollout_collector
 from taurl.recipe.config import TrainConfig
+from taurl.recipe.evaluation import evaluate_both, write_summary
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
 from taurl.recipe.resume import check_resume, run_identity
 from taurl.recipe.rl_step import rl_step
 from taurl.recipe.sections import flat_options
-from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
-from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
+from taurl.recipe.stages import make_learner, run_own_stage, sft_steps
+from taurl.recipe.state import Hook, Run, check_run_env, make_env
 from taurl.recipe.validate import check_config, dump_config
-from taurl.reward.judged import is_judged, shared_judge
 from taurl.rollout.episodes import Collector, EpisodeSpec
 from taurl.rollout.seeds import episode_seed
 from taurl.train import lora

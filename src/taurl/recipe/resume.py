@@ -79,7 +79,8 @@ def check_resume(run_dir: str | Path, identity: dict[str, Any]) -> None:
     stored = _stored_identity(root)
     if stored is None:
         return
-    changed = [(k, old, identity["config"].get(k)) for k, old in sorted(stored.get("config", {}).items())
+    changed = [(k, old, identity["config"].get(k))
+               for k, old in sorted(stored.get("config", {}).items())
                if k in identity["config"] and not _same_option(k, old, identity["config"][k])]
     for k, old in (stored.get("env") or {}).items():
         if identity["env"].get(k) != old:

@@ -52,13 +52,15 @@ def stage_problems(cfg: Any) -> list[str]:
                               ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
-        out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs with model:)")
+        out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs "
+                   "with model:)")
     if cfg.rejection != RejectionOptions() and cfg.sft.data != "rejection":
         out.append("sft.rejection options are set but sft is not 'rejection'")
     if cfg.dpo != DPOOptions() and cfg.objective != "dpo":
         out.append("rl.dpo options are set but rl.objective is not 'dpo'")
     if cfg.distill != DistillOptions() and not cfg.teacher:
-        out.append("rl.distill options are set but rl.teacher is not: give the teacher's checkpoint directory")
+        out.append("rl.distill options are set but rl.teacher is not: give the teacher's "
+                   "checkpoint directory")
     if stage_name(cfg) != "rl" and cfg.schedule.kind != "sync":
         out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the "
                    "async one)")
@@ -68,7 +70,8 @@ def stage_problems(cfg: Any) -> list[str]:
     if stage_name(cfg) != "rl" and cfg.lora:
         out.append(f"the {stage_name(cfg)} stage trains the full policy; drop policy.lora")
     if (data := cfg.dpo.data) and not _is_file(data):
-        out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl export)")
+        out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl "
+                   "export)")
     if cfg.teacher:
         out += teacher_problems(cfg.teacher, cfg.model)
     from taurl.recipe.chain_checks import chain_problems

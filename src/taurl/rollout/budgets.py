@@ -25,7 +25,9 @@ class RolloutConfig:
     max_tool_calls: int | None = None  # tool calls per episode (None: no budget)
     temperature: float = 1.0
     top_p: float = 1.0
-    generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
-    resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
+    # an engine call that takes longer ends the episode as an error (None: wait)
+    generate_timeout_s: float | None = 600.0
+    # an action cut by pause("abort") (a weight update) continues on the new weights
+    resume_aborted: bool = False
     # context management: a new token stream instead of a full context
     compaction: CompactionConfig = field(default_factory=CompactionConfig)

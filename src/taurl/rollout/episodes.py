@@ -73,7 +73,8 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env],
     proxy has its own with the same contract (`taurl.proxy.collect.collect_agent`), which
     the caller passes to `LocalCollector` (the rollout stage never imports the proxy).
     """
-    out = stored_episodes(ledger, specs, config.temperature)  # a resumed round's, checked to be its own
+    # a resumed round's, checked to be its own
+    out = stored_episodes(ledger, specs, config.temperature)
     failed: list[str] = []
 
     async def one(s: EpisodeSpec) -> None:

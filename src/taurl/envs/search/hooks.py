@@ -47,7 +47,8 @@ class SearchPolicyHooks:
         returns the exact-copy rate of names in `probe_tasks` the warm-up never saw.
         `copy_phase` is the trainer's copy phase (`taurl.train.copy_warmup`), passed in by
         the recipe: an env names what to copy, the training stage (above the envs) trains it."""
-        names = [t.metadata["subject"] for t in train_tasks] + [t.answers[0] for t in train_tasks if t.answers]
+        names = [t.metadata["subject"] for t in train_tasks] + [t.answers[0] for t in train_tasks
+                                                                if t.answers]
         probe = [t.metadata["subject"] for t in probe_tasks]
         return copy_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
                           grad_clip=grad_clip, seed=seed, log=log)
