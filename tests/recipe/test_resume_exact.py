@@ -81,7 +81,7 @@ def test_a_stored_evaluation_is_reused_only_when_it_is_the_one_asked_for(done, t
     import dataclasses
 
     from taurl.recipe.config import TrainConfig
-    from taurl.recipe.loop import evaluate_split
+    from taurl.recipe.evaluation import evaluate_split
     from taurl.recipe.state import Run
     from taurl.recipe.validate import load_config
 
