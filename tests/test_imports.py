@@ -208,9 +208,16 @@ def test_a_cycle_is_found(tmp_path, how):
     back = {"module level": "from pkg.a import f\n",
             "in a function": "def g():\n    from pkg.a import f\n    return f\n",
             "relative": "from . import a\n"}[how]
-    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.b import g\ndef f(): ...\n",
-                      "pkg/sub/__init__.py": "", "pkg/sub/b.py": back.replace(". import", ".. import"),
-                      "pkg/c.py": "import pkg.a\n"})
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.sub.b import g\ndef f(): ...\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/b.py": back.replace(". import", ".. import"),
+            "pkg/c.py": "import pkg.a\n",
+        },
+    )
     assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"]]
 
 

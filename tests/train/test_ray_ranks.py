@@ -144,7 +144,9 @@ def test_the_train_section_takes_the_launcher_and_names_its_problems():
 def test_backend_options_resources_place_the_rollout_workers_and_are_checked():
     from taurl.scale import backend_problems
 
-    assert backend_problems("ray", {"workers": 2, "resources": {"engines": 1}}, engine="local") == []
+    assert (
+        backend_problems("ray", {"workers": 2, "resources": {"engines": 1}}, engine="local") == []
+    )
     assert backend_problems("ray", {"resources": {"engines": 0}}, engine="local") == [
         "backend_options resources must map Ray resource names to amounts > 0, e.g. "
         "{engines: 1} (got {'engines': 0})"]
