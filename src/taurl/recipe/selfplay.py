@@ -5,7 +5,10 @@ against a scripted opponent that no stage trains on (configs/tictactoe_selfplay.
 
 Stages (docs/multi-agent.md, "Self-play"):
 
-1. a tokenizer and the tiny policy built from the training games' texts, SFT on expert
+1. a tokenizer and the tiny policy built from the training games' texts; with
+   ``sft.warmup_demos`` a legal-move warm-up first (SFT on games of uniform legal moves:
+   with ``game.numbered`` the policy learns to copy a free cell's number off the board, the
+   copy a policy built from scratch has no heads for), then SFT on expert
    demonstrations played against ``demo_opponent`` (a uniform random player);
 2. ``rl.updates`` rounds: each round plays ``group_size`` matches of ``tasks_per_update``
    openings with the policy in both seats (x and o), credits the records (``zero_sum``
@@ -80,6 +83,9 @@ class SelfPlayConfig:
     demo_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "random", "opponent_p_random": 1.0})
     expert_p_random: float = 0.1
+    # a legal-move warm-up before SFT: games of uniform legal moves (the rules, no strategy)
+    warmup_demos: int = 0
+    warmup_epochs: int = 1
     sft_epochs: int = 4
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
@@ -136,7 +142,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "policy": {"vocab_size": "vocab_size", "lora": "lora"},
     "sft": {"demos": "demos", "demo_opponent": "demo_opponent",
             "expert_p_random": "expert_p_random", "epochs": "sft_epochs",
-            "batch_size": "sft_batch_size", "lr": "sft_lr"},
+            "batch_size": "sft_batch_size", "lr": "sft_lr", "warmup_demos": "warmup_demos",
+            "warmup_epochs": "warmup_epochs"},
     "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update",
            "group_size": "group_size", "estimator": "estimator",
            "estimator_options": "estimator_options", "lr": "rl_lr"},
@@ -180,10 +187,17 @@ def build_sft_policy(cfg: SelfPlayConfig, root: Path) -> tuple[torch.nn.Module, 
             texts.append(obs)
     model, tok = build_default_policy(texts, root / "v0", size="tiny",
                                       vocab_size=cfg.vocab_size, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if cfg.warmup_demos:  # module docstring: the legal-move warm-up
+        warm = asyncio.run(demonstrations(
+            games(cfg, "train", cfg.warmup_demos, cfg.demo_opponent), tok,
+            lambda: single_env(cfg), expert=tictactoe_expert, expert_options={"p_random": 1.0},
+            seed=cfg.seed + 1, config=_rollout(cfg), episode_prefix="warmup"))
+        train_sft(model, warm, epochs=cfg.warmup_epochs, batch_size=cfg.sft_batch_size,
+                  lr=cfg.sft_lr, pad_id=tok.pad_token_id, seed=cfg.seed + 1)
     demos = asyncio.run(demonstrations(
         tasks, tok, lambda: single_env(cfg), expert=tictactoe_expert,
         expert_options={"p_random": cfg.expert_p_random}, seed=cfg.seed, config=_rollout(cfg)))
-    torch.manual_seed(cfg.seed)
     train_sft(model, demos, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
               pad_id=tok.pad_token_id, seed=cfg.seed)
     return model.eval(), tok
@@ -193,7 +207,7 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
                    cfg: SelfPlayConfig, split: str, tag: str) -> EvalResult:
     """Each task played by its role's policy against the task's scripted opponent; seeds are
     fixed by (task index, trial), so two evaluations pair."""
-    trajs = []
+    trajs, tag = [], tag.replace("/", "-")
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger(Path(tmp) / "ledger.sqlite")
         try:
@@ -209,7 +223,8 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
                 trajs += got
         finally:
             ledger.close()
-    return summarize(trajs, list(tasks), cfg.eval_trials, split=split)
+    # "holdout/minimax" (an `extra_holdout` report) is a holdout evaluation
+    return summarize(trajs, list(tasks), cfg.eval_trials, split=split.partition("/")[0])
 
 
 class SelfPlay:
@@ -272,9 +287,9 @@ def _figures(r: EvalResult) -> dict[str, Any]:
 
 # what the SFT stage and its evaluation depend on: a run with the same values may reuse them
 SFT_KEYS = ("seed", "vocab_size", "opening_moves", "max_illegal", "numbered", "demos",
-            "demo_opponent", "expert_p_random", "sft_epochs", "sft_batch_size", "sft_lr",
-            "validation_opponent", "holdout_opponent", "extra_holdout", "eval_tasks",
-            "eval_trials", "temperature")
+            "demo_opponent", "expert_p_random", "warmup_demos", "warmup_epochs", "sft_epochs",
+            "sft_batch_size", "sft_lr", "validation_opponent", "holdout_opponent",
+            "extra_holdout", "eval_tasks", "eval_trials", "temperature")
 
 
 def sft_stage(cfg: SelfPlayConfig, root: Path, splits: dict[str, list[Task]],
@@ -292,9 +307,9 @@ def sft_stage(cfg: SelfPlayConfig, root: Path, splits: dict[str, list[Task]],
     t0 = time.perf_counter()
     model, tok = build_sft_policy(cfg, root)
     log(f"SFT done in {time.perf_counter() - t0:.0f} s")
+    save_policy(model, tok, root / "sft", {"policy_version": 1})
     before = {s: evaluate_roles(dict.fromkeys(ROLES, model), tok, ts, cfg, s, f"sft-{s}")
               for s, ts in splits.items()}
-    save_policy(model, tok, root / "sft", {"policy_version": 1})
     (root / "sft" / "stage.json").write_text(json.dumps(
         {"key": key, "eval": {s: asdict(r) for s, r in before.items()}}))
     return model, tok, before
