@@ -19,6 +19,9 @@ def test_the_shipped_config_loads_its_sections_and_refuses_unknown_keys(tmp_path
     cfg = SelfPlayConfig.load(CONFIG)
     assert cfg.lora.get("per_role") is True and cfg.estimator == "returns"
     assert cfg.holdout_opponent != cfg.validation_opponent != cfg.demo_opponent
+    # the legal moves on the board; no stage plays the evaluation opponents
+    assert cfg.numbered and cfg.validation_opponent["opponent"] == "greedy"
+    assert cfg.demo_opponent["opponent"] == "random" and "minimax" in cfg.extra_holdout
     assert SelfPlayConfig.load(CONFIG, ["rl.updates=3"]).updates == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("rl: {updatez: 3}\n")
