@@ -439,4 +439,25 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(".venv/bin/python benchmarks/scale_model.py"),
     Command(".venv/bin/python benchmarks/scale_model.py --mfu 0.073"),
+    # search without a planted habit, and multi-hop search (SmolLM2-135M-Instruct)
+    Command(
+        "taurl train --config configs/real_search_clean.yaml --run-dir runs/search-clean",
+        TRAIN_TINY,
+        needs=("real-model",),
+    ),
+    Command(
+        f"taurl eval {REAL} --config configs/real_search_zeroshot.yaml",
+        ("--tasks", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        "taurl train --config configs/real_search_multihop.yaml --run-dir runs/search-multihop",
+        TRAIN_TINY,
+        needs=("real-model",),
+    ),
+    Command(
+        f"taurl eval {REAL} --config configs/real_search_multihop_zeroshot.yaml",
+        ("--tasks", "2"),
+        needs=("real-model",),
+    ),
 )

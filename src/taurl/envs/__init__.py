@@ -11,6 +11,11 @@ register("search-v0", "taurl.envs.search:SearchEnv", tasks="taurl.envs.search:ge
          verifier="taurl.envs.search.verifier:SearchVerifier",
          policy_hooks="taurl.envs.search.hooks:SearchPolicyHooks",
          tool_expert="taurl.envs.search.expert:search_tool_expert")
+# two searches per question: search-v0's two-hop families under their own name
+register("search-multihop-v0", "taurl.envs.search.multihop:MultiHopSearchEnv",
+         tasks="taurl.envs.search.multihop:multihop_tasks",
+         expert="taurl.envs.search.multihop:multihop_expert",
+         verifier="taurl.envs.search.multihop:MultiHopVerifier")
 register("code-v0", "taurl.envs.code:CodeEnv", tasks="taurl.envs.code:generate_tasks",
          expert="taurl.envs.code:expert", verifier="taurl.envs.code:make_holdout_verifier",
          policy_hooks="taurl.envs.code.hooks:CodePolicyHooks")
