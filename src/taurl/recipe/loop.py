@@ -45,7 +45,7 @@ from taurl.envs.tasks import plan_tasks
 from taurl.errors import Error
 from taurl.eval.eval_run import evaluate_policy
 from taurl.eval.evaluate import paired_difference
-from taurl.monitor.alarms import Watch, staleness_max
+from taurl.monitor.alarms import Watch, low_precision, staleness_max
 from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
@@ -298,7 +298,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
-    watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
+    watch = Watch(cfg.alarms, r.metrics.read(),  # health alarms (taurl.monitor.alarms)
+                  low=low_precision(cfg.precision, cfg.torch_dtype))
     # a LoRA checkpoint names its base (the SFT checkpoint) and that base's digest
     adapter = {"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))} if cfg.lora else {}
     # rows of updates after the newest checkpoint (checkpoint_every > 1) were written before a
