@@ -320,6 +320,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                         f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         mem = {"mem/rollout_peak_rss_mb": peak.read_mb()}
+        if hasattr(collector, "release_caches"):  # the engine's copies the update rebuilds
+            collector.release_caches()
         peak.reset(release=True)
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)
