@@ -99,7 +99,7 @@ def main() -> None:
     if a.floor:
         return floor(model, config, data, pad_id, t0)
     pair = run_pair(model, config, data, strategy=a.strategy, world_size=a.world_size,
-                    pad_id=pad_id)
+                    pad_id=pad_id, lean=True)
     try:
         for u, (e, g) in enumerate(zip(pair.expect, pair.got, strict=True)):
             row = {"update": u + 1, "micro_batches": e["learn/micro_batches"],
