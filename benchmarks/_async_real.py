@@ -31,17 +31,41 @@ def _config(args: Any, schedule: str, eta: int, policy: str) -> Any:
     from taurl.recipe.config import TrainConfig
 
     return TrainConfig(
-        model=policy, env="search-latency-v0", sft="none", demos=0, system_prompt="",
-        env_config={"top_k": 1, "max_doc_chars": 120, "latency_mean_s": args.latency_ms / 1000,
-                    "latency_sigma": args.latency_sigma, "latency_max_s": 5.0},
+        model=policy,
+        env="search-latency-v0",
+        sft="none",
+        demos=0,
+        system_prompt="",
+        env_config={
+            "top_k": 1,
+            "max_doc_chars": 120,
+            "latency_mean_s": args.latency_ms / 1000,
+            "latency_sigma": args.latency_sigma,
+            "latency_max_s": 5.0,
+        },
         task_options={"families": ["city_country"], "split_by": "city"},
-        max_turns=3, max_action_tokens=48, max_episode_tokens=128, max_context=1024, lr=2.5e-4,
-        updates=args.updates, tasks_per_update=8, group_size=8, eval_tasks=1, eval_trials=1,
+        max_turns=3,
+        max_action_tokens=48,
+        max_episode_tokens=128,
+        max_context=1024,
+        lr=2.5e-4,
+        updates=args.updates,
+        tasks_per_update=8,
+        group_size=8,
+        eval_tasks=1,
+        eval_trials=1,
         # async: room for the η + 1 batches (+ k groups) the admission rule lets run at once
         concurrency=64 * (eta + 1) + 8 * args.overprovision if schedule == "async" else 64,
-        schedule=schedule, staleness_eta=eta, overprovision=args.overprovision if schedule == "async" else 0,
-        interrupt=args.interrupt, objective=args.async_objective if schedule == "async" else "ppo",
-        seed=args.seed, alarms={"enabled": False}, torch_threads=1, keep_checkpoints=1)
+        schedule=schedule,
+        staleness_eta=eta,
+        overprovision=args.overprovision if schedule == "async" else 0,
+        interrupt=args.interrupt,
+        objective=args.async_objective if schedule == "async" else "ppo",
+        seed=args.seed,
+        alarms={"enabled": False},
+        torch_threads=1,
+        keep_checkpoints=1,
+    )
 
 
 def _one(args: Any, schedule: str, eta: int, policy: str, root: Path) -> dict[str, Any]:
@@ -54,17 +78,25 @@ def _one(args: Any, schedule: str, eta: int, policy: str, root: Path) -> dict[st
     rl = [r for r in rows if r.get("phase") == "rl"]
     rl_s = json.loads((run_dir / "state.json").read_text())["timings"]["rl"]
     tokens = sum(r["rollout/episodes"] * r.get("rollout/action_tokens_mean", 0.0) for r in rl)
-    return {"schedule": schedule, "eta": eta, "updates": len(rl), "trained_tokens": tokens, "rl_wall_s": rl_s,
-            "trained_tokens_per_s": tokens / rl_s,
-            "max_staleness": max(r.get("rollout/staleness_max", 0.0) for r in rl),
-            "staleness_mean": sum(r.get("rollout/staleness_mean", 0.0) for r in rl) / len(rl),
-            "dropped_stale_groups": sum(r.get("rollout/dropped_stale_groups", 0.0) for r in rl),
-            "aborted_groups": sum(r.get("rollout/aborted_groups", 0.0) for r in rl),
-            "learner_idle_s": sum(r.get("time/learner_idle_s", 0.0) for r in rl),
-            "learn_s": sum(r.get("time/learn_s", 0.0) for r in rl),
-            "success_mean": sum(r.get("rollout/success", 0.0) for r in rl) / len(rl),
-            "latency_ms": args.latency_ms, "latency_sigma": args.latency_sigma, "interrupt": args.interrupt,
-            "total_wall_s": time.perf_counter() - t0}
+    return {
+        "schedule": schedule,
+        "eta": eta,
+        "updates": len(rl),
+        "trained_tokens": tokens,
+        "rl_wall_s": rl_s,
+        "trained_tokens_per_s": tokens / rl_s,
+        "max_staleness": max(r.get("rollout/staleness_max", 0.0) for r in rl),
+        "staleness_mean": sum(r.get("rollout/staleness_mean", 0.0) for r in rl) / len(rl),
+        "dropped_stale_groups": sum(r.get("rollout/dropped_stale_groups", 0.0) for r in rl),
+        "aborted_groups": sum(r.get("rollout/aborted_groups", 0.0) for r in rl),
+        "learner_idle_s": sum(r.get("time/learner_idle_s", 0.0) for r in rl),
+        "learn_s": sum(r.get("time/learn_s", 0.0) for r in rl),
+        "success_mean": sum(r.get("rollout/success", 0.0) for r in rl) / len(rl),
+        "latency_ms": args.latency_ms,
+        "latency_sigma": args.latency_sigma,
+        "interrupt": args.interrupt,
+        "total_wall_s": time.perf_counter() - t0,
+    }
 
 
 def run_real(args: Any) -> list[dict[str, Any]]:
@@ -77,7 +109,9 @@ def run_real(args: Any) -> list[dict[str, Any]]:
         root = Path(args.keep or tmp)
         policy = root / "policy"
         shutil.copytree(args.policy, policy)  # the demo's run stays read-only
-        for schedule, eta in ([("sync", 0)] if not args.no_sync else []) + [("async", e) for e in args.etas]:
+        for schedule, eta in ([("sync", 0)] if not args.no_sync else []) + [
+            ("async", e) for e in args.etas
+        ]:
             row = _one(args, schedule, eta, str(policy), root)
             base = out[0]["trained_tokens_per_s"] if out else row["trained_tokens_per_s"]
             if args.no_sync:
@@ -98,7 +132,13 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--overprovision", type=int, default=2, help="async: extra groups in flight")
     p.add_argument("--interrupt", default="finish", choices=["finish", "interrupt"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--async-objective", default="decoupled_ppo", help="the async runs' objective (sync: ppo)")
+    p.add_argument(
+        "--async-objective", default="decoupled_ppo", help="the async runs' objective (sync: ppo)"
+    )
     p.add_argument("--keep", default="", help="keep the run directories under this directory")
-    p.add_argument("--no-sync", action="store_true", help="skip the sync run (speedup against --sync-tokens-per-s)")
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="skip the sync run (speedup against --sync-tokens-per-s)",
+    )
     p.add_argument("--sync-tokens-per-s", type=float, default=0.0)

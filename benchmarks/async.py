@@ -3,8 +3,8 @@
     python benchmarks/async.py --sim                          # every schedule, default workload
     python benchmarks/async.py --sim --sweep-learn 5e-4 1e-3 2e-3   # learner cost sweep
     python benchmarks/async.py --sim --workload '{"gen_sigma": 1.0}' --eta 2
-    python benchmarks/async.py --real ...                     # the real pipeline (benchmarks/_async_real.py)
-    python benchmarks/async.py --check                        # the simulator vs the real pipeline (_sim_check.py)
+    python benchmarks/async.py --real ...     # the real pipeline (benchmarks/_async_real.py)
+    python benchmarks/async.py --check        # the simulator vs the real pipeline (_sim_check.py)
 
 Prints one JSON object per line per schedule, with at least ``schedule``, ``eta``,
 ``trained_tokens_per_s``, ``speedup_vs_sync`` and ``max_staleness``.
@@ -46,7 +46,9 @@ def _round(v: Any) -> Any:
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
-def sim_rows(workload: Workload, schedules: list[Schedule], updates: int, seed: int) -> list[dict[str, Any]]:
+def sim_rows(
+    workload: Workload, schedules: list[Schedule], updates: int, seed: int
+) -> list[dict[str, Any]]:
     """One row per schedule (sync first) on the same episodes."""
     results = compare(workload, schedules, updates=updates, seed=seed)
     share = next(r.learner_idle_frac for r in results if r.kind == "sync")
@@ -58,9 +60,11 @@ def load_real(path: Path | None = None) -> Any:
     """The harness module at `path` (default `REAL`), or an Error saying it is not there."""
     path = path or REAL
     if not path.exists():
-        raise Error(f"{path} does not exist in this checkout: --real needs the real async pipeline's harness "
-                    "(run_real(args) -> list[dict], written with the async pipeline of issue 11); "
-                    "merge that work or run --sim")
+        raise Error(
+            f"{path} does not exist in this checkout: --real needs the real async pipeline's "
+            "harness (run_real(args) -> list[dict], written with the async pipeline of issue 11); "
+            "merge that work or run --sim"
+        )
     spec = importlib.util.spec_from_file_location("_async_real", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -87,17 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sim", action="store_true", help="the discrete-event simulator (taurl.sim)")
-    mode.add_argument("--real", action="store_true", help="the real pipeline (benchmarks/_async_real.py)")
-    mode.add_argument("--check", action="store_true", help="the simulator vs the real pipeline (benchmarks/_sim_check.py)")
+    mode.add_argument(
+        "--real", action="store_true", help="the real pipeline (benchmarks/_async_real.py)"
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="the simulator vs the real pipeline (benchmarks/_sim_check.py)",
+    )
     p.add_argument("--updates", type=int, default=30, help="learner steps per schedule (sim)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (sim)")
-    p.add_argument("--eta", type=int, default=4, help="staleness bound of the async schedules (sim)")
-    p.add_argument("--overprovision", type=float, default=0.25, help="extra groups of the overprovision schedule")
-    p.add_argument("--max-batch", type=int, default=None, metavar="K",
-                   help="row cap of the capped async rows (sim; default: one batch of episodes, the real "
-                        "pipeline's engine_options.max_batch_size; 0 leaves those rows out)")
+    p.add_argument(
+        "--eta", type=int, default=4, help="staleness bound of the async schedules (sim)"
+    )
+    p.add_argument(
+        "--overprovision", type=float, default=0.25,
+        help="extra groups of the overprovision schedule",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        metavar="K",
+        help="row cap of the capped async rows (sim; default: one batch of episodes, the real "
+        "pipeline's engine_options.max_batch_size; 0 leaves those rows out)",
+    )
     p.add_argument("--workload", default="{}", help="JSON of Workload fields to override (sim)")
-    p.add_argument("--markdown", action="store_true", help="print a Markdown table instead of JSON lines")
+    p.add_argument(
+        "--markdown", action="store_true", help="print a Markdown table instead of JSON lines"
+    )
     p.add_argument("--sweep-learn", type=float, nargs="*", default=None, metavar="S_PER_TOKEN",
                    help="run every schedule at each learner cost (learn_s_per_token)")
     args, rest = p.parse_known_args(argv)
@@ -116,14 +138,22 @@ def main(argv: list[str] | None = None) -> int:
             fields = {f.name for f in dataclasses.fields(Workload)}
             over = json.loads(args.workload)
             if not isinstance(over, dict) or (bad := sorted(set(over) - fields)):
-                raise Error(f"--workload must be a JSON object of Workload fields; unknown: {bad if isinstance(over, dict) else over!r}. "
-                            f"Fields: {', '.join(sorted(fields))}")
+                raise Error(
+                    "--workload must be a JSON object of Workload fields; "
+                    f"unknown: {bad if isinstance(over, dict) else over!r}. Fields: "
+                    f"{', '.join(sorted(fields))}"
+                )
             base = dataclasses.replace(Workload(), **over).check()
             cap = base.batch_episodes if args.max_batch is None else args.max_batch
-            scheds = standard_schedules(eta=args.eta, overprovision=args.overprovision, max_batch=cap)
+            scheds = standard_schedules(
+                eta=args.eta, overprovision=args.overprovision, max_batch=cap
+            )
             rows = []
             for lpt in args.sweep_learn or [base.learn_s_per_token]:
-                rows += sim_rows(dataclasses.replace(base, learn_s_per_token=lpt), scheds, args.updates, args.seed)
+                rows += sim_rows(
+                    dataclasses.replace(base, learn_s_per_token=lpt), scheds, args.updates,
+                    args.seed,
+                )
     except (Error, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -152,20 +182,31 @@ def check(argv: list[str]) -> int:
     return 0
 
 
-COLUMNS = ["schedule", "speedup_vs_sync", "trained_tokens_per_s", "learner_idle_frac", "generator_bubble_frac",
-           "staleness_mean", "staleness_p95", "max_staleness", "tokens_wasted_frac", "episodes_dropped",
-           "episodes_aborted", "length_bias"]
+COLUMNS = [
+    "schedule", "speedup_vs_sync", "trained_tokens_per_s", "learner_idle_frac",
+    "generator_bubble_frac", "staleness_mean", "staleness_p95", "max_staleness",
+    "tokens_wasted_frac", "episodes_dropped", "episodes_aborted", "length_bias",
+]
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table (the columns BENCHMARKS.md shows)."""
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
-    if any("rollout_share_sync" in r for r in rows) and len({r.get("learn_s_per_token") for r in rows}) > 1:
+    if (
+        any("rollout_share_sync" in r for r in rows)
+        and len({r.get("learn_s_per_token") for r in rows}) > 1
+    ):
         cols = ["rollout_share_sync", *cols]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join(f"{_round(r[c]):.3g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
-                                     for c in cols) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                f"{_round(r[c]):.3g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                for c in cols
+            )
+            + " |"
+        )
     return "\n".join(out)
 
 

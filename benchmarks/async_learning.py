@@ -53,7 +53,7 @@ from long_credit import (  # benchmarks/ (this script's directory)
     seed_interval,
     task_counts,
 )
-from taurl.eval.evaluate import t_quantile
+from taurl.eval.stats import t_quantile
 
 # arm -> (schedule, η, objective)
 ARMS: dict[str, tuple[str, int, str]] = {
@@ -75,8 +75,10 @@ def arm_overrides(arm: str) -> dict[str, Any]:
     if schedule == "async":
         # lock-step batching is the sync schedule's mode (the demo config turns it on); an async
         # run batches whatever is ready, which is the point of the arm
-        out.update(staleness_eta=eta, concurrency=64 * (eta + 1), overprovision=0, interrupt="finish",
-                   deterministic=False)
+        out.update(
+            staleness_eta=eta, concurrency=64 * (eta + 1), overprovision=0, interrupt="finish",
+            deterministic=False,
+        )
     return out
 
 
@@ -94,12 +96,15 @@ def sampled_episodes(run_dir: Path) -> int:
         return ledger.count(split="train")
 
 
-def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dict | None = None) -> dict[str, Any]:
+def run_one(
+    src: str, out: str, arm: str, seed: int, updates: int, override: dict | None = None
+) -> dict[str, Any]:
     import estimators as bench  # benchmarks/estimators.py
     from taurl.errors import ConfigError
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import train
     from taurl.recipe.sections import flat_options
+    from taurl.recipe.validate import load_config
 
     src_p, run = Path(src), Path(out) / f"{arm}-s{seed}"
     base = load_config(TrainConfig, path=src_p / "config.yaml")
@@ -109,8 +114,10 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed}
     cfg = load_config(TrainConfig, data=data)
     if overlap := bench.sft_task_overlap(base, cfg):
-        raise ConfigError(f"{arm} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
-                          f"(e.g. {overlap[0]!r})")
+        raise ConfigError(
+            f"{arm} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
+            f"(e.g. {overlap[0]!r})"
+        )
     t0 = time.perf_counter()
     summary = train(cfg, str(run), progress=False)
     wall = time.perf_counter() - t0
@@ -121,17 +128,28 @@ def run_one(src: str, out: str, arm: str, seed: int, updates: int, override: dic
         return [_get(r, f"rollout/staleness_{key}", _get(r, f"learn/staleness_{key}")) for r in rl]
 
     timings = json.loads((run / "state.json").read_text()).get("timings", {})
-    return {"arm": arm, "seed": seed, "schedule": cfg.schedule.kind,
-            "eta": cfg.staleness_eta if cfg.schedule.kind == "async" else 0, "objective": cfg.objective, "updates": len(rl),
-            "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
-            "override": override or {}, "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl), "sampled_episodes": sampled_episodes(run),
-            "validation": summary["validation"], "holdout": summary["holdout"],
-            "staleness_mean": statistics.mean(age("mean")) if rl else math.nan,
-            "staleness_p95": max(age("p95"), default=math.nan), "staleness_max": max(age("max"), default=math.nan),
-            "dropped_stale_groups": sum(_get(r, "rollout/dropped_stale_groups") for r in rl),
-            "aborted_groups": sum(_get(r, "rollout/aborted_groups") for r in rl),
-            "wall_s": wall, "rl_wall_s": timings.get("rl", math.nan),
-            "curves": {k: [r.get(k) for r in rl] for k in PER_UPDATE}}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "schedule": cfg.schedule.kind,
+        "eta": cfg.staleness_eta if cfg.schedule.kind == "async" else 0,
+        "objective": cfg.objective,
+        "updates": len(rl),
+        "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
+        "override": override or {},
+        "trained_episodes": sum(_get(r, "rollout/episodes") for r in rl),
+        "sampled_episodes": sampled_episodes(run),
+        "validation": summary["validation"],
+        "holdout": summary["holdout"],
+        "staleness_mean": statistics.mean(age("mean")) if rl else math.nan,
+        "staleness_p95": max(age("p95"), default=math.nan),
+        "staleness_max": max(age("max"), default=math.nan),
+        "dropped_stale_groups": sum(_get(r, "rollout/dropped_stale_groups") for r in rl),
+        "aborted_groups": sum(_get(r, "rollout/aborted_groups") for r in rl),
+        "wall_s": wall,
+        "rl_wall_s": timings.get("rl", math.nan),
+        "curves": {k: [r.get(k) for r in rl] for k in PER_UPDATE},
+    }
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -150,7 +168,9 @@ def paired_difference(diffs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
-def task_paired_difference(runs: list[dict], base: list[dict], split: str) -> tuple[float, float, float]:
+def task_paired_difference(
+    runs: list[dict], base: list[dict], split: str
+) -> tuple[float, float, float]:
     """Per evaluation task, success pooled over seeds × trials of `runs` minus that of `base`
     (both evaluated on the same tasks), then `paired_difference` over tasks. It holds the
     trained policies fixed: evaluation noise only, no seed-to-seed training variance."""
@@ -182,7 +202,9 @@ def _diff_row(arm: str, base: str, runs: list[dict], base_runs: list[dict]) -> s
     if not pairs:
         return ""
     dh = [a["holdout"]["final"]["success"] - b["holdout"]["final"]["success"] for a, b in pairs]
-    dv = [a["validation"]["final"]["success"] - b["validation"]["final"]["success"] for a, b in pairs]
+    dv = [
+        a["validation"]["final"]["success"] - b["validation"]["final"]["success"] for a, b in pairs
+    ]
     per_task = task_paired_difference([a for a, _ in pairs], [b for _, b in pairs], "holdout")
     return (f"| {arm} − {base} | {len(pairs)} | {_fmt(*paired_difference(dh), sign=True)} | "
             f"{_fmt(*per_task, sign=True)} | {_fmt(*paired_difference(dv), sign=True)} |")
@@ -193,75 +215,132 @@ def tables(results: list[dict]) -> str:
     arm vs sync and of naive ppo vs decoupled_ppo at η = 4; the asynchrony figures. Arms in
     `ARMS` order, seeds ascending."""
     by: dict[str, list[dict]] = {}
-    for r in sorted(results, key=lambda r: (list(ARMS).index(r["arm"]) if r["arm"] in ARMS else 99, r["seed"])):
+    for r in sorted(
+        results, key=lambda r: (list(ARMS).index(r["arm"]) if r["arm"] in ARMS else 99, r["seed"])
+    ):
         by.setdefault(r["arm"], []).append(r)
     first = next(iter(by.values()))[0]
-    lines = [f"SFT policy (every run): validation {first['validation']['sft']['success']:.3f}, holdout "
-             f"{first['holdout']['sft']['success']:.3f}; {first['updates']} updates × "
-             f"{first['episodes_per_update']} episodes per run"
-             + (f"; every arm with {json.dumps(first['override'])}" if first.get("override") else ""), "",
-             "| arm | seeds | holdout, mean over seeds [95% t] | holdout pooled [task-clustered 95%] | per-seed holdout | "
-             "validation, mean [95% t] | per-seed validation |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"SFT policy (every run): validation {first['validation']['sft']['success']:.3f}, holdout "
+        f"{first['holdout']['sft']['success']:.3f}; {first['updates']} updates × "
+        f"{first['episodes_per_update']} episodes per run"
+        + (f"; every arm with {json.dumps(first['override'])}" if first.get("override") else ""),
+        "",
+        "| arm | seeds | holdout, mean over seeds [95% t] | holdout pooled [task-clustered 95%] | "
+        "per-seed holdout | validation, mean [95% t] | per-seed validation |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm, rs in by.items():
-        hold, val = [r["holdout"]["final"]["success"] for r in rs], [r["validation"]["final"]["success"] for r in rs]
-        lines.append(f"| {arm} | {len(rs)} | {_fmt(*seed_interval(hold))} | {_fmt(*pooled_interval(rs, 'holdout'))} | "
-                     f"{' '.join(f'{h:.3f}' for h in hold)} | {_fmt(*seed_interval(val))} | "
-                     f"{' '.join(f'{v:.3f}' for v in val)} |")
+        hold, val = (
+            [r["holdout"]["final"]["success"] for r in rs],
+            [r["validation"]["final"]["success"] for r in rs],
+        )
+        lines.append(
+            f"| {arm} | {len(rs)} | {_fmt(*seed_interval(hold))} | "
+            f"{_fmt(*pooled_interval(rs, 'holdout'))} | {' '.join(f'{h:.3f}' for h in hold)} | "
+            f"{_fmt(*seed_interval(val))} | {' '.join(f'{v:.3f}' for v in val)} |"
+        )
     # every arm against sync, and the naive objective against the decoupled one at η = 4
-    comparisons = [(arm, "sync") for arm in by if arm != "sync"] + [("async-eta4-ppo", "async-eta4")]
-    rows = [row for a, b in comparisons if a in by and b in by and (row := _diff_row(a, b, by[a], by[b]))]
+    comparisons = [(arm, "sync") for arm in by if arm != "sync"] + [
+        ("async-eta4-ppo", "async-eta4")
+    ]
+    rows = [
+        row
+        for a, b in comparisons
+        if a in by and b in by and (row := _diff_row(a, b, by[a], by[b]))
+    ]
     if rows:
-        lines += ["", "Differences, paired by seed (the same seed's runs; the same evaluation tasks):", "",
-                  "| arm − baseline | seeds paired | holdout Δ, mean [95% t over seeds] | holdout Δ per task "
-                  "[95% t over tasks] | validation Δ, mean [95% t over seeds] |", "|---|---|---|---|---|", *rows]
-    lines += ["", "| arm | staleness mean | staleness p95 (max over updates) | staleness max | dropped stale groups "
-              "(per run) | aborted groups (per run) | PPO clip frac | IS-bounded frac | behaviour KL | "
-              "last-3 train success | trained / sampled episodes (per run) | wall s / run |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Differences, paired by seed (the same seed's runs; the same evaluation tasks):",
+            "",
+            "| arm − baseline | seeds paired | holdout Δ, mean [95% t over seeds] | "
+            "holdout Δ per task [95% t over tasks] | validation Δ, mean [95% t over seeds] |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    lines += [
+        "",
+        "| arm | staleness mean | staleness p95 (max over updates) | staleness max | "
+        "dropped stale groups (per run) | aborted groups (per run) | PPO clip frac | "
+        "IS-bounded frac | behaviour KL | last-3 train success | "
+        "trained / sampled episodes (per run) | wall s / run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm, rs in by.items():
         c = {k: _mean([_mean(r["curves"][k]) for r in rs]) for k in PER_UPDATE}
         last3 = _mean([_mean(r["curves"]["rollout/success"][-3:]) for r in rs])
-        lines.append(f"| {arm} | {_mean([r['staleness_mean'] for r in rs]):.2f} | "
-                     f"{max(r['staleness_p95'] for r in rs):.0f} | {max(r['staleness_max'] for r in rs):.0f} | "
-                     f"{_mean([r['dropped_stale_groups'] for r in rs]):.1f} | {_mean([r['aborted_groups'] for r in rs]):.1f} | "
-                     f"{c['learn/clip_frac']:.3f} | {_num(c['learn/is_bounded_frac'], '.3f')} | "
-                     f"{_num(c['learn/behaviour_kl'], '.4f')} | "
-                     f"{last3:.3f} | {_mean([r['trained_episodes'] for r in rs]):.0f} / "
-                     f"{_mean([r.get('sampled_episodes', math.nan) for r in rs]):.0f} | "
-                     f"{_mean([r['wall_s'] for r in rs]):.0f} |")
+        lines.append(
+            f"| {arm} | {_mean([r['staleness_mean'] for r in rs]):.2f} | "
+            f"{max(r['staleness_p95'] for r in rs):.0f} | "
+            f"{max(r['staleness_max'] for r in rs):.0f} | "
+            f"{_mean([r['dropped_stale_groups'] for r in rs]):.1f} | "
+            f"{_mean([r['aborted_groups'] for r in rs]):.1f} | {c['learn/clip_frac']:.3f} | "
+            f"{_num(c['learn/is_bounded_frac'], '.3f')} | {_num(c['learn/behaviour_kl'], '.4f')} | "
+            f"{last3:.3f} | {_mean([r['trained_episodes'] for r in rs]):.0f} / "
+            f"{_mean([r.get('sampled_episodes', math.nan) for r in rs]):.0f} | "
+            f"{_mean([r['wall_s'] for r in rs]):.0f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="src", default="runs/demo", help="a finished run (its SFT policy is the start)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--from", dest="src", default="runs/demo",
+        help="a finished run (its SFT policy is the start)",
+    )
     ap.add_argument("--out", default="runs/async_learning")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=16, help="per run, every arm (the demo has 30)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
-    ap.add_argument("--override", default="{}", help='JSON of other config keys for every arm, e.g. \'{"lr": 1e-3}\'')
-    ap.add_argument("--report", action="store_true", help="only print the tables from OUT/results.jsonl")
+    ap.add_argument(
+        "--override",
+        default="{}",
+        help="JSON of other config keys for every arm, e.g. '{\"lr\": 1e-3}'",
+    )
+    ap.add_argument(
+        "--report", action="store_true", help="only print the tables from OUT/results.jsonl"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
     if not args.report:
-        done = {(r["arm"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+        done = (
+            {(r["arm"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())}
+            if log.exists()
+            else set()
+        )
         # seed-major order: a partial comparison has every arm at the first seeds
         jobs = [(arm, s) for s in args.seeds for arm in args.arms if (arm, s) not in done]
         with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, args.src, args.out, arm, s, args.updates, json.loads(args.override)): (arm, s) for arm, s in jobs}
+            futs = {
+                pool.submit(
+                    run_one, args.src, args.out, arm, s, args.updates, json.loads(args.override)
+                ): (arm, s)
+                for arm, s in jobs
+            }
             for f in cf.as_completed(futs):
                 r = f.result()
                 with log.open("a") as fh:
                     fh.write(json.dumps(r) + "\n")
-                print(f"{r['arm']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} holdout "
-                      f"{r['holdout']['final']['success']:.3f} staleness max {r['staleness_max']:.0f} "
-                      f"({r['wall_s']:.0f} s)", flush=True)
+                print(
+                    f"{r['arm']} seed {r['seed']}: validation "
+                    f"{r['validation']['final']['success']:.3f} holdout "
+                    f"{r['holdout']['final']['success']:.3f} staleness max "
+                    f"{r['staleness_max']:.0f} ({r['wall_s']:.0f} s)",
+                    flush=True,
+                )
     results = [json.loads(x) for x in log.read_text().splitlines()]
     for r in results:  # a result written before the field existed: count it in its run's ledger
-        if "sampled_episodes" not in r and (run := out / f"{r['arm']}-s{r['seed']}" / "ledger.sqlite").exists():
+        if (
+            "sampled_episodes" not in r
+            and (run := out / f"{r['arm']}-s{r['seed']}" / "ledger.sqlite").exists()
+        ):
             r["sampled_episodes"] = sampled_episodes(run.parent)
     print(tables(results))
 

@@ -24,10 +24,19 @@ def run_figures(run: Path) -> dict:
     s = json.loads((run / "summary.json").read_text())
     h = s["holdout"]
     stage_s = sum(s["timings"].get(k, 0.0) for k in STAGE_TIMINGS)
-    return {"stage": s["train"].get("stage", "rl"), "holdout": h["final"]["success"], "ci95": h["final"]["ci95"],
-            "sft_holdout": h["sft"]["success"], "paired_gain": h["paired_gain"], "stage_wall_s": stage_s,
-            "task_successes": h["final"]["task_successes"], "trials": h["final"]["trials"],
-            "wall_s": s["wall_seconds"], "updates": s["train"]["updates"], "promotion": s["promotion"].get("decision")}
+    return {
+        "stage": s["train"].get("stage", "rl"),
+        "holdout": h["final"]["success"],
+        "ci95": h["final"]["ci95"],
+        "sft_holdout": h["sft"]["success"],
+        "paired_gain": h["paired_gain"],
+        "stage_wall_s": stage_s,
+        "task_successes": h["final"]["task_successes"],
+        "trials": h["final"]["trials"],
+        "wall_s": s["wall_seconds"],
+        "updates": s["train"]["updates"],
+        "promotion": s["promotion"].get("decision"),
+    }
 
 
 def curve(run: Path, at: list[int]) -> dict[int, dict]:
@@ -41,7 +50,11 @@ def curve(run: Path, at: list[int]) -> dict[int, dict]:
             continue
         r = evaluate(ckpt, split="holdout", progress=False)
         out[n] = {"holdout": r.success, "ci95": list(r.ci95)}
-        print(f"{run.name} after {n} updates: holdout {r.success:.3f} [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]", flush=True)
+        print(
+            f"{run.name} after {n} updates: holdout {r.success:.3f} "
+            f"[{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]",
+            flush=True,
+        )
     return out
 
 
@@ -54,20 +67,30 @@ def main() -> None:
     p.add_argument("--out", default="runs/beyond/figures.json")
     a = p.parse_args()
     root = Path(a.runs)
-    teacher = json.loads((Path(a.teacher_run) / "summary.json").read_text())["holdout"]["final"]["success"]
+    teacher = json.loads((Path(a.teacher_run) / "summary.json").read_text())["holdout"]["final"][
+        "success"
+    ]
     figures = {"teacher_holdout": teacher, "runs": {}, "curves": {}}
     for run in sorted(d for d in root.iterdir() if (d / "summary.json").exists()):
         figures["runs"][run.name] = f = run_figures(run)
-        print(f"{run.name:10s} holdout {f['holdout']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]  "
-              f"gain {f['paired_gain']['difference']:+.3f}  stage {f['stage_wall_s']:.0f} s", flush=True)
-    from taurl.eval.evaluate import paired_difference
+        print(
+            f"{run.name:10s} holdout {f['holdout']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]  "
+            f"gain {f['paired_gain']['difference']:+.3f}  stage {f['stage_wall_s']:.0f} s",
+            flush=True,
+        )
+    from taurl.eval.stats import paired_difference
 
     base = figures["runs"].get("grpo")
-    for name, f in figures["runs"].items():  # same tasks and seeds: a paired, task-clustered difference
+    # same tasks and seeds: a paired, task-clustered difference
+    for name, f in figures["runs"].items():
         if base is not None and name != "grpo":
-            d = paired_difference(base["task_successes"], f["task_successes"], f["trials"]).to_dict()
+            d = paired_difference(
+                base["task_successes"], f["task_successes"], f["trials"]
+            ).to_dict()
             f["minus_grpo"] = {"difference": d["difference"], "ci95": d["ci95"]}
-            print(f"{name} - grpo: {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+            print(
+                f"{name} - grpo: {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+            )
     at = [int(x) for x in a.at.split(",")]
     for name in a.curves.split(","):
         if (root / name / "summary.json").exists():
@@ -75,7 +98,10 @@ def main() -> None:
             c[figures["runs"][name]["updates"]] = {"holdout": figures["runs"][name]["holdout"],
                                                    "ci95": figures["runs"][name]["ci95"]}
             reach = [n for n in sorted(c) if c[n]["holdout"] >= 0.9 * teacher]
-            figures["curves"][name] = {"points": c, "updates_to_90pct_teacher": reach[0] if reach else None}
+            figures["curves"][name] = {
+                "points": c,
+                "updates_to_90pct_teacher": reach[0] if reach else None,
+            }
     Path(a.out).write_text(json.dumps(figures, indent=2))
     print(json.dumps({k: v.get("updates_to_90pct_teacher") for k, v in figures["curves"].items()}))
 

@@ -62,7 +62,9 @@ def main() -> None:
     t0 = time.perf_counter()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="taurl-chaos-"))
     cfg = work / "config.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "concurrency": args.concurrency, "updates": args.updates}))
+    cfg.write_text(
+        yaml.safe_dump({**CONFIG, "concurrency": args.concurrency, "updates": args.updates})
+    )
     ref_dir = work / "reference"
     assert train(cfg, ref_dir, trace=str(work / "reference.trace")) == 0
     trace = read_trace(work / "reference.trace")
@@ -92,20 +94,33 @@ def main() -> None:
     v = run.versions()[-1]
     a, b = (load_file(RunDir(d).checkpoint(v) / "model.safetensors") for d in (run_dir, ref_dir))
     out = {
-        "kills": len(points), "restarts": len(points) + 1, "kill points not reached": missed,
+        "kills": len(points),
+        "restarts": len(points) + 1,
+        "kill points not reached": missed,
         "phases hit": sorted(label for label, test in PHASES if any(test(p) for p in points)),
-        "episodes (reference)": len(ref_records), "episodes lost": lost + len(set(ref_records) - set(final)),
-        "episodes duplicated": dup, "episodes extra": len(set(final) - set(ref_records)),
-        "episodes with other tokens": sum(final[e]["segments"] != r["segments"] for e, r in ref_records.items()
-                                          if e in final),
+        "episodes (reference)": len(ref_records),
+        "episodes lost": lost + len(set(ref_records) - set(final)),
+        "episodes duplicated": dup,
+        "episodes extra": len(set(final) - set(ref_records)),
+        "episodes with other tokens": sum(
+            final[e]["segments"] != r["segments"] for e, r in ref_records.items() if e in final
+        ),
         "restarts with optimizer state not restored exactly": opt_bad,
         "learner steps starting from another state": step_bad,
-        "final weights bitwise equal": a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a),
-        "final optimizer state bitwise equal": newest_optimizer_digest(run) == newest_optimizer_digest(RunDir(ref_dir)),
-        "kept versions": run.versions(), "concurrency": args.concurrency, "seed": args.seed,
-        "chaos wall s": round(t_chaos, 1), "total wall s": round(time.perf_counter() - t0, 1),
-        "checkpoints MB": round(sum(p.stat().st_size for p in (run_dir / "checkpoints").rglob("*") if p.is_file())
-                                / 1e6, 1),
+        "final weights bitwise equal": a.keys() == b.keys()
+        and all(torch.equal(a[k], b[k]) for k in a),
+        "final optimizer state bitwise equal": newest_optimizer_digest(run)
+        == newest_optimizer_digest(RunDir(ref_dir)),
+        "kept versions": run.versions(),
+        "concurrency": args.concurrency,
+        "seed": args.seed,
+        "chaos wall s": round(t_chaos, 1),
+        "total wall s": round(time.perf_counter() - t0, 1),
+        "checkpoints MB": round(
+            sum(p.stat().st_size for p in (run_dir / "checkpoints").rglob("*") if p.is_file())
+            / 1e6,
+            1,
+        ),
     }
     print(json.dumps(out, indent=2))
 

@@ -31,11 +31,11 @@ from taurl.envs.search.expert import search_expert
 from taurl.envs.search.hooks import SearchPolicyHooks
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.rollout.synth import demonstrations
 from taurl.train.copy_warmup import copy_warmup
-from taurl.train.learner import sft_step
-from taurl.train.sft import length_buckets, sft_lr_factor
+from taurl.train.sft import length_buckets, sft_lr_factor, sft_step
 
 
 @torch.no_grad()
@@ -57,7 +57,8 @@ def exact_spans(model, tok, trajs: list[Trajectory]) -> tuple[float, float]:
             pos, done = 0, [False, False]
             for seg in t.segments:
                 ids_k = list(seg.token_ids)
-                for k in (0, 1):  # the first search, then the answer (two-hop episodes search twice)
+                # the first search, then the answer (two-hop episodes search twice)
+                for k in (0, 1):
                     if seg.kind == "action" and not done[k] and tags[k] in ids_k:
                         start, end = pos + ids_k.index(tags[k]), pos + len(ids_k)
                         hits[k] += bool((pred[j, start - 1:end - 1] == ids[j, start:end]).all())
@@ -76,7 +77,9 @@ def run_arm(arm: str, args, cfg: TrainConfig, tok, demos, probe, names) -> list[
     warm_s = time.perf_counter() - t0
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr)
     rng = random.Random(0)
-    batches = [b for _ in range(cfg.sft_epochs) for b in length_buckets(demos, cfg.sft_batch_size, rng)][:args.steps]
+    batches = [
+        b for _ in range(cfg.sft_epochs) for b in length_buckets(demos, cfg.sft_batch_size, rng)
+    ][: args.steps]
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: sft_lr_factor(s, warmup=cfg.sft_warmup_steps, total=len(batches)))
     t1 = time.perf_counter()
@@ -85,15 +88,24 @@ def run_arm(arm: str, args, cfg: TrainConfig, tok, demos, probe, names) -> list[
         sched.step()
         if step % args.every == 0 or step == len(batches):
             q, a = exact_spans(model, tok, probe)
-            row = {"arm": arm, "sft_step": step, "sft_loss": round(m["sft/loss"], 3), "query_exact": q,
-                   "answer_exact": a, "warmup_s": round(warm_s, 1), "sft_s": round(time.perf_counter() - t1, 1)}
+            row = {
+                "arm": arm,
+                "sft_step": step,
+                "sft_loss": round(m["sft/loss"], 3),
+                "query_exact": q,
+                "answer_exact": a,
+                "warmup_s": round(warm_s, 1),
+                "sft_s": round(time.perf_counter() - t1, 1),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", help="a train YAML (default: TrainConfig's defaults)")
     ap.add_argument("--steps", type=int, default=1500, help="at most this many SFT steps per arm")
     ap.add_argument("--every", type=int, default=300, help="measure every this many SFT steps")
@@ -122,11 +134,20 @@ def main() -> None:
     tasks = generate_tasks("train", n=cfg.demos, seed=0, **opts)
     held = generate_tasks("holdout", n=args.probe, seed=1, **opts)
     rc = cfg.rollout_config()
-    demos = asyncio.run(demonstrations(tasks, tok, make, expert=search_expert, expert_options=cfg.expert_options,
-                                       config=rc))
-    probe = asyncio.run(demonstrations(held, tok, make, expert=search_expert,
-                                       expert_options={"p_skip_search": 0.0}, config=rc, episode_prefix="probe"))
-    names = list(dict.fromkeys([t.metadata["subject"] for t in tasks] + [t.answers[0] for t in tasks]))
+    demos = asyncio.run(
+        demonstrations(
+            tasks, tok, make, expert=search_expert, expert_options=cfg.expert_options, config=rc
+        )
+    )
+    probe = asyncio.run(
+        demonstrations(
+            held, tok, make, expert=search_expert, expert_options={"p_skip_search": 0.0}, config=rc,
+            episode_prefix="probe",
+        )
+    )
+    names = list(
+        dict.fromkeys([t.metadata["subject"] for t in tasks] + [t.answers[0] for t in tasks])
+    )
     rows = [r for arm in args.arm for r in run_arm(arm, args, cfg, tok, demos, probe, names)]
     print("\n| arm | SFT step | SFT loss | query exact | answer exact | warm-up s | SFT s |")
     print("|---|---|---|---|---|---|---|")

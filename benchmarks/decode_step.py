@@ -52,15 +52,26 @@ def measure(model, rows: int, width: int, steps: int = 40, rounds: int = 3) -> d
                               past_key_values=k.cache)
                     k.advance()
                 best[name] = min(best[name], (time.thread_time() - c0) / steps)
-    return {"rows": rows, "width": width, "forward_ms": round(best["forward"] * 1e3, 2),
-            "slim_ms": round(best["slim"] * 1e3, 2), "speedup": round(best["forward"] / best["slim"], 2)}
+    return {
+        "rows": rows,
+        "width": width,
+        "forward_ms": round(best["forward"] * 1e3, 2),
+        "slim_ms": round(best["slim"] * 1e3, 2),
+        "speedup": round(best["forward"] / best["slim"], 2),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--from", dest="src", default="", help="a finished run: its SFT policy")
-    ap.add_argument("--model-size", default="tiny", help="without --from: a fresh policy of this preset")
-    ap.add_argument("--shapes", default="4x80,16x120,64x150", help="rows x cache width, comma-separated")
+    ap.add_argument(
+        "--model-size", default="tiny", help="without --from: a fresh policy of this preset"
+    )
+    ap.add_argument(
+        "--shapes", default="4x80,16x120,64x150", help="rows x cache width, comma-separated"
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     from taurl.policy.model import create_policy, load_policy
@@ -70,12 +81,19 @@ def main() -> None:
         sft = json.loads((Path(a.src) / "state.json").read_text())["sft_version"]
         model = load_policy(Path(a.src) / "checkpoints" / f"v{sft}")[0]
     else:
-        tok = build_tokenizer([f"Town{i} lies in Country{i % 13}." for i in range(200)], vocab_size=1024)
+        tok = build_tokenizer(
+            [f"Town{i} lies in Country{i % 13}." for i in range(200)], vocab_size=1024
+        )
         model = create_policy(tok, a.model_size, seed=0)
     model.eval()
     for shape in a.shapes.split(","):
         b, w = (int(x) for x in shape.split("x"))
-        print(json.dumps({"params": sum(p.numel() for p in model.parameters()), **measure(model, b, w)}), flush=True)
+        print(
+            json.dumps(
+                {"params": sum(p.numel() for p in model.parameters()), **measure(model, b, w)}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as taurl does: spinning workers wreck shared cores
+# as taurl does: spinning workers wreck shared cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PROMPT = [5, 7, 9, 11]
 
@@ -71,22 +72,42 @@ async def vllm_batch(engine, n: int, max_tokens: int, seed0: int) -> int:
 
     # `_complete` is what VLLMEngine.generate sends, with vLLM's ignore_eos on (the same work
     # as LocalEngine with its end ids cleared)
-    outs = await asyncio.gather(*(engine._complete([PROMPT[0] + i % 50, *PROMPT[1:]], SamplingParams(
-        temperature=1.0, max_tokens=max_tokens, seed=seed0 + i), ignore_eos=True) for i in range(n)))
+    outs = await asyncio.gather(
+        *(
+            engine._complete(
+                [PROMPT[0] + i % 50, *PROMPT[1:]],
+                SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed0 + i),
+                ignore_eos=True,
+            )
+            for i in range(n)
+        )
+    )
     return sum(len(choice.get("token_ids") or []) for choice, _ in outs)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a converted HF directory (taurl models import ...)")
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the vLLM venv's interpreter")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", required=True, help="a converted HF directory (taurl models import ...)"
+    )
+    ap.add_argument(
+        "--vllm-python", default=".venv-vllm/bin/python", help="the vLLM venv's interpreter"
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per concurrency level")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds per concurrency level"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of LocalEngine")
     ap.add_argument("--no-vllm", action="store_true", help="LocalEngine only (profiling)")
-    ap.add_argument("--mkl-baseline", action="store_true",
-                    help="also a LocalEngine whose slim path uses torch's F.linear (MKL), not packed oneDNN GEMMs")
+    ap.add_argument(
+        "--mkl-baseline",
+        action="store_true",
+        help="also a LocalEngine whose slim path uses torch's F.linear (MKL), "
+        "not packed oneDNN GEMMs",
+    )
     args = ap.parse_args()
 
     import torch
@@ -115,10 +136,14 @@ def main() -> None:
         from taurl.policy.vllm_server import VLLMServer
 
         root = Path(tempfile.mkdtemp(prefix="taurl-engine-135m-"))
-        server = VLLMServer(model_dir, python=args.vllm_python, cache_dir=root / "vllm", max_model_len=1024)
+        server = VLLMServer(
+            model_dir, python=args.vllm_python, cache_dir=root / "vllm", max_model_len=1024
+        )
         t0 = time.perf_counter()
         server.start()
-        vllm = VLLMEngine(server.url, tok, version=0, server=server, max_concurrency=max(args.concurrency))
+        vllm = VLLMEngine(
+            server.url, tok, version=0, server=server, max_concurrency=max(args.concurrency)
+        )
         vllm.connect(model_dir)
         print(json.dumps({"vllm_startup_s": round(time.perf_counter() - t0, 1)}), flush=True)
         engines["vllm"] = lambda n, s: vllm_batch(vllm, n, args.max_tokens, s)
@@ -138,24 +163,42 @@ def main() -> None:
                     cpu = cpu_seconds(os.getpid()) - cpu0
                     tok_s[name].append(n / wall)
                     tok_cpu_s[name].append(n / cpu)
-                    print(json.dumps({"engine": name, "concurrency": c, "round": r, "tokens": n,
-                                      "wall_s": round(wall, 2), "tok_s": round(n / wall, 1),
-                                      "cpu_s": round(cpu, 2), "tok_per_cpu_s": round(n / cpu, 1),
-                                      "load1": load, "slim_decode": local.stats["slim_decode"]}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "engine": name,
+                                "concurrency": c,
+                                "round": r,
+                                "tokens": n,
+                                "wall_s": round(wall, 2),
+                                "tok_s": round(n / wall, 1),
+                                "cpu_s": round(cpu, 2),
+                                "tok_per_cpu_s": round(n / cpu, 1),
+                                "load1": load,
+                                "slim_decode": local.stats["slim_decode"],
+                            }
+                        ),
+                        flush=True,
+                    )
             out = {"concurrency": c, "rounds": args.rounds, "threads_local": args.threads}
             for name, v in tok_s.items():
                 out[name] = {"median": round(statistics.median(v), 1), "min": round(min(v), 1),
                              "max": round(max(v), 1),
                              "tok_per_cpu_s_median": round(statistics.median(tok_cpu_s[name]), 1)}
             if "local_mkl" in tok_s:
-                out["ratio_packed_vs_mkl_per_cpu_s"] = round(out["local"]["tok_per_cpu_s_median"]
-                                                            / out["local_mkl"]["tok_per_cpu_s_median"], 2)
+                out["ratio_packed_vs_mkl_per_cpu_s"] = round(
+                    out["local"]["tok_per_cpu_s_median"] / out["local_mkl"]["tok_per_cpu_s_median"],
+                    2,
+                )
             if "vllm" in tok_s:
-                out["ratio_local_vs_vllm"] = round(out["local"]["median"] / out["vllm"]["median"], 2)
+                out["ratio_local_vs_vllm"] = round(
+                    out["local"]["median"] / out["vllm"]["median"], 2
+                )
                 out["ratio_per_cpu_s"] = round(out["local"]["tok_per_cpu_s_median"]
                                                / out["vllm"]["tok_per_cpu_s_median"], 2)
-                out["ratio_per_round"] = [round(a / b, 2) for a, b in zip(tok_s["local"], tok_s["vllm"],
-                                                                           strict=True)]
+                out["ratio_per_round"] = [
+                    round(a / b, 2) for a, b in zip(tok_s["local"], tok_s["vllm"], strict=True)
+                ]
             print(json.dumps(out), flush=True)
     finally:
         if vllm is not None:

@@ -25,12 +25,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("schedule", choices=["sync", "async"])
-    ap.add_argument("--from", dest="src", default="runs/demo", help="a finished run (its SFT policy is the start)")
+    ap.add_argument(
+        "--from", dest="src", default="runs/demo",
+        help="a finished run (its SFT policy is the start)",
+    )
     ap.add_argument("--eta", type=int, default=4, help="async: staleness bound")
     ap.add_argument("--interrupt", default="interrupt", choices=["finish", "interrupt"])
-    ap.add_argument("--steps", type=int, default=0, help="steps or updates (default: 6 sync, 12 async)")
+    ap.add_argument(
+        "--steps", type=int, default=0, help="steps or updates (default: 6 sync, 12 async)"
+    )
     a = ap.parse_args()
 
     from taurl.policy import engine, kv_cache

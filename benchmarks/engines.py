@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as taurl does: spinning workers wreck shared cores
+# as taurl does: spinning workers wreck shared cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def build(size: str, root: Path, tok) -> list[Path]:
@@ -40,18 +41,31 @@ def build(size: str, root: Path, tok) -> list[Path]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from taurl.policy.model import create_policy, save_policy, tiny_config
+    from taurl.policy.files import save_policy
+    from taurl.policy.model import create_policy, tiny_config
 
     paths = []
     for seed in (0, 1):
         if size == "tiny":
             model = create_policy(tok, "tiny", seed=seed)
         else:  # 49.7M parameters: 8 layers of width 640
-            base = tiny_config(len(tok), "tiny", pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}  # derived from the depth
-            cfg = Qwen2Config(**{**fields, "hidden_size": 640, "intermediate_size": 2560,
-                                 "num_hidden_layers": 8, "num_attention_heads": 10, "num_key_value_heads": 5,
-                                 "head_dim": 64, "tie_word_embeddings": False})
+            base = tiny_config(
+                len(tok), "tiny", pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+            )
+            # derived from the depth
+            fields = {k: v for k, v in base.to_dict().items() if k != "layer_types"}
+            cfg = Qwen2Config(
+                **{
+                    **fields,
+                    "hidden_size": 640,
+                    "intermediate_size": 2560,
+                    "num_hidden_layers": 8,
+                    "num_attention_heads": 10,
+                    "num_key_value_heads": 5,
+                    "head_dim": 64,
+                    "tie_word_embeddings": False,
+                }
+            )
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = Qwen2ForCausalLM(cfg).eval()
@@ -66,8 +80,10 @@ async def batch(engine, n: int, max_tokens: int, seed0: int) -> tuple[int, float
 
     async def one(i: int) -> tuple[int, float]:
         t0 = time.perf_counter()
-        g = await engine.generate([5 + (i % 50), 7, 9, 11], SamplingParams(temperature=1.0, max_tokens=max_tokens,
-                                                                            seed=seed0 + i))
+        g = await engine.generate(
+            [5 + (i % 50), 7, 9, 11],
+            SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed0 + i),
+        )
         return len(g.token_ids), time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -76,14 +92,22 @@ async def batch(engine, n: int, max_tokens: int, seed0: int) -> tuple[int, float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the vLLM venv's interpreter")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--vllm-python", default=".venv-vllm/bin/python", help="the vLLM venv's interpreter"
+    )
     ap.add_argument("--sizes", nargs="+", default=["tiny", "50m"], choices=["tiny", "50m"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per level (the median is kept)")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds per level (the median is kept)"
+    )
     ap.add_argument("--syncs", type=int, default=4, help="weight updates timed per engine")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of LocalEngine (vLLM binds its own)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads of LocalEngine (vLLM binds its own)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -103,9 +127,13 @@ def main() -> None:
         model, _ = load_policy(paths[0])
         params = count_parameters(model)
         local = LocalEngine(model, tok, version=0, max_batch_size=max(args.concurrency), seed=0)
-        server = VLLMServer(paths[0], python=args.vllm_python, cache_dir=root / f"vllm-{size}", max_model_len=512)
+        server = VLLMServer(
+            paths[0], python=args.vllm_python, cache_dir=root / f"vllm-{size}", max_model_len=512
+        )
         server.start()
-        vllm = VLLMEngine(server.url, tok, version=0, server=server, max_concurrency=max(args.concurrency))
+        vllm = VLLMEngine(
+            server.url, tok, version=0, server=server, max_concurrency=max(args.concurrency)
+        )
         vllm.connect(paths[0])
         engines = {"local": local, "vllm": vllm}
         try:
@@ -120,14 +148,26 @@ def main() -> None:
                         _, _, lat = asyncio.run(batch(e, c, 1, 500_000 + 1000 * r))
                         figs[name]["ttft_s"].append(statistics.mean(lat))
                 med = {n: {k: statistics.median(v) for k, v in f.items()} for n, f in figs.items()}
-                print(json.dumps({"size": size, "params": params, "concurrency": c,
-                                  "local_tok_s": round(med["local"]["tok_s"], 1),
-                                  "vllm_tok_s": round(med["vllm"]["tok_s"], 1),
-                                  "ratio_local_vs_vllm_tok_s": round(med["local"]["tok_s"] / med["vllm"]["tok_s"], 2),
-                                  "local_ttft_s": round(med["local"]["ttft_s"], 4),
-                                  "vllm_ttft_s": round(med["vllm"]["ttft_s"], 4),
-                                  "ratio_local_vs_vllm_ttft": round(med["local"]["ttft_s"] / med["vllm"]["ttft_s"], 2)}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "size": size,
+                            "params": params,
+                            "concurrency": c,
+                            "local_tok_s": round(med["local"]["tok_s"], 1),
+                            "vllm_tok_s": round(med["vllm"]["tok_s"], 1),
+                            "ratio_local_vs_vllm_tok_s": round(
+                                med["local"]["tok_s"] / med["vllm"]["tok_s"], 2
+                            ),
+                            "local_ttft_s": round(med["local"]["ttft_s"], 4),
+                            "vllm_ttft_s": round(med["vllm"]["ttft_s"], 4),
+                            "ratio_local_vs_vllm_ttft": round(
+                                med["local"]["ttft_s"] / med["vllm"]["ttft_s"], 2
+                            ),
+                        }
+                    ),
+                    flush=True,
+                )
             sync = {n: [] for n in engines}
             for i in range(args.syncs):
                 for name, e in engines.items():
@@ -135,9 +175,18 @@ def main() -> None:
                     asyncio.run(e.load_weights(paths[(i + 1) % 2], i + 1))
                     sync[name].append(time.perf_counter() - t0)
             s = {n: statistics.median(v) for n, v in sync.items()}
-            print(json.dumps({"size": size, "params": params, "local_sync_s": round(s["local"], 4),
-                              "vllm_sync_s": round(s["vllm"], 4),
-                              "ratio_local_vs_vllm_sync": round(s["local"] / s["vllm"], 3)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "size": size,
+                        "params": params,
+                        "local_sync_s": round(s["local"], 4),
+                        "vllm_sync_s": round(s["vllm"], 4),
+                        "ratio_local_vs_vllm_sync": round(s["local"] / s["vllm"], 3),
+                    }
+                ),
+                flush=True,
+            )
         finally:
             vllm.close()
 

@@ -27,9 +27,13 @@ def step(model, rows, opt, action_logprobs) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", required=True, help="a directory with the model's config.json")
-    ap.add_argument("--shapes", nargs="+", default=["8x256", "64x512"], help="rows x tokens per step")
+    ap.add_argument(
+        "--shapes", nargs="+", default=["8x256", "64x512"], help="rows x tokens per step"
+    )
     ap.add_argument("--device", default="cuda", help="cpu: the code path only (gpu_check.py --dry)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     a = ap.parse_args()
@@ -46,7 +50,9 @@ def main() -> None:
             torch.cuda.synchronize()
 
     if dev == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device here (torch.cuda.is_available() is False): run this on a GPU machine")
+        raise SystemExit(
+            "no CUDA device here (torch.cuda.is_available() is False): run this on a GPU machine"
+        )
     cfg = AutoConfig.from_pretrained(a.config)
     for dtype in (getattr(torch, d) for d in a.dtypes):
         torch.manual_seed(0)
@@ -60,7 +66,9 @@ def main() -> None:
             mask = torch.ones((n, w), device=dev)
             mask[:, 0] = 0  # the first token is given, not predicted
             zeros = torch.zeros((n, w), device=dev)
-            rows = Rows(ids, torch.ones((n, w), dtype=torch.long, device=dev), mask, zeros, zeros.clone())
+            rows = Rows(
+                ids, torch.ones((n, w), dtype=torch.long, device=dev), mask, zeros, zeros.clone()
+            )
 
             for _ in range(3):
                 step(model, rows, opt, action_logprobs)
@@ -71,11 +79,23 @@ def main() -> None:
             sync()
             s = (time.perf_counter() - t) / reps
             tokens = n * (w - 1)
-            print(json.dumps({"dtype": str(dtype).removeprefix("torch."), "params": params, "rows": n, "width": w,
-                              "step_s": round(s, 4), "trained_tok_s": round(tokens / s),
-                              "tflop_s": round(6 * params * tokens / s / 1e12, 1),
-                              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
-                              if dev == "cuda" else 0.0}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "params": params,
+                        "rows": n,
+                        "width": w,
+                        "step_s": round(s, 4),
+                        "trained_tok_s": round(tokens / s),
+                        "tflop_s": round(6 * params * tokens / s / 1e12, 1),
+                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                        if dev == "cuda"
+                        else 0.0,
+                    }
+                ),
+                flush=True,
+            )
         del model, opt
         if dev == "cuda":
             torch.cuda.empty_cache()

@@ -22,7 +22,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
@@ -45,7 +47,9 @@ def main() -> None:
     ids = torch.randint(3, cfg.vocab_size, (n, w), generator=g)
     ones = torch.ones((n, w))
     ones[:, 0] = 0  # the first token is given, not predicted
-    rows = Rows(ids, torch.ones((n, w), dtype=torch.long), ones, torch.zeros((n, w)), torch.zeros((n, w)))
+    rows = Rows(
+        ids, torch.ones((n, w), dtype=torch.long), ones, torch.zeros((n, w)), torch.zeros((n, w))
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
     def step() -> None:
@@ -70,11 +74,20 @@ def main() -> None:
     mm_s = best(lambda: [F.linear(a, wt) for _ in range(5)], args.repeats) / 5
     rate = 2 * a.shape[0] * a.shape[1] * wt.shape[0] / mm_s
     limit = rate / (6 * params)
-    print(json.dumps({"params": params, "trained_tokens": trained, "step_cpu_s": round(step_cpu_s, 2),
-                      "trained_tok_per_cpu_s": round(trained / step_cpu_s, 1),
-                      "matmul_gflop_s": round(rate / 1e9, 1), "limit_tok_per_cpu_s": round(limit, 1),
-                      "share_of_limit": round(trained / step_cpu_s / limit, 2),
-                      "load1": float(Path("/proc/loadavg").read_text().split()[0])}))
+    print(
+        json.dumps(
+            {
+                "params": params,
+                "trained_tokens": trained,
+                "step_cpu_s": round(step_cpu_s, 2),
+                "trained_tok_per_cpu_s": round(trained / step_cpu_s, 1),
+                "matmul_gflop_s": round(rate / 1e9, 1),
+                "limit_tok_per_cpu_s": round(limit, 1),
+                "share_of_limit": round(trained / step_cpu_s / limit, 2),
+                "load1": float(Path("/proc/loadavg").read_text().split()[0]),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

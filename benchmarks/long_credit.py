@@ -1,7 +1,8 @@
 """Step-level credit on a long-horizon task: GRPO, RLOO, GiGPO, the graph estimator (SALT)
 and PPO + GAE from one SFT policy, several seeds each, the same budget of sampled episodes.
 
-    taurl train --config configs/frozenlake8.yaml --rl.updates 1 --run-dir runs/fl8_sft  # the SFT policy
+    # the SFT policy
+    taurl train --config configs/frozenlake8.yaml --rl.updates 1 --run-dir runs/fl8_sft
     python benchmarks/long_credit.py --from runs/fl8_sft --out runs/long_credit \
         --estimators grpo rloo gigpo salt gae --seeds 0 1 2 3 4 --updates 4 --jobs 2
 
@@ -30,7 +31,8 @@ every run copies that evaluation, so the SFT row and the runs are measured alike
 
 Writes OUT/results.jsonl (one line per finished run, so a partial comparison survives),
 OUT/curves.png (training success vs sampled episodes, mean ± std over seeds) and prints the
-Markdown tables for BENCHMARKS.md and docs/experiments/. ``--report`` rebuilds them from OUT/results.jsonl.
+Markdown tables for BENCHMARKS.md and docs/experiments/. ``--report`` rebuilds them
+from OUT/results.jsonl.
 """
 
 from __future__ import annotations
@@ -49,12 +51,18 @@ from typing import Any
 import numpy as np
 
 from taurl.errors import ConfigError
-from taurl.eval.evaluate import cluster_wilson_interval, t_quantile
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.eval.stats import cluster_wilson_interval, t_quantile
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import flat_options
+from taurl.recipe.validate import load_config
 
-DIAGNOSTICS = {"reward_std": "rollout/reward_std", "same_reward": "rollout/groups_same_reward",
-               "entropy": "learn/entropy", "turns": "rollout/turns_mean", "invalid": "rollout/invalid_rate"}
+DIAGNOSTICS = {
+    "reward_std": "rollout/reward_std",
+    "same_reward": "rollout/groups_same_reward",
+    "entropy": "learn/entropy",
+    "turns": "rollout/turns_mean",
+    "invalid": "rollout/invalid_rate",
+}
 
 
 # -- the advantage probe (FrozenLake's exact solver) ----------------------------------------
@@ -88,7 +96,11 @@ def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     ok = ~np.isnan(labels)
     a, y = adv[ok], labels[ok]
     out = {"turns": float(len(a)), "optimal_share": float(y.mean()) if len(y) else math.nan}
-    out["corr"] = float(np.corrcoef(a, y)[0, 1]) if len(a) > 2 and a.std() > 0 and 0 < y.mean() < 1 else math.nan
+    out["corr"] = (
+        float(np.corrcoef(a, y)[0, 1])
+        if len(a) > 2 and a.std() > 0 and 0 < y.mean() < 1
+        else math.nan
+    )
     tol = 1e-9  # float round-off (γV*(s') − V*(s) of an optimal move is 0 up to ~1e-17) is no sign
     out["pos_subopt"] = float((a[y == 0] > tol).mean()) if (y == 0).any() else math.nan
     out["neg_opt"] = float((a[y == 1] < -tol).mean()) if (y == 1).any() else math.nan
@@ -96,7 +108,8 @@ def alignment(adv: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 
 def per_turn(trajs: list[Any], n_turns: list[int], width: int, fn: Any, fill: float) -> np.ndarray:
-    """Stack `fn(traj, n)` (one value per real turn) into an (N, width) array, padded with `fill`."""
+    """Stack `fn(traj, n)` (one value per real turn) into an (N, width) array,
+    padded with `fill`."""
     return np.stack([np.pad(fn(tr, int(n)), (0, width - int(n)), constant_values=fill)
                      for tr, n in zip(trajs, n_turns, strict=True)])
 
@@ -142,8 +155,13 @@ def anchor_stats(batch: Any, actions: np.ndarray) -> dict[str, float]:
 
 # Scored on every credited batch besides the run's own estimator: the same batch credited by
 # each, so the alignment gap between estimators is paired within the batch the policy sampled.
-ALSO_SCORED = {"grpo": ("grpo", {}), "gigpo": ("gigpo", {}), "gigpo ω=2": ("gigpo", {"omega": 2.0}),
-               "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}), "salt merge=state": ("salt", {"merge": "state"})}
+ALSO_SCORED = {
+    "grpo": ("grpo", {}),
+    "gigpo": ("gigpo", {}),
+    "gigpo ω=2": ("gigpo", {"omega": 2.0}),
+    "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}),
+    "salt merge=state": ("salt", {"merge": "state"}),
+}
 
 
 def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, Any]]) -> None:
@@ -160,12 +178,24 @@ def install_probe(tasks_by_id: dict[str, Any], sink: list[dict[str, Any]]) -> No
         if a is not None:
             mask = a.batch.turn_mask
             n, width = mask.sum(axis=1), mask.shape[1]
-            labels = per_turn(a.trajs, n, width, lambda tr, k: optimal_labels(tr, tasks_by_id[tr.task_id], k), np.nan)
+            labels = per_turn(
+                a.trajs, n, width, lambda tr, k: optimal_labels(tr, tasks_by_id[tr.task_id], k),
+                np.nan,
+            )
             acts = per_turn(a.trajs, n, width, action_ids, -1)
-            also = {name: alignment(compute_advantages(a.batch, est, **opts).advantages[mask], labels[mask])["corr"]
-                    for name, (est, opts) in ALSO_SCORED.items()}
-            sink.append({**alignment(a.credit.advantages[mask], labels[mask]), **anchor_stats(a.batch, acts),
-                         "also": also})
+            also = {
+                name: alignment(
+                    compute_advantages(a.batch, est, **opts).advantages[mask], labels[mask]
+                )["corr"]
+                for name, (est, opts) in ALSO_SCORED.items()
+            }
+            sink.append(
+                {
+                    **alignment(a.credit.advantages[mask], labels[mask]),
+                    **anchor_stats(a.batch, acts),
+                    "also": also,
+                }
+            )
         return a
 
     learner.Learner.assign = assign
@@ -182,7 +212,9 @@ def cell_values(traj: Any, task: Any, n_turns: int, gamma: float) -> tuple[np.nd
     d = goal_distances(P, is_success)
 
     def v(cell: int) -> float:
-        return 0.0 if is_success(cell) or d.get(cell, math.inf) == math.inf else gamma ** (d[cell] - 1)
+        return (
+            0.0 if is_success(cell) or d.get(cell, math.inf) == math.inf else gamma ** (d[cell] - 1)
+        )
 
     out = np.zeros(n_turns)
     for t, turn in enumerate(traj.turns[:n_turns]):
@@ -193,8 +225,10 @@ def cell_values(traj: Any, task: Any, n_turns: int, gamma: float) -> tuple[np.nd
     return out, v(s)
 
 
-def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: float = 0.15, max_turns: int = 20,
-                   seed: int = 0, gamma: float = 0.95) -> dict[str, dict[str, float]]:
+def scripted_probe(
+    size: int = 8, maps: int = 24, group: int = 8, p_random: float = 0.15, max_turns: int = 20,
+    seed: int = 0, gamma: float = 0.95,
+) -> dict[str, dict[str, float]]:
     """Each estimator's `alignment` on the same batches of scripted episodes, no policy: per
     map, `group` episodes of the expert whose every move is a random suboptimal one with
     probability `p_random` (the SFT demonstrations' noise), played through the real loop.
@@ -215,33 +249,63 @@ def scripted_probe(size: int = 8, maps: int = 24, group: int = 8, p_random: floa
     from taurl.rollout.synth import ScriptedEngine
 
     tasks = frozenlake_tasks("train", maps, seed=seed, size=size)
-    tok = build_tokenizer([t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))],
-                          vocab_size=400)
-    rc = RolloutConfig(max_turns=max_turns, max_action_tokens=16, max_episode_tokens=4096, max_context=8192)
+    tok = build_tokenizer(
+        [t.prompt for t in tasks]
+        + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))],
+        vocab_size=400,
+    )
+    rc = RolloutConfig(
+        max_turns=max_turns, max_action_tokens=16, max_episode_tokens=4096, max_context=8192
+    )
     rng, trajs = random.Random(seed), []
     for gi, task in enumerate(tasks):
         for _ in range(group):
-            engine = ScriptedEngine(tok, frozenlake_expert(task, rng, p_random=p_random), max_context=8192)
-            tr = asyncio.run(run_episode(engine, envs.make("frozenlake-v0", max_turns=max_turns), tok, task, seed=0,
-                                         config=rc))
+            engine = ScriptedEngine(
+                tok, frozenlake_expert(task, rng, p_random=p_random), max_context=8192
+            )
+            tr = asyncio.run(
+                run_episode(
+                    engine, envs.make("frozenlake-v0", max_turns=max_turns), tok, task, seed=0,
+                    config=rc,
+                )
+            )
             trajs.append(dataclasses.replace(tr, group_id=f"g{gi}"))
     by_id = {t.task_id: t for t in tasks}
     batch = TurnBatch.from_trajectories(trajs, max_turns=max_turns)
     mask = batch.turn_mask
     n = mask.sum(axis=1)
-    labels = per_turn(trajs, n, max_turns, lambda tr, k: optimal_labels(tr, by_id[tr.task_id], k), np.nan)
-    exact = [cell_values(tr, by_id[tr.task_id], int(k), gamma) for tr, k in zip(trajs, n, strict=True)]
+    labels = per_turn(
+        trajs, n, max_turns, lambda tr, k: optimal_labels(tr, by_id[tr.task_id], k), np.nan
+    )
+    exact = [
+        cell_values(tr, by_id[tr.task_id], int(k), gamma) for tr, k in zip(trajs, n, strict=True)
+    ]
     v_star = np.stack([np.pad(v, (0, max_turns - len(v))) for v, _ in exact])
     with_v_star = batch.replace(values=v_star, bootstrap_values=np.array([b for _, b in exact]))
-    runs = {"grpo": ("grpo", {}, batch), "rloo": ("rloo", {}, batch), "gigpo": ("gigpo", {}, batch),
-            "gigpo ω=2": ("gigpo", {"omega": 2.0}, batch), "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}, batch),
-            "salt": ("salt", {}, batch), "salt merge=state": ("salt", {"merge": "state"}, batch),
-            "gae V=0": ("gae", {"gamma": gamma}, batch.replace(values=np.zeros_like(v_star),
-                                                              bootstrap_values=np.zeros(len(trajs)))),
-            "gae V*": ("gae", {"gamma": gamma}, with_v_star),
-            "gae V*, λ=0": ("gae", {"gamma": gamma, "lam": 0.0}, with_v_star)}
-    out = {"batch": {"episodes": float(len(trajs)), "success": float(batch.scores.mean()),
-                     "turns_mean": float(n.mean()), "optimal_share": float(np.nanmean(labels[mask]))}}
+    runs = {
+        "grpo": ("grpo", {}, batch),
+        "rloo": ("rloo", {}, batch),
+        "gigpo": ("gigpo", {}, batch),
+        "gigpo ω=2": ("gigpo", {"omega": 2.0}, batch),
+        "gigpo γ=0.8": ("gigpo", {"gamma": 0.8}, batch),
+        "salt": ("salt", {}, batch),
+        "salt merge=state": ("salt", {"merge": "state"}, batch),
+        "gae V=0": (
+            "gae",
+            {"gamma": gamma},
+            batch.replace(values=np.zeros_like(v_star), bootstrap_values=np.zeros(len(trajs))),
+        ),
+        "gae V*": ("gae", {"gamma": gamma}, with_v_star),
+        "gae V*, λ=0": ("gae", {"gamma": gamma, "lam": 0.0}, with_v_star),
+    }
+    out = {
+        "batch": {
+            "episodes": float(len(trajs)),
+            "success": float(batch.scores.mean()),
+            "turns_mean": float(n.mean()),
+            "optimal_share": float(np.nanmean(labels[mask])),
+        }
+    }
     for name, (est, opts, b) in runs.items():
         out[name] = alignment(compute_advantages(b, est, **opts).advantages[mask], labels[mask])
     # GiGPO's step part alone (A^S of Eq. 7, without the episode part A^E)
@@ -271,11 +335,16 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
             "updates": updates, "rl_max_seconds": 0, "rl_seed": seed, **(overrides or {})}
     cfg = load_config(TrainConfig, data=data)
     same_evals = all(getattr(cfg, k) == getattr(base, k) for k in EVAL_KEYS)
-    shared = Path(sft_evals) if sft_evals and not same_evals else None  # else src's own, or none (below)
-    bench.seed_run(src_p, run, sft_version, evals=shared, copy_evals=same_evals or shared is not None)
+    # else src's own, or none (below)
+    shared = Path(sft_evals) if sft_evals and not same_evals else None
+    bench.seed_run(
+        src_p, run, sft_version, evals=shared, copy_evals=same_evals or shared is not None
+    )
     if overlap := bench.sft_task_overlap(base, cfg):
-        raise ConfigError(f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
-                          f"(e.g. {overlap[0]!r})")
+        raise ConfigError(
+            f"{est} seed {seed} would train on {len(overlap)} task(s) the SFT policy saw "
+            f"(e.g. {overlap[0]!r})"
+        )
     probe: list[dict[str, float]] = []
     if cfg.env == "frozenlake-v0" and not cfg.task_options.get("slippery"):
         install_probe({t.task_id: t for t in bench.task_plan(cfg).rl}, probe)
@@ -283,13 +352,21 @@ def run_one(src: str, out: str, est: str, options: dict, seed: int, updates: int
     summary = train(cfg, str(run), progress=False)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["phase"] == "rl"]
-    return {"estimator": est, "seed": seed, "wall_s": time.perf_counter() - t0, "overrides": overrides or {},
-            "lr": cfg.lr, "critic_warmup_updates": cfg.critic_warmup_updates,
-            "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
-            "validation": summary["validation"], "holdout": summary["holdout"],
-            "curve": [r.get("rollout/success", r.get("rollout/reward_mean")) for r in rows],
-            "diagnostics": {k: [r.get(key) for r in rows] for k, key in DIAGNOSTICS.items()},
-            "alignment": probe, "rows": [r.get("learn/rows") for r in rows]}
+    return {
+        "estimator": est,
+        "seed": seed,
+        "wall_s": time.perf_counter() - t0,
+        "overrides": overrides or {},
+        "lr": cfg.lr,
+        "critic_warmup_updates": cfg.critic_warmup_updates,
+        "episodes_per_update": cfg.tasks_per_update * cfg.group_size,
+        "validation": summary["validation"],
+        "holdout": summary["holdout"],
+        "curve": [r.get("rollout/success", r.get("rollout/reward_mean")) for r in rows],
+        "diagnostics": {k: [r.get(key) for r in rows] for k, key in DIAGNOSTICS.items()},
+        "alignment": probe,
+        "rows": [r.get("learn/rows") for r in rows],
+    }
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -351,10 +428,14 @@ def tables(results: list[dict]) -> str:
     for r in results:
         by.setdefault(r["estimator"], []).append(r)
     sft = results[0]["holdout"]["sft"]["success"], results[0]["validation"]["sft"]["success"]
-    lines = [f"SFT policy (all runs): validation {sft[1]:.3f}, holdout {sft[0]:.3f}", "",
-             "| estimator | seeds | validation (choose) | holdout, mean over seeds [95% t-interval] | "
-             "holdout pooled [task-clustered 95%] | per-seed holdout | collapsed runs (from update) | "
-             "holdout of the runs that did not collapse [95% t] |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"SFT policy (all runs): validation {sft[1]:.3f}, holdout {sft[0]:.3f}",
+        "",
+        "| estimator | seeds | validation (choose) | holdout, mean over seeds [95% t-interval] | "
+        "holdout pooled [task-clustered 95%] | per-seed holdout | collapsed runs (from update) | "
+        "holdout of the runs that did not collapse [95% t] |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for est, rs in by.items():
         val = seed_interval([r["validation"]["final"]["success"] for r in rs])
         hold = [r["holdout"]["final"]["success"] for r in rs]
@@ -362,35 +443,56 @@ def tables(results: list[dict]) -> str:
         p, plo, phi = pooled_interval(rs, "holdout")
         # collapsed: training success 0 for the last updates, or a final holdout of exactly 0
         # (a policy that broke at the last update has no zero tail yet)
-        falls = [collapse_update(r["curve"]) or ("end" if h == 0 else None) for r, h in zip(rs, hold, strict=True)]
-        fell = ", ".join(f"s{r['seed']}@{u}" for r, u in zip(rs, falls, strict=True) if u is not None)
+        falls = [
+            collapse_update(r["curve"]) or ("end" if h == 0 else None)
+            for r, h in zip(rs, hold, strict=True)
+        ]
+        fell = ", ".join(
+            f"s{r['seed']}@{u}" for r, u in zip(rs, falls, strict=True) if u is not None
+        )
         alive = [h for h, u in zip(hold, falls, strict=True) if u is None]
         am, alo, ahi = seed_interval(alive) if alive else (math.nan, math.nan, math.nan)
-        lines.append(f"| {est} | {len(rs)} | {val[0]:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {p:.3f} [{plo:.3f}, "
-                     f"{phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} | {len(rs) - len(alive)} ({fell or '-'}) | "
-                     f"{am:.3f} [{alo:.3f}, {ahi:.3f}] ({len(alive)}) |")
+        lines.append(
+            f"| {est} | {len(rs)} | {val[0]:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | "
+            f"{p:.3f} [{plo:.3f}, {phi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} | "
+            f"{len(rs) - len(alive)} ({fell or '-'}) | {am:.3f} [{alo:.3f}, "
+            f"{ahi:.3f}] ({len(alive)}) |"
+        )
     base, *others = by
     if others:  # paired by seed: the same seed's runs share the task order and evaluation maps
         lines += ["", f"| estimator − {base} | seeds paired | holdout Δ, mean [95% t over seeds] | "
                   "validation Δ, mean [95% t over seeds] |", "|---|---|---|---|"]
-        ref = {split: {r["seed"]: r[split]["final"]["success"] for r in by[base]} for split in ("holdout", "validation")}
+        ref = {
+            split: {r["seed"]: r[split]["final"]["success"] for r in by[base]}
+            for split in ("holdout", "validation")
+        }
         for est in others:
             cells = []
             for split in ("holdout", "validation"):
-                d = [r[split]["final"]["success"] - ref[split][r["seed"]] for r in by[est] if r["seed"] in ref[split]]
+                d = [
+                    r[split]["final"]["success"] - ref[split][r["seed"]]
+                    for r in by[est]
+                    if r["seed"] in ref[split]
+                ]
                 m, h = (statistics.mean(d), paired_halfwidth(d)) if d else (math.nan, math.nan)
                 cells.append(f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]")
             lines.append(f"| {est} − {base} | {len(d)} | {cells[0]} | {cells[1]} |")
-    lines += ["", "| estimator | reward std | identical-reward groups | entropy | turns | invalid rate | "
-              "adv–optimal corr | suboptimal turns with A > 0 | optimal turns with A < 0 | wall s / run |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| estimator | reward std | identical-reward groups | entropy | turns | invalid rate | "
+        "adv–optimal corr | suboptimal turns with A > 0 | optimal turns with A < 0 | "
+        "wall s / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for est, rs in by.items():
         d = {k: _mean([_mean(r["diagnostics"][k]) for r in rs]) for k in DIAGNOSTICS}
         al = {k: _mean([_mean([u.get(k, math.nan) for u in r["alignment"]]) for r in rs])
               for k in ("corr", "pos_subopt", "neg_opt")}
-        lines.append(f"| {est} | {d['reward_std']:.3f} | {d['same_reward']:.3f} | {d['entropy']:.3f} | "
-                     f"{d['turns']:.1f} | {d['invalid']:.3f} | {al['corr']:+.3f} | {al['pos_subopt']:.3f} | "
-                     f"{al['neg_opt']:.3f} | {_mean([r['wall_s'] for r in rs]):.0f} |")
+        lines.append(
+            f"| {est} | {d['reward_std']:.3f} | {d['same_reward']:.3f} | {d['entropy']:.3f} | "
+            f"{d['turns']:.1f} | {d['invalid']:.3f} | {al['corr']:+.3f} | {al['pos_subopt']:.3f} | "
+            f"{al['neg_opt']:.3f} | {_mean([r['wall_s'] for r in rs]):.0f} |"
+        )
     lines += ["", *anchor_table(by)]
     n = min(len(r["curve"]) for r in results)
     epu = results[0]["episodes_per_update"]
@@ -398,7 +500,11 @@ def tables(results: list[dict]) -> str:
               "| estimator | " + " | ".join(str(epu * (i + 1)) for i in range(n)) + " |",
               "|---|" + "---|" * n]
     for est, rs in by.items():
-        lines.append(f"| {est} | " + " | ".join(f"{_mean([r['curve'][i] for r in rs]):.3f}" for i in range(n)) + " |")
+        lines.append(
+            f"| {est} | "
+            + " | ".join(f"{_mean([r['curve'][i] for r in rs]):.3f}" for i in range(n))
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -410,19 +516,31 @@ def anchor_table(by: dict[str, list[dict]]) -> list[str]:
         ups = [u for r in rs for u in r["alignment"] if "also" in u]
         if not ups:
             continue
-        m = {k: _mean([u[k] for u in ups]) for k in ("anchor_shared", "anchor_contrast", "step_nonzero")}
+        m = {
+            k: _mean([u[k] for u in ups])
+            for k in ("anchor_shared", "anchor_contrast", "step_nonzero")
+        }
         also = {k: _mean([u["also"][k] for u in ups]) for k in ALSO_SCORED}
         gap = _mean([u["also"]["gigpo"] - u["also"]["grpo"] for u in ups])
-        rows.append(f"| {est} | {m['anchor_shared']:.3f} | {m['anchor_contrast']:.3f} | {m['step_nonzero']:.3f} | "
-                    + " | ".join(f"{also[k]:+.3f}" for k in ALSO_SCORED) + f" | {gap:+.3f} |")
+        rows.append(
+            f"| {est} | {m['anchor_shared']:.3f} | {m['anchor_contrast']:.3f} | "
+            f"{m['step_nonzero']:.3f} | "
+            + " | ".join(f"{also[k]:+.3f}" for k in ALSO_SCORED)
+            + f" | {gap:+.3f} |"
+        )
     if not rows:
         return []
-    return ["On each run's own batches (mean over updates and seeds): turns sharing an anchor state, turns whose "
-            "anchor group took ≥ 2 different actions, turns with a non-zero GiGPO step advantage, and the "
-            "adv–optimal corr of each estimator's advantages on the same batches:", "",
-            "| run's estimator | anchor shared | anchor contrast | A^S ≠ 0 | "
-            + " | ".join(f"corr {k}" for k in ALSO_SCORED) + " | gigpo − grpo, same batch |",
-            "|---|---|---|---|" + "---|" * len(ALSO_SCORED) + "---|", *rows]
+    return [
+        "On each run's own batches (mean over updates and seeds): turns sharing an anchor state, "
+        "turns whose anchor group took ≥ 2 different actions, turns with a non-zero GiGPO step "
+        "advantage, and the adv–optimal corr of each estimator's advantages on the same batches:",
+        "",
+        "| run's estimator | anchor shared | anchor contrast | A^S ≠ 0 | "
+        + " | ".join(f"corr {k}" for k in ALSO_SCORED)
+        + " | gigpo − grpo, same batch |",
+        "|---|---|---|---|" + "---|" * len(ALSO_SCORED) + "---|",
+        *rows,
+    ]
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -452,24 +570,50 @@ def plot(results: list[dict], path: Path) -> None:
 def _record(log: Path, r: dict[str, Any]) -> None:
     with log.open("a") as fh:
         fh.write(json.dumps(r) + "\n")
-    print(f"{r['estimator']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} "
-          f"holdout {r['holdout']['final']['success']:.3f} ({r['wall_s']:.0f} s)", flush=True)
+    print(
+        f"{r['estimator']} seed {r['seed']}: validation {r['validation']['final']['success']:.3f} "
+        f"holdout {r['holdout']['final']['success']:.3f} ({r['wall_s']:.0f} s)",
+        flush=True,
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="src", default="runs/fl8_sft", help="a run whose SFT policy is the start")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--from", dest="src", default="runs/fl8_sft", help="a run whose SFT policy is the start"
+    )
     ap.add_argument("--out", default="runs/long_credit")
     ap.add_argument("--estimators", nargs="+", default=["grpo", "rloo", "gigpo", "salt", "gae"])
-    ap.add_argument("--options", default="{}", help='JSON estimator -> its options, e.g. \'{"gigpo": {"omega": 1}}\'')
-    ap.add_argument("--overrides", default="{}",
-                    help='JSON estimator (or "all") -> TrainConfig fields, e.g. \'{"gae": {"lr": 0.003}}\'')
+    ap.add_argument(
+        "--options",
+        default="{}",
+        help='JSON estimator -> its options, e.g. \'{"gigpo": {"omega": 1}}\'',
+    )
+    ap.add_argument(
+        "--overrides",
+        default="{}",
+        help='JSON estimator (or "all") -> TrainConfig fields, e.g. \'{"gae": {"lr": 0.003}}\'',
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--updates", type=int, default=4)
-    ap.add_argument("--jobs", type=int, default=2, help="runs at once (separate processes, one torch thread each)")
-    ap.add_argument("--report", action="store_true", help="only rebuild the tables and plot from OUT/results.jsonl")
-    ap.add_argument("--probe", action="store_true", help="only the scripted probe (no policy): `scripted_probe`")
-    ap.add_argument("--p-random", type=float, nargs="+", default=[0.15, 0.3], help="the probe's expert noise levels")
+    ap.add_argument(
+        "--jobs", type=int, default=2,
+        help="runs at once (separate processes, one torch thread each)",
+    )
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="only rebuild the tables and plot from OUT/results.jsonl",
+    )
+    ap.add_argument(
+        "--probe", action="store_true", help="only the scripted probe (no policy): `scripted_probe`"
+    )
+    ap.add_argument(
+        "--p-random", type=float, nargs="+", default=[0.15, 0.3],
+        help="the probe's expert noise levels",
+    )
     args = ap.parse_args()
     if args.probe:
         print("| episodes' p_random | estimator | adv–optimal corr | suboptimal turns with A > 0 | "
@@ -480,32 +624,51 @@ def main() -> None:
             print(f"<!-- p_random {p}: anchor shared {b['anchor_shared']:.3f}, anchor contrast "
                   f"{b['anchor_contrast']:.3f}, A^S != 0 {b['step_nonzero']:.3f} -->")
             for name, a in res.items():
-                print(f"| {p} (success {b['success']:.2f}, {b['turns_mean']:.1f} turns, optimal moves "
-                      f"{b['optimal_share']:.2f}) | {name} | {a['corr']:+.3f} | {a['pos_subopt']:.3f} | {a['neg_opt']:.3f} |")
+                print(
+                    f"| {p} (success {b['success']:.2f}, {b['turns_mean']:.1f} turns, optimal "
+                    f"moves {b['optimal_share']:.2f}) | {name} | {a['corr']:+.3f} | "
+                    f"{a['pos_subopt']:.3f} | {a['neg_opt']:.3f} |"
+                )
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "results.jsonl"
     if not args.report:
         options, overrides = json.loads(args.options), json.loads(args.overrides)
-        done = {(r["estimator"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+        done = (
+            {(r["estimator"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())}
+            if log.exists()
+            else set()
+        )
         jobs = [(est, s) for s in args.seeds for est in args.estimators if (est, s) not in done]
         base = load_config(TrainConfig, path=Path(args.src) / "config.yaml")
         evals = {k: v for k, v in overrides.get("all", {}).items() if k in EVAL_KEYS}
         if any(k in EVAL_KEYS for est in args.estimators for k in overrides.get(est, {})):
-            raise ConfigError("evaluation settings (eval_*) go under \"all\": every run is compared on the same evaluation")
+            raise ConfigError(
+                'evaluation settings (eval_*) go under "all": every run is compared '
+                'on the same evaluation'
+            )
         sft_evals = out / "sft-evals"  # the SFT policy evaluated once with the overridden settings
-        if jobs and any(getattr(base, k) != v for k, v in evals.items()) and not (sft_evals / "holdout-sft.json").exists():
-            (est, s), jobs = jobs[0], jobs[1:]  # this run evaluates the SFT policy; the others copy it
+        if (
+            jobs
+            and any(getattr(base, k) != v for k, v in evals.items())
+            and not (sft_evals / "holdout-sft.json").exists()
+        ):
+            # this run evaluates the SFT policy; the others copy it
+            (est, s), jobs = jobs[0], jobs[1:]
             _record(log, run_one(args.src, args.out, est, options.get(est, {}), s, args.updates,
                                  {**overrides.get("all", {}), **overrides.get(est, {})}))
             sft_evals.mkdir(exist_ok=True)
             for split in ("validation", "holdout"):
                 shutil.copy(out / f"{est}-s{s}" / "evals" / f"{split}-sft.json", sft_evals)
         with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, args.src, args.out, est, options.get(est, {}), s, args.updates,
-                                {**overrides.get("all", {}), **overrides.get(est, {})}, str(sft_evals)): (est, s)
-                    for est, s in jobs}
+            futs = {
+                pool.submit(
+                    run_one, args.src, args.out, est, options.get(est, {}), s, args.updates,
+                    {**overrides.get("all", {}), **overrides.get(est, {})}, str(sft_evals),
+                ): (est, s)
+                for est, s in jobs
+            }
             for f in cf.as_completed(futs):
                 _record(log, f.result())
     results = [json.loads(x) for x in log.read_text().splitlines()]

@@ -87,8 +87,11 @@ def gap_series(run: dict, gap_est: str, base: str) -> tuple[list[float], list[fl
 
 
 def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -> str:
-    lines = ["| SFT policy | estimator | runs | SFT holdout | validation | holdout, mean over seeds [95% t] | "
-             "per-seed holdout |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| SFT policy | estimator | runs | SFT holdout | validation | "
+        "holdout, mean over seeds [95% t] | per-seed holdout |",
+        "|---|---|---|---|---|---|---|",
+    ]
     overlap = []
     for name, runs in by_dir.items():
         ivs = {}
@@ -100,14 +103,24 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
             val = statistics.mean(r["validation"]["final"]["success"] for r in rs)
             ivs[est] = seed_interval(hold) if len(hold) > 1 else (hold[0], math.nan, math.nan)
             m, lo, hi = ivs[est]
-            lines.append(f"| {name} | {est} | {len(rs)} | {rs[0]['holdout']['sft']['success']:.3f} | {val:.3f} | "
-                         f"{m:.3f} [{lo:.3f}, {hi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} |")
+            lines.append(
+                f"| {name} | {est} | {len(rs)} | {rs[0]['holdout']['sft']['success']:.3f} | "
+                f"{val:.3f} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {' '.join(f'{h:.2f}' for h in hold)} |"
+            )
         if len(ivs) == 2:
             (_, alo, ahi), (_, blo, bhi) = ivs[base], ivs[other]
-            overlap.append(f"{name}: the across-seed intervals {'overlap' if alo <= bhi and blo <= ahi else 'do not overlap'}")
-    lines += ["", "; ".join(overlap) + ".", "",
-              f"| {other} − {base}, paired by (SFT policy, seed) | pairs | mean [95% t over pairs] | decision |",
-              "|---|---|---|---|"]
+            overlap.append(
+                f"{name}: the across-seed intervals "
+                f"{'overlap' if alo <= bhi and blo <= ahi else 'do not overlap'}"
+            )
+    lines += [
+        "",
+        "; ".join(overlap) + ".",
+        "",
+        f"| {other} − {base}, paired by (SFT policy, seed) | pairs | mean [95% t over pairs] | "
+        "decision |",
+        "|---|---|---|---|",
+    ]
     policies = list(by_dir.values())
     for split in ("holdout", "validation"):
         diffs = paired_diffs(policies, base, policies, other, split)
@@ -115,7 +128,9 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
             lines.append(f"| {split} | {len(diffs)} | - | too few pairs |")
             continue
         verdict, m, lo, hi = decide(diffs)
-        lines.append(f"| {split} | {len(diffs)} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | interval {verdict} |")
+        lines.append(
+            f"| {split} | {len(diffs)} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | interval {verdict} |"
+        )
     # the mechanism, on the base arm's own batches
     run_gaps, run_r, xs, ys, skipped = [], [], [], [], 0
     for runs in by_dir.values():
@@ -131,12 +146,19 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
             ys += g
             if not math.isnan(rr := pearson(s, g)):
                 run_r.append(rr)
-    lines += ["", f"Mechanism, on the {base} arm's own batches ({len(run_gaps)} runs, {len(xs)} updates"
-              + (f"; {skipped} runs without paired records" if skipped else "") + "):", ""]
+    lines += [
+        "",
+        f"Mechanism, on the {base} arm's own batches ({len(run_gaps)} runs, {len(xs)} updates"
+        + (f"; {skipped} runs without paired records" if skipped else "")
+        + "):",
+        "",
+    ]
     if len(run_gaps) >= 2:
         m, h = statistics.mean(run_gaps), paired_halfwidth(run_gaps)
-        lines.append(f"1. same-batch alignment gap corr({gap_est}) − corr({base}): {m:+.3f} [{m - h:+.3f}, "
-                     f"{m + h:+.3f}] (mean of the runs' means, 95% t over runs)")
+        lines.append(
+            f"1. same-batch alignment gap corr({gap_est}) − corr({base}): {m:+.3f} [{m - h:+.3f}, "
+            f"{m + h:+.3f}] (mean of the runs' means, 95% t over runs)"
+        )
     if len(run_r) >= 2:
         m, h = statistics.mean(run_r), paired_halfwidth(run_r)
         lines.append(f"2. correlation of that gap with the update's training success: pooled r = "
@@ -145,13 +167,18 @@ def report(by_dir: dict[str, list[dict]], base: str, other: str, gap_est: str) -
     return "\n".join(lines)
 
 
-def arms_table(arms: dict[str, tuple[str, list[list[dict]]]], base: str, base_runs: list[list[dict]]) -> str:
+def arms_table(
+    arms: dict[str, tuple[str, list[list[dict]]]], base: str, base_runs: list[list[dict]]
+) -> str:
     """More arms against `base`, each a name -> (estimator, the runs of each SFT policy in the
     positional directories' order): holdout over all its runs with the 95% t-interval, the
     difference to `base` paired by (SFT policy, seed), collapsed runs (`collapse_update`, or a
     final holdout of 0) and the diagnostics means. Exploratory: no decision is read here."""
-    lines = [f"| arm | runs | holdout [95% t over runs] | − {base}, paired [95% t] (pairs) | collapsed | "
-             "adv–optimal corr | invalid rate | entropy |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| arm | runs | holdout [95% t over runs] | − {base}, paired [95% t] (pairs) | "
+        "collapsed | adv–optimal corr | invalid rate | entropy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, (est, per_policy) in {base: (base, base_runs), **arms}.items():
         runs = [r for rs in per_policy for r in rs if r["estimator"] == est]
         if not runs:
@@ -160,12 +187,19 @@ def arms_table(arms: dict[str, tuple[str, list[list[dict]]]], base: str, base_ru
         m, lo, hi = seed_interval(hold) if len(hold) > 1 else (hold[0], math.nan, math.nan)
         d = paired_diffs(base_runs, base, per_policy, est)
         dm, dh = (statistics.mean(d), paired_halfwidth(d)) if len(d) > 1 else (math.nan, math.nan)
-        fell = sum(collapse_update(r["curve"]) is not None or r["holdout"]["final"]["success"] == 0 for r in runs)
+        fell = sum(
+            collapse_update(r["curve"]) is not None or r["holdout"]["final"]["success"] == 0
+            for r in runs
+        )
         corr = _mean([_mean([u["corr"] for u in r["alignment"]]) for r in runs if r["alignment"]])
-        diag = {k: _mean([_mean(r["diagnostics"][k]) for r in runs]) for k in ("invalid", "entropy")}
+        diag = {
+            k: _mean([_mean(r["diagnostics"][k]) for r in runs]) for k in ("invalid", "entropy")
+        }
         paired = "-" if name == base else f"{dm:+.3f} [{dm - dh:+.3f}, {dm + dh:+.3f}] ({len(d)})"
-        lines.append(f"| {name} | {len(runs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {paired} | {fell} | {corr:+.3f} | "
-                     f"{diag['invalid']:.3f} | {diag['entropy']:.3f} |")
+        lines.append(
+            f"| {name} | {len(runs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {paired} | {fell} | "
+            f"{corr:+.3f} | {diag['invalid']:.3f} | {diag['entropy']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -187,7 +221,10 @@ def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> 
             xs = rs[0]["episodes_per_update"] * np.arange(1, n + 1)
             ax.plot(xs, ys.mean(0), marker=".", label=f"{name} {est} ({len(rs)} seeds)")
         g = [gap_series(r, gap_est, base) for r in runs if r["estimator"] == base]
-        bx.scatter([s for _, ss in g for s in ss], [x for gg, _ in g for x in gg], s=8, alpha=0.6, label=name)
+        bx.scatter(
+            [s for _, ss in g for s in ss], [x for gg, _ in g for x in gg], s=8, alpha=0.6,
+            label=name,
+        )
     ax.set_xlabel("sampled episodes")
     ax.set_ylabel("training success")
     ax.legend(fontsize=6)
@@ -202,30 +239,56 @@ def plot(by_dir: dict[str, list[dict]], base: str, gap_est: str, path: Path) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("dirs", nargs="+", help="long_credit.py OUT directories, one per SFT policy")
     ap.add_argument("--base", default="grpo")
     ap.add_argument("--other", default="gigpo")
-    ap.add_argument("--gap", default="gigpo γ=0.8", help="the same-batch score compared with --base's (long_credit.ALSO_SCORED)")
-    ap.add_argument("--arms", default="{}",
-                    help='JSON name -> {"estimator": E, "dirs": [one OUT per SFT policy, in the positional order]}: '
-                         "more arms, compared with --base (exploratory)")
+    ap.add_argument(
+        "--gap",
+        default="gigpo γ=0.8",
+        help="the same-batch score compared with --base's (long_credit.ALSO_SCORED)",
+    )
+    ap.add_argument(
+        "--arms",
+        default="{}",
+        help='JSON name -> {"estimator": E, "dirs": [one OUT per SFT policy, in the '
+        'positional order]}: '
+        "more arms, compared with --base (exploratory)",
+    )
     ap.add_argument("--figure", default="", help="write the curves and the gap scatter here (PNG)")
     args = ap.parse_args()
     # check every input before reading any result
     missing = [d for d in args.dirs if not (Path(d) / "results.jsonl").exists()]
     if missing:
-        ap.error(f"no results.jsonl in {', '.join(missing)}: give long_credit.py --out directories that hold "
-                 "finished runs")
+        ap.error(
+            f"no results.jsonl in {', '.join(missing)}: give long_credit.py --out directories that "
+            "hold finished runs"
+        )
     try:
         arms = json.loads(args.arms)
     except json.JSONDecodeError as e:
-        ap.error(f"--arms is not JSON ({e}); e.g. '{{\"rloo\": {{\"estimator\": \"rloo\", \"dirs\": [\"A\", \"B\"]}}}}'")
-    bad = [n for n, a in arms.items() if not (isinstance(a, dict) and "estimator" in a
-                                              and isinstance(a.get("dirs"), list) and len(a["dirs"]) == len(args.dirs))]
+        ap.error(
+            f'--arms is not JSON ({e}); e.g. \'{{"rloo": {{"estimator": "rloo", '
+            f'"dirs": ["A", "B"]}}}}\''
+        )
+    bad = [
+        n
+        for n, a in arms.items()
+        if not (
+            isinstance(a, dict)
+            and "estimator" in a
+            and isinstance(a.get("dirs"), list)
+            and len(a["dirs"]) == len(args.dirs)
+        )
+    ]
     if bad:
-        ap.error(f"--arms {', '.join(bad)}: each needs \"estimator\" and \"dirs\", one directory per positional "
-                 f"directory ({len(args.dirs)}), in the same SFT-policy order")
+        ap.error(
+            f'--arms {", ".join(bad)}: each needs "estimator" and "dirs", one '
+            'directory per positional '
+            f"directory ({len(args.dirs)}), in the same SFT-policy order"
+        )
     by_dir = load(args.dirs)
     print(report(by_dir, args.base, args.other, args.gap))
     if arms:

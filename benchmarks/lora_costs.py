@@ -30,14 +30,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _rows(model, tok, n: int, tokens: int, seed: int):
-    """`n` chat prompts, each followed by `tokens` tokens the model samples at T = 1 (the actions)."""
+    """`n` chat prompts, each followed by `tokens` tokens the model samples at T
+    = 1 (the actions)."""
     import torch
 
     from taurl.train.rows import Rows
 
-    prompts = ["In which country is the city of Gatesville?", "What is 12 + 7?", "Name a river in France.",
-               "Who wrote Hamlet?", "What is the capital of Peru?", "Give a synonym of quick.",
-               "How many legs has a spider?", "Which planet is largest?"]
+    prompts = [
+        "In which country is the city of Gatesville?", "What is 12 + 7?", "Name a river in France.",
+        "Who wrote Hamlet?", "What is the capital of Peru?", "Give a synonym of quick.",
+        "How many legs has a spider?", "Which planet is largest?",
+    ]
     seqs, masks = [], []
     for i in range(n):
         text = tok.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}],
@@ -45,15 +48,21 @@ def _rows(model, tok, n: int, tokens: int, seed: int):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         torch.manual_seed(seed + i)
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=tok.pad_token_id,
+            )
         seqs.append(out[0].tolist())
         masks.append([0] * len(ids) + [1] * (len(seqs[-1]) - len(ids)))
     width = max(map(len, seqs))
     ids = torch.full((n, width), tok.pad_token_id)
     att, mask = torch.zeros((n, width), dtype=torch.long), torch.zeros((n, width))
     for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
-        ids[i, :len(s)], att[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1, torch.tensor(m, dtype=torch.float)
+        ids[i, : len(s)], att[i, : len(s)], mask[i, : len(s)] = (
+            torch.tensor(s),
+            1,
+            torch.tensor(m, dtype=torch.float),
+        )
     return Rows(ids, att, mask, torch.zeros((n, width)), torch.zeros((n, width)))
 
 
@@ -82,8 +91,12 @@ def bf16(args) -> dict:
         lp16, _ = action_logprobs(half, rows)
     m = rows.mask.bool()
     diff = (lp16 - lp32)[m].abs()
-    out = {"action_tokens": int(m.sum()), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-           "p99_abs_diff": float(diff.quantile(0.99))}
+    out = {
+        "action_tokens": int(m.sum()),
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "p99_abs_diff": float(diff.quantile(0.99)),
+    }
     for name, mdl in (("fp32", model), ("bf16", half)):
         def step(mdl=mdl):
             lp, _ = action_logprobs(mdl, rows)
@@ -117,7 +130,8 @@ def step(args) -> dict:
         out[f"{kind}_step_s"] = _best(one, args.repeats)
         n = sum(p.numel() for p in params)
         out[f"{kind}_trained_params"] = n
-        # a checkpoint: the trained weights (LoRA: the adapter; full: every weight) + 2 AdamW moments, fp32
+        # a checkpoint: the trained weights (LoRA: the adapter; full: every weight) +
+        # 2 AdamW moments, fp32
         weights = n if kind == "lora" else sum(p.numel() for p in model.parameters())
         out[f"{kind}_checkpoint_mb"] = round((weights + 2 * n) * 4 / 2**20, 1)
         del model, opt
@@ -125,14 +139,16 @@ def step(args) -> dict:
 
 
 def merge(args) -> dict:
-    """LoRA trained a few steps (B != 0): merged vs unmerged logprobs, and the adapter checkpoint's size."""
+    """LoRA trained a few steps (B != 0): merged vs unmerged logprobs, and the adapter
+    checkpoint's size."""
     import copy
     import tempfile
     from pathlib import Path
 
     import torch
 
-    from taurl.policy.model import load_policy, save_policy
+    from taurl.policy.files import save_policy
+    from taurl.policy.model import load_policy
     from taurl.train import lora
     from taurl.train.rows import action_logprobs
 
@@ -156,9 +172,12 @@ def merge(args) -> dict:
         save_policy(peft, tok, Path(tmp) / "ckpt")
         size = sum(f.stat().st_size for f in (Path(tmp) / "ckpt").iterdir())
         adapter = (Path(tmp) / "ckpt" / "adapter_model.safetensors").stat().st_size
-    return {"merged_vs_unmerged_max_abs": float((merged - unmerged)[m].abs().max()),
-            "adapter_vs_base_max_abs": float((unmerged - base)[m].abs().max()),
-            "adapter_checkpoint_mb": round(size / 2**20, 1), "adapter_file_mb": round(adapter / 2**20, 1)}
+    return {
+        "merged_vs_unmerged_max_abs": float((merged - unmerged)[m].abs().max()),
+        "adapter_vs_base_max_abs": float((unmerged - base)[m].abs().max()),
+        "adapter_checkpoint_mb": round(size / 2**20, 1),
+        "adapter_file_mb": round(adapter / 2**20, 1),
+    }
 
 
 def logprobs_child(mode: str, k: int, v: int) -> dict:
@@ -186,25 +205,39 @@ def logprobs_child(mode: str, k: int, v: int) -> dict:
 def logprobs(args) -> dict:
     out = {}
     for mode in ("plain", "chunked"):
-        runs = [json.loads(subprocess.run(
-            [sys.executable, __file__, "--child", mode, "--k", str(args.k)], check=True, capture_output=True,
-            text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}).stdout.splitlines()[-1])
-            for _ in range(args.repeats)]
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, __file__, "--child", mode, "--k", str(args.k)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+                ).stdout.splitlines()[-1]
+            )
+            for _ in range(args.repeats)
+        ]
         out[mode] = {"s_best": min(r["s"] for r in runs), "s_worst": max(r["s"] for r in runs),
                      "peak_above_start_mb": max(r["peak_above_start_mb"] for r in runs)}
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", help="an HF model directory")
     ap.add_argument("--parts", nargs="+", default=["bf16", "step", "merge", "logprobs"])
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64, help="sampled (action) tokens per row")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the recipe's default is 1)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the recipe's default is 1)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--k", type=int, default=2048, help="logprobs: action positions (rows of logits)")
+    ap.add_argument(
+        "--k", type=int, default=2048, help="logprobs: action positions (rows of logits)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -215,7 +248,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result = {"threads": args.threads, "model": args.model}
     for part in args.parts:
-        result[part] = {"bf16": bf16, "step": step, "merge": merge, "logprobs": logprobs}[part](args)
+        result[part] = {"bf16": bf16, "step": step, "merge": merge, "logprobs": logprobs}[part](
+            args
+        )
         print(json.dumps({part: result[part]}), flush=True)
     print(json.dumps(result, indent=2))
 

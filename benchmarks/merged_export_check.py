@@ -19,7 +19,9 @@ from pathlib import Path
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--run", required=True, help="a finished run directory")
     ap.add_argument("--out", default="", help="where to export (default: a temporary directory)")
     a = ap.parse_args()
@@ -39,7 +41,9 @@ def main() -> None:
     export_merged(run, out)
     plain = AutoModelForCausalLM.from_pretrained(out).eval()
     with Ledger(run / "ledger.sqlite") as ledger:
-        sampled = [t for t in ledger.query(min_version=version) if set(t.policy_versions) == {version}]
+        sampled = [
+            t for t in ledger.query(min_version=version) if set(t.policy_versions) == {version}
+        ]
     if not sampled:
         raise SystemExit(f"no episode sampled wholly by v{version} in {run}/ledger.sqlite")
     worst, tokens = 0.0, 0
@@ -49,9 +53,19 @@ def main() -> None:
             got = sequence_logprobs(plain, t.token_ids, temperature=temperature)[mask]
             worst = max(worst, float((got - torch.tensor(t.logprobs)[mask]).abs().max()))
             tokens += int(mask.sum())
-    print(json.dumps({"run": str(run), "version": version, "lora": bool(summary["config"].get("lora")),
-                      "episodes": len(sampled), "action_tokens": tokens, "max_abs_logprob_diff": worst,
-                      "export": str(out)}))
+    print(
+        json.dumps(
+            {
+                "run": str(run),
+                "version": version,
+                "lora": bool(summary["config"].get("lora")),
+                "episodes": len(sampled),
+                "action_tokens": tokens,
+                "max_abs_logprob_diff": worst,
+                "export": str(out),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

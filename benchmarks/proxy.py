@@ -51,7 +51,10 @@ def conversation(prompt: str, turns: int, reply: str) -> list[list[dict]]:
     msgs, out = [{"role": "user", "content": prompt}], []
     for t in range(turns):
         out.append(list(msgs))
-        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"tool result {t}: Lyon"}]
+        msgs += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": f"tool result {t}: Lyon"},
+        ]
     return out
 
 
@@ -75,7 +78,9 @@ def direct(engine, tok, prompts, episodes: int) -> list[float]:
 def proxied(engine, tok, turns: int, episodes: int, prompt: str) -> list[float]:
     http = DefaultHttpxClient()
     times = []
-    with ProxyServer(engine, tok, limits=ProxyLimits(max_calls=turns, max_action_tokens=16, max_context=4096)) as p:
+    with ProxyServer(
+        engine, tok, limits=ProxyLimits(max_calls=turns, max_action_tokens=16, max_context=4096)
+    ) as p:
         for e in range(episodes):
             p.open(f"b{e}")
             c = OpenAI(base_url=p.base_url(f"b{e}"), api_key="x", http_client=http, max_retries=0)
@@ -95,21 +100,31 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--turns", type=int, default=4)
     args = ap.parse_args()
-    texts = [d.text for d in build_corpus()[::40]] + [t.prompt for t in generate_tasks("train", n=300, seed=0)]
+    texts = [d.text for d in build_corpus()[::40]] + [
+        t.prompt for t in generate_tasks("train", n=300, seed=0)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build_default_policy(texts, tmp, size="tiny", seed=0)
     prompt = generate_tasks("train", n=1, seed=0)[0].prompt
     reply = tok.decode(tok("Lyon is in France, I think, more or less.")["input_ids"][:16])
     prompts = conversation(prompt, args.turns, reply)
     out = {}
-    for name, engine in (("echo", EchoEngine(tok("Lyon is in France, I think.")["input_ids"][:16] * 2)),
-                         ("local", LocalEngine(model, tok, seed=0))):
+    for name, engine in (
+        ("echo", EchoEngine(tok("Lyon is in France, I think.")["input_ids"][:16] * 2)),
+        ("local", LocalEngine(model, tok, seed=0)),
+    ):
         d = direct(engine, tok, prompts, args.episodes)
         p = proxied(engine, tok, args.turns, args.episodes, prompt)
         md, mp_ = statistics.median(d), statistics.median(p)
-        out[name] = {"calls": len(d), "direct_ms_median": 1e3 * md, "proxy_ms_median": 1e3 * mp_,
-                     "overhead_ms_median": 1e3 * (mp_ - md), "ratio_median": mp_ / md,
-                     "direct_ms_mean": 1e3 * statistics.mean(d), "proxy_ms_mean": 1e3 * statistics.mean(p)}
+        out[name] = {
+            "calls": len(d),
+            "direct_ms_median": 1e3 * md,
+            "proxy_ms_median": 1e3 * mp_,
+            "overhead_ms_median": 1e3 * (mp_ - md),
+            "ratio_median": mp_ / md,
+            "direct_ms_mean": 1e3 * statistics.mean(d),
+            "proxy_ms_mean": 1e3 * statistics.mean(p),
+        }
     print(json.dumps(out, indent=2))
 
 

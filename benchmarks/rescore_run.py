@@ -34,8 +34,14 @@ def rescore(run_dir: Path, temperature: float) -> dict:
             models[v] = load_policy(path)[0].eval() if path.is_dir() else None
         return models[v]
 
-    out = {"rl_episodes": 0, "action_segments": 0, "by_version": {}, "split_actions": 0, "rescored": 0,
-           "max_abs_diff": 0.0}
+    out = {
+        "rl_episodes": 0,
+        "action_segments": 0,
+        "by_version": {},
+        "split_actions": 0,
+        "rescored": 0,
+        "max_abs_diff": 0.0,
+    }
     with Ledger(run.ledger) as ledger:
         for eid in ledger.episode_ids():
             tr = ledger.get(eid)
@@ -46,15 +52,20 @@ def rescore(run_dir: Path, temperature: float) -> dict:
             for s in tr.segments:
                 if s.kind == "action" and s.token_ids:
                     out["action_segments"] += 1
-                    out["by_version"][s.policy_version] = out["by_version"].get(s.policy_version, 0) + 1
+                    out["by_version"][s.policy_version] = (
+                        out["by_version"].get(s.policy_version, 0) + 1
+                    )
                     if (m := model(s.policy_version)) is not None:
                         lp = sequence_logprobs(m, ids[:pos + len(s.token_ids)], temperature)[pos:]
                         diff = float((lp - torch.tensor(s.logprobs)).abs().max())
                         out["rescored"] += 1
                         out["max_abs_diff"] = max(out["max_abs_diff"], diff)
                 pos += len(s.token_ids)
-            out["split_actions"] += sum(t.action_segment + 1 < len(tr.segments)
-                                        and tr.segments[t.action_segment + 1].kind == "action" for t in tr.turns)
+            out["split_actions"] += sum(
+                t.action_segment + 1 < len(tr.segments)
+                and tr.segments[t.action_segment + 1].kind == "action"
+                for t in tr.turns
+            )
     return out
 
 

@@ -20,16 +20,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="", help="local HF model dir (default: build the tiny default policy)")
-    ap.add_argument("--size", default="tiny", help="default policy preset when --model is not given")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default="", help="local HF model dir (default: build the tiny default policy)"
+    )
+    ap.add_argument(
+        "--size", default="tiny", help="default policy preset when --model is not given"
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], help="levels to measure")
     ap.add_argument("--episodes-per-slot", type=int, default=3,
                     help="episodes per concurrent slot (level 32 runs 32 x this many episodes)")
     ap.add_argument("--max-action-tokens", type=int, default=48)
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -54,9 +62,12 @@ def main() -> None:
     print(f"model: {count_parameters(model):,} parameters, torch threads {torch.get_num_threads()}")
     cfg = RolloutConfig(max_turns=args.max_turns, max_action_tokens=args.max_action_tokens,
                         max_episode_tokens=args.max_turns * args.max_action_tokens)
-    tasks = generate_tasks("train", n=max(args.concurrency) * args.episodes_per_slot, seed=args.seed)
+    tasks = generate_tasks(
+        "train", n=max(args.concurrency) * args.episodes_per_slot, seed=args.seed
+    )
     engine = LocalEngine(model, tok, max_batch_size=max(args.concurrency))
-    asyncio.run(run_episodes(engine, lambda: envs.make("search-v0"), tok, tasks[:4], config=cfg))  # warm-up
+    # warm-up
+    asyncio.run(run_episodes(engine, lambda: envs.make("search-v0"), tok, tasks[:4], config=cfg))
 
     rows = []
     for c in args.concurrency:
@@ -67,7 +78,10 @@ def main() -> None:
         wall = time.perf_counter() - t0
         toks = sum(t.num_action_tokens for t in res.trajectories)
         rows.append((c, n, wall, n / wall, toks / wall))
-    print(f"{'concurrency':>11} {'episodes':>8} {'wall s':>7} {'episodes/s':>10} {'gen tokens/s':>12} {'vs first':>8}")
+    print(
+        f"{'concurrency':>11} {'episodes':>8} {'wall s':>7} {'episodes/s':>10} "
+        f"{'gen tokens/s':>12} {'vs first':>8}"
+    )
     for c, n, wall, eps, tps in rows:
         print(f"{c:>11} {n:>8} {wall:>7.2f} {eps:>10.2f} {tps:>12.0f} {tps / rows[0][4]:>7.1f}x")
 

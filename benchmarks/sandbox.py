@@ -141,7 +141,8 @@ async def run(args: argparse.Namespace) -> None:
     )
     rows.append(("cold: workspace + bwrap + true", await cold(cfg, args.n), "<= 50"))
     async with SandboxPool(1, config=cfg, template=tmpl) as pool, pool.acquire() as sb:
-        for name, cmd in (("true", ["/bin/true"]), ("python3 -c pass", PY), ("python3 -S -c pass", PY_S),
+        for name, cmd in (("true", ["/bin/true"]), ("python3 -c pass", PY),
+                          ("python3 -S -c pass", PY_S),
                           ("python3 -I -S -c pass", PY_IS)):  # fmt: skip
             rows.append((f"warm: {name}", await timed_runs(sb, cmd, args.n), "<= 20"))
         resets = []
@@ -163,7 +164,8 @@ async def run(args: argparse.Namespace) -> None:
 
     load = os.getloadavg()
     print(
-        f"\nsandbox latency, n={args.n} each, {os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f}"
+        f"\nsandbox latency, n={args.n} each, {os.cpu_count()} CPUs, load "
+        f"{load[0]:.2f} {load[1]:.2f}"
     )
     print(f"{'measure':44s} {'P50 ms':>8s} {'P99 ms':>8s} {'max ms':>8s}  goal P99")
     for name, xs, goal in rows:

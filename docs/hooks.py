@@ -5,7 +5,7 @@ A page asks for a generated block with an HTML comment on a line of its own:
     <!-- gen:cli -->                    `taurl --help` and `taurl COMMAND --help` of every command
     <!-- gen:config NAME -->            the option table of a config dataclass (taurl.recipe.config.NAME)
     <!-- gen:export-fields -->          the trajectory export's fields (taurl.data.export.EXPORT_FIELDS)
-    <!-- gen:ledger-rules -->           every rule the ledger can refuse a record by (taurl.data.ledger.RULES)
+    <!-- gen:ledger-rules -->           every rule the ledger can refuse a record by (taurl.data.admission.RULES)
     <!-- gen:glossary -->               every metric key with its formula (taurl.monitor GLOSSARY + TRAIN_GLOSSARY)
     <!-- gen:estimators -->             the advantage estimators by name (taurl.credit.registry.ESTIMATORS)
     <!-- gen:objectives -->             the objectives by name (taurl.train.objectives.registry)
@@ -69,7 +69,7 @@ def export_fields() -> str:
 
 
 def ledger_rules() -> str:
-    from taurl.data.ledger import RULES
+    from taurl.data.admission import RULES
 
     rows = [f"| `{k}` | {v.replace('|', '/')} |" for k, v in RULES.items()]
     return "\n".join(["| rule | refused when |", "|---|---|", *rows])

@@ -16,10 +16,12 @@ import urllib.request
 from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
 from agents.models.openai_provider import OpenAIProvider
 
-set_tracing_disabled(True)  # traces go to OpenAI's servers by default; this agent talks to a local model
+# traces go to OpenAI's servers by default; this agent talks to a local model
+set_tracing_disabled(True)
 
 
-async def run_agent(task: str, base_url: str | None = None, retriever_url: str | None = None) -> str:
+async def run_agent(task: str, base_url: str | None = None,
+                    retriever_url: str | None = None) -> str:
     retriever_url = retriever_url or os.environ["TAURL_RETRIEVER_URL"]
 
     @function_tool
@@ -29,14 +31,16 @@ async def run_agent(task: str, base_url: str | None = None, retriever_url: str |
         Args:
             query: Words to look for, e.g. a city name.
         """
-        req = urllib.request.Request(f"{retriever_url}/search", data=json.dumps({"query": query, "k": 1}).encode(),
+        req = urllib.request.Request(f"{retriever_url}/search",
+                                     data=json.dumps({"query": query, "k": 1}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)["text"]
 
     agent = Agent(name="geographer", instructions="Answer in <answer></answer>.", tools=[search])
     provider = OpenAIProvider(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "none"))
-    result = await Runner.run(agent, task, max_turns=4, run_config=RunConfig(model_provider=provider))
+    result = await Runner.run(agent, task, max_turns=4,
+                              run_config=RunConfig(model_provider=provider))
     return str(result.final_output)
 
 

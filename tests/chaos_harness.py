@@ -13,7 +13,9 @@ import sys
 from taurl.chaos import KILL_ENV, TRACE_ENV
 
 
-def run_cli(argv: list[str], *, kill_at: str = "", trace: str = "", timeout_s: float = 900.0) -> int:
+def run_cli(
+    argv: list[str], *, kill_at: str = "", trace: str = "", timeout_s: float = 900.0
+) -> int:
     """Run ``taurl <argv>`` in a child process; its exit code (``-9``: SIGKILLed at `kill_at`).
 
     The child is forked from a server that has imported taurl once (multiprocessing's
@@ -21,7 +23,9 @@ def run_cli(argv: list[str], *, kill_at: str = "", trace: str = "", timeout_s: f
     same, with its own memory, file descriptors and a real SIGKILL.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["taurl.cli.main", "taurl.cli.commands", "taurl.recipe.loop", "taurl.monitor.report"])
+    ctx.set_forkserver_preload(
+        ["taurl.cli.main", "taurl.cli.commands", "taurl.recipe.loop", "taurl.monitor.report"]
+    )
     p = ctx.Process(target=_child, args=(list(argv), {KILL_ENV: kill_at, TRACE_ENV: trace}))
     p.start()
     p.join(timeout_s)

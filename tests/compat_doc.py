@@ -27,6 +27,11 @@ LOCK = DOC.parents[1] / "requirements" / "lock.txt"
 
 
 def locked() -> dict[str, str]:
-    """requirements/lock.txt's ``name==version`` lines (what `make test` installs on a fresh machine)."""
-    lines = (line.split("==") for line in LOCK.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    """requirements/lock.txt's ``name==version`` lines (what `make test` installs on
+    a fresh machine)."""
+    lines = (
+        line.split("==")
+        for line in LOCK.read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     return {canonicalize_name(name.strip()): version.strip() for name, version in lines}

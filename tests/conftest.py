@@ -28,7 +28,9 @@ def search_tokenizer(taurl_cache):
     from taurl.envs.search import build_corpus, generate_tasks
     from taurl.policy import build_tokenizer
 
-    texts = [d.text for d in build_corpus()[::50]] + [t.prompt for t in generate_tasks("train", n=500, seed=0)]
+    texts = [d.text for d in build_corpus()[::50]] + [
+        t.prompt for t in generate_tasks("train", n=500, seed=0)
+    ]
     return build_tokenizer(texts + [envs.make("search-v0").system_prompt], vocab_size=4096)
 
 
@@ -49,9 +51,13 @@ def pytest_configure(config):
                             "run with pytest -m vllm")
     config.addinivalue_line("markers", "attack: must fail when its protection is switched off "
                             "(tests/mutation_check.py)")
-    config.addinivalue_line("markers", "limits: must fail when the sandbox's resource limits are lifted "
-                            "(tests/mutation_check.py)")
-    config.addinivalue_line("markers", "mutation_exempt(mutation, reason): skipped under that mutation")
+    config.addinivalue_line(
+        "markers",
+        "limits: must fail when the sandbox's resource limits are lifted (tests/mutation_check.py)",
+    )
+    config.addinivalue_line(
+        "markers", "mutation_exempt(mutation, reason): skipped under that mutation"
+    )
 
 
 # --- the mutation check (tests/mutation_check.py): honoured here only, never by src/ ---
@@ -105,7 +111,11 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             if path not in starts:
-                text = (config.rootpath / path).read_text(encoding="utf-8") if path.endswith(".py") else ""
+                text = (
+                    (config.rootpath / path).read_text(encoding="utf-8")
+                    if path.endswith(".py")
+                    else ""
+                )
                 starts[path] = bool(STARTS_SANDBOXES.search(text))
             return "sandbox-starting files" if starts[path] else path
 

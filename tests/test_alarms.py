@@ -15,8 +15,9 @@ from taurl import envs
 from taurl.errors import ConfigError, ResetNeeded
 from taurl.monitor.alarms import ALARMS, AlarmConfig, Watch, alarm_config, check, scan
 from taurl.monitor.report import alarms_section
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 from word_env import answer_of, say_the_answer, word_tasks
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -24,10 +25,21 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def neutral(update: int, **over: float) -> dict:
     """A healthy update's row (values of the demo's range)."""
-    row = {"phase": "rl", "update": update, "rollout/reward_std": 0.45, "rollout/groups_same_reward": 0.125,
-           "learn/entropy": 0.1, "learn/grad_norm": 0.5, "learn/skipped": 0.0, "rollout/invalid_rate": 0.03,
-           "rollout/truncation_rate": 0.02, "rollout/staleness_max": 0.0, "mismatch/abs_mean": 0.0,
-           "mismatch/abs_max": 0.0, "mismatch/tokens": 500.0}
+    row = {
+        "phase": "rl",
+        "update": update,
+        "rollout/reward_std": 0.45,
+        "rollout/groups_same_reward": 0.125,
+        "learn/entropy": 0.1,
+        "learn/grad_norm": 0.5,
+        "learn/skipped": 0.0,
+        "rollout/invalid_rate": 0.03,
+        "rollout/truncation_rate": 0.02,
+        "rollout/staleness_max": 0.0,
+        "mismatch/abs_mean": 0.0,
+        "mismatch/abs_max": 0.0,
+        "mismatch/tokens": 500.0,
+    }
     return {**row, **over}
 
 
@@ -42,20 +54,25 @@ def test_neutral_rows_fire_nothing():
 
 # (alarm, rows 1..n: the last ones bent to trip it). Defaults: k = 3, window 10, min_history 5.
 CASES = {
-    "reward_std_collapse": [neutral(u) for u in range(1, 4)] + [neutral(u, **{"rollout/reward_std": 0.0})
-                                                                 for u in range(4, 7)],
-    "same_reward_groups": [neutral(u) for u in range(1, 4)] + [neutral(u, **{"rollout/groups_same_reward": 1.0})
-                                                                for u in range(4, 7)],
-    "entropy_collapse": [neutral(u) for u in range(1, 4)] + [neutral(u, **{"learn/entropy": 0.005})
-                                                              for u in range(4, 7)],
+    "reward_std_collapse": [neutral(u) for u in range(1, 4)]
+    + [neutral(u, **{"rollout/reward_std": 0.0}) for u in range(4, 7)],
+    "same_reward_groups": [neutral(u) for u in range(1, 4)]
+    + [neutral(u, **{"rollout/groups_same_reward": 1.0}) for u in range(4, 7)],
+    "entropy_collapse": [neutral(u) for u in range(1, 4)]
+    + [neutral(u, **{"learn/entropy": 0.005}) for u in range(4, 7)],
     # 0.6 > 5 x median 0.1 of the five rows before
     "entropy_spike": [neutral(u) for u in range(1, 6)] + [neutral(6, **{"learn/entropy": 0.6})],
-    "grad_norm_spike": [neutral(u) for u in range(1, 6)] + [neutral(6, **{"learn/grad_norm": 2.6})],  # > 5 x 0.5
+    # > 5 x 0.5
+    "grad_norm_spike": [neutral(u) for u in range(1, 6)] + [neutral(6, **{"learn/grad_norm": 2.6})],
     # first five 0.03, last five 0.25: +0.22 > 0.15
-    "invalid_rate_rising": [neutral(u) for u in range(1, 6)] + [neutral(u, **{"rollout/invalid_rate": 0.25})
-                                                                 for u in range(6, 11)],
-    "truncation_rate_rising": [neutral(u) for u in range(1, 6)] + [
-        neutral(u, **{"rollout/truncation_rate": 0.2}) for u in range(6, 11)],  # 0.2 - 0.02 = 0.18 > 0.15
+    "invalid_rate_rising": [neutral(u) for u in range(1, 6)]
+    + [neutral(u, **{"rollout/invalid_rate": 0.25}) for u in range(6, 11)],
+    "truncation_rate_rising": [neutral(u) for u in range(1, 6)]
+    + [
+        # 0.2 - 0.02 = 0.18 > 0.15
+        neutral(u, **{"rollout/truncation_rate": 0.2})
+        for u in range(6, 11)
+    ],
     "staleness": [neutral(1), neutral(2, **{"rollout/staleness_max": 1.0})],
     "logprob_drift": [neutral(1), neutral(2, **{"mismatch/abs_mean": 2e-3})],
 }
@@ -69,7 +86,10 @@ def test_every_alarm_has_a_case():
 def test_each_alarm_fires_on_its_case_and_only_there(name):
     rows = CASES[name]
     assert fired_at_end(rows) == {name}
-    assert fired_at_end(rows[:-1]) == set() or name in ("invalid_rate_rising", "truncation_rate_rising")
+    assert fired_at_end(rows[:-1]) == set() or name in (
+        "invalid_rate_rising",
+        "truncation_rate_rising",
+    )
     assert fired_at_end(rows, AlarmConfig(disable=[name])) == set()
     assert fired_at_end(rows, AlarmConfig(enabled=False)) == set()
 
@@ -107,7 +127,10 @@ def test_watch_adds_metrics_logs_and_says_stop(caplog):
     with caplog.at_level(logging.WARNING, logger="taurl.alarms"):
         fired = [watch.observe(dict(r)) for r in rows]
     assert [watch.stops(f) for f in fired] == [[], [], [], [], [], ["reward_std_collapse"]]
-    assert watch.rows[-1]["alarm/reward_std_collapse"] == 1.0 and watch.rows[-2]["alarm/reward_std_collapse"] == 0.0
+    assert (
+        watch.rows[-1]["alarm/reward_std_collapse"] == 1.0
+        and watch.rows[-2]["alarm/reward_std_collapse"] == 0.0
+    )
     assert {k for k in watch.rows[-1] if k.startswith("alarm/")} == {f"alarm/{n}" for n in ALARMS}
     assert "ALARM reward_std_collapse at update 6: reward std 0.0000 <= 0.01" in caplog.text
 
@@ -115,7 +138,9 @@ def test_watch_adds_metrics_logs_and_says_stop(caplog):
 def test_full_demo_runs_stay_quiet():
     """The RL rows of two full `taurl demo` runs (30 updates each, 2026-12-01, configs/demo.yaml;
     the first with sft_max_seconds 420) fire no alarm with the defaults."""
-    rows = [json.loads(line) for line in (FIXTURES / "demo_rl_metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (FIXTURES / "demo_rl_metrics.jsonl").read_text().splitlines()
+    ]
     for run in ("demo", "demo2"):
         mine = [r for r in rows if r["run"] == run]
         assert len(mine) == 30
@@ -174,16 +199,30 @@ class CollapseEnv:
         self._live = False
         answer = answer_of(action)
         reward = 0.0 if COLLAPSED["on"] else float(self.seed % 2)
-        return "", reward, True, False, {"action": {"kind": "answer", "answer": answer}, "invalid": False,
-                                         "stop_reason": "answered"}
+        return (
+            "",
+            reward,
+            True,
+            False,
+            {
+                "action": {"kind": "answer", "answer": answer},
+                "invalid": False,
+                "stop_reason": "answered",
+            },
+        )
 
 
 if "echotrap-v0" not in envs.registry._SPECS:
-    envs.register("echotrap-v0", CollapseEnv, tasks=word_tasks("echotrap-v0", "Echo", prefix="echo"),
-                  expert=say_the_answer)
+    envs.register(
+        "echotrap-v0", CollapseEnv, tasks=word_tasks("echotrap-v0", "Echo", prefix="echo"),
+        expert=say_the_answer,
+    )
 
-TINY = dict(env="echotrap-v0", demos=16, sft_epochs=1, sft_batch_size=8, tasks_per_update=2, group_size=4,
-            eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=6, max_episode_tokens=6, concurrency=8)
+TINY = dict(
+    env="echotrap-v0", demos=16, sft_epochs=1, sft_batch_size=8, tasks_per_update=2, group_size=4,
+    eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=6, max_episode_tokens=6,
+    concurrency=8,
+)
 
 
 def test_echo_trap_run_is_flagged_and_stopped(tmp_path, caplog):
@@ -209,7 +248,10 @@ def test_echo_trap_run_is_flagged_and_stopped(tmp_path, caplog):
     assert "ALARM reward_std_collapse at update 4" in caplog.text
     assert "RL stopped after update 4 of 6 by alarm(s) reward_std_collapse" in caplog.text
     report = (tmp_path / "run/report.html").read_text()
-    assert "Health alarms" in report and "RL was stopped after update 4 by reward_std_collapse" in report
+    assert (
+        "Health alarms" in report
+        and "RL was stopped after update 4 by reward_std_collapse" in report
+    )
     assert alarms_section(summary, rows).count("<tr>") == 3  # header + the two alarms that fired
 
 

@@ -28,7 +28,10 @@ WORDS = ["apple", "berry", "cedar", "delta", "ember", "fjord", "grape", "hazel",
 
 def tasks() -> list[taurl.Task]:
     splits = ["train"] * 8 + ["validation"] * 3 + ["holdout"] * 3
-    return [taurl.Task(f"echo/{w}", f"Say: {w}", (w,), s, "echo-v0") for w, s in zip(WORDS, splits, strict=True)]
+    return [
+        taurl.Task(f"echo/{w}", f"Say: {w}", (w,), s, "echo-v0")
+        for w, s in zip(WORDS, splits, strict=True)
+    ]
 
 
 def length_reward(traj, task) -> float:
@@ -41,10 +44,15 @@ SMALL = dict(updates=2, tasks_per_update=2, group_size=4, eval_tasks=2, eval_tri
 
 
 def test_import_taurl_is_cheap_and_names_the_api():
-    code = ("import sys, taurl; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
-            "assert not heavy, heavy; taurl.train; taurl.evaluate; taurl.register; taurl.Env; taurl.Task; "
-            "taurl.TrainConfig; assert callable(taurl.train) and callable(taurl.evaluate); print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)})
+    code = (
+        "import sys, taurl; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy; taurl.train; taurl.evaluate; taurl.register; taurl.Env; "
+        "taurl.Task; taurl.TrainConfig; assert callable(taurl.train) and callable(taurl.evaluate); "
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)}
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -53,27 +61,45 @@ def test_train_from_python_with_a_factory_tasks_and_a_reward(tmp_path):
     its records carry the reward function's outcome, and its output is plain lines: one per
     update, no carriage-return bar fragments, no dependency's progress bars."""
     run_dir = tmp_path / "run"
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); import taurl, test_api as t; "
-              "s = taurl.train(t.EchoEnv, tasks=t.tasks(), reward=t.length_reward, run_dir=sys.argv[2], **t.SMALL); "
-              "print('updates', s['train']['updates'], s['env'])")
-    out = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(run_dir)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=600)
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import taurl, test_api as t; "
+        "s = taurl.train(t.EchoEnv, tasks=t.tasks(), reward=t.length_reward, run_dir=sys.argv[2], "
+        "**t.SMALL); print('updates', s['train']['updates'], s['env'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent), str(run_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "updates 2 echoenv+length-reward-v0"
-    assert [x.split()[1] for x in out.stdout.splitlines() if x.startswith("update ")] == ["1/2", "2/2"]
+    assert [x.split()[1] for x in out.stdout.splitlines() if x.startswith("update ")] == [
+        "1/2",
+        "2/2",
+    ]
     for shown in (out.stdout, out.stderr):
-        assert "\r" not in shown and "Writing model shards" not in shown and "Loading weights" not in shown
-    assert re.search(r"^rl: 2/2 update in [0-9.]+ s$", out.stdout, re.M), out.stdout  # the phase, in a line
+        assert (
+            "\r" not in shown
+            and "Writing model shards" not in shown
+            and "Loading weights" not in shown
+        )
+    # the phase, in a line
+    assert re.search(r"^rl: 2/2 update in [0-9.]+ s$", out.stdout, re.M), out.stdout
     with Ledger(RunDir(run_dir).ledger) as ledger:
         trajs = ledger.query(split="train")
     assert len(trajs) == 2 * 2 * 4
     by_task = {t.task_id: t for t in tasks()}
     for traj in trajs:  # the outcome is the reward function's; the env's other layers are kept
-        assert traj.reward_components["outcome"] == pytest.approx(length_reward(traj, by_task[traj.task_id]))
+        assert traj.reward_components["outcome"] == pytest.approx(
+            length_reward(traj, by_task[traj.task_id])
+        )
         assert traj.reward_components["shaping"] == 0.0
         assert traj.reward == pytest.approx(sum(traj.reward_components.values()))
         assert traj.verifier_version == "python:length-reward"
-    assert len({t.reward for t in trajs}) > 1  # a signal the env alone (always 0 here) would not give
+    # a signal the env alone (always 0 here) would not give
+    assert len({t.reward for t in trajs}) > 1
     # the run directory describes the run: its tasks and its config (which names the registered env)
     assert len((run_dir / "tasks.jsonl").read_text().splitlines()) == len(WORDS)
     assert "env: echoenv+length-reward-v0" in (run_dir / "config.yaml").read_text()
@@ -83,7 +109,11 @@ def test_a_factory_is_registered_once_per_reward():
     from taurl.api import _env_name
 
     plain, scored = _env_name(EchoEnv, None), _env_name(EchoEnv, length_reward)
-    assert plain != scored and _env_name(EchoEnv, length_reward) == scored and _env_name(EchoEnv, None) == plain
+    assert (
+        plain != scored
+        and _env_name(EchoEnv, length_reward) == scored
+        and _env_name(EchoEnv, None) == plain
+    )
     assert taurl.envs.spec(scored).make_verifier()(_FakeTraj(), tasks()[0]) == pytest.approx(0.25)
 
 
@@ -103,7 +133,11 @@ class _FakeTraj:
     ({"reward": 3}, "reward must be a function"),
 ])
 def test_bad_arguments_are_refused_before_any_file_is_written(tmp_path, kwargs, message):
-    args = {"tasks": tasks(), "run_dir": tmp_path / "r", **{k: v for k, v in SMALL.items() if k != "updates"}}
+    args = {
+        "tasks": tasks(),
+        "run_dir": tmp_path / "r",
+        **{k: v for k, v in SMALL.items() if k != "updates"},
+    }
     with pytest.raises(Error) as e:
         taurl.train(EchoEnv, **{**args, **kwargs})
     assert message in str(e.value)

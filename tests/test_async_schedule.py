@@ -27,7 +27,8 @@ from taurl.data.runs import RunDir
 from taurl.data.trajectory import validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.policy.engine import LocalEngine
-from taurl.policy.model import build_default_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy
 from taurl.recipe.config import TrainConfig
 from taurl.recipe.schedule.admission import capacity, episode_age, stale_token_keep, staleness_stats
 from taurl.recipe.schedule.async_rl import AsyncSchedule
@@ -46,8 +47,14 @@ def test_capacity_formula_by_hand():
     # the concurrency limit binds: min(5 − 3, (4 + 2 + 1)·4 − 3) = 2
     assert capacity(max_concurrent=5, running=3, accepted=0, version=2, eta=4, batch=4) == 2
     # η = 0 is the synchronous window: exactly one batch, plus k = 2 over-provisioned
-    assert capacity(max_concurrent=99, running=0, accepted=0, version=0, eta=0, batch=4, overprovision=2) == 6
-    assert capacity(max_concurrent=99, running=7, accepted=0, version=0, eta=0, batch=4) == 0  # never negative
+    assert (
+        capacity(
+            max_concurrent=99, running=0, accepted=0, version=0, eta=0, batch=4, overprovision=2
+        )
+        == 6
+    )
+    # never negative
+    assert capacity(max_concurrent=99, running=7, accepted=0, version=0, eta=0, batch=4) == 0
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
@@ -58,8 +65,10 @@ def test_admission_never_starts_more_than_eta_plus_one_batches_ahead(eta):
     B, k, max_c = 4, 1, 9
     running = accepted = consumed = v = 0
     for _ in range(3000):
-        n = capacity(max_concurrent=max_c, running=running, accepted=accepted, version=v, eta=eta, batch=B,
-                     overprovision=k)
+        n = capacity(
+            max_concurrent=max_c, running=running, accepted=accepted, version=v, eta=eta, batch=B,
+            overprovision=k,
+        )
         running += n
         assert running <= max_c
         assert accepted + running <= (eta + v + 1) * B + k
@@ -86,25 +95,32 @@ def tiny(tmp_path_factory):
     tasks = generate_tasks("train", n=40, seed=0)
     env = envs.make("search-v0")
     path = tmp_path_factory.mktemp("policy")
-    model, tok = build_default_policy([t.prompt for t in tasks] + [env.system_prompt] * 5, path / "tmp",
-                                      size="tiny", seed=0)
+    model, tok = build_default_policy(
+        [t.prompt for t in tasks] + [env.system_prompt] * 5, path / "tmp", size="tiny", seed=0
+    )
     save_policy(model, tok, path / "v", {"policy_version": 0})
     return SimpleNamespace(tasks=tasks, model=model, tok=tok, ckpt=path / "v")
 
 
 def _schedule(tiny, tmp_path, eta: int, interrupt: str, overprovision: int, B: int = 2, G: int = 2):
-    cfg = TrainConfig(tasks_per_update=B, group_size=G, concurrency=16, staleness_eta=eta, interrupt=interrupt,
-                      overprovision=overprovision, schedule="async")
+    cfg = TrainConfig(
+        tasks_per_update=B, group_size=G, concurrency=16, staleness_eta=eta, interrupt=interrupt,
+        overprovision=overprovision, schedule="async",
+    )
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    r = SimpleNamespace(cfg=cfg, state={"sft_version": 1}, run=RunDir.create(tmp_path / "run"), ledger=ledger,
-                        plan=SimpleNamespace(rl=tiny.tasks), hook=lambda e, i: None)
+    r = SimpleNamespace(
+        cfg=cfg, state={"sft_version": 1}, run=RunDir.create(tmp_path / "run"), ledger=ledger,
+        plan=SimpleNamespace(rl=tiny.tasks), hook=lambda e, i: None,
+    )
     engine = LocalEngine(tiny.model, tiny.tok, version=1, max_batch_size=16, seed=0)
 
     def make_env():  # heavy-tailed tool waits: mean 30 ms, up to 0.6 s
         return ToolLatency(envs.make("search-v0", max_turns=3), mean_s=0.03, sigma=1.5, max_s=0.6)
 
-    collector = SimpleNamespace(engine=engine, tokenizer=tiny.tok, make_env=make_env, run_id="t",
-                                config=RolloutConfig(max_turns=3, max_action_tokens=16, max_episode_tokens=48))
+    collector = SimpleNamespace(
+        engine=engine, tokenizer=tiny.tok, make_env=make_env, run_id="t",
+        config=RolloutConfig(max_turns=3, max_action_tokens=16, max_episode_tokens=48),
+    )
     return AsyncSchedule(r, collector, version=1, seed=0), ledger
 
 
@@ -116,10 +132,15 @@ async def _drive(sched: AsyncSchedule, ckpt: Path, updates: int, seed: int) -> l
         for _ in range(updates):
             groups = await sched.take()
             batch = [t for g in groups for t in g.trajectories()]
-            rows.append({**staleness_stats(batch, sched.version), "groups": len(groups),
-                         "complete": all(len(g.trajectories()) == len(g.specs) for g in groups),
-                         "window": sched.accepted + len(sched.running) - (sched.version - 1) * sched.B,
-                         "ages": [episode_age(t, sched.version) for t in batch]})
+            rows.append(
+                {
+                    **staleness_stats(batch, sched.version),
+                    "groups": len(groups),
+                    "complete": all(len(g.trajectories()) == len(g.specs) for g in groups),
+                    "window": sched.accepted + len(sched.running) - (sched.version - 1) * sched.B,
+                    "ages": [episode_age(t, sched.version) for t in batch],
+                }
+            )
             await asyncio.sleep(rng.choice([0.0, 0.05, 0.3]))  # the slow learner
             await sched.swap(ckpt, sched.version + 1)
     finally:
@@ -138,7 +159,8 @@ def test_max_staleness_never_exceeds_eta_under_adversarial_timing(tiny, tmp_path
             assert row["rollout/staleness_max"] <= eta
             assert max(row["ages"]) <= eta
             assert row["groups"] == 2 and row["complete"]  # group-complete batches of B groups
-            assert row["window"] <= (eta + 1) * 2 + 1  # admission: at most η + 1 batches (+ k) ahead
+            # admission: at most η + 1 batches (+ k) ahead
+            assert row["window"] <= (eta + 1) * 2 + 1
         if eta > 0:  # the producers really ran ahead: some batch was trained off-policy
             assert max(r["rollout/staleness_max"] for r in rows) >= 1
         # every stored episode is trained, dropped, aborted or still ready/unfinished: counted
@@ -200,8 +222,11 @@ def test_a_ledger_write_failure_a_raising_hook_or_admit_stops_the_async_run_with
         sched.r.hook = _raising_hook
     else:
         sched._group = _raising_group(sched)
-    expected = {"ledger": (LedgerWriteError, "disk is full"), "hook": (RuntimeError, "a hook failed on a"),
-                "admit": (IndexError, "no task for group 3")}[fault]
+    expected = {
+        "ledger": (LedgerWriteError, "disk is full"),
+        "hook": (RuntimeError, "a hook failed on a"),
+        "admit": (IndexError, "no task for group 3"),
+    }[fault]
     t0 = time.monotonic()
     with ledger, pytest.raises(expected[0], match=expected[1]):
         asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=20, seed=0), timeout=10))
@@ -223,8 +248,14 @@ def test_async_groups_of_only_error_records_stop_the_run_with_the_first_cause(ti
 
     sched, ledger = _schedule(tiny, tmp_path, eta=1, interrupt="finish", overprovision=0)
     sched.engine = Down()
-    with ledger, pytest.raises(EpisodeError, match=r"groups in a row produced no usable records; the first "
-                                                   r"failure: a\d{5}-\d{2}: engine: the server answered 503"):
+    with (
+        ledger,
+        pytest.raises(
+            EpisodeError,
+            match=r"groups in a row produced no usable records; the first "
+            r"failure: a\d{5}-\d{2}: engine: the server answered 503",
+        ),
+    ):
         asyncio.run(asyncio.wait_for(_drive(sched, tiny.ckpt, updates=3, seed=0), timeout=10))
 
 
@@ -275,8 +306,10 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
     model = copy.deepcopy(tiny.model)
     env = envs.make("search-v0")
     env.stop = ()  # no stop string: the action ends by its budget, EOS or the abort
-    reached, release = gate_forward(model, 3)  # the second decode step: two tokens are already sampled
-    engine = LocalEngine(model, tok, version=7, seed=0, slim_decode=False)  # the gate counts forwards
+    # the second decode step: two tokens are already sampled
+    reached, release = gate_forward(model, 3)
+    # the gate counts forwards
+    engine = LocalEngine(model, tok, version=7, seed=0, slim_decode=False)
     new_state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
                  for k, v in model.state_dict().items()}
     config = RolloutConfig(temperature=1.0, max_action_tokens=12, max_turns=1, resume_aborted=True)
@@ -298,9 +331,11 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
     validate_trajectory(tr)
     actions = [s for s in tr.segments if s.kind == "action"]
     assert [s.policy_version for s in actions] == [7, 8]
-    assert len(actions[0].token_ids) == 3  # the cut ids (the gated step still samples its token), old version
+    # the cut ids (the gated step still samples its token), old version
+    assert len(actions[0].token_ids) == 3
     assert len(tr.turns) == 1 and tr.turns[0].action_segment == 1
-    assert sum(len(s.token_ids) for s in actions) <= 12  # the resumed action's budget counted both pieces
+    # the resumed action's budget counted both pieces
+    assert sum(len(s.token_ids) for s in actions) <= 12
     assert tr.policy_versions == [7, 8] and episode_age(tr, 8) == 1
     # both pieces belong to the one turn: its span covers them, every action token is owned
     owner = token_turn_index(tr)
@@ -309,8 +344,11 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
     (start, end), = turn_spans(tr).tolist()
     assert end - start == n
     # the text the env saw and the stream agree (token-exact, nothing re-encoded)
-    assert tr.turns[0].action_text == tok.decode(list(actions[0].token_ids) + list(actions[1].token_ids),
-                                                 skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert tr.turns[0].action_text == tok.decode(
+        list(actions[0].token_ids) + list(actions[1].token_ids),
+        skip_special_tokens=False,
+        clean_up_tokenization_spaces=False,
+    )
     with Ledger(tmp_path / "l.sqlite") as ledger:
         assert not ledger.append_many([tr]).rejected
         assert ledger.get("e1").to_dict() == tr.to_dict()
@@ -332,10 +370,12 @@ def test_interrupted_action_continues_on_new_weights_as_a_new_segment(tiny, tmp_
 # crash safety: SIGKILL mid-update, restart, nothing lost or stored twice
 
 TASKS = Path(__file__).parent / "fixtures" / "chaos_tasks.jsonl"
-KILL_CFG = dict(tasks=str(TASKS), demos=16, sft_batch_size=16, sft_epochs=1, updates=4, tasks_per_update=2,
-                group_size=3, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
-                warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=12,
-                schedule="async", staleness_eta=1, overprovision=1, drop_zero_variance=False)
+KILL_CFG = dict(
+    tasks=str(TASKS), demos=16, sft_batch_size=16, sft_epochs=1, updates=4, tasks_per_update=2,
+    group_size=3, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
+    max_episode_tokens=8, warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000,
+    concurrency=12, schedule="async", staleness_eta=1, overprovision=1, drop_zero_variance=False,
+)
 
 
 @pytest.mark.timeout(600)
@@ -364,21 +404,31 @@ def test_async_run_killed_mid_update_loses_no_episode_and_stores_none_twice(tmp_
     with Ledger(run.ledger) as ledger:
         assert not ledger.rejections()  # no episode was offered twice
         ids = [e for e in ledger.episode_ids() if e.startswith("a")]
-        assert len(ids) == len(set(ids)) == ledger.count() - sum(not e.startswith("a") for e in ledger.episode_ids())
+        assert (
+            len(ids)
+            == len(set(ids))
+            == ledger.count() - sum(not e.startswith("a") for e in ledger.episode_ids())
+        )
         for e, d in before.items():  # what was stored before the kill is there, unchanged
             assert ledger.get(e).to_dict() == d
     final = json.loads((run.checkpoint(run.versions()[-1]) / "taurl.json").read_text())
     assert final["update"] == 4
     done = final["async_groups"]
-    assert len(done["consumed"]) == len(set(done["consumed"])) == 4 * 2  # each group trained at most once
-    # every group stored before the kill and not yet trained was trained or dropped (counted) after it
+    # each group trained at most once
+    assert len(done["consumed"]) == len(set(done["consumed"])) == 4 * 2
+    # every group stored before the kill and not yet trained was trained or
+    # dropped (counted) after it
     assert untrained <= set(done["consumed"]) | set(done["dropped"]) | set(done["aborted"])
     rows = [json.loads(x) for x in run.metrics.read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     assert [r["update"] for r in rl] == [1, 2, 3, 4]
     assert all(r["rollout/staleness_max"] <= 1 for r in rl)
     # the learner measures the batch against its own version, as the schedule does
-    assert all(r[f"learn/staleness_{k}"] == r[f"rollout/staleness_{k}"] for r in rl for k in ("mean", "p95", "max"))
+    assert all(
+        r[f"learn/staleness_{k}"] == r[f"rollout/staleness_{k}"]
+        for r in rl
+        for k in ("mean", "p95", "max")
+    )
     assert rl[1]["run/reused_episodes"] > 0  # the restart took the stored episodes, not new ones
 
 
@@ -399,35 +449,46 @@ def test_a_kill_between_a_checkpoint_and_its_metrics_row_loses_no_row(tmp_path):
     run = RunDir(run_dir)
     assert run.versions()[-1] == 3
     rows = [json.loads(x) for x in run.metrics.read_text().splitlines()]
-    assert [r["update"] for r in rows if r["phase"] == "rl"] == [1]  # the kill came before update 2's row
+    # the kill came before update 2's row
+    assert [r["update"] for r in rows if r["phase"] == "rl"] == [1]
     carried = json.loads((run.checkpoint(3) / "taurl.json").read_text())["metrics_row"]
-    assert carried["update"] == 2 and carried["policy/version"] == 3 and "learn/grad_norm" in carried
+    assert (
+        carried["update"] == 2 and carried["policy/version"] == 3 and "learn/grad_norm" in carried
+    )
 
     assert run_cli(argv) == 0
     rl = [json.loads(x) for x in run.metrics.read_text().splitlines()]
     rl = [r for r in rl if r["phase"] == "rl"]
     assert [r["update"] for r in rl] == [1, 2, 3]
     assert rl[1]["run/recovered_row"] == 1.0 and "run/recovered_row" not in rl[0] | rl[2]
-    assert {k: v for k, v in rl[1].items() if k not in ("step", "time", "run/recovered_row")} == carried
+    assert {
+        k: v for k, v in rl[1].items() if k not in ("step", "time", "run/recovered_row")
+    } == carried
 
 
 def test_config_problems_name_the_async_options():
     bad = dataclasses.replace(TrainConfig(), schedule="later", staleness_eta=-1, interrupt="never")
     text = " ".join(bad.schedule_problems())
-    assert "schedule must be sync or async" in text and "staleness_eta" in text and "interrupt must be" in text
+    assert (
+        "schedule must be sync or async" in text
+        and "staleness_eta" in text
+        and "interrupt must be" in text
+    )
     assert not TrainConfig(schedule="async").schedule_problems()
 
 
 @pytest.mark.timeout(600)
-def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_version(tmp_path, monkeypatch):
+def test_the_learner_takes_its_next_batch_while_the_engine_still_loads_the_last_version(
+    tmp_path, monkeypatch
+):
     """The weight load runs behind the learner: the load of update u's checkpoint is held
     until the learner has been handed batch u + 1, which a loop that awaited the load before
     taking its next batch could never do (the hold then runs out, and the test fails)."""
     import time
 
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
     from taurl.recipe.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.validate import load_config
 
     sent: list[int] = []
     held: list[bool] = []
@@ -501,8 +562,8 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
       changes it before the delayed write of u reads it, and they differ. (The weights are
       not compared: this tiny run's advantages are mostly 0, so a step may leave them.)"""
     from taurl.chaos import TRACE_ENV, optimizer_digest
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     site = tmp_path / "site"
     site.mkdir()
@@ -510,7 +571,9 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
     monkeypatch.syspath_prepend(str(site))  # the learner process's PYTHONPATH is this sys.path
     trace = tmp_path / "trace.txt"
     monkeypatch.setenv(TRACE_ENV, str(trace))
-    cfg = load_config(TrainConfig, data={**KILL_CFG, "updates": 3, "overprovision": 0, "keep_checkpoints": 4})
+    cfg = load_config(
+        TrainConfig, data={**KILL_CFG, "updates": 3, "overprovision": 0, "keep_checkpoints": 4}
+    )
     run = RunDir(tmp_path / "run")
     train(cfg, str(run.root), progress=False)
 
@@ -519,25 +582,33 @@ def test_the_learner_trains_on_while_its_checkpoint_is_written_and_each_checkpoi
     assert all(r["time/checkpoint_s"] < 1.0 for r in rl), [r["time/checkpoint_s"] for r in rl]
     v_sft = json.loads((run.root / "state.json").read_text())["sft_version"]
     names = [line.partition(" ")[0] for line in trace.read_text().splitlines()]
-    for v in (v_sft + 1, v_sft + 2, v_sft + 3):  # each update's row comes after its (delayed) checkpoint
-        assert names.index(f"checkpoint_synced@version={v}") < names.index(f"update_done@version={v}"), v
-    before_step = {}  # optimizer step k → digest of the optimizer state inside it, before it changes it
+    # each update's row comes after its (delayed) checkpoint
+    for v in (v_sft + 1, v_sft + 2, v_sft + 3):
+        assert names.index(f"checkpoint_synced@version={v}") < names.index(
+            f"update_done@version={v}"
+        ), v
+    # optimizer step k → digest of the optimizer state inside it, before it changes it
+    before_step = {}
     for line in trace.read_text().splitlines():
         name, _, facts = line.partition(" ")
         if name.startswith("learner_step@step="):
             before_step[int(name.rsplit("=", 1)[1])] = json.loads(facts)["optimizer"]
     assert sorted(before_step) == [1, 2, 3]  # one optimizer step per update
     for u in (1, 2):  # (the moments and the step count: they change at every step)
-        saved = optimizer_digest(torch.load(run.checkpoint(v_sft + u) / "optimizer.pt", weights_only=True))
+        saved = optimizer_digest(
+            torch.load(run.checkpoint(v_sft + u) / "optimizer.pt", weights_only=True)
+        )
         assert saved == before_step[u + 1], f"checkpoint of update {u} is not the state after it"
 
 
-def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_first(tmp_path, monkeypatch):
+def test_the_learner_process_spawned_before_sft_is_closed_when_the_run_fails_first(
+    tmp_path, monkeypatch
+):
     """schedule: async spawns the learner's process at the start of the run (its imports
     overlap SFT); a run that fails before RL must not leave it behind."""
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
     from taurl.recipe.schedule.learner_proc import LearnerProcess
+    from taurl.recipe.validate import load_config
 
     spawned: list[LearnerProcess] = []
     real_init = LearnerProcess.__init__
@@ -573,13 +644,15 @@ _checkpoint.save_policy = _save
 
 
 @pytest.mark.timeout(600)
-def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its_error(tmp_path, monkeypatch):
+def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its_error(
+    tmp_path, monkeypatch
+):
     """The learner process's background write of update 2's checkpoint fails (a full disk,
     in a sitecustomize on its path): the run stops with an error that names the update and
     the checkpoint, no row or checkpoint of update 2 is left, and update 1's are whole."""
     from taurl.errors import Error
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     site = tmp_path / "site"
     site.mkdir()
@@ -595,7 +668,9 @@ def test_a_checkpoint_write_that_fails_behind_the_learner_stops_the_run_with_its
 
 
 @pytest.mark.timeout(600)
-def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within_seconds(tmp_path, monkeypatch):
+def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within_seconds(
+    tmp_path, monkeypatch
+):
     """The whole recipe (learner process, producers, swaps): the first write of an RL episode
     fails as a full disk does; `train` raises that error within 10 s of it, instead of hanging."""
     import sqlite3
@@ -603,8 +678,8 @@ def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within
     import time
 
     from taurl.data.ledger import LedgerWriteError
-    from taurl.recipe.config import load_config
     from taurl.recipe.loop import train
+    from taurl.recipe.validate import load_config
 
     real, failed_at = Ledger.append_many, []
 
@@ -621,5 +696,8 @@ def test_an_async_train_run_whose_ledger_write_fails_stops_with_the_cause_within
     with pytest.raises(LedgerWriteError, match="disk is full"):
         train(cfg, str(tmp_path / "run"), progress=False)
     assert failed_at and time.monotonic() - failed_at[0] < 10
-    # no thread the run started outlives it (one left waiting for the learner's connection kept the process from exiting)
-    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("asyncio_")]
+    # no thread the run started outlives it (one left waiting for the learner's connection kept the
+    # process from exiting)
+    assert not [
+        t.name for t in set(threading.enumerate()) - before if t.name.startswith("asyncio_")
+    ]

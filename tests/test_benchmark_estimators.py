@@ -8,7 +8,9 @@ from pathlib import Path
 
 from taurl.recipe.config import TrainConfig
 
-_spec = importlib.util.spec_from_file_location("bench_estimators", Path(__file__).parents[1] / "benchmarks/estimators.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_estimators", Path(__file__).parents[1] / "benchmarks/estimators.py"
+)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
@@ -28,5 +30,7 @@ def test_each_seeds_rl_trains_on_tasks_the_sft_policy_never_saw():
 
 
 def test_an_override_that_reshuffles_the_plan_is_caught():
-    assert bench.sft_task_overlap(BASE, dataclasses.replace(BASE, seed=1))  # the seed reshuffles the pool
-    assert bench.sft_task_overlap(BASE, dataclasses.replace(BASE, demos=100))  # demo tasks slide into RL
+    # the seed reshuffles the pool
+    assert bench.sft_task_overlap(BASE, dataclasses.replace(BASE, seed=1))
+    # demo tasks slide into RL
+    assert bench.sft_task_overlap(BASE, dataclasses.replace(BASE, demos=100))

@@ -28,12 +28,17 @@ TASK = envs.Task(task_id="t", prompt="", answers=(), split="train", env="frozenl
 
 
 def _traj(*moves: str) -> SimpleNamespace:
-    return SimpleNamespace(turns=[SimpleNamespace(action_text=f"<action>{m}</action>") for m in moves])
+    return SimpleNamespace(
+        turns=[SimpleNamespace(action_text=f"<action>{m}</action>") for m in moves]
+    )
 
 
 def test_optimal_labels_by_hand():
-    # right: d 6 -> 5 (optimal); left: back to S, d 6 (not); jump: invalid (not); down: d 6 -> 5 (optimal)
-    assert bench.optimal_labels(_traj("right", "left", "jump", "down"), TASK, 4).tolist() == [1, 0, 0, 1]
+    # right: d 6 -> 5 (optimal); left: back to S, d 6 (not); jump: invalid (not);
+    # down: d 6 -> 5 (optimal)
+    assert bench.optimal_labels(_traj("right", "left", "jump", "down"), TASK, 4).tolist() == [
+        1, 0, 0, 1,
+    ]
     # right then down into the hole at (1, 1): not optimal, and nothing is labelled after it
     labels = bench.optimal_labels(_traj("right", "down", "right"), TASK, 3)
     assert labels[:2].tolist() == [1, 0] and math.isnan(labels[2])
@@ -45,9 +50,16 @@ def test_alignment_scores():
     perfect = bench.alignment(np.array([1.0, -1.0, 2.0, -0.5]), np.array([1.0, 0.0, 1.0, 0.0]))
     assert perfect["pos_subopt"] == 0.0 and perfect["neg_opt"] == 0.0 and perfect["corr"] > 0.9
     # outcome-level credit: a successful episode's detour gets the same +1 as its optimal moves
-    broadcast = bench.alignment(np.array([1.0, 1.0, 1.0, -1.0, -1.0]), np.array([1.0, 0.0, 1.0, 1.0, np.nan]))
-    assert broadcast["turns"] == 4 and broadcast["pos_subopt"] == 1.0 and abs(broadcast["neg_opt"] - 1 / 3) < 1e-12  # optimal turns: +1, +1, -1
-    assert math.isnan(bench.alignment(np.zeros(3), np.array([1.0, 0.0, 1.0]))["corr"])  # no spread, no corr
+    broadcast = bench.alignment(
+        np.array([1.0, 1.0, 1.0, -1.0, -1.0]), np.array([1.0, 0.0, 1.0, 1.0, np.nan])
+    )
+    assert (
+        broadcast["turns"] == 4
+        and broadcast["pos_subopt"] == 1.0
+        and abs(broadcast["neg_opt"] - 1 / 3) < 1e-12
+    )  # optimal turns: +1, +1, -1
+    # no spread, no corr
+    assert math.isnan(bench.alignment(np.zeros(3), np.array([1.0, 0.0, 1.0]))["corr"])
 
 
 def test_seed_interval_and_pooled_interval():
@@ -61,8 +73,10 @@ def test_seed_interval_and_pooled_interval():
 
 def test_collapse_update_finds_a_zero_tail_of_at_least_three_updates():
     assert bench.collapse_update([0.2, 0.5, 0.0, 0.0, 0.0]) == 3
-    assert bench.collapse_update([0.0, 0.0, 0.0, 0.0]) == 1  # never succeeded: collapsed from the start
-    assert bench.collapse_update([0.2, 0.0, 0.0]) is None  # two zeros: a hard pair of updates, not yet a collapse
+    # never succeeded: collapsed from the start
+    assert bench.collapse_update([0.0, 0.0, 0.0, 0.0]) == 1
+    # two zeros: a hard pair of updates, not yet a collapse
+    assert bench.collapse_update([0.2, 0.0, 0.0]) is None
     assert bench.collapse_update([0.2, 0.0, 0.0, 0.0, 0.1]) is None  # it came back
     assert bench.collapse_update([]) is None
 
@@ -79,8 +93,10 @@ def test_anchor_stats_counts_contrast_only_where_actions_differ():
 
     # one episode group of 3: all start in state 1; rollouts 0 and 1 take the same action there
     # (same later state 2), rollout 2 another (state 3); only rollout 0 succeeds
-    b = TurnBatch.build([1.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
-                        step_rewards=[[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]])
+    b = TurnBatch.build(
+        [1.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
+        step_rewards=[[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]],
+    )
     acts = np.array([[0, 1], [0, 2], [3, -1]])
     s = bench.anchor_stats(b, acts)
     assert s["anchor_shared"] == 1.0  # state 1: 3 visits; state 2: 2 visits
@@ -89,6 +105,8 @@ def test_anchor_stats_counts_contrast_only_where_actions_differ():
     assert same["anchor_contrast"] == 0.0  # every visit of each state took one action
     # A^S: returns at state 1 are (0.95, 0, 0), all differ from their mean; at state 2 (1, 0)
     assert s["step_nonzero"] == 1.0
-    lost = TurnBatch.build([0.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
-                           step_rewards=[[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]])
+    lost = TurnBatch.build(
+        [0.0, 0.0, 0.0], ["g", "g", "g"], num_turns=[2, 2, 1],
+        step_rewards=[[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], state_hash=[[1, 2], [1, 2], [1, 0]],
+    )
     assert bench.anchor_stats(lost, acts)["step_nonzero"] == 0.0  # one outcome: every A^S is 0

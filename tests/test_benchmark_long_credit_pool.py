@@ -11,7 +11,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
-_spec = importlib.util.spec_from_file_location("bench_long_credit_pool", BENCH / "long_credit_pool.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_long_credit_pool", BENCH / "long_credit_pool.py"
+)
 pool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pool)
 
@@ -45,10 +47,16 @@ def test_report_pairs_by_policy_and_seed_and_finds_the_gap_tracking_success(tmp_
         runs = []
         for s in range(4):
             # the gap grows with the update's success in every base run
-            runs.append(_run("grpo", s, 0.2 + shift + 0.01 * s, curve=[0.1, 0.5, 0.9], gaps=[0.0, 0.02, 0.04]))
+            runs.append(
+                _run(
+                    "grpo", s, 0.2 + shift + 0.01 * s, curve=[0.1, 0.5, 0.9], gaps=[0.0, 0.02, 0.04]
+                )
+            )
             runs.append(_run("gigpo", s, 0.23 + shift + 0.01 * s + 0.001 * (s % 2)))
         (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in runs))
-    text = pool.report(pool.load([str(tmp_path / "p0"), str(tmp_path / "p1")]), "grpo", "gigpo", "gigpo γ=0.8")
+    text = pool.report(
+        pool.load([str(tmp_path / "p0"), str(tmp_path / "p1")]), "grpo", "gigpo", "gigpo γ=0.8"
+    )
     holdout = next(line for line in text.splitlines() if line.startswith("| holdout |"))
     assert "| 8 |" in holdout and "interval above" in holdout  # +0.03 on every pair
     assert "same-batch alignment gap" in text and "+0.020" in text
@@ -68,14 +76,23 @@ def test_arms_table_pairs_each_arm_with_the_base_by_policy_and_seed():
     text = pool.arms_table({"salt": ("salt", other)}, "grpo", base)
     row = next(line for line in text.splitlines() if line.startswith("| salt |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "6" and cells[3].startswith("-0.019") and cells[3].endswith("(6)") and cells[4] == "1"
+    assert (
+        cells[1] == "6"
+        and cells[3].startswith("-0.019")
+        and cells[3].endswith("(6)")
+        and cells[4] == "1"
+    )
 
 
 def test_cli_refuses_bad_input_before_reading_anything(tmp_path):
     import subprocess
 
     def run(*args):
-        return subprocess.run([sys.executable, str(BENCH / "long_credit_pool.py"), *args], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, str(BENCH / "long_credit_pool.py"), *args],
+            capture_output=True,
+            text=True,
+        )
 
     r = run(str(tmp_path / "nowhere"))
     assert r.returncode == 2 and "no results.jsonl in" in r.stderr

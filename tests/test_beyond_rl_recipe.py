@@ -14,12 +14,19 @@ from test_api import SMALL, EchoEnv, length_reward, tasks
 
 
 def test_each_stage_runs_from_an_sft_checkpoint_with_the_rl_summary_keys(tmp_path):
-    base = taurl.train(EchoEnv, tasks=tasks(), reward=length_reward, run_dir=tmp_path / "rl", progress=False,
-                       **SMALL)
-    start, teacher = tmp_path / "rl/checkpoints/v1", tmp_path / f"rl/checkpoints/v{base['train']['policy_version']}"
-    stages = {"rejection": {"sft": "rejection", "rejection": {"rounds": 2, "attempts": 2, "tasks": 2}},
-              "dpo": {"sft": "none", "objective": "dpo", "dpo": {"pairs": "all"}},
-              "distill": {"sft": "none", "teacher": str(teacher)}}
+    base = taurl.train(
+        EchoEnv, tasks=tasks(), reward=length_reward, run_dir=tmp_path / "rl", progress=False,
+        **SMALL,
+    )
+    start, teacher = (
+        tmp_path / "rl/checkpoints/v1",
+        tmp_path / f"rl/checkpoints/v{base['train']['policy_version']}",
+    )
+    stages = {
+        "rejection": {"sft": "rejection", "rejection": {"rounds": 2, "attempts": 2, "tasks": 2}},
+        "dpo": {"sft": "none", "objective": "dpo", "dpo": {"pairs": "all"}},
+        "distill": {"sft": "none", "teacher": str(teacher)},
+    }
     # rejection keeps only samples its verifier passes (>= 1.0), which the length reward never
     # gives in 8 tokens: a stage that keeps nothing now fails (issue 38), so it is rewarded 1
     rewards = {"rejection": lambda traj, task: 1.0}
@@ -34,7 +41,8 @@ def test_each_stage_runs_from_an_sft_checkpoint_with_the_rl_summary_keys(tmp_pat
         phase = "rejection" if name == "rejection" else "rl"
         assert len([r for r in rows if r.get("phase") == phase]) == 2
     dpo = [json.loads(x) for x in (tmp_path / "dpo/metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("learn/dpo_pairs", 0) > 0 for r in dpo)  # the length reward ranks the episodes of a task
+    # the length reward ranks the episodes of a task
+    assert any(r.get("learn/dpo_pairs", 0) > 0 for r in dpo)
     rounds = json.loads((tmp_path / "rejection/summary.json").read_text())["train"]["rejection"]
     assert [r["round"] for r in rounds] == [1, 2] and all(r["kept"] > 0 for r in rounds)
 

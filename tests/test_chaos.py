@@ -1,14 +1,14 @@
 """Chaos: a real `taurl train` run SIGKILLed at >= 10 random points, then finished; nothing lost.
 
-The kill is real: the run is a separate process (`chaos_harness.run_cli`, beside this file) that sends itself
-SIGKILL at a named kill point (`taurl.chaos`), so no handler, ``finally`` or flush runs.
-The points are drawn at random (seed printed; ``TAURL_CHAOS_SEED`` replays a draw) from
-the trace of an uninterrupted reference run, one at least from each phase the issue
-names: inside the learner's update (after backward, before AdamW.step), inside the
-checkpoint save (weights written; every file fsynced, before the rename), between the
-save and the engine's weight swap, inside an evaluation, and inside a rollout round. They
-are killed in trace order, each restart being killed at the next point, then the run is
-finished with one more restart.
+The kill is real: the run is a separate process (`chaos_harness.run_cli`, beside this
+file) that sends itself SIGKILL at a named kill point (`taurl.chaos`), so no handler,
+``finally`` or flush runs. The points are drawn at random (seed printed;
+``TAURL_CHAOS_SEED`` replays a draw) from the trace of an uninterrupted reference run, one
+at least from each phase the issue names: inside the learner's update (after backward,
+before AdamW.step), inside the checkpoint save (weights written; every file fsynced, before
+the rename), between the save and the engine's weight swap, inside an evaluation, and
+inside a rollout round. They are killed in trace order, each restart being killed at the
+next point, then the run is finished with one more restart.
 
 What must hold, and why it can be bitwise here:
 - after every kill: every stored episode is still there, unchanged; no episode was stored
@@ -49,18 +49,27 @@ from taurl.data.runs import RunDir
 # search-v0 on a fixed task file (country_continent questions drawn once from its task
 # source): reading 70 rows costs nothing, building the env's task pool ~14 s per restart
 TASKS = Path(__file__).parent / "fixtures" / "chaos_tasks.jsonl"
-CONFIG = dict(tasks=str(TASKS), demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0}, system_prompt="",
-              warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5,
-              updates=4, tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2, max_turns=1,
-              max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000, concurrency=1, lr=3e-3,
-              temperature=1.0, eval_temperature=0.5, keep_checkpoints=2,
-              drop_zero_variance=False)  # every update takes a learner step, so every update has that kill point
+CONFIG = dict(
+    tasks=str(TASKS), demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
+    system_prompt="", warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3,
+    sft_warmup_steps=5, updates=4, tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=2,
+    max_turns=1, max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000, concurrency=1,
+    lr=3e-3, temperature=1.0, eval_temperature=0.5, keep_checkpoints=2,
+    # every update takes a learner step, so every update has that kill point
+    drop_zero_variance=False,
+)
 KILLS = 11
 # the phases a kill must hit at least once: (label, test on "event@tag")
 PHASES = [
     ("learner update", lambda n: n.startswith("learner_step@")),
-    ("checkpoint save (files written)", lambda n: n.startswith("checkpoint_files@") and _rl_version(n)),
-    ("checkpoint save (fsynced, not renamed)", lambda n: n.startswith("checkpoint_synced@") and _rl_version(n)),
+    (
+        "checkpoint save (files written)",
+        lambda n: n.startswith("checkpoint_files@") and _rl_version(n),
+    ),
+    (
+        "checkpoint save (fsynced, not renamed)",
+        lambda n: n.startswith("checkpoint_synced@") and _rl_version(n),
+    ),
     ("between save and weight swap", lambda n: n.startswith("checkpoint_saved@")),
     ("evaluation", lambda n: n.startswith("episode_stored@episode_id=eval-")),
     ("rollout round", lambda n: n.startswith(("episode_stored@episode_id=r", "episode_finished@"))),
@@ -88,14 +97,18 @@ def choose_points(names: list[str], rng: random.Random, n: int) -> list[str]:
 
 
 def train(cfg: Path, run_dir: Path, **kw) -> int:
-    return run_cli(["train", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress"], **kw)
+    return run_cli(
+        ["train", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress"], **kw
+    )
 
 
 def ledger_records(run_dir: Path) -> dict[str, dict]:
     if not (run_dir / "ledger.sqlite").exists():
         return {}
     with Ledger(run_dir / "ledger.sqlite") as ledger:
-        assert not ledger.rejections(), "an episode was stored twice (the ledger refused a duplicate)"
+        assert not ledger.rejections(), (
+            "an episode was stored twice (the ledger refused a duplicate)"
+        )
         assert ledger.count() == len(set(ledger.episode_ids()))
         return {e: ledger.get(e).to_dict() for e in ledger.episode_ids()}
 
@@ -128,10 +141,18 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
     names = [n for n, _ in trace if not n.endswith("@version=0")]  # v0 is copied (below)
     assert len(names) == len(set(names)), "kill points must name their work uniquely"
     ref_steps = {n: f for n, f in trace if n.startswith("learner_step@")}
-    assert len(ref_steps) >= 2, "the miniature must take learner steps (reward variance in its groups)"
-    rl_rows = [r for r in map(json.loads, (ref_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+    assert len(ref_steps) >= 2, (
+        "the miniature must take learner steps (reward variance in its groups)"
+    )
+    rl_rows = [
+        r
+        for r in map(json.loads, (ref_dir / "metrics.jsonl").read_text().splitlines())
+        if r["phase"] == "rl"
+    ]
     # a step with a gradient before the last: later restores carry non-zero AdamW moments
-    assert any(r["learn/grad_norm"] > 0 for r in rl_rows[:-1]), "the miniature must learn (non-zero gradients)"
+    assert any(r["learn/grad_norm"] > 0 for r in rl_rows[:-1]), (
+        "the miniature must learn (non-zero gradients)"
+    )
     points = choose_points(names, random.Random(seed), KILLS)
     print("kill points:", *points, sep="\n  ")
 
@@ -148,11 +169,15 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
         print(f"restart {i}: {at or 'to the end'}: exit {rc}", flush=True)
         assert rc == (-9 if at else 0), f"restart {i}: exit {rc}, expected the SIGKILL at {at!r}"
         after = ledger_records(run_dir)
-        assert {e: after[e] for e in before} == before, f"restart {i} lost or changed a stored episode"
+        assert {e: after[e] for e in before} == before, (
+            f"restart {i} lost or changed a stored episode"
+        )
         assert_whole_checkpoints(run)
         started = [f for n, f in read_trace(traces[-1]) if n.startswith("rl_start@")]
         if started and expected_opt is not None:  # the restart resumed RL from a checkpoint
-            assert started[0]["optimizer"] == expected_opt, f"restart {i}: optimizer state not restored exactly"
+            assert started[0]["optimizer"] == expected_opt, (
+                f"restart {i}: optimizer state not restored exactly"
+            )
         for n, f in read_trace(traces[-1]):
             if n in ref_steps:  # the same step starts from bitwise the same state
                 assert f == ref_steps[n], f"restart {i}, {n}: {f} != uninterrupted {ref_steps[n]}"
@@ -167,14 +192,29 @@ def test_sigkilled_run_at_random_points_loses_nothing_and_ends_bitwise_equal(tmp
         assert rec["segments"] == ref_records[e]["segments"], e  # token ids, logprobs, versions
     assert run.versions() == ref_run.versions()
     final = run.versions()[-1]
-    a, b = load_file(run.checkpoint(final) / "model.safetensors"), load_file(ref_run.checkpoint(final) / "model.safetensors")
+    a, b = (
+        load_file(run.checkpoint(final) / "model.safetensors"),
+        load_file(ref_run.checkpoint(final) / "model.safetensors"),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert newest_optimizer_digest(run) == newest_optimizer_digest(ref_run)
     # every update has its metrics row exactly once (a kill between a checkpoint and its row:
     # the resumed run writes the row the checkpoint carries, taurl.recipe.record.recover_row)
-    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
-    assert [r["update"] for r in rows] == [r["update"] for r in rl_rows] == list(range(1, CONFIG["updates"] + 1))
+    rows = [
+        r
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if r["phase"] == "rl"
+    ]
+    assert (
+        [r["update"] for r in rows]
+        == [r["update"] for r in rl_rows]
+        == list(range(1, CONFIG["updates"] + 1))
+    )
     for f in sorted((ref_dir / "evals").glob("*.json")):
-        mine, theirs = json.loads((run_dir / "evals" / f.name).read_text()), json.loads(f.read_text())
+        mine, theirs = (
+            json.loads((run_dir / "evals" / f.name).read_text()),
+            json.loads(f.read_text()),
+        )
         assert mine["task_successes"] == theirs["task_successes"], f.name
-    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no leftovers
+    # no leftovers
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]

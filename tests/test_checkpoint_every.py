@@ -16,8 +16,9 @@ from tests.test_resume import CFG
 
 from taurl.data.runs import RunDir
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 
 EVERY = dataclasses.replace(CFG, checkpoint_every=2, updates=3, keep_checkpoints=0)
 
@@ -35,21 +36,27 @@ def _weights(run: RunDir, v: int) -> dict[str, torch.Tensor]:
     return load_file(str(run.checkpoint(v) / "model.safetensors"))
 
 
-def test_checkpoints_every_k_updates_and_a_killed_run_ends_where_a_whole_one_does(tmp_path, one_thread):
+def test_checkpoints_every_k_updates_and_a_killed_run_ends_where_a_whole_one_does(
+    tmp_path, one_thread
+):
     whole = tmp_path / "whole"
     train(EVERY, str(whole), progress=False)
     run = RunDir(whole)
     # v1 SFT; update 1 -> v2 (served only), update 2 -> v3 (checkpoint), update 3 -> v4 (the last)
     assert run.versions() == [0, 1, 3, 4]
     assert [p.name for p in (whole / "checkpoints").iterdir() if p.name.startswith(".served")] == []
-    assert not (run.checkpoint(3) / "optimizer.pt").exists() and (run.checkpoint(4) / "optimizer.pt").is_file()
+    assert (
+        not (run.checkpoint(3) / "optimizer.pt").exists()
+        and (run.checkpoint(4) / "optimizer.pt").is_file()
+    )
     rows = _rl_rows(whole)
     assert [r["update"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r["mem/rollout_peak_rss_mb"] > 50 and r["mem/learn_peak_rss_mb"] > 50
         assert r["mem/checkpoint_peak_rss_mb"] > 50 and r["time/checkpoint_s"] >= 0
 
-    def hook(name, info):  # die after update 3's rollouts: update 3 is lost, v3 is the newest checkpoint
+    # die after update 3's rollouts: update 3 is lost, v3 is the newest checkpoint
+    def hook(name, info):
         if name == "rollouts_stored" and info["update"] == 3:
             raise Crash("killed")
 

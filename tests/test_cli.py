@@ -15,8 +15,12 @@ from taurl.cli.main import main
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "smoke"
-    code = main(["rollout", "--run-dir", str(run), "--episodes", "6", "--group-size", "3", "--max-turns", "2",
-                 "--max-action-tokens", "8", "--no-progress"])
+    code = main(
+        [
+            "rollout", "--run-dir", str(run), "--episodes", "6", "--group-size", "3", "--max-turns",
+            "2", "--max-action-tokens", "8", "--no-progress",
+        ]
+    )
     assert code == 0
     return run
 
@@ -33,11 +37,19 @@ def test_rollout_writes_the_run_directory(run_dir):
 def test_export_both_formats(run_dir, capsys):
     assert main(["export", str(run_dir), "--format", "jsonl"]) == 0
     assert main(["export", str(run_dir), "--format", "parquet"]) == 0
-    rows = [json.loads(line) for line in (run_dir / "exports" / "trajectories.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "exports" / "trajectories.jsonl").read_text().splitlines()
+    ]
     table = pq.read_table(run_dir / "exports" / "trajectories.parquet")
     assert len(rows) == table.num_rows == 6
     for row in rows:
-        assert len(row["token_ids"]) == len(row["action_mask"]) == len(row["logprobs"]) == row["num_tokens"]
+        assert (
+            len(row["token_ids"])
+            == len(row["action_mask"])
+            == len(row["logprobs"])
+            == row["num_tokens"]
+        )
     assert table.column("episode_id").to_pylist() == [r["episode_id"] for r in rows]
 
 
@@ -53,7 +65,10 @@ def test_bad_config_reports_every_problem(tmp_path, capsys):
     assert main(["rollout", "--run-dir", str(tmp_path / "r"), "--config", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "did you mean 'episodes'" in err
-    assert main(["rollout", "--run-dir", str(tmp_path / "r"), "--temperature", "-1", "--top-p", "2"]) == 1
+    assert (
+        main(["rollout", "--run-dir", str(tmp_path / "r"), "--temperature", "-1", "--top-p", "2"])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "temperature" in err and "top_p" in err and "2 problem" in err
 
@@ -65,7 +80,8 @@ def test_inspect_of_a_missing_run_says_how_to_fix(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--env-config", '{"top_kk": 1}'], "did you mean 'top_k'"),
-    (["--env-config", '{"top_k": 0}'], "top_k must be an integer >= 1"),  # a value only the env's constructor checks
+    # a value only the env's constructor checks
+    (["--env-config", '{"top_k": 0}'], "top_k must be an integer >= 1"),
     (["--env", "serch-v0"], "Did you mean 'search-v0'"),
     (["--task-options", '{"split_bye": "city"}'], "did you mean 'split_by'"),
     (["--split", "test"], "split must be train, validation or holdout"),
@@ -81,10 +97,18 @@ def test_rollout_bad_input_writes_nothing(tmp_path, capsys, args, message):
 
 def test_failed_rollout_leaves_an_existing_run_unchanged(run_dir, capsys):
     """A rollout into an existing run that fails changes nothing there."""
-    before = {p: p.read_bytes() for p in Path(run_dir).rglob("*") if p.is_file() and "ledger" not in p.name}
+    before = {
+        p: p.read_bytes()
+        for p in Path(run_dir).rglob("*")
+        if p.is_file() and "ledger" not in p.name
+    }
     assert main(["rollout", "--run-dir", str(run_dir), "--env-config", '{"top_kk": 1}']) == 1
     assert "top_kk" in capsys.readouterr().err
-    after = {p: p.read_bytes() for p in Path(run_dir).rglob("*") if p.is_file() and "ledger" not in p.name}
+    after = {
+        p: p.read_bytes()
+        for p in Path(run_dir).rglob("*")
+        if p.is_file() and "ledger" not in p.name
+    }
     assert after == before
 
 
@@ -93,6 +117,13 @@ def test_rollout_builds_the_default_policy_for_any_env(tmp_path, env):
     """The default policy's tokenizer texts come from the env's own training tasks, however
     few it has (code-v0 has ~4,000 distinct training tasks)."""
     run = tmp_path / "r"
-    assert main(["rollout", "--env", env, "--run-dir", str(run), "--episodes", "2", "--max-turns", "1",
-                 "--max-action-tokens", "4", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "rollout", "--env", env, "--run-dir", str(run), "--episodes", "2", "--max-turns",
+                "1", "--max-action-tokens", "4", "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (run / "checkpoints" / "v0" / "config.json").exists()

@@ -51,11 +51,15 @@ def tasks():
 def test_generate_tasks_is_deterministic_balanced_and_split(tasks):
     assert [t.task_id for t in generate_tasks("train", 20, seed=0)] == [t.task_id for t in tasks]
     assert [t.task_id for t in generate_tasks("train", 20, seed=1)] != [t.task_id for t in tasks]
-    assert len({t.task_id for t in tasks}) == 20 and all(t.env == "code-v0" and t.split == "train" for t in tasks)
+    assert len({t.task_id for t in tasks}) == 20 and all(
+        t.env == "code-v0" and t.split == "train" for t in tasks
+    )
     assert {t.metadata["family"] for t in tasks[:len(FAMILIES)]} == set(FAMILIES)  # round robin
     holdout = generate_tasks("holdout", 60, seed=0)
     train = generate_tasks("train", 300, seed=0)
-    key = lambda t: (t.metadata["family"], json.dumps(t.metadata["params"], sort_keys=True))  # noqa: E731
+    key = lambda t: (  # noqa: E731
+        t.metadata["family"], json.dumps(t.metadata["params"], sort_keys=True)
+    )
     assert not {key(t) for t in holdout} & {key(t) for t in train}  # no instance in both splits
     assert all(t.split == "holdout" for t in holdout)
 
@@ -85,10 +89,17 @@ def test_reference_passes_and_stub_fails_for_every_family():
     for family in FAMILIES:
         task = generate_tasks("train", 1, seed=0, families=[family])[0]
         ok = verifier.verify(task, Submission(reference_source(task), clean_files(task)))
-        assert ok.passed and ok.violations == () and ok.metrics["cases_passed"] == HIDDEN_CASES, (family, ok.detail)
+        assert ok.passed and ok.violations == () and ok.metrics["cases_passed"] == HIDDEN_CASES, (
+            family,
+            ok.detail,
+        )
     stub = f"def {task.metadata['func']}(*a):\n    raise NotImplementedError\n"
     bad = verifier.verify(task, Submission(stub, clean_files(task)))
-    assert bad.score == 0 and "hidden test 1 of 12 raised NotImplementedError" in bad.detail and not bad.violations
+    assert (
+        bad.score == 0
+        and "hidden test 1 of 12 raised NotImplementedError" in bad.detail
+        and not bad.violations
+    )
 
 
 def test_first_failure_is_reported():
@@ -106,7 +117,9 @@ def test_verifier_runs_in_a_fresh_sandbox_with_only_the_solution():
     env.reset(task, 0)
     helper = reference_source(task).replace("def shift", "def real_shift")
     env.step(call("write_file", path="helper.py", content=helper))
-    env.step(call("write_file", path="solution.py", content="from helper import real_shift as shift\n"))
+    env.step(
+        call("write_file", path="solution.py", content="from helper import real_shift as shift\n")
+    )
     obs, *_ = env.step(call("run_tests"))
     assert "ALL VISIBLE TESTS PASSED" in obs  # works in the episode's workspace
     obs, reward, terminated, _, info = env.step(call("submit"))
@@ -170,8 +183,9 @@ def test_registered_and_declared():
     assert "code-v0" in registered()
     env = make("code-v0")
     assert env.observation_style == "messages" and env.stop == ("</tool_call>",)
-    assert [t["function"]["name"] for t in env.tools] == ["write_file", "read_file", "run_python", "run_tests",
-                                                          "submit"]
+    assert [t["function"]["name"] for t in env.tools] == [
+        "write_file", "read_file", "run_python", "run_tests", "submit",
+    ]
     for t in env.tools:
         check_tool(t)
     assert env.verifier_version == "code-hidden-v1"
@@ -181,9 +195,16 @@ def test_registered_and_declared():
 
 def test_check_env(tasks):
     check_env(CodeEnv(max_turns=3), tasks[0])
-    check_env(CodeEnv(), tasks[1], actions=[call("run_tests"), call("read_file", path="solution.py"),
-                                            call("write_file", path="solution.py", content=reference_source(tasks[1])),
-                                            call("submit")])
+    check_env(
+        CodeEnv(),
+        tasks[1],
+        actions=[
+            call("run_tests"),
+            call("read_file", path="solution.py"),
+            call("write_file", path="solution.py", content=reference_source(tasks[1])),
+            call("submit"),
+        ],
+    )
 
 
 def test_timeouts_and_errors_are_observations(tasks):
@@ -194,11 +215,15 @@ def test_timeouts_and_errors_are_observations(tasks):
     obs, _, _, _, info = env.step(call("read_file", path="../../etc/passwd"))
     assert info["receipt"].status == "error" and "must be relative to the workspace" in obs
     obs, _, _, _, info = env.step(call("read_file", path="missing.py"))
-    assert info["error"].startswith("tool 'read_file' failed: SandboxError") and "No such file" in obs
+    assert (
+        info["error"].startswith("tool 'read_file' failed: SandboxError") and "No such file" in obs
+    )
     obs, *_ = env.step(call("run_python", code="import sys; print('x' * 100000); sys.exit(3)"))
     assert obs.startswith("exit status 3\n--- stdout (cut) ---")
     env.step(call("write_file", path="solution.py", content="x = 1\n"))
-    obs, _, _, _, info = env.step(call("run_python", code="open('big', 'wb').write(b'x' * (40 << 20))"))
+    obs, _, _, _, info = env.step(
+        call("run_python", code="open('big', 'wb').write(b'x' * (40 << 20))")
+    )
     assert info["receipt"].status == "error" and "over its 32 MiB quota; it was reset" in obs
     assert sorted(p.name for p in env._sb.workspace.iterdir()) == ["solution.py", "test_visible.py"]
     assert "NotImplementedError" in env._sb.read_file("solution.py").decode()  # the stub again
@@ -210,22 +235,38 @@ def test_honest_episode_through_the_real_loop(tasks):
     env = CodeEnv()
     tok = build_tokenizer([task.prompt, env.system_prompt, json.dumps(env.tools)], vocab_size=700,
                           model_max_length=16384)
-    actions = ["I will read the stub first.", call("read_file", path="solution.py"),
-               call("write_file", path="solution.py", content=reference_source(task)), call("run_tests"),
-               call("submit")]
-    cfg = RolloutConfig(max_turns=8, max_action_tokens=4096, max_episode_tokens=8192, max_context=16384,
-                        max_observation_tokens=2048)
-    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), env, tok,
-                                                       task, seed=0, config=cfg)))
-    assert traj.stop_reason is StopReason.ANSWERED and traj.reward == pytest.approx(1.0)  # -0.02 + 0.02 shaping
+    actions = [
+        "I will read the stub first.", call("read_file", path="solution.py"),
+        call("write_file", path="solution.py", content=reference_source(task)), call("run_tests"),
+        call("submit"),
+    ]
+    cfg = RolloutConfig(
+        max_turns=8, max_action_tokens=4096, max_episode_tokens=8192, max_context=16384,
+        max_observation_tokens=2048,
+    )
+    traj = validate_trajectory(
+        asyncio.run(
+            run_episode(
+                ScriptedEngine(tok, actions, max_context=16384), env, tok, task, seed=0, config=cfg
+            )
+        )
+    )
+    # -0.02 + 0.02 shaping
+    assert traj.stop_reason is StopReason.ANSWERED and traj.reward == pytest.approx(1.0)
     assert traj.reward_components["outcome"] == 1.0 and traj.verifier_version == "code-hidden-v1"
     assert [t.invalid for t in traj.turns] == [True, False, False, False, False]
-    assert [t.receipt.tool for t in traj.turns[1:]] == ["read_file", "write_file", "run_tests", "submit"]
+    assert [t.receipt.tool for t in traj.turns[1:]] == [
+        "read_file", "write_file", "run_tests", "submit",
+    ]
     prompt = tok.decode(list(traj.segments[0].token_ids))
     assert "<tools>" in prompt and '"name": "run_tests"' in prompt  # tools rendered by the template
-    assert traj.messages[3] == {"role": "tool", "content": "Error: no tool call found; call a tool as "
-                                + CALL_EXAMPLE}
+    assert traj.messages[3] == {
+        "role": "tool",
+        "content": "Error: no tool call found; call a tool as " + CALL_EXAMPLE,
+    }
     # token-exact in the messages style too: the ids decode to the chat rendering of the messages
     rendered = tok.apply_chat_template(list(traj.messages), tools=env.tools, tokenize=False)
     assert tok.decode(traj.token_ids, skip_special_tokens=False) == rendered
-    assert sum(traj.action_mask) == sum(len(s.token_ids) for s in traj.segments if s.kind == "action")
+    assert sum(traj.action_mask) == sum(
+        len(s.token_ids) for s in traj.segments if s.kind == "action"
+    )

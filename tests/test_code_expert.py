@@ -49,8 +49,12 @@ def tok(one_per_family):
 
 
 def play(tok, task, actions, seed=0):
-    traj = asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), CodeEnv(), tok, task,
-                                   seed=seed, config=CFG))
+    traj = asyncio.run(
+        run_episode(
+            ScriptedEngine(tok, actions, max_context=16384), CodeEnv(), tok, task, seed=seed,
+            config=CFG,
+        )
+    )
     return validate_trajectory(traj)
 
 
@@ -65,8 +69,11 @@ def test_perfect_expert_solves_every_family_through_the_real_loop(tok, one_per_f
     verifier = ReplayVerifier()
     for task in one_per_family:
         actions = expert(task, random.Random(1))
-        assert actions == [tool_call("write_file", path="solution.py", content=reference_source(task)),
-                           tool_call("run_tests"), tool_call("submit")]
+        assert actions == [
+            tool_call("write_file", path="solution.py", content=reference_source(task)),
+            tool_call("run_tests"),
+            tool_call("submit"),
+        ]
         traj = play(tok, task, actions)
         assert traj.stop_reason is StopReason.ANSWERED, (task.metadata["family"], traj.stop_reason)
         assert traj.reward_components["outcome"] == 1.0 and not any(t.invalid for t in traj.turns)
@@ -88,10 +95,13 @@ def test_every_planted_bug_is_revealed_by_the_visible_tests(one_per_family):
 def test_buggy_drafts_are_repaired_when_tested(tok, one_per_family):
     task = one_per_family[0]
     actions = expert(task, random.Random(0), p_bug=1.0)
-    assert [json.loads(a[11:-12])["name"] for a in actions] == ["write_file", "run_tests", "write_file",
-                                                                "run_tests", "submit"]
+    assert [json.loads(a[11:-12])["name"] for a in actions] == [
+        "write_file", "run_tests", "write_file", "run_tests", "submit",
+    ]
     traj = play(tok, task, actions)
-    assert "FAIL" in traj.turns[1].observation_text and PASS_MARKER in traj.turns[3].observation_text
+    assert (
+        "FAIL" in traj.turns[1].observation_text and PASS_MARKER in traj.turns[3].observation_text
+    )
     assert traj.reward_components["outcome"] == 1.0  # the repair loop rescues the draft
     untested = play(tok, task, expert(task, random.Random(0), p_bug=1.0, p_skip_tests=1.0))
     assert len(untested.turns) == 2 and untested.reward_components["outcome"] == 0.0
@@ -104,14 +114,18 @@ def test_degraded_expert_is_measurably_worse(tok):
     good, bad, predicted = [], [], 0
     for i, task in enumerate(tasks):
         perfect = play(tok, task, expert(task, random.Random(i)), seed=i)
-        degraded = play(tok, task, expert(task, random.Random(i), p_bug=0.5, p_skip_tests=0.5), seed=i)
+        degraded = play(
+            tok, task, expert(task, random.Random(i), p_bug=0.5, p_skip_tests=0.5), seed=i
+        )
         u_bug, u_skip = (r := random.Random(i)).random(), r.random()
         predicted += u_bug < 0.5 and u_skip < 0.5  # the only way a demo fails (expert docstring)
         good.append(perfect.reward_components["outcome"])
         bad.append(degraded.reward_components["outcome"])
-        assert verifier(degraded, task) == degraded.reward_components["outcome"]  # the verifier agrees
+        # the verifier agrees
+        assert verifier(degraded, task) == degraded.reward_components["outcome"]
     assert sum(good) == len(tasks)
-    assert predicted >= 3 and sum(bad) == len(tasks) - predicted  # 1 − p_bug·p_skip ≈ 0.75 of them pass
+    # 1 − p_bug·p_skip ≈ 0.75 of them pass
+    assert predicted >= 3 and sum(bad) == len(tasks) - predicted
 
 
 def test_expert_knobs_are_checked():
@@ -119,7 +133,9 @@ def test_expert_knobs_are_checked():
     with pytest.raises(ConfigError) as e:
         expert(task, random.Random(0), p_bug=1.5, p_skip_tests="often")
     assert len(e.value.problems) == 2
-    assert "did you mean 'p_skip_tests'" in expert_option_problems("code-v0", {"p_skip_test": 0.5})[0]
+    assert (
+        "did you mean 'p_skip_tests'" in expert_option_problems("code-v0", {"p_skip_test": 0.5})[0]
+    )
     assert expert_option_problems("code-v0", {"p_bug": 0.3, "p_skip_tests": 0.5}) == []
 
 
@@ -139,8 +155,9 @@ def test_verifier_rejects_tampered_records(tok, one_per_family):
     assert v(forged, task) == 0.0 and "hidden test" in v.last_detail
     # 2. the written solution edited after the fact: the stub's text in place of the reference
     stub = f"def {task.metadata['func']}(*a):\n    return None\n"
-    edited_turn = dataclasses.replace(good.turns[0], action_text=tool_call("write_file", path="solution.py",
-                                                                           content=stub))
+    edited_turn = dataclasses.replace(
+        good.turns[0], action_text=tool_call("write_file", path="solution.py", content=stub)
+    )
     edited = dataclasses.replace(good, turns=(edited_turn, *good.turns[1:]))
     assert v(edited, task) == 0.0
     # 3. the submit cut off (the record still claims it answered)
@@ -176,8 +193,13 @@ def test_splits_are_disjoint_by_instance():
     assert not keys["validation"] & keys["holdout"]
     # other seeds draw other tasks of the same split, never crossing splits
     more = make_tasks("code-v0", "train", n=200, seed=7)
-    assert {instance(t) for t in more} - keys["train"] and not {instance(t) for t in more} & keys["holdout"]
-    assert make_tasks("code-v0", "holdout", n=2, seed=0, families=["caesar"])[0].metadata["family"] == "caesar"
+    assert {instance(t) for t in more} - keys["train"] and not {instance(t) for t in more} & keys[
+        "holdout"
+    ]
+    assert (
+        make_tasks("code-v0", "holdout", n=2, seed=0, families=["caesar"])[0].metadata["family"]
+        == "caesar"
+    )
 
 
 # -- the env's tool subset and the tokenizer hook ----------------------------------------------
@@ -192,11 +214,18 @@ def test_tool_subset_is_declared_recorded_and_replayed(tok, one_per_family):
     task = one_per_family[4]
     code = f"open('solution.py', 'w').write({reference_source(task)!r})"
     actions = [tool_call("run_python", code=code), tool_call("submit")]
-    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), env, tok,
-                                                       task, seed=0, config=CFG)))
+    traj = validate_trajectory(
+        asyncio.run(
+            run_episode(
+                ScriptedEngine(tok, actions, max_context=16384), env, tok, task, seed=0, config=CFG
+            )
+        )
+    )
     assert traj.provenance["tools"] == ["write_file", "run_tests", "submit"]
-    assert traj.turns[0].invalid and traj.reward_components["outcome"] == 0.0  # run_python is not offered
-    assert ReplayVerifier()(traj, task) == 0.0  # ...nor in the replay, which rebuilds the same world
+    # run_python is not offered
+    assert traj.turns[0].invalid and traj.reward_components["outcome"] == 0.0
+    # ...nor in the replay, which rebuilds the same world
+    assert ReplayVerifier()(traj, task) == 0.0
     widened = dataclasses.replace(traj, provenance={"tools": "all of them"})
     assert ReplayVerifier()(widened, task) == 0.0
 
@@ -217,9 +246,14 @@ def test_copy_warmup_strings_hold_the_constants():
     task = generate_tasks("train", 1, families=["affine_filter"])[0]
     p = task.metadata["params"]
     strings = copy_strings(task)
-    assert f"{p['a']} * x + {p['b']}" in strings[0] and strings[-1] == json.dumps([p["a"], p["b"], p["m"], p["r"]])
+    assert f"{p['a']} * x + {p['b']}" in strings[0] and strings[-1] == json.dumps(
+        [p["a"], p["b"], p["m"], p["r"]]
+    )
+    from taurl.train.copy_warmup import copy_warmup_phase
+
     assert spec("code-v0").policy_hooks.warmup(None, None, [task], seed=0, lr=1e-3, grad_clip=1.0,
-                                               log=lambda *a: None, steps=0) == {}
+                                               log=lambda *a: None, steps=0,
+                                               copy_phase=copy_warmup_phase) == {}
 
 
 def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_family):
@@ -237,11 +271,24 @@ def test_compact_declarations_are_shorter_and_validated_as_before(tok, one_per_f
     assert n["compact"] < 0.8 * n["full"], n
     task = one_per_family[1]
     # the gate still checks calls against the full schema: an undeclared argument is refused
-    actions = [tool_call("write_file", path="solution.py", content=reference_source(task), mode="w"),
-               tool_call("write_file", path="solution.py", content=reference_source(task)), tool_call("submit")]
-    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=16384), compact,
-                                                       tok, task, seed=0, config=CFG)))
-    assert traj.turns[0].invalid and not traj.turns[1].invalid and traj.reward_components["outcome"] == 1.0
+    actions = [
+        tool_call("write_file", path="solution.py", content=reference_source(task), mode="w"),
+        tool_call("write_file", path="solution.py", content=reference_source(task)),
+        tool_call("submit"),
+    ]
+    traj = validate_trajectory(
+        asyncio.run(
+            run_episode(
+                ScriptedEngine(tok, actions, max_context=16384), compact, tok, task, seed=0,
+                config=CFG,
+            )
+        )
+    )
+    assert (
+        traj.turns[0].invalid
+        and not traj.turns[1].invalid
+        and traj.reward_components["outcome"] == 1.0
+    )
     assert traj.provenance == {"tools": names, "compact_tools": True, "parser": "hermes_or_json"}
     assert ReplayVerifier()(traj, task) == 1.0
     with pytest.raises(ConfigError, match="compact_tools must be true or false"):
@@ -256,8 +303,12 @@ def test_concurrent_demonstrations_equal_sequential_ones(tok):
     options = {"p_bug": 0.5, "p_skip_tests": 0.5}
 
     def run(concurrency):
-        return asyncio.run(demonstrations(tasks, tok, lambda: CodeEnv(compact_tools=True), expert=expert,
-                                          expert_options=options, seed=3, config=CFG, concurrency=concurrency))
+        return asyncio.run(
+            demonstrations(
+                tasks, tok, lambda: CodeEnv(compact_tools=True), expert=expert,
+                expert_options=options, seed=3, config=CFG, concurrency=concurrency,
+            )
+        )
 
     seq, par = run(1), run(8)
     assert [d.episode_id for d in par] == [f"demo-{i}" for i in range(10)]

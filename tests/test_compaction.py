@@ -21,7 +21,9 @@ from taurl.policy.engine import LocalEngine
 from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.rollout.compaction import CompactionConfig, compaction_problems
+from taurl.recipe.config import RolloutRunConfig
+from taurl.recipe.validate import load_config, option_problems
+from taurl.rollout.compaction import CompactionConfig
 from taurl.rollout.loop import RolloutConfig, run_episode
 from taurl.rollout.stream import ChatCodec
 from taurl.rollout.synth import ScriptedEngine
@@ -34,7 +36,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="module")
 def lake():
     tasks = frozenlake_tasks("train", 12, size=8)
-    texts = [t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))]
+    texts = [t.prompt for t in tasks] + [
+        a for t in tasks for a in frozenlake_expert(t, random.Random(0))
+    ]
     tok = build_tokenizer(texts + ["Summarize the progress so far."] * 5, vocab_size=400)
     return tasks, tok
 
@@ -55,19 +59,25 @@ class Recording:
 
 
 def _config(policy: str, max_turns: int = 20, **kw) -> RolloutConfig:
-    return RolloutConfig(max_turns=max_turns, max_action_tokens=8, max_episode_tokens=400, max_context=256,
-                         compaction=CompactionConfig(policy=policy, **kw))
+    return RolloutConfig(
+        max_turns=max_turns, max_action_tokens=8, max_episode_tokens=400, max_context=256,
+        compaction=CompactionConfig(policy=policy, **kw),
+    )
 
 
 def _episode(engine, tok, task, config, seed=0):
     env = envs.make("frozenlake-v0", max_turns=config.max_turns)
     env.system_prompt = ""
-    return validate_trajectory(asyncio.run(run_episode(engine, env, tok, task, seed=seed, config=config)))
+    return validate_trajectory(
+        asyncio.run(run_episode(engine, env, tok, task, seed=seed, config=config))
+    )
 
 
 def _renders_itself(tok, view) -> bool:
     codec = ChatCodec(tok)
-    return codec.decode(view.token_ids) == codec.render(list(view.messages), add_generation_prompt=False)
+    return codec.decode(view.token_ids) == codec.render(
+        list(view.messages), add_generation_prompt=False
+    )
 
 
 @pytest.mark.parametrize("policy", ["drop", "truncate", "summarize", "env"])
@@ -78,13 +88,19 @@ def test_a_compacted_episode_is_token_exact_stream_by_stream(lake, policy):
     tasks, tok = lake
     model = create_policy(tok, "tiny", seed=0).eval()
     engine = Recording(LocalEngine(model, tok, version=0, seed=0))
-    tr = _episode(engine, tok, tasks[0], _config(policy, max_turns=6, keep_turns=0, summary_tokens=8))
+    tr = _episode(
+        engine, tok, tasks[0], _config(policy, max_turns=6, keep_turns=0, summary_tokens=8)
+    )
     views = stream_views(tr)
-    assert tr.num_streams >= 3 and {s.reason for s in tr.stream_starts} == {"compaction"}, tr.stop_reason
+    assert tr.num_streams >= 3 and {s.reason for s in tr.stream_starts} == {"compaction"}, (
+        tr.stop_reason
+    )
     assert all(len(v.token_ids) <= 256 for v in views)
     assert all(_renders_itself(tok, v) for v in views)
     sampled = [i for _, ids in engine.calls for i in ids]
-    assert [t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m] == sampled
+    assert [
+        t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m
+    ] == sampled
     for prompt, ids in engine.calls:  # the engine read a prefix of exactly one stream
         assert sum(v.token_ids[:len(prompt) + len(ids)] == prompt + ids for v in views) == 1
     for v in views:
@@ -94,7 +110,9 @@ def test_a_compacted_episode_is_token_exact_stream_by_stream(lake, policy):
     if policy == "summarize":
         summaries = [t for t in tr.turns if t.action["kind"] == "summary"]
         # one per compaction that had room to ask for it (a stream too full goes on without)
-        assert 1 <= len(summaries) <= tr.num_streams - 1 and all(t.action["trained"] for t in summaries)
+        assert 1 <= len(summaries) <= tr.num_streams - 1 and all(
+            t.action["trained"] for t in summaries
+        )
 
 
 def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
@@ -110,16 +128,23 @@ def test_compaction_finishes_the_episodes_a_small_context_truncates(lake):
         assert all(_renders_itself(tok, v) for v in stream_views(done))
         # the new prompt states where the walk stands: the cell the last move reached
         second = stream_views(done)[1]
-        assert second.messages[-2]["content"].endswith(done.turns[len(stream_views(done)[0].turns) - 1]
-                                                       .observation_text.strip())
+        assert second.messages[-2]["content"].endswith(
+            done.turns[len(stream_views(done)[0].turns) - 1].observation_text.strip()
+        )
 
 
 def _masked_summaries(lake):
     tasks, tok = lake
     moves = frozenlake_expert(tasks[1], random.Random(0))
-    config = RolloutConfig(max_turns=20, max_action_tokens=8, max_episode_tokens=400, max_context=256,
-                           compaction=CompactionConfig(policy="summarize", summary="masked", keep_turns=1,
-                                                       trigger=0.55, summary_tokens=4))
+    config = RolloutConfig(
+        max_turns=20,
+        max_action_tokens=8,
+        max_episode_tokens=400,
+        max_context=256,
+        compaction=CompactionConfig(
+            policy="summarize", summary="masked", keep_turns=1, trigger=0.55, summary_tokens=4
+        ),
+    )
     return _episode(ScriptedEngine(tok, moves, source="scripted"), tok, tasks[1], config)
 
 
@@ -134,7 +159,9 @@ def test_a_masked_summary_is_sampled_recorded_and_kept_off_the_loss(lake):
         for t in view.turns:
             seg = view.segments[t.action_segment]
             start = sum(len(s.token_ids) for s in view.segments[:t.action_segment])
-            assert set(keep[start:start + len(seg.token_ids)]) <= ({0.0} if t.action["kind"] == "summary" else {1.0})
+            assert set(keep[start : start + len(seg.token_ids)]) <= (
+                {0.0} if t.action["kind"] == "summary" else {1.0}
+            )
 
 
 def test_sft_and_export_keep_a_masked_summary_off_the_loss(lake):
@@ -187,11 +214,14 @@ def test_expert_demonstrations_that_summarize_stay_the_experts_walk(lake):
 
 
 def test_compaction_options_are_checked_before_any_work():
-    assert compaction_problems({"policy": "fold"}) and compaction_problems({"trigger": 1.5})
-    assert compaction_problems({"keep_turn": 1}) and compaction_problems({"summary": "maybe"})
+    def problems(options):
+        return option_problems("rollout.compaction", CompactionConfig, options)
+
+    assert problems({"policy": "fold"}) and problems({"trigger": 1.5})
+    assert problems({"keep_turn": 1}) and problems({"summary": "maybe"})
     with pytest.raises(ConfigError, match="policy"):
-        CompactionConfig.from_dict({"policy": "fold"})
-    assert CompactionConfig.from_dict({"policy": "env"}).on and not CompactionConfig.from_dict(None).on
+        load_config(RolloutRunConfig, data={"compaction": {"policy": "fold"}})
+    assert CompactionConfig(policy="env").on and not CompactionConfig().on
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,10 +245,27 @@ class Guess:
     def step(self, action):
         self.turn += 1
         if self.turn == self.wins_at:
-            return "", 1.0, True, False, {"action": {"kind": "guess"}, "invalid": False, "stop_reason": "answered",
-                                          "reward_components": {"outcome": 1.0}}
-        answer = "Higher." if self.role == "user" else "Higher: the number is above your guess, so try a larger one."
-        return answer, 0.0, False, False, {"action": {"kind": "guess"}, "invalid": False, "role": self.role}
+            return (
+                "",
+                1.0,
+                True,
+                False,
+                {
+                    "action": {"kind": "guess"},
+                    "invalid": False,
+                    "stop_reason": "answered",
+                    "reward_components": {"outcome": 1.0},
+                },
+            )
+        answer = (
+            "Higher."
+            if self.role == "user"
+            else "Higher: the number is above your guess, so try a larger one."
+        )
+        return (
+            answer, 0.0, False, False,
+            {"action": {"kind": "guess"}, "invalid": False, "role": self.role},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +274,10 @@ def thinking():
     tok = build_tokenizer(texts, vocab_size=300)
     tok.chat_template = (FIXTURES / "qwen3_think_template.jinja").read_text()
     from taurl.envs.core import Task
-    return tok, Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0")
+
+    return tok, Task(
+        task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0"
+    )
 
 
 class Thinking:
@@ -255,12 +305,21 @@ def test_a_think_stripping_template_trains_token_exact(thinking):
     mask 1 where they were sampled, and the learner's recomputed logprobs match within 1e-4."""
     tok, task = thinking
     model = create_policy(tok, "tiny", seed=1).eval()
-    config = RolloutConfig(max_turns=3, max_action_tokens=12, max_episode_tokens=64, max_context=256)
+    config = RolloutConfig(
+        max_turns=3, max_action_tokens=12, max_episode_tokens=64, max_context=256
+    )
     trajs, engines = [], []
     for g, guesses in enumerate((("4", "6", "7"), ("5", "8", "9"))):
-        engine = Thinking(model, tok, [f"<think>it is above {int(x) - 1}</think>\n{x}" for x in guesses])
-        trajs.append(validate_trajectory(asyncio.run(run_episode(engine, Guess(), tok, task, seed=g, config=config,
-                                                                 group_id="g"))))
+        engine = Thinking(
+            model, tok, [f"<think>it is above {int(x) - 1}</think>\n{x}" for x in guesses]
+        )
+        trajs.append(
+            validate_trajectory(
+                asyncio.run(
+                    run_episode(engine, Guess(), tok, task, seed=g, config=config, group_id="g")
+                )
+            )
+        )
         engines.append(engine)
     codec = ChatCodec(tok)
     for tr, engine in zip(trajs, engines, strict=True):
@@ -268,10 +327,13 @@ def test_a_think_stripping_template_trains_token_exact(thinking):
         assert [s.reason for s in tr.stream_starts] == ["template_rewrite"] * 2
         assert all(_renders_itself(tok, v) for v in views)
         sampled = [i for _, ids in engine.calls for i in ids]
-        assert [t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m] == sampled
+        assert [
+            t for v in views for t, m in zip(v.token_ids, v.action_mask, strict=True) if m
+        ] == sampled
         for (prompt, ids), v in zip(engine.calls, views, strict=True):  # call k read stream k
             assert v.token_ids[:len(prompt) + len(ids)] == prompt + ids
-        # the later prompts were rendered with the earlier thinking stripped; each action keeps its own
+        # the later prompts were rendered with the earlier thinking stripped; each
+        # action keeps its own
         assert "<think>" not in codec.decode(views[1].segments[0].token_ids)
         assert "<think>" in codec.decode(views[1].segments[1].token_ids)
         # the one-stream alternative is not token-exact: the whole conversation re-rendered has
@@ -284,33 +346,57 @@ def test_a_think_stripping_template_trains_token_exact(thinking):
     assert out["learn/skipped"] == 0.0 and out["mismatch/abs_max"] < 1e-4
 
 
-@pytest.mark.parametrize(("policy", "keep", "context"), [("drop", 1, 256), ("truncate", 0, 320), ("summarize", 0, 256)])
+@pytest.mark.parametrize(
+    ("policy", "keep", "context"), [("drop", 1, 256), ("truncate", 0, 320), ("summarize", 0, 256)]
+)
 def test_a_chat_env_compacts_into_streams_that_render_themselves(policy, keep, context):
     """A messages-style env (each answer a tool message): the compacted prompt is the task and
     the kept (assistant, tool) exchanges, rendered once; the episode reaches its end."""
-    texts = ["Guess the number. A number from 1 to 9. Higher: the number is above your guess, so try a larger "
-             "one. I guess 5. Summarize the progress so far."] * 30
+    texts = [
+        "Guess the number. A number from 1 to 9. Higher: the number is above your guess, so try a "
+        "larger one. I guess 5. Summarize the progress so far."
+    ] * 30
     tok = build_tokenizer(texts, vocab_size=300)
     from taurl.envs.core import Task
 
-    task = Task(task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0")
-    config = RolloutConfig(max_turns=12, max_action_tokens=8, max_episode_tokens=200, max_context=context,
-                           compaction=CompactionConfig(policy=policy, keep_turns=keep, truncate_tokens=2,
-                                                       summary_tokens=6))
+    task = Task(
+        task_id="g0", prompt="A number from 1 to 9.", answers=(), split="train", env="guess-v0"
+    )
+    config = RolloutConfig(
+        max_turns=12,
+        max_action_tokens=8,
+        max_episode_tokens=200,
+        max_context=context,
+        compaction=CompactionConfig(
+            policy=policy, keep_turns=keep, truncate_tokens=2, summary_tokens=6
+        ),
+    )
     script = [f"I guess {k}" for k in range(1, 16)]
-    tr = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, script), Guess(wins_at=6, role="tool"),
-                                                     tok, task, seed=0, config=config)))
+    tr = validate_trajectory(
+        asyncio.run(
+            run_episode(
+                ScriptedEngine(tok, script), Guess(wins_at=6, role="tool"), tok, task, seed=0,
+                config=config,
+            )
+        )
+    )
     assert tr.stop_reason == "answered" and tr.num_streams >= 2, tr.stop_reason
     views = stream_views(tr)
-    assert all(_renders_itself(tok, v) for v in views) and all(len(v.token_ids) <= context for v in views)
+    assert all(_renders_itself(tok, v) for v in views) and all(
+        len(v.token_ids) <= context for v in views
+    )
     second = views[1].messages  # system, task, the kept exchanges, then the stream's own turns
     answer = tr.turns[0].observation_text
     if policy == "drop":
-        assert [m["role"] for m in second[2:4]] == ["assistant", "tool"] and second[3]["content"] in answer
+        assert [m["role"] for m in second[2:4]] == ["assistant", "tool"] and second[3][
+            "content"
+        ] in answer
     elif policy == "truncate":
         assert second[2]["role"] == "assistant" and len(second[3]["content"]) < 20 < len(answer)
     else:
-        assert second[1]["content"].startswith(task.prompt + "\n") and second[2]["role"] == "assistant"
+        assert (
+            second[1]["content"].startswith(task.prompt + "\n") and second[2]["role"] == "assistant"
+        )
         assert any(t.action["kind"] == "summary" for t in tr.turns)
 
 
@@ -345,9 +431,12 @@ def test_a_chat_summary_keeps_the_last_real_exchange():
 def test_a_checkpoints_recorded_compaction_is_read_back():
     """`taurl eval CHECKPOINT` rebuilds the budgets from the checkpoint's recipe (asdict of its
     RolloutConfig): a policy trained with compaction is evaluated with it."""
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
-    trained = load_config(TrainConfig, path=str(Path(__file__).parents[1] / "configs/long_horizon.yaml"))
+    trained = load_config(
+        TrainConfig, path=str(Path(__file__).parents[1] / "configs/long_horizon.yaml")
+    )
     recorded = dataclasses.asdict(trained.rollout_config())["compaction"]
     again = load_config(TrainConfig, overrides={"env": "frozenlake-v0", "compaction": recorded})
     assert again.rollout_config().compaction == trained.rollout_config().compaction

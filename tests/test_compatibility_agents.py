@@ -15,8 +15,10 @@ from compat_doc import DOC
 
 SECTION = "## Agent frameworks and model APIs"
 # the distributions tests/test_ecosystem_*.py and tests/test_proxy_apis.py run against
-TESTED = ("openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp", "mcp-server-time",
-          "pydantic-ai-slim")
+TESTED = (
+    "openai-agents", "langgraph", "langchain-openai", "anthropic", "openai", "mcp",
+    "mcp-server-time", "pydantic-ai-slim",
+)
 
 
 def section() -> str:
@@ -33,7 +35,9 @@ def test_the_tests_and_examples_it_cites_exist():
 
 
 def test_the_table_names_every_tested_package():
-    assert set(TESTED) <= set(pins()), f"add a row for {sorted(set(TESTED) - set(pins()))} to {DOC.name}"
+    assert set(TESTED) <= set(pins()), (
+        f"add a row for {sorted(set(TESTED) - set(pins()))} to {DOC.name}"
+    )
 
 
 def test_the_table_versions_are_the_installed_ones():
@@ -57,7 +61,14 @@ def test_a_fresh_machine_installs_the_tabled_versions():
     import test_compatibility_envs
 
     lock = compat_doc.locked()
-    tabled = {**pins(), **{p: test_compatibility_envs.pins()[p] for p in test_compatibility_envs.TESTED}}
+    tabled = {
+        **pins(),
+        **{p: test_compatibility_envs.pins()[p] for p in test_compatibility_envs.TESTED},
+    }
     locked = {name: lock.get(canonicalize_name(name)) for name in tabled}
-    drift = {name: (version, locked[name]) for name, version in tabled.items() if locked[name] != version}
-    assert not drift, f"table vs requirements/lock.txt (run `make lock` after the ecosystem tests pass): {drift}"
+    drift = {
+        name: (version, locked[name]) for name, version in tabled.items() if locked[name] != version
+    }
+    assert not drift, (
+        f"table vs requirements/lock.txt (run `make lock` after the ecosystem tests pass): {drift}"
+    )

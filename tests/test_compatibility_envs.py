@@ -13,7 +13,8 @@ import compat_doc
 from compat_doc import DOC
 
 SECTION = "## Environment standards"
-TESTED = ("reasoning-gym", "openenv-core", "verifiers")  # tests/test_env_{reasoning_gym,openenv,verifiers}.py
+# tests/test_env_{reasoning_gym,openenv,verifiers}.py
+TESTED = ("reasoning-gym", "openenv-core", "verifiers")
 
 
 def section() -> str:
@@ -36,5 +37,7 @@ def test_the_table_names_the_installed_version(package):
         installed = metadata.version(package)
     except metadata.PackageNotFoundError:
         pytest.skip(f"{package} is not installed (pip install 'taurl[ecosystem]')")
-    assert pins()[package] == installed, (f"docs/compatibility.md says {package}=={pins()[package]}, the suite ran "
-                                          f"{installed}: update the row after rerunning its tests")
+    assert pins()[package] == installed, (
+        f"docs/compatibility.md says {package}=={pins()[package]}, the suite ran "
+        f"{installed}: update the row after rerunning its tests"
+    )

@@ -37,9 +37,15 @@ class LineEnv:
     tools: list[dict[str, Any]] = []
     system_prompt = ""
 
-    def __init__(self, reasons: dict[str, tuple[str, bool]] | None = None, provenance: Any = "default"):
+    def __init__(
+        self, reasons: dict[str, tuple[str, bool]] | None = None, provenance: Any = "default"
+    ):
         # reasons: outcome -> (stop_reason, terminated) — lets a test break the contract on purpose
-        self.reasons = reasons or {"goal": ("goal", True), "fell": ("fell", False), "timeout": ("timeout", False)}
+        self.reasons = reasons or {
+            "goal": ("goal", True),
+            "fell": ("fell", False),
+            "timeout": ("timeout", False),
+        }
         self.provenance = provenance
         self._pos: int | None = None
 
@@ -57,15 +63,29 @@ class LineEnv:
             raise ResetNeeded("reset first")
         self._moves += 1
         move = "right" if "right" in action else "left" if "left" in action else None
-        info: dict[str, Any] = {"action": {"kind": "move", "dir": move} if move else {"kind": "invalid"},
-                                "invalid": move is None}
+        info: dict[str, Any] = {
+            "action": {"kind": "move", "dir": move} if move else {"kind": "invalid"},
+            "invalid": move is None,
+        }
         self._pos += {"right": 1, "left": -1, None: 0}[move]
-        outcome = "goal" if self._pos >= 2 else "fell" if self._pos < 0 else "timeout" if self._moves >= 3 else None
+        outcome = (
+            "goal"
+            if self._pos >= 2
+            else "fell"
+            if self._pos < 0
+            else "timeout"
+            if self._moves >= 3
+            else None
+        )
         if outcome is None:
             return f"<pos>{self._pos}</pos>", 0.0, False, False, info
         reason, terminated = self.reasons[outcome]
         reward = 1.0 if outcome == "goal" else 0.0
-        info.update(stop_reason=reason, reward_components={"outcome": reward}, verifier_version=self.verifier_version)
+        info.update(
+            stop_reason=reason,
+            reward_components={"outcome": reward},
+            verifier_version=self.verifier_version,
+        )
         self._pos = None
         return "", reward, terminated, not terminated, info
 
@@ -77,9 +97,15 @@ class AsyncLineEnv(LineEnv):
         return out[0], out[1], out[2], out[3], {**out[4], "via": "astep"}
 
 
-TASK = Task("line-0", "Walk to +2 with <move>right</move> or <move>left</move>.", ("goal",), "train", "line-v0")
-ACTIONS = {"goal": ["<move>right</move>"] * 2, "fell": ["<move>left</move>"], "timeout": ["<move>right</move>",
-                                                                                          "<move>left</move>"] * 2}
+TASK = Task(
+    "line-0", "Walk to +2 with <move>right</move> or <move>left</move>.", ("goal",), "train",
+    "line-v0",
+)
+ACTIONS = {
+    "goal": ["<move>right</move>"] * 2,
+    "fell": ["<move>left</move>"],
+    "timeout": ["<move>right</move>", "<move>left</move>"] * 2,
+}
 EXPECT = {"goal": (True, False), "fell": (False, True), "timeout": (False, True)}
 
 
@@ -104,8 +130,12 @@ def tok(search_tokenizer):
 
 def play(tok, env: Env, actions, *, policy=True, episode_id="e0", seed=7) -> Trajectory:
     engine = PolicyEngine(tok, actions) if policy else ScriptedEngine(tok, actions)
-    return asyncio.run(run_episode(engine, env, tok, TASK, seed=seed, config=RolloutConfig(max_turns=6),
-                                   episode_id=episode_id))
+    return asyncio.run(
+        run_episode(
+            engine, env, tok, TASK, seed=seed, config=RolloutConfig(max_turns=6),
+            episode_id=episode_id,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,18 +154,28 @@ def test_env_stop_reasons_are_recorded_with_their_kind(tok, outcome, tmp_path):
     assert traj.stop_reason == outcome and traj.stop_reason.value == outcome
     assert (traj.terminated, traj.truncated) == EXPECT[outcome]
     assert traj.stop_reason.kind is None  # an env's own reason: its kind is the record's flags
-    assert traj.valid and not traj.metadata["error"] and traj.reward == (1.0 if outcome == "goal" else 0.0)
+    assert (
+        traj.valid
+        and not traj.metadata["error"]
+        and traj.reward == (1.0 if outcome == "goal" else 0.0)
+    )
     with Ledger(tmp_path / "l.db") as led:
         led.append(traj)
         back = led.get(traj.episode_id)
         assert back == traj and back.stop_reason.value == outcome
         assert led.stats()["stop_reasons"] == {outcome: 1}
         assert led.stats()["terminated"] == int(EXPECT[outcome][0])
-        assert export_jsonl(led, tmp_path / "x.jsonl") == 1 and export_parquet(led, tmp_path / "x.parquet") == 1
+        assert (
+            export_jsonl(led, tmp_path / "x.jsonl") == 1
+            and export_parquet(led, tmp_path / "x.parquet") == 1
+        )
     (row,) = read_jsonl(tmp_path / "x.jsonl")
     assert (row["stop_reason"], row["terminated"], row["truncated"]) == (outcome, *EXPECT[outcome])
     cols = pq.read_table(tmp_path / "x.parquet").to_pydict()
-    assert (cols["stop_reason"][0], cols["terminated"][0], cols["truncated"][0]) == (outcome, *EXPECT[outcome])
+    assert (cols["stop_reason"][0], cols["terminated"][0], cols["truncated"][0]) == (
+        outcome,
+        *EXPECT[outcome],
+    )
     with Ledger(tmp_path / "fresh.db") as fresh:
         fresh.append(row)  # the JSONL row appends back unchanged
         fresh.append({**json.loads(cols["record"][0]), "episode_id": "from-parquet"})
@@ -145,14 +185,19 @@ def test_env_stop_reasons_are_recorded_with_their_kind(tok, outcome, tmp_path):
 
 @pytest.mark.parametrize(("reason", "terminated", "ok"), [
     ("goal", True, True), ("fell", False, True), ("timeout", False, True),
-    ("answered", True, True), ("max_turns", False, True), ("error", False, True),  # the loop's, right kind
-    ("max_turns", True, False), ("answered", False, False), ("no_answer", False, False),  # wrong kind
-    ("Reached Goal", True, False), ("goal!", False, False), ("g" * 65, True, False),  # not snake_case
+    # the loop's, right kind
+    ("answered", True, True), ("max_turns", False, True), ("error", False, True),
+    # wrong kind
+    ("max_turns", True, False), ("answered", False, False), ("no_answer", False, False),
+    # not snake_case
+    ("Reached Goal", True, False), ("goal!", False, False), ("g" * 65, True, False),
 ])
 def test_check_env_and_the_loop_agree(tok, reason, terminated, ok):
     """Whatever check_env accepts, the loop records as given; whatever it refuses, the loop
     records as an error (truncated) that names the violation — never a dropped episode."""
-    make = lambda: LineEnv({"goal": (reason, terminated), "fell": ("fell", False), "timeout": ("timeout", False)})  # noqa: E731
+    make = lambda: LineEnv(  # noqa: E731
+        {"goal": (reason, terminated), "fell": ("fell", False), "timeout": ("timeout", False)}
+    )
     try:
         check_env(make(), TASK, actions=ACTIONS["goal"])
         accepted = True
@@ -171,7 +216,9 @@ def test_a_missing_reason_is_refused_by_check_env_and_defaulted_by_the_loop(tok)
     # check_env asks the env to say why; the loop, meeting an env that does not, records the
     # documented default of the flag (never a dropped episode)
     for terminated, default in ((True, "answered"), (False, "max_turns")):
-        make = lambda t=terminated: LineEnv({"goal": ("", t), "fell": ("fell", False), "timeout": ("timeout", False)})  # noqa: E731
+        make = lambda t=terminated: LineEnv(  # noqa: E731
+            {"goal": ("", t), "fell": ("fell", False), "timeout": ("timeout", False)}
+        )
         with pytest.raises(EnvCheckError, match="must say why"):
             check_env(make(), TASK, actions=ACTIONS["goal"])
         traj = validate_trajectory(play(tok, make(), ACTIONS["goal"]))
@@ -179,7 +226,10 @@ def test_a_missing_reason_is_refused_by_check_env_and_defaulted_by_the_loop(tok)
 
 
 def test_loop_reasons_keep_their_kind_and_identity():
-    assert StopReason("error") is StopReason.ERROR and [r.value for r in StopReason][:2] == ["answered", "no_answer"]
+    assert StopReason("error") is StopReason.ERROR and [r.value for r in StopReason][:2] == [
+        "answered",
+        "no_answer",
+    ]
     assert StopReason.ANSWERED.is_termination and StopReason.TOOL_BUDGET.is_termination is False
     assert StopReason("goal").is_termination is None
     with pytest.raises(ContractError, match="stop_reason_name"):
@@ -198,8 +248,12 @@ def test_provenance_is_kept_stored_and_exported(tok, tmp_path):
         assert led.get("e0").provenance == traj.provenance
         export_parquet(led, tmp_path / "x.parquet")
     assert export_row(traj)["provenance"] == traj.provenance
-    assert json.loads(pq.read_table(tmp_path / "x.parquet").to_pydict()["provenance"][0]) == traj.provenance
-    assert play(tok, LineEnv(provenance=None), ACTIONS["goal"]).provenance == {}  # an env that says nothing
+    assert (
+        json.loads(pq.read_table(tmp_path / "x.parquet").to_pydict()["provenance"][0])
+        == traj.provenance
+    )
+    # an env that says nothing
+    assert play(tok, LineEnv(provenance=None), ACTIONS["goal"]).provenance == {}
 
 
 @pytest.mark.parametrize("bad", [["map", 3], {"seed": {1, 2}}, {"x": float("nan")}])
@@ -214,7 +268,9 @@ def test_search_env_reports_its_corpus_fingerprint(tok):
     fingerprint = env.retriever.fingerprint
     assert len(fingerprint) == 16 and info["provenance"] == {"corpus_fingerprint": fingerprint}
     task = envs.make_tasks("search-v0", "train", n=1, seed=0)[0]
-    traj = asyncio.run(run_episode(ScriptedEngine(tok, ["<answer>x</answer>"]), env, tok, task, seed=0))
+    traj = asyncio.run(
+        run_episode(ScriptedEngine(tok, ["<answer>x</answer>"]), env, tok, task, seed=0)
+    )
     assert traj.provenance == {"corpus_fingerprint": fingerprint}
 
 
@@ -224,7 +280,11 @@ def test_search_env_reports_its_corpus_fingerprint(tok):
 
 def test_astep_is_awaited_and_typed(tok):
     env = AsyncLineEnv()
-    assert isinstance(env, AsyncEnv) and not isinstance(LineEnv(), AsyncEnv) and isinstance(LineEnv(), Env)
+    assert (
+        isinstance(env, AsyncEnv)
+        and not isinstance(LineEnv(), AsyncEnv)
+        and isinstance(LineEnv(), Env)
+    )
     traj = play(tok, env, ACTIONS["goal"])
     assert traj.stop_reason == "goal"
 
@@ -271,7 +331,9 @@ def test_demonstrations_carry_no_made_up_logprobs(demos):
             d.behaviour_logprobs  # noqa: B018 — what an importance ratio reads
         assert e.value.rule == "behaviour_without_policy"
         row = export_row(d)
-        assert row["logprobs"] is None and row["source"] == "expert" and row["policy_versions"] == []
+        assert (
+            row["logprobs"] is None and row["source"] == "expert" and row["policy_versions"] == []
+        )
         assert all(s["logprobs"] is None and s["policy_version"] is None for s in row["segments"])
     assert [d.episode_id for d in demos] == ["demo-0", "demo-1", "demo-2"]
     assert all(d.stop_reason == "goal" and d.terminated for d in demos)
@@ -281,7 +343,8 @@ def test_a_demonstration_with_a_made_up_logprob_is_refused(demos, tmp_path):
     d = demos[0].to_dict()
     for seg in d["segments"]:
         if seg["kind"] == "action":
-            seg["logprobs"], seg["policy_version"] = [0.0] * len(seg["token_ids"]), 0  # the old, dishonest form
+            # the old, dishonest form
+            seg["logprobs"], seg["policy_version"] = [0.0] * len(seg["token_ids"]), 0
     with Ledger(tmp_path / "l.db") as led:
         with pytest.raises(ContractError) as e:
             led.append(d)
@@ -312,7 +375,8 @@ def test_policy_samples_keep_their_logprobs_and_queries_tell_them_apart(tok, dem
         assert led.append_many([sampled, scripted, *demos]).ok
         assert led.episode_ids(source="policy") == ["p0"]
         assert led.episode_ids(source="expert") == ["demo-0", "demo-1", "demo-2"]
-        assert led.episode_ids(min_version=0) == ["p0"]  # the staleness filter never admits a demonstration
+        # the staleness filter never admits a demonstration
+        assert led.episode_ids(min_version=0) == ["p0"]
 
 
 def test_scripted_engine_cannot_claim_to_be_a_policy(tok):

@@ -10,12 +10,17 @@ from taurl.policy.model import create_policy
 from taurl.train.copy_warmup import SEPARATOR, copy_accuracy, copy_batch, copy_loss, copy_warmup
 from taurl.train.sft import sft_lr_factor
 
-NAMES = ["Gatesville", "Rockville", "Oslo", "Nizhny Novgorod", "São Paulo", "Aix-en-Provence", "Ulm", "Tromsø"]
+NAMES = [
+    "Gatesville", "Rockville", "Oslo", "Nizhny Novgorod", "São Paulo", "Aix-en-Provence", "Ulm",
+    "Tromsø",
+]
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer([f"The city of {n} is in a country." for n in NAMES] * 20, vocab_size=400)
+    return build_tokenizer(
+        [f"The city of {n} is in a country." for n in NAMES] * 20, vocab_size=400
+    )
 
 
 def test_copy_batch_masks_exactly_the_copy_and_its_end(tok) -> None:
@@ -51,5 +56,10 @@ def test_copy_warmup_refuses_no_names(tok) -> None:
 def test_sft_schedule_warms_up_then_decays_to_a_tenth() -> None:
     f = [sft_lr_factor(s, warmup=4, total=14) for s in range(16)]
     assert f[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert f[4] == 1.0 and f[9] == pytest.approx(0.55) and f[14] == pytest.approx(0.1) and f[15] == pytest.approx(0.1)
+    assert (
+        f[4] == 1.0
+        and f[9] == pytest.approx(0.55)
+        and f[14] == pytest.approx(0.1)
+        and f[15] == pytest.approx(0.1)
+    )
     assert sft_lr_factor(0, warmup=0, total=10) == 1.0

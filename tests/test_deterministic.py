@@ -24,10 +24,12 @@ from taurl.data.ledger import Ledger
 from taurl.envs.search import generate_tasks
 from taurl.eval.eval_run import evaluate_policy
 from taurl.eval.evaluate import EvalConfig
+from taurl.policy.files import save_policy
 from taurl.policy.local_engine import LocalEngine
-from taurl.policy.model import create_policy, save_policy
-from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.policy.model import create_policy
+from taurl.rollout.episodes import EpisodeSpec, collect
 from taurl.rollout.loop import RolloutConfig
+from taurl.rollout.seeds import episode_seed
 
 ROLLOUT = RolloutConfig(max_turns=3, max_action_tokens=16, max_episode_tokens=40, max_context=512)
 
@@ -88,8 +90,12 @@ def _collect(policy, specs, *, delay: float, concurrency: int, tmp_path, name: s
     model, tok = policy
     engine = LocalEngine(model, tok, max_batch_size=concurrency, seed=0, deterministic=True)
     with gil_hog(delay > 0), Ledger(tmp_path / f"{name}.sqlite") as ledger:
-        trajs, _ = asyncio.run(collect(engine, tok, lambda: JitteryEnv(delay), specs, config=ROLLOUT, ledger=ledger,
-                                       run_id="det", concurrency=concurrency))
+        trajs, _ = asyncio.run(
+            collect(
+                engine, tok, lambda: JitteryEnv(delay), specs, config=ROLLOUT, ledger=ledger,
+                run_id="det", concurrency=concurrency,
+            )
+        )
     assert engine._members == 0  # every slot left
     return [(t.episode_id, t.token_ids, [s.logprobs for s in t.segments], t.reward) for t in trajs]
 
@@ -99,10 +105,15 @@ def test_collect_is_the_same_under_other_timing(policy, tmp_path):
     """24 episodes over 8 slots (each slot runs three, one after another), twice: undisturbed,
     then with jittery env steps and a GIL-holding thread. Ids and logprobs agree bit for bit."""
     tasks = generate_tasks("train", n=6, seed=3)
-    specs = [EpisodeSpec(f"e{i}-{g}", t, episode_seed(7, i, g), f"g{i}") for i, t in enumerate(tasks) for g in range(4)]
+    specs = [
+        EpisodeSpec(f"e{i}-{g}", t, episode_seed(7, i, g), f"g{i}")
+        for i, t in enumerate(tasks)
+        for g in range(4)
+    ]
     calm = _collect(policy, specs, delay=0.0, concurrency=8, tmp_path=tmp_path, name="calm")
     busy = _collect(policy, specs, delay=0.02, concurrency=8, tmp_path=tmp_path, name="busy")
-    assert len(calm) == len(specs) and any(len(ids) > 60 for _, ids, _, _ in calm)  # multi-turn episodes ran
+    # multi-turn episodes ran
+    assert len(calm) == len(specs) and any(len(ids) > 60 for _, ids, _, _ in calm)
     assert busy == calm
 
 
@@ -117,9 +128,14 @@ def test_evaluation_figures_are_the_same_under_other_timing(policy, tmp_path):
     results = []
     for delay in (0.0, 0.02):
         with gil_hog(delay > 0), Ledger(tmp_path / f"eval{delay}.sqlite") as ledger:
-            result = evaluate_policy(tmp_path / "v0", tasks, ecfg, make_env=lambda d=delay: JitteryEnv(d),
-                                     rollout=ROLLOUT, ledger=ledger, progress=False)
-            episodes = [(t.episode_id, t.token_ids, [s.logprobs for s in t.segments]) for t in ledger.query()]
+            result = evaluate_policy(
+                tmp_path / "v0", tasks, ecfg, make_env=lambda d=delay: JitteryEnv(d),
+                rollout=ROLLOUT, ledger=ledger, progress=False,
+            )
+            episodes = [
+                (t.episode_id, t.token_ids, [s.logprobs for s in t.segments])
+                for t in ledger.query()
+            ]
         results.append((result.success, result.tokens_mean, sorted(episodes)))
     assert results[1] == results[0]
 
@@ -130,19 +146,29 @@ def test_a_round_that_raises_leaves_no_slot_behind(policy, tmp_path):
     model, tok = policy
     engine = LocalEngine(model, tok, max_batch_size=4, seed=0, deterministic=True)
     tasks = generate_tasks("train", n=4, seed=3)
-    specs = [EpisodeSpec(f"e{i}-{g}", t, episode_seed(7, i, g), f"g{i}") for i, t in enumerate(tasks) for g in range(2)]
+    specs = [
+        EpisodeSpec(f"e{i}-{g}", t, episode_seed(7, i, g), f"g{i}")
+        for i, t in enumerate(tasks)
+        for g in range(2)
+    ]
 
     def hook(event, traj):
         if event == "episode_stored":
             raise RuntimeError("hook failed")
 
     with Ledger(tmp_path / "l.sqlite") as ledger, pytest.raises(RuntimeError, match="hook failed"):
-        asyncio.run(collect(engine, tok, lambda: JitteryEnv(0.0), specs, config=ROLLOUT, ledger=ledger,
-                            run_id="det", concurrency=4, on_stored=hook))
+        asyncio.run(
+            collect(
+                engine, tok, lambda: JitteryEnv(0.0), specs, config=ROLLOUT, ledger=ledger,
+                run_id="det", concurrency=4, on_stored=hook,
+            )
+        )
     assert engine._members == 0
     from taurl.policy.protocol import SamplingParams
 
-    gen = asyncio.run(asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=1)), 10))
+    gen = asyncio.run(
+        asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(max_tokens=2, seed=1)), 10)
+    )
     assert len(gen.token_ids) >= 1
 
 
@@ -156,9 +182,12 @@ def test_a_resume_may_switch_the_mode(tmp_path):
     from taurl.recipe.config import TrainConfig
     from taurl.recipe.resume import ResumeError, check_resume, run_identity
 
-    env = types.SimpleNamespace(name="search-v0", version="1", verifier_version="1")  # what the identity reads
+    # what the identity reads
+    env = types.SimpleNamespace(name="search-v0", version="1", verifier_version="1")
     cfg = TrainConfig(deterministic=False)
     (tmp_path / "state.json").write_text(json.dumps({"identity": run_identity(cfg, env)}))
     check_resume(tmp_path, run_identity(dataclasses.replace(cfg, deterministic=True), env))
     with pytest.raises(ResumeError, match="eval_trials"):
-        check_resume(tmp_path, run_identity(dataclasses.replace(cfg, deterministic=True, eval_trials=5), env))
+        check_resume(
+            tmp_path, run_identity(dataclasses.replace(cfg, deterministic=True, eval_trials=5), env)
+        )

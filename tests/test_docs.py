@@ -38,7 +38,9 @@ def runnable_blocks(path: Path) -> list[tuple[str | None, str, str]]:
     text = path.read_text()
     blocks = [(m.group(1), m.group(2), m.group(3)) for m in MARKER.finditer(text)]
     assert len(blocks) == len(ANY_MARKER.findall(text)), (
-        f"{path.relative_to(ROOT)}: a <!-- runnable --> marker is not directly followed by a fenced block")
+        f"{path.relative_to(ROOT)}: a <!-- runnable --> marker is not directly "
+        "followed by a fenced block"
+    )
     return blocks
 
 
@@ -69,8 +71,12 @@ def check_reverse_run(cwd: Path) -> None:
         for tag in ("sft", "final"):
             assert summary[split][tag]["episodes"] == 40  # 20 tasks x 2 trials, none lost
     assert summary["train"]["demos"] == 200
-    missing = undocumented_metrics(cwd / "runs/reverse/metrics.jsonl")  # the glossary covers the run
-    assert not missing, f"add {missing} with their formulas to taurl.monitor.report.TRAIN_GLOSSARY (docs/metrics.md)"
+    # the glossary covers the run
+    missing = undocumented_metrics(cwd / "runs/reverse/metrics.jsonl")
+    assert not missing, (
+        f"add {missing} with their formulas to "
+        "taurl.monitor.report.TRAIN_GLOSSARY (docs/metrics.md)"
+    )
 
 
 def undocumented_metrics(metrics_jsonl: Path) -> list[str]:
@@ -79,7 +85,10 @@ def undocumented_metrics(metrics_jsonl: Path) -> list[str]:
     from taurl.monitor.report import TRAIN_GLOSSARY
 
     names = [k.strip() for key in {**GLOSSARY, **TRAIN_GLOSSARY} for k in key.split(", ")]
-    patterns = [re.compile("^" + ".+".join(re.escape(p) for p in re.split(r"<[^>]+>", k)) + "$") for k in names]
+    patterns = [
+        re.compile("^" + ".+".join(re.escape(p) for p in re.split(r"<[^>]+>", k)) + "$")
+        for k in names
+    ]
     keys = {k for line in metrics_jsonl.read_text().splitlines() for k in json.loads(line)}
     return sorted(k for k in keys if not any(p.match(k) for p in patterns))
 
@@ -87,7 +96,10 @@ def undocumented_metrics(metrics_jsonl: Path) -> list[str]:
 def check_frozenlake_run(cwd: Path) -> None:
     """README.md: the Python run wrote only metrics the glossary explains."""
     missing = undocumented_metrics(cwd / "runs/fl/metrics.jsonl")
-    assert not missing, f"add {missing} with their formulas to taurl.monitor.report.TRAIN_GLOSSARY (docs/metrics.md)"
+    assert not missing, (
+        f"add {missing} with their formulas to "
+        "taurl.monitor.report.TRAIN_GLOSSARY (docs/metrics.md)"
+    )
 
 
 CHECKS = {"docs/environments/your-own.md": check_reverse_run, "README.md": check_frozenlake_run}
@@ -101,7 +113,9 @@ def test_runnable_blocks_run_verbatim(page, tmp_path):
             (tmp_path / name).write_text(code)
             continue
         proc = run_block(lang, code, tmp_path)
-        assert proc.returncode == 0, f"{page_id(page)}: block failed:\n{code}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"{page_id(page)}: block failed:\n{code}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     if page_id(page) in CHECKS:
         CHECKS[page_id(page)](tmp_path)
 
@@ -130,7 +144,7 @@ def test_reference_pages_are_generated_from_the_code():
     """The config tables, export fields, ledger rules and glossary come from the code at
     build time, so a default, a field or a rule cannot drift from what the page says."""
     from taurl.cli.config_flags import options_table
-    from taurl.data.ledger import RULES
+    from taurl.data.admission import RULES
     from taurl.monitor.metrics import GLOSSARY
     from taurl.recipe.config import RolloutRunConfig, TrainConfig
 
@@ -158,16 +172,22 @@ def test_design_citations_point_at_sections_of_the_design_page():
         text = path.read_text()
         assert "DESIGN.md" not in text or path.name == "test_docs.py", f"{path} cites DESIGN.md"
         cited |= set(re.findall(r"docs/design\.md#([a-z0-9-]+)", text))
-    assert cited and cited <= anchors, f"cited sections missing from docs/design.md: {cited - anchors}"
+    assert cited and cited <= anchors, (
+        f"cited sections missing from docs/design.md: {cited - anchors}"
+    )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
-                    reason="mkdocs is not installed (pip install -e '.[docs]'): the site build is not checked")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None,
+    reason="mkdocs is not installed (pip install -e '.[docs]'): the site build is not checked",
+)
 def test_site_builds_strict(tmp_path):
     """`make docs`: every link, anchor and generated block resolves, with no warning."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
+    )
     assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-4000:]
     assert (tmp_path / "site/reference/config/index.html").exists()
 
@@ -176,7 +196,8 @@ NOT_PYTHON = {"taurl.json", "taurl.export_version"}  # a checkpoint's file; a Pa
 
 
 def test_every_module_and_name_the_docs_cite_exists():
-    """`taurl.x.y` in README.md and docs/ (prose, code and figures; the experiment logs excepted: they are history)
+    """`taurl.x.y` in README.md and docs/ (prose, code and figures; the experiment logs
+    excepted: they are history)
     resolves to a module or an attribute, so a moved module cannot leave the docs behind."""
     import importlib
 
@@ -184,7 +205,9 @@ def test_every_module_and_name_the_docs_cite_exists():
     for page in pages():
         if "experiments" in page.parts:
             continue
-        for name in sorted(set(re.findall(r"(?<![\w./-])(taurl(?:\.\w+)+)", page.read_text())) - NOT_PYTHON):
+        for name in sorted(
+            set(re.findall(r"(?<![\w./-])(taurl(?:\.\w+)+)", page.read_text())) - NOT_PYTHON
+        ):
             parts = name.split(".")
             for i in range(len(parts), 0, -1):
                 try:

@@ -1,4 +1,5 @@
-"""Agents built on the field's frameworks, unchanged, train through `taurl train --config ... agent:`.
+"""Agents built on the field's frameworks, unchanged, train through `taurl train
+--config ... agent:`.
 
 Each framework from the registry (the ``ecosystem`` extra): the OpenAI Agents SDK at its
 defaults (the Responses API, `Runner.run`), a LangGraph ReAct agent (`create_react_agent` +
@@ -34,17 +35,31 @@ FRAMEWORKS = {  # name: (the packages it needs, the example agent)
 
 
 def config(agent: str) -> dict:
-    return {"env": "search-v0", "env_config": {"top_k": 1, "max_doc_chars": 60}, "system_prompt": "",
-            "task_options": {"families": ["city_country"], "split_by": "city"},
-            "agent": {"callable": str(ROOT / agent), "timeout_s": 60, "max_calls": 3},
-            "policy": {"size": "tiny", "vocab_size": 512, "chat_template": "chatml-compact",
-                       "warmup_options": {"steps": 2, "batch_size": 8}, "tokenizer_texts": 1500},
-            "torch_threads": 1,
-            "sft": {"demos": 4, "epochs": 1, "batch_size": 4, "warmup_steps": 1},
-            "rollout": {"max_turns": 3, "max_action_tokens": 32, "max_episode_tokens": 96, "max_context": 1024,
-                        "concurrency": 4},
-            "rl": {"updates": 2, "tasks_per_update": 2, "group_size": 2, "keep_checkpoints": 0},
-            "eval": {"tasks": 2, "trials": 1}}
+    return {
+        "env": "search-v0",
+        "env_config": {"top_k": 1, "max_doc_chars": 60},
+        "system_prompt": "",
+        "task_options": {"families": ["city_country"], "split_by": "city"},
+        "agent": {"callable": str(ROOT / agent), "timeout_s": 60, "max_calls": 3},
+        "policy": {
+            "size": "tiny",
+            "vocab_size": 512,
+            "chat_template": "chatml-compact",
+            "warmup_options": {"steps": 2, "batch_size": 8},
+            "tokenizer_texts": 1500,
+        },
+        "torch_threads": 1,
+        "sft": {"demos": 4, "epochs": 1, "batch_size": 4, "warmup_steps": 1},
+        "rollout": {
+            "max_turns": 3,
+            "max_action_tokens": 32,
+            "max_episode_tokens": 96,
+            "max_context": 1024,
+            "concurrency": 4,
+        },
+        "rl": {"updates": 2, "tasks_per_update": 2, "group_size": 2, "keep_checkpoints": 0},
+        "eval": {"tasks": 2, "trials": 1},
+    }
 
 
 class Calls:
@@ -67,7 +82,8 @@ class Calls:
 
 
 def streams(t) -> list[list]:
-    """A row's token streams (a new one at each prompt segment: a chain's, docs/long_horizons.md)."""
+    """A row's token streams (a new one at each prompt segment: a chain's,
+    docs/long_horizons.md)."""
     out: list[list] = []
     for seg in t.segments:
         if seg.kind == "prompt" or not out:
@@ -93,11 +109,15 @@ def check_token_exact(run: RunDir, calls: Calls) -> dict[str, int]:
             mask: list[int] = []
             lps: list[float] = []
             for seg in stream:
-                if seg.kind == "action":  # one engine call's sampled ids, after exactly the stream's tokens so far
+                # one engine call's sampled ids, after exactly the stream's tokens so far
+                if seg.kind == "action":
                     key = (tuple(ids), tuple(seg.token_ids))
-                    assert key in by_prompt, f"{t.episode_id}: an action no engine call sampled after this prefix"
+                    assert key in by_prompt, (
+                        f"{t.episode_id}: an action no engine call sampled after this prefix"
+                    )
                     if t.source == POLICY_SOURCE:
-                        assert seg.logprobs == pytest.approx(by_prompt[key], abs=1e-6)  # stored as float32
+                        # stored as float32
+                        assert seg.logprobs == pytest.approx(by_prompt[key], abs=1e-6)
                         lps += seg.logprobs
                     counts["actions"] += 1
                 ids += seg.token_ids
@@ -115,9 +135,12 @@ def check_token_exact(run: RunDir, calls: Calls) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # LangGraph 1.x's; still the documented agent
+# LangGraph 1.x's; still the documented agent
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
-def test_an_unchanged_framework_agent_trains_two_updates_token_exact(framework, tmp_path, monkeypatch, capsys):
+def test_an_unchanged_framework_agent_trains_two_updates_token_exact(
+    framework, tmp_path, monkeypatch, capsys
+):
     from taurl.cli.main import main
 
     modules, agent = FRAMEWORKS[framework]
@@ -125,7 +148,12 @@ def test_an_unchanged_framework_agent_trains_two_updates_token_exact(framework, 
         pytest.importorskip(m)
     calls = Calls(monkeypatch)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config(agent)))
-    code = main(["train", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run"), "--no-progress"])
+    code = main(
+        [
+            "train", "--config", str(tmp_path / "cfg.yaml"), "--run-dir", str(tmp_path / "run"),
+            "--no-progress",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["train"]["updates"] == 2

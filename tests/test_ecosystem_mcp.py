@@ -33,11 +33,12 @@ from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs.search import generate_tasks  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import AgentConfig, run_agent_episode  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.proxy.tools import ProxyTools  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 set_tracing_disabled(True)  # the SDK's traces go to OpenAI's servers by default
 TEE = Path(__file__).parent / "fixtures" / "mcp_tee.py"
@@ -48,9 +49,15 @@ CONVERT = tool_call_text("time__convert_time", {"source_timezone": "Europe/Paris
 
 
 def time_tools(log: Path) -> dict:
-    server = {"name": "time", "command": [sys.executable, str(TEE), str(log), "--", sys.executable, "-m",
-                                          "mcp_server_time", "--local-timezone", "UTC"],
-              "scopes": {"convert_time": ["read", "network"]}, "stderr": f"{log}.err"}
+    server = {
+        "name": "time",
+        "command": [
+            sys.executable, str(TEE), str(log), "--", sys.executable, "-m", "mcp_server_time",
+            "--local-timezone", "UTC",
+        ],
+        "scopes": {"convert_time": ["read", "network"]},
+        "stderr": f"{log}.err",
+    }
     return {"mcp_servers": [server], "scopes": ["read"]}
 
 
@@ -64,8 +71,10 @@ async def clock_agent(task: str, base_url: str, retriever_url: str, mcp_url: str
     """An Agents SDK agent at its defaults, with its own MCP client on the episode's endpoint."""
     async with MCPServerStreamableHttp(params={"url": mcp_url}, name="taurl-tools") as server:
         agent = Agent(name="clock", instructions="Use the tools.", mcp_servers=[server])
-        result = await Runner.run(agent, task, max_turns=4,
-                                  run_config=RunConfig(model_provider=OpenAIProvider(base_url=base_url, api_key="x")))
+        result = await Runner.run(
+            agent, task, max_turns=4,
+            run_config=RunConfig(model_provider=OpenAIProvider(base_url=base_url, api_key="x")),
+        )
     return str(result.final_output)
 
 
@@ -74,19 +83,26 @@ def messages(e: BaseException) -> str:
     return " ".join([str(e), *(messages(x) for x in getattr(e, "exceptions", ()))])
 
 
-async def pydantic_ai_clock_agent(task: str, base_url: str, retriever_url: str, mcp_url: str) -> str:
+async def pydantic_ai_clock_agent(
+    task: str, base_url: str, retriever_url: str, mcp_url: str
+) -> str:
     """A pydantic-ai agent (Chat Completions) whose toolset is the episode's MCP endpoint."""
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai.mcp import MCPToolset
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider as PydanticOpenAIProvider
 
-    model = OpenAIChatModel("policy", provider=PydanticOpenAIProvider(base_url=base_url, api_key="x"))
+    model = OpenAIChatModel(
+        "policy", provider=PydanticOpenAIProvider(base_url=base_url, api_key="x")
+    )
     result = await PydanticAgent(model, toolsets=[MCPToolset(mcp_url)]).run(task)
     return str(result.output)
 
 
-CLIENTS = {"openai-agents": (clock_agent, "agents"), "pydantic-ai": (pydantic_ai_clock_agent, "pydantic_ai")}
+CLIENTS = {
+    "openai-agents": (clock_agent, "agents"),
+    "pydantic-ai": (pydantic_ai_clock_agent, "pydantic_ai"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +115,13 @@ def play(tok, tools: ProxyTools, replies: list[str], fn=clock_agent):
     agent = AgentConfig(callable=f"test:{fn.__name__}", timeout_s=60, max_calls=4, name=fn.__name__)
     limits = ProxyLimits(max_calls=4, max_action_tokens=200, max_context=16384)
     with ProxyServer(None, tok, limits=limits, tools=tools) as proxy:
-        trajs = asyncio.run(run_agent_episode(
-            proxy, agent, fn, EpisodeSpec("e0", TASK, 0, "g"), run_id="t", env_name="search-v0",
-            env_version="1", verifier=None, engine=ReplyEngine(tok, replies, 16384), source="expert"))
+        trajs = asyncio.run(
+            run_agent_episode(
+                proxy, agent, fn, EpisodeSpec("e0", TASK, 0, "g"), run_id="t", env_name="search-v0",
+                env_version="1", verifier=None, engine=ReplyEngine(tok, replies, 16384),
+                source="expert",
+            )
+        )
     for t in trajs:
         validate_trajectory(t)
     return trajs
@@ -117,12 +137,22 @@ def test_a_frameworks_own_mcp_client_calls_mcp_server_time_through_the_gate(clie
     traj = trajs[-1]
     assert len(trajs) == 1  # the SDK sent back what it got: one chain
     allowed, denied = traj.turns[0].receipt, traj.turns[1].receipt
-    assert (allowed.tool, allowed.decision, allowed.status) == ("time__get_current_time", "allowed", "ok")
+    assert (allowed.tool, allowed.decision, allowed.status) == (
+        "time__get_current_time",
+        "allowed",
+        "ok",
+    )
     assert "Europe/Paris" in traj.turns[0].observation_text  # the server's answer reached the model
     # convert_time needs network, which the gate does not grant: refused, a receipt, never sent
-    assert (denied.tool, denied.decision, denied.reason.split(":")[0]) == ("time__convert_time", "denied", "scope")
+    assert (denied.tool, denied.decision, denied.reason.split(":")[0]) == (
+        "time__convert_time",
+        "denied",
+        "scope",
+    )
     assert reached(log) == ["get_current_time"]
-    assert traj.stop_reason is StopReason.TOOL_BUDGET and traj.reward_components["constraint"] == -1.0
+    assert (
+        traj.stop_reason is StopReason.TOOL_BUDGET and traj.reward_components["constraint"] == -1.0
+    )
     # the MCP tools were declared in the agent's first model call (listed before it)
     first_prompt = tok.decode(traj.segments[0].token_ids)
     assert "time__get_current_time" in first_prompt and "time__convert_time" in first_prompt
@@ -141,7 +171,8 @@ def test_the_tool_list_is_served_before_the_first_model_call(tok, tmp_path):
         ep = proxy.episodes["fresh"]
         assert ep.calls == 0 and not ep.capture.chains  # no model call, no chain
         proxy.end("fresh")
-        with pytest.raises(Exception) as e:  # noqa: B017 — after the end, the endpoint refuses the episode
+        # after the end, the endpoint refuses the episode
+        with pytest.raises(Exception) as e:  # noqa: B017
             asyncio.run(listed())
         assert "has ended" in messages(e.value)
 
@@ -157,14 +188,20 @@ def test_taurl_proxy_mcp_config_is_checked_before_anything_starts(tmp_path, tok)
     good = tmp_path / "mcp.yaml"
     good.write_text(json.dumps(time_tools(tmp_path / "log.jsonl")))
     model_dir = tmp_path / "m"
-    build_default_policy([t.prompt for t in generate_tasks("train", n=40)], model_dir, size="tiny", seed=0)
-    args = Namespace(model=str(model_dir), host="127.0.0.1", port=0, temperature=None, max_tokens=8, max_calls=4,
-                     retriever=False, seed=0, mcp=str(good))
+    build_default_policy(
+        [t.prompt for t in generate_tasks("train", n=40)], model_dir, size="tiny", seed=0
+    )
+    args = Namespace(
+        model=str(model_dir), host="127.0.0.1", port=0, temperature=None, max_tokens=8, max_calls=4,
+        retriever=False, seed=0, mcp=str(good),
+    )
     proxy = start_proxy(args)
     try:
         assert proxy.mcp_url("x").endswith("/rollouts/x/mcp")
-        assert sorted(d["function"]["name"] for d in proxy.tools.declarations) == ["time__convert_time",
-                                                                                   "time__get_current_time"]
+        assert sorted(d["function"]["name"] for d in proxy.tools.declarations) == [
+            "time__convert_time",
+            "time__get_current_time",
+        ]
     finally:
         proxy.stop()
 
@@ -177,17 +214,27 @@ def test_an_agents_sdk_streamed_run_sends_back_its_reasoning_items_in_one_chain(
 
     async def streamed(base_url: str) -> tuple[set, str]:
         agent = Agent(name="geo", instructions="Be brief.", tools=[search])
-        run = Runner.run_streamed(agent, "Where is Lyon?",
-                                  run_config=RunConfig(model_provider=OpenAIProvider(base_url=base_url, api_key="x")))
+        run = Runner.run_streamed(
+            agent,
+            "Where is Lyon?",
+            run_config=RunConfig(model_provider=OpenAIProvider(base_url=base_url, api_key="x")),
+        )
         kinds = {ev.type async for ev in run.stream_events()}
         return kinds, str(run.final_output)
 
-    replies = ["<think>Search.</think>" + tool_call_text("search", {"query": "Lyon"}), "<think>Found.</think>France"]
-    with ProxyServer(None, tok, limits=ProxyLimits(max_action_tokens=200, max_context=16384)) as proxy:
+    replies = [
+        "<think>Search.</think>" + tool_call_text("search", {"query": "Lyon"}),
+        "<think>Found.</think>France",
+    ]
+    with ProxyServer(
+        None, tok, limits=ProxyLimits(max_action_tokens=200, max_context=16384)
+    ) as proxy:
         proxy.open("e", engine=ReplyEngine(tok, replies, 16384))
         kinds, answer = asyncio.run(streamed(proxy.base_url("e")))
         ep = proxy.pop("e")
     assert answer == "France" and "raw_response_event" in kinds
     (chain,) = ep.capture.chains  # the reasoning items it sent back rebuilt the sampled text
     assert [c.text for c in chain.calls][0].startswith("<think>Search.</think><tool_call>")
-    assert "Lyon is in France." in tok.decode(chain.segments[chain.calls[1].observation_segment].token_ids)
+    assert "Lyon is in France." in tok.decode(
+        chain.segments[chain.calls[1].observation_segment].token_ids
+    )

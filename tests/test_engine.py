@@ -14,7 +14,9 @@ from taurl.policy.logprobs import sequence_logprobs
 from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
 
-TEXTS = [f"The city of Town{i} lies in Country{i % 17} and has {i * 37} people." for i in range(400)]
+TEXTS = [
+    f"The city of Town{i} lies in Country{i % 17} and has {i * 37} people." for i in range(400)
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,9 @@ def _prompts(n, seed=0, vocab=400):
 
 def _check_logprobs(model, prompt, gen, temperature=1.0):
     lp = sequence_logprobs(model, prompt + gen.token_ids, temperature)[len(prompt):]
-    assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-4), (lp - torch.tensor(gen.logprobs)).abs().max()
+    assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-4), (
+        (lp - torch.tensor(gen.logprobs)).abs().max()
+    )
 
 
 def test_staggered_requests_get_exact_logprobs(model, tok):
@@ -44,7 +48,9 @@ def test_staggered_requests_get_exact_logprobs(model, tok):
 
     async def one(i, p):
         await asyncio.sleep(0.01 * (i % 4))
-        return await engine.generate(p, SamplingParams(max_tokens=5 + 3 * i, seed=i, temperature=0.8))
+        return await engine.generate(
+            p, SamplingParams(max_tokens=5 + 3 * i, seed=i, temperature=0.8)
+        )
 
     async def main():
         return await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
@@ -62,7 +68,10 @@ def test_seeded_request_samples_the_same_ids_alone_or_in_a_batch(model, tok):
     alone = asyncio.run(engine.generate(p, sp))
 
     async def crowd():
-        others = [engine.generate(q, SamplingParams(max_tokens=20, seed=i)) for i, q in enumerate(_prompts(7, 9))]
+        others = [
+            engine.generate(q, SamplingParams(max_tokens=20, seed=i))
+            for i, q in enumerate(_prompts(7, 9))
+        ]
         return (await asyncio.gather(engine.generate(p, sp), *others))[0]
 
     assert asyncio.run(crowd()).token_ids == alone.token_ids
@@ -77,7 +86,9 @@ def test_greedy_is_argmax_and_tiny_top_p_is_greedy(model, tok):
         with torch.no_grad():
             assert t == int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
         ids.append(t)
-    nucleus = asyncio.run(engine.generate(p, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=8, seed=1)))
+    nucleus = asyncio.run(
+        engine.generate(p, SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=8, seed=1))
+    )
     assert nucleus.token_ids == g.token_ids
 
 
@@ -89,8 +100,14 @@ def test_finish_reasons_length_stop_token_and_stop_string(model, tok):
     # stop on the id greedy decoding produces at step 3: the completion ends there, inclusive
     stop_id = g.token_ids[3]
     first = g.token_ids.index(stop_id)
-    s = asyncio.run(engine.generate(p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop_id,))))
-    assert s.finish_reason == "stop" and s.token_ids == g.token_ids[:first + 1] and s.stop_matched == stop_id
+    s = asyncio.run(
+        engine.generate(p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop_id,)))
+    )
+    assert (
+        s.finish_reason == "stop"
+        and s.token_ids == g.token_ids[: first + 1]
+        and s.stop_matched == stop_id
+    )
     # a stop string that spans tokens: ends on the token that completes it, ids kept as sampled
     text = tok.decode(g.token_ids, skip_special_tokens=False)
     stop = text[3:7]
@@ -156,7 +173,10 @@ def test_requests_that_finish_at_their_first_token_never_strand_the_others(model
         running = [asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=60, seed=i)))
                    for i, p in enumerate(long_prompts)]
         await asyncio.sleep(0.15)  # the long ones are decoding now
-        short = [engine.generate(p, SamplingParams(max_tokens=1, seed=i)) for i, p in enumerate(short_prompts)]
+        short = [
+            engine.generate(p, SamplingParams(max_tokens=1, seed=i))
+            for i, p in enumerate(short_prompts)
+        ]
         return await asyncio.wait_for(asyncio.gather(*running, *short), timeout=60)
 
     outs = asyncio.run(main())
@@ -173,7 +193,11 @@ def test_next_turn_reuses_the_finished_sequence_and_stays_exact(model, tok):
     async def episode(engine, p, i):
         first = await engine.generate(p, SamplingParams(max_tokens=6, seed=i))
         second_prompt = p + first.token_ids + [7, 8, 9]  # + an observation
-        return first, second_prompt, await engine.generate(second_prompt, SamplingParams(max_tokens=6, seed=100 + i))
+        return (
+            first,
+            second_prompt,
+            await engine.generate(second_prompt, SamplingParams(max_tokens=6, seed=100 + i)),
+        )
 
     async def run(engine):
         return await asyncio.gather(*[episode(engine, p, i) for i, p in enumerate(prompts)])
@@ -193,8 +217,12 @@ def test_a_groups_identical_prompts_are_prefilled_once_and_stay_exact(model, tok
 
     async def main():  # paused while they arrive, so they are admitted in one wave
         await engine.pause()
-        calls = [asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=6, seed=i, temperature=1.0)))
-                 for i, p in enumerate(prompts)]
+        calls = [
+            asyncio.create_task(
+                engine.generate(p, SamplingParams(max_tokens=6, seed=i, temperature=1.0))
+            )
+            for i, p in enumerate(prompts)
+        ]
         await asyncio.sleep(0.05)
         await engine.resume()
         return await asyncio.gather(*calls)
@@ -207,7 +235,9 @@ def test_a_groups_identical_prompts_are_prefilled_once_and_stay_exact(model, tok
         _check_logprobs(model, p, g)
     assert len({tuple(g.token_ids) for g in outs[:6]}) > 1  # each row still samples its own tokens
     alone = LocalEngine(model, tok)  # a seeded row samples what it samples alone
-    solo = asyncio.run(alone.generate(shared, SamplingParams(max_tokens=6, seed=3, temperature=1.0)))
+    solo = asyncio.run(
+        alone.generate(shared, SamplingParams(max_tokens=6, seed=3, temperature=1.0))
+    )
     assert solo.token_ids == outs[3].token_ids
 
 
@@ -221,7 +251,9 @@ def test_waiting_requests_are_served_lowest_priority_first_and_stay_exact(model,
 
     async def main():
         async def one(i):
-            g = await engine.generate(prompts[i], SamplingParams(max_tokens=4, seed=i, priority=priorities[i]))
+            g = await engine.generate(
+                prompts[i], SamplingParams(max_tokens=4, seed=i, priority=priorities[i])
+            )
             served.append(i)
             return g
         await engine.pause("wait")  # every request waits in the queue before any is served
@@ -291,7 +323,9 @@ def test_pause_after_a_paused_wait_still_waits_for_the_running_forward(model, to
 
     async def main():
         await engine.pause("wait")
-        job = asyncio.ensure_future(engine.generate(_prompts(1, seed=5)[0], SamplingParams(max_tokens=8, seed=0)))
+        job = asyncio.ensure_future(
+            engine.generate(_prompts(1, seed=5)[0], SamplingParams(max_tokens=8, seed=0))
+        )
         await asyncio.sleep(0.2)  # the worker sees the queued request while paused
         await engine.resume()
         while not in_forward.is_set():

@@ -20,11 +20,13 @@ import pytest
 import torch
 
 from taurl.errors import ConfigError
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import create_policy, load_policy, save_policy
+from taurl.policy.model import create_policy, load_policy
 from taurl.policy.protocol import SamplingParams
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.scale.engine_actors import EngineActor, EnginePlacement
 from taurl.scale.weight_transfer import WeightBundle, pack_checkpoint, serving_files, write_bundle
 

@@ -29,12 +29,16 @@ def on_path(monkeypatch):
 
 
 def test_tasks_are_reset_seeds_split_by_hash(on_path):
-    by = {s: envs.make_tasks("openenv", s, 6, seed=2, env_config=APP) for s in ("train", "validation", "holdout")}
+    by = {
+        s: envs.make_tasks("openenv", s, 6, seed=2, env_config=APP)
+        for s in ("train", "validation", "holdout")
+    }
     seeds = {s: {t.metadata["reset_seed"] for t in ts} for s, ts in by.items()}
     assert all(len(v) == 6 for v in seeds.values())
     assert not (seeds["train"] & seeds["holdout"] or seeds["train"] & seeds["validation"]
                 or seeds["validation"] & seeds["holdout"])
-    assert all(t.prompt.startswith("Make the total ") for ts in by.values() for t in ts)  # the server's reset text
+    # the server's reset text
+    assert all(t.prompt.startswith("Make the total ") for ts in by.values() for t in ts)
 
 
 def test_mcp_tools_behind_the_gate_and_the_replay_verifier(on_path):
@@ -48,7 +52,8 @@ def test_mcp_tools_behind_the_gate_and_the_replay_verifier(on_path):
     obs, r, term, trunc, step = env.step(call("clear"))
     assert step["receipt"].decision == "denied" and not term
     assert env.step(call("add", n=target - 2))[0] == str(target)  # clear never reached the server
-    assert env.step(call("add", n="x"))[4]["receipt"].decision == "denied"  # schema checked by the gate
+    # schema checked by the gate
+    assert env.step(call("add", n="x"))[4]["receipt"].decision == "denied"
     obs, r, term, trunc, step = env.step(call("submit"))
     assert (r, term, step["stop_reason"]) == (1.0, True, "done")
 
@@ -60,7 +65,11 @@ def test_mcp_tools_behind_the_gate_and_the_replay_verifier(on_path):
 
     class Record:
         task_id, terminated, provenance = task.task_id, True, info["provenance"]
-        turns = [Turn(call("add", n=target), "allowed"), Turn(call("clear"), "denied"), Turn(call("submit"), "allowed")]
+        turns = [
+            Turn(call("add", n=target), "allowed"),
+            Turn(call("clear"), "denied"),
+            Turn(call("submit"), "allowed"),
+        ]
 
     verifier = envs.spec("openenv").make_verifier()
     assert verifier(Record(), task) == 1.0
@@ -178,19 +187,31 @@ def test_taurl_train_two_updates_with_provenance(tmp_path, on_path, monkeypatch,
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     run = tmp_path / "r"
-    assert main(["train", "--env", "openenv", "--env-config", json.dumps(APP), "--sft", "none",
-                 "--run-dir", str(run), "--no-progress", "--updates", "2", "--tasks-per-update", "2",
-                 "--group-size", "2", "--eval-tasks", "3", "--eval-trials", "1", "--max-turns", "2",
-                 "--max-action-tokens", "12", "--max-episode-tokens", "24", "--concurrency", "4",
-                 "--vocab-size", "300"]) == 0, capsys.readouterr().err[-3000:]
+    assert (
+        main(
+            [
+                "train", "--env", "openenv", "--env-config", json.dumps(APP), "--sft", "none",
+                "--run-dir", str(run), "--no-progress", "--updates", "2", "--tasks-per-update", "2",
+                "--group-size", "2", "--eval-tasks", "3", "--eval-trials", "1", "--max-turns", "2",
+                "--max-action-tokens", "12", "--max-episode-tokens", "24", "--concurrency", "4",
+                "--vocab-size", "300",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     prov = summary["env_provenance"]
-    assert summary["train"]["updates"] == 2 and (prov["package"], prov["env_id"]) == ("openenv-core", APP["app"])
+    assert summary["train"]["updates"] == 2 and (prov["package"], prov["env_id"]) == (
+        "openenv-core",
+        APP["app"],
+    )
     assert summary["holdout"]["final"]["tasks"] == 3
     with Ledger(run / "ledger.sqlite") as ledger:
         records = list(ledger.iter_query())
-    assert records and all(t.provenance["package"] == "openenv-core" and isinstance(t.provenance["seed"], int)
-                           for t in records)
+    assert records and all(
+        t.provenance["package"] == "openenv-core" and isinstance(t.provenance["seed"], int)
+        for t in records
+    )
 
 
 @pytest.mark.slow  # ~40 s idle (the recipe end to end)

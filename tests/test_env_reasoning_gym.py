@@ -25,8 +25,10 @@ from reasoning_gym.factory import DATASETS  # noqa: E402
 # "answer" is one solution of several, or an example (score_answer checks a solution), so it
 # need not score 1; codeio's draw is not a function of the seed (its programs may use the
 # global random module)
-NOT_PICKED = {"composite", "futoshiki", "zebra_puzzles", "intermediate_integration", "puzzle24", "codeio",
-              "boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour"}
+NOT_PICKED = {
+    "composite", "futoshiki", "zebra_puzzles", "intermediate_integration", "puzzle24", "codeio",
+    "boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour",
+}
 
 
 def families(k: int) -> list[str]:
@@ -56,7 +58,8 @@ def test_any_family_splits_are_disjoint_and_gold_scores_one(name):
     assert not keys["train"] & keys["holdout"] and not keys["train"] & keys["validation"]
     assert not keys["validation"] & keys["holdout"]
     again = envs.make_tasks("reasoning-gym", "holdout", 12, seed=5, env_config=cfg)
-    assert [t.task_id for t in again] == [t.task_id for t in by["holdout"]]  # deterministic in the seed
+    # deterministic in the seed
+    assert [t.task_id for t in again] == [t.task_id for t in by["holdout"]]
     task = by["holdout"][0]
     env = envs.make("reasoning-gym", **cfg)
     _, info = env.reset(task, seed=0)
@@ -85,24 +88,32 @@ def test_reward_and_verifier_are_score_answer():
         env.reset(task, seed=0)
         obs, r, term, trunc, info = env.step(f"<answer>{answer}</answer>")
         assert r == ds.score_answer(answer, task.metadata["entry"])
-        record = SimpleNamespace(task_id=task.task_id, terminated=term, turns=[SimpleNamespace(action=info["action"])])
+        record = SimpleNamespace(
+            task_id=task.task_id, terminated=term, turns=[SimpleNamespace(action=info["action"])]
+        )
         assert verifier(record, task) == r
     env.reset(task, seed=0)
     obs, r, term, trunc, info = env.step("no tags")
     assert info["invalid"] and not term and "<answer>" in obs
-    assert env.step("still none")[3] and verifier(SimpleNamespace(task_id=task.task_id, terminated=False,
-                                                                   turns=[]), task) == 0.0
+    assert (
+        env.step("still none")[3]
+        and verifier(SimpleNamespace(task_id=task.task_id, terminated=False, turns=[]), task) == 0.0
+    )
 
 
 def test_python_tool_runs_in_the_sandbox_with_a_receipt():
-    task = envs.make_tasks("reasoning-gym", "holdout", 1, env_config={"dataset": "basic_arithmetic"})[0]
+    task = envs.make_tasks(
+        "reasoning-gym", "holdout", 1, env_config={"dataset": "basic_arithmetic"}
+    )[0]
     env = envs.make("reasoning-gym", dataset="basic_arithmetic", tools="python", max_turns=3)
     assert "</python>" in env.stop and env.tools[0]["function"]["name"] == "python"
     env.reset(task, seed=0)
     obs, r, term, trunc, info = env.step("<python>import os; print(6 * 7, os.getuid())</python>")
     assert obs.startswith("\n<information>42 ") and info["receipt"].tool == "python"
     assert info["receipt"].status == "ok" and not term
-    obs, *_ , info = env.step("<python>import socket; socket.create_connection(('1.1.1.1', 53), 2)</python>")
+    obs, *_, info = env.step(
+        "<python>import socket; socket.create_connection(('1.1.1.1', 53), 2)</python>"
+    )
     assert info["receipt"].status == "error" and "exit status" in obs  # no network in the sandbox
     assert env.step(f"<answer>{task.answers[0]}</answer>")[1] == 1.0
     plain = envs.make("reasoning-gym", dataset="basic_arithmetic")
@@ -153,11 +164,18 @@ def test_taurl_train_two_updates_with_provenance(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     name = short_family()
-    assert main(["train", "--env", "reasoning-gym", "--env-config", json.dumps({"dataset": name}),
-                 "--run-dir", "r", "--no-progress", "--demos", "16", "--sft-epochs", "1", "--updates", "2",
-                 "--tasks-per-update", "2", "--group-size", "2", "--eval-tasks", "4", "--eval-trials", "1",
-                 "--max-turns", "1", "--max-action-tokens", "8", "--max-episode-tokens", "8",
-                 "--vocab-size", "300"]) == 0, capsys.readouterr().err[-3000:]
+    assert (
+        main(
+            [
+                "train", "--env", "reasoning-gym", "--env-config", json.dumps({"dataset": name}),
+                "--run-dir", "r", "--no-progress", "--demos", "16", "--sft-epochs", "1",
+                "--updates", "2", "--tasks-per-update", "2", "--group-size", "2", "--eval-tasks",
+                "4", "--eval-trials", "1", "--max-turns", "1", "--max-action-tokens", "8",
+                "--max-episode-tokens", "8", "--vocab-size", "300",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "r/summary.json").read_text())
     prov = summary["env_provenance"]
     assert summary["train"]["updates"] == 2 and summary["env"] == "reasoning-gym"
@@ -166,5 +184,9 @@ def test_taurl_train_two_updates_with_provenance(tmp_path, monkeypatch, capsys):
     assert summary["holdout"]["final"]["tasks"] == 4 and "ci95" in summary["holdout"]["final"]
     with Ledger(tmp_path / "r/ledger.sqlite") as ledger:
         records = list(ledger.iter_query())
-    assert records and all(t.provenance["package"] == "reasoning-gym" and t.provenance["env_id"] == name
-                           and isinstance(t.provenance["seed"], int) for t in records)
+    assert records and all(
+        t.provenance["package"] == "reasoning-gym"
+        and t.provenance["env_id"] == name
+        and isinstance(t.provenance["seed"], int)
+        for t in records
+    )

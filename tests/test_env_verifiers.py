@@ -31,7 +31,9 @@ def on_path(monkeypatch):
 
 def record(task, env_info, actions):
     turns = [SimpleNamespace(action_text=a) for a in actions]
-    return SimpleNamespace(task_id=task.task_id, terminated=True, turns=turns, provenance=env_info["provenance"])
+    return SimpleNamespace(
+        task_id=task.task_id, terminated=True, turns=turns, provenance=env_info["provenance"]
+    )
 
 
 def test_rows_split_without_sharing_and_rubric_is_the_reward():
@@ -44,7 +46,10 @@ def test_rows_split_without_sharing_and_rubric_is_the_reward():
     env = envs.make("verifiers", **cfg("single"))
     assert env.kind == "single_turn" and env.system_prompt == "Answer with the number."
     _, info = env.reset(task, seed=0)
-    assert (info["provenance"]["package"], info["provenance"]["env_id"]) == ("verifiers", "vf-fixture-env")
+    assert (info["provenance"]["package"], info["provenance"]["env_id"]) == (
+        "verifiers",
+        "vf-fixture-env",
+    )
     obs, r, term, trunc, step = env.step(f"It is {task.answers[0]}")
     assert (r, term) == (1.0, True) and step["reward_components"]["rubric/exact_sum"] == 1.0
     env.reset(task)
@@ -60,8 +65,9 @@ def test_tool_env_runs_its_tools_with_receipts():
     assert env.kind == "tool" and env.tools[0]["function"]["name"] == "add"
     a, b = (int(x.strip("?")) for x in task.prompt.split()[2::2])
     env.reset(task)
-    obs, r, term, trunc, info = env.step(f'<tool_call>{json.dumps({"name": "add", "arguments": {"a": a, "b": b}})}'
-                                         "</tool_call>")
+    obs, r, term, trunc, info = env.step(
+        f"<tool_call>{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}</tool_call>"
+    )
     assert obs == str(a + b) and info["receipt"].tool == "add" and not term
     obs, r, term, trunc, info = env.step(f"So {obs}")
     assert (r, term, info["reward_components"]["rubric/add_calls"]) == (1.0, True, 1.0)
@@ -74,11 +80,15 @@ def test_multi_turn_env_answers_and_stops_by_its_own_conditions():
     obs, r, term, trunc, step = env.step("0")
     assert obs.startswith("Not yet") and step["role"] == "user" and not term
     obs, r, term, trunc, step = env.step(task.answers[0])
-    assert (r, term, step["stop_reason"]) == (1.0, True, "answered_right")  # the env's stop condition
+    # the env's stop condition
+    assert (r, term, step["stop_reason"]) == (1.0, True, "answered_right")
     env.reset(task)
     env.step("0")
     assert env.step("0")[1:4] == (0.0, False, True)  # max_turns: truncated, scored 0
-    assert envs.spec("verifiers").make_verifier()(record(task, info, ["0", task.answers[0]]), task) == 1.0
+    assert (
+        envs.spec("verifiers").make_verifier()(record(task, info, ["0", task.answers[0]]), task)
+        == 1.0
+    )
 
 
 def test_the_verifier_replays_what_the_env_saw_not_the_sampled_eos():
@@ -134,16 +144,28 @@ def test_taurl_train_two_updates_with_provenance(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     run = tmp_path / "r"
-    assert main(["train", "--env", "verifiers", "--env-config", json.dumps(cfg("single")), "--sft", "none",
-                 "--run-dir", str(run), "--no-progress", "--updates", "2", "--tasks-per-update", "2",
-                 "--group-size", "2", "--eval-tasks", "4", "--eval-trials", "1", "--max-turns", "1",
-                 "--max-action-tokens", "6", "--max-episode-tokens", "6", "--vocab-size", "300"]) == 0, \
-        capsys.readouterr().err[-3000:]
+    assert (
+        main(
+            [
+                "train", "--env", "verifiers", "--env-config", json.dumps(cfg("single")), "--sft",
+                "none", "--run-dir", str(run), "--no-progress", "--updates", "2",
+                "--tasks-per-update", "2", "--group-size", "2", "--eval-tasks", "4",
+                "--eval-trials", "1", "--max-turns", "1", "--max-action-tokens", "6",
+                "--max-episode-tokens", "6", "--vocab-size", "300",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     prov = summary["env_provenance"]
-    assert summary["train"]["updates"] == 2 and (prov["package"], prov["env_id"]) == ("verifiers", "vf-fixture-env")
+    assert summary["train"]["updates"] == 2 and (prov["package"], prov["env_id"]) == (
+        "verifiers",
+        "vf-fixture-env",
+    )
     assert summary["holdout"]["final"]["tasks"] == 4
     with Ledger(run / "ledger.sqlite") as ledger:
         records = list(ledger.iter_query())
-    assert records and all(t.provenance["package"] == "verifiers" and t.provenance["kind"] == "single_turn"
-                           for t in records)
+    assert records and all(
+        t.provenance["package"] == "verifiers" and t.provenance["kind"] == "single_turn"
+        for t in records
+    )

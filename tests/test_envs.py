@@ -33,11 +33,19 @@ def test_unknown_env_says_did_you_mean():
 
 
 def test_task_sources_take_their_own_options_and_name_the_rest():
-    tasks = make_tasks("search-v0", "holdout", n=4, seed=0, families=["city_country"], split_by="city")
+    tasks = make_tasks(
+        "search-v0", "holdout", n=4, seed=0, families=["city_country"], split_by="city"
+    )
     assert len(tasks) == 4 and {t.metadata["family"] for t in tasks} == {"city_country"}
-    with pytest.raises(ConfigError, match="search-v0's task source has no option 'level'; its options: distractors, families, split_by"):
+    with pytest.raises(
+        ConfigError,
+        match="search-v0's task source has no option 'level'; "
+        "its options: distractors, families, split_by",
+    ):
         make_tasks("search-v0", "train", n=1, level="hard")
-    with pytest.raises(ConfigError, match="code-v0's task source has no option 'split_by'; its options: "):
+    with pytest.raises(
+        ConfigError, match="code-v0's task source has no option 'split_by'; its options: "
+    ):
         make_tasks("code-v0", "train", n=1, split_by="city")
 
 
@@ -47,4 +55,6 @@ def test_rollout_config_checks_task_options_before_any_work():
     assert RolloutRunConfig(task_options={"split_by": "city"}).problems() == []
     problems = RolloutRunConfig(task_options={"seed": 3, "levels": 2}).problems()
     assert any("'seed' is not an option" in p for p in problems)
-    assert any("no option 'levels'; its options: distractors, families, split_by" in p for p in problems)
+    assert any(
+        "no option 'levels'; its options: distractors, families, split_by" in p for p in problems
+    )

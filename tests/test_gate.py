@@ -71,18 +71,26 @@ def test_allowed_call_has_an_ok_receipt(box):
     out = run(box, gate, "look", path="a.txt")
     assert out.observation == "contents of a.txt" and not out.invalid and out.error is None
     r = out.receipt
-    assert (r.tool, r.arguments, r.decision, r.status) == ("look", {"path": "a.txt"}, "allowed", "ok")
+    assert (r.tool, r.arguments, r.decision, r.status) == (
+        "look", {"path": "a.txt"}, "allowed", "ok",
+    )
     assert r.output_chars == len("contents of a.txt") and r.latency_s >= 0
     assert run(box, gate, "data").observation == '{"a": [1, 2]}'
 
 
-@pytest.mark.parametrize(("name", "args", "rule", "says"), [
-    ("lok", {"path": "a"}, "unknown_tool", "Did you mean 'look'?"),
-    ("look", {"path": 3}, "schema", "argument 'path' must be a string, got integer. Expected: look(path: string)"),
-    ("look", {}, "schema", "missing required argument 'path'"),
-    ("fetch", {"url": "http://x"}, "scope", "needs the network permission"),
-    ("wipe", {"path": "a"}, "scope", "needs the destructive/write permission"),
-])
+@pytest.mark.parametrize(
+    ("name", "args", "rule", "says"),
+    [
+        ("lok", {"path": "a"}, "unknown_tool", "Did you mean 'look'?"),
+        (
+            "look", {"path": 3}, "schema",
+            "argument 'path' must be a string, got integer. Expected: look(path: string)",
+        ),
+        ("look", {}, "schema", "missing required argument 'path'"),
+        ("fetch", {"url": "http://x"}, "scope", "needs the network permission"),
+        ("wipe", {"path": "a"}, "scope", "needs the destructive/write permission"),
+    ],
+)
 def test_denials_explain(box, name, args, rule, says):
     cfg = GateConfig(scopes=frozenset({"read"}))
     out = run(box, Gate(TOOLS, cfg), name, **args)
@@ -151,7 +159,9 @@ def test_approval_hook():
 
 
 def test_rules_are_configurable(box):
-    strict = GateConfig(rules={"unknown_tool": RuleAction(truncate=True, penalty=-0.5, stop_reason="error")})
+    strict = GateConfig(
+        rules={"unknown_tool": RuleAction(truncate=True, penalty=-0.5, stop_reason="error")}
+    )
     d = run(box, Gate(TOOLS, strict), "nope").decision
     assert (d.truncate, d.penalty, d.stop_reason) == (True, -0.5, "error")
     lenient = GateConfig(max_calls=1, rules={})
@@ -194,4 +204,7 @@ def test_xml_parser_box():
     out = asyncio.run(box.step("<think>x</think><look>notes.txt</look>", Gate(TOOLS)))
     assert out.receipt.status == "ok" and out.observation == "contents of notes.txt"
     out = asyncio.run(box.step("<boom>seven</boom>", Gate(TOOLS)))
-    assert out.decision.rule == "schema" and "argument 'n' must be an integer, got string" in out.observation
+    assert (
+        out.decision.rule == "schema"
+        and "argument 'n' must be an integer, got string" in out.observation
+    )

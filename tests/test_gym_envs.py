@@ -35,7 +35,8 @@ def _task(rows: list[str], slippery: bool = False) -> envs.Task:
 
 
 def _play(env: GymTextEnv, task: envs.Task, actions: list[str], seed: int = 0):
-    """Step `env` through `actions`; returns the last step's (obs, reward, terminated, truncated, info)."""
+    """Step `env` through `actions`; returns the last step's (obs, reward, terminated,
+    truncated, info)."""
     env.reset(task, seed)
     for a in actions:
         out = env.step(a)
@@ -71,7 +72,9 @@ def test_check_env_catches_a_broken_game():
 
     task = frozenlake_tasks("train", 1)[0]
     with pytest.raises(EnvCheckError, match="stop_reason"):
-        envs.check_env(GymTextEnv(NoStop()), task, actions=frozenlake_expert(task, random.Random(0)))
+        envs.check_env(
+            GymTextEnv(NoStop()), task, actions=frozenlake_expert(task, random.Random(0))
+        )
 
 
 def test_parse_action():
@@ -85,8 +88,12 @@ def test_parse_action():
 def test_provenance_names_the_map():
     task = frozenlake_tasks("train", 1, seed=3)[0]
     _, info = envs.make("frozenlake-v0").reset(task, 0)
-    assert info["provenance"] == {"map_seed": task.metadata["map_seed"], "map_hash": task.metadata["map_hash"],
-                                  "size": 4, "slippery": False}
+    assert info["provenance"] == {
+        "map_seed": task.metadata["map_seed"],
+        "map_hash": task.metadata["map_hash"],
+        "size": 4,
+        "slippery": False,
+    }
 
 
 # -- experts -----------------------------------------------------------------------------
@@ -100,10 +107,14 @@ def test_goal_distances_by_hand():
     assert expert_moves(P, start, goal, random.Random(0)) == [2, 1]  # right, down (down would fall)
 
 
-@pytest.mark.parametrize("name,n,options", [("frozenlake-v0", 200, {}), ("frozenlake-v0", 40, {"size": 8}),
-                                            ("taxi-v0", 200, {})])
+@pytest.mark.parametrize(
+    "name,n,options",
+    [("frozenlake-v0", 200, {}), ("frozenlake-v0", 40, {"size": 8}), ("taxi-v0", 200, {})],
+)
 def test_expert_solves_every_task(name, n, options):
-    tasks = envs.make_tasks(name, "train", n, **options) + envs.make_tasks(name, "holdout", 20, **options)
+    tasks = envs.make_tasks(name, "train", n, **options) + envs.make_tasks(
+        name, "holdout", 20, **options
+    )
     for t in tasks:
         actions = ENVS[name](t, random.Random(0))
         _, reward, terminated, truncated, info = _play(envs.make(name, max_turns=64), t, actions)
@@ -123,7 +134,10 @@ def test_degraded_expert_is_worse(name):
 
     def success(p_random: float) -> float:
         rng = random.Random(0)
-        wins = [_play(envs.make(name, max_turns=budget), t, ENVS[name](t, rng, p_random=p_random))[1] for t in tasks]
+        wins = [
+            _play(envs.make(name, max_turns=budget), t, ENVS[name](t, rng, p_random=p_random))[1]
+            for t in tasks
+        ]
         return sum(wins) / len(wins)
 
     perfect, degraded = success(0.0), success(0.3)
@@ -140,9 +154,15 @@ def test_p_random_is_checked():
 # -- through the real loop, and the verifier -----------------------------------------------
 
 def _episode(name: str, task, tokenizer, actions, seed=0):
-    config = RolloutConfig(max_turns=64, max_action_tokens=16, max_episode_tokens=2048, max_context=8192)
-    return asyncio.run(run_episode(ScriptedEngine(tokenizer, actions, max_context=8192),
-                                   envs.make(name, max_turns=64), tokenizer, task, seed=seed, config=config))
+    config = RolloutConfig(
+        max_turns=64, max_action_tokens=16, max_episode_tokens=2048, max_context=8192
+    )
+    return asyncio.run(
+        run_episode(
+            ScriptedEngine(tokenizer, actions, max_context=8192), envs.make(name, max_turns=64),
+            tokenizer, task, seed=seed, config=config,
+        )
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ENVS))
@@ -163,7 +183,10 @@ def test_verifier_agrees_with_the_loop_and_rejects_tampering(name, tokenizer):
             assert verifier(dataclasses.replace(traj, turns=traj.turns[:-1]), task) == 0.0
             # every move rewritten to the first action name, reward still claimed as 1.0
             names = envs.make(name).game.action_names
-            forged = tuple(dataclasses.replace(t, action_text=f"<action>{names[1]}</action>") for t in traj.turns)
+            forged = tuple(
+                dataclasses.replace(t, action_text=f"<action>{names[1]}</action>")
+                for t in traj.turns
+            )
             assert verifier(dataclasses.replace(traj, turns=forged), task) == 0.0
     assert agree == len(tasks)
 
@@ -173,7 +196,9 @@ def test_verifier_replays_slippery_ice_with_the_episode_seed(tokenizer):
     tasks = frozenlake_tasks("validation", 30, slippery=True)
     rewards = []
     for i, task in enumerate(tasks):
-        traj = _episode("frozenlake-v0", task, tokenizer, frozenlake_expert(task, random.Random(i)) * 4, seed=i)
+        traj = _episode(
+            "frozenlake-v0", task, tokenizer, frozenlake_expert(task, random.Random(i)) * 4, seed=i
+        )
         rewards.append(traj.reward)
         assert verifier(traj, task) == traj.reward, task.task_id
     assert 0 < sum(rewards) < len(rewards)  # the ice slips: some reach the goal, some do not
@@ -197,12 +222,19 @@ def test_invalid_actions_are_counted_and_cost_a_turn():
 def test_terminated_vs_truncated():
     rows = ["SH", "FG"]
     # a hole is a terminal state (Gymnasium: terminated), reward 0
-    _, r, term, trunc, info = _play(envs.make("frozenlake-v0"), _task(rows), ["<action>right</action>"])
+    _, r, term, trunc, info = _play(
+        envs.make("frozenlake-v0"), _task(rows), ["<action>right</action>"]
+    )
     assert (r, term, trunc, info["stop_reason"]) == (0.0, True, False, "hole")
     # the goal: terminated, reward 1
-    _, r, term, trunc, info = _play(envs.make("frozenlake-v0"), _task(rows), ["<action>down</action>", "<action>right</action>"])
-    assert (r, term, trunc, info["stop_reason"], info["reward_components"]) == (1.0, True, False, "goal", {"outcome": 1.0})
-    # Gymnasium's TimeLimit (2 valid moves; bumping the wall) truncates, invalid turns do not count toward it
+    _, r, term, trunc, info = _play(
+        envs.make("frozenlake-v0"), _task(rows), ["<action>down</action>", "<action>right</action>"]
+    )
+    assert (r, term, trunc, info["stop_reason"], info["reward_components"]) == (
+        1.0, True, False, "goal", {"outcome": 1.0},
+    )
+    # Gymnasium's TimeLimit (2 valid moves; bumping the wall) truncates, invalid turns
+    # do not count toward it
     env = envs.make("frozenlake-v0", max_turns=10, max_episode_steps=2)
     env.reset(_task(rows), 0)
     assert not any(env.step(a)[3] for a in ("<action>up</action>", "oops"))
@@ -210,7 +242,9 @@ def test_terminated_vs_truncated():
     assert (r, term, trunc, info["stop_reason"]) == (0.0, False, True, "max_turns")
     # a goal reached on the last allowed turn is a termination, not a truncation
     env = envs.make("frozenlake-v0", max_turns=2)
-    _, r, term, trunc, _ = _play(env, _task(rows), ["<action>down</action>", "<action>right</action>"])
+    _, r, term, trunc, _ = _play(
+        env, _task(rows), ["<action>down</action>", "<action>right</action>"]
+    )
     assert (r, term, trunc) == (1.0, True, False)
 
 
@@ -227,9 +261,13 @@ def test_malformed_task_map_says_how_to_fix_it():
 
 @pytest.mark.parametrize("size", [4, 8])
 def test_frozenlake_holdout_maps_never_in_train_or_validation(size):
-    maps = {split: [tuple(t.metadata["map"]) for t in frozenlake_tasks(split, n, seed=seed, size=size)]
-            for split, n, seed in (("train", 1500, 0), ("validation", 100, 0), ("holdout", 100, 0))}
-    more_train = {tuple(t.metadata["map"]) for t in frozenlake_tasks("train", 500, seed=7, size=size)}
+    maps = {
+        split: [tuple(t.metadata["map"]) for t in frozenlake_tasks(split, n, seed=seed, size=size)]
+        for split, n, seed in (("train", 1500, 0), ("validation", 100, 0), ("holdout", 100, 0))
+    }
+    more_train = {
+        tuple(t.metadata["map"]) for t in frozenlake_tasks("train", 500, seed=7, size=size)
+    }
     holdout = set(maps["holdout"])
     assert len(holdout) == 100  # evaluation maps are distinct
     assert not holdout & (set(maps["train"]) | more_train), "a holdout map reached training"

@@ -71,10 +71,11 @@ def _literal_import_module(node: ast.AST) -> str | None:
     return None
 
 
-def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path],
+              typing: bool = False) -> set[str]:
     """The package modules that module `name` (at `path`) imports, and the packages those
-    imports run (module docstring)."""
-    skip = _type_checking_nodes(tree)
+    imports run (module docstring); with `typing`, its TYPE_CHECKING imports too."""
+    skip = set() if typing else _type_checking_nodes(tree)
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
 
@@ -108,11 +109,34 @@ def _imported(name: str, path: Path, tree: ast.AST, modules: dict[str, Path]) ->
     return found
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of `package` it imports (anywhere in its body)."""
+def import_graph(root: Path, package: str, typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (anywhere in its body; with `typing`,
+    for its annotations too)."""
     modules = _modules(root, package)
-    return {name: _imported(name, path, ast.parse(path.read_text(), str(path)), modules)
+    return {name: _imported(name, path, ast.parse(path.read_text(), str(path)), modules, typing)
             for name, path in modules.items()}
+
+
+# Edges against the loop's direction (issue 38): (importer, imported, why it must not),
+# each a module or package prefix; an annotation-only import counts (a type names its home).
+AGAINST_THE_LOOP = [
+    ("taurl.rollout", "taurl.proxy", "the proxy is a collector the caller passes in "
+                                     "(LocalCollector.run); the rollout stage never imports it"),
+    ("taurl.rollout.compaction", "taurl.rollout.loop", "compaction reads the episode through "
+                                                       "its own CompactionState protocol"),
+    ("taurl.envs", "taurl.train", "an env names what to train; the recipe passes the trainer "
+                                  "in (the warm-up hook's copy_phase)"),
+]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def edges_against(graph: dict[str, set[str]], rules=AGAINST_THE_LOOP) -> list[str]:
+    """Every import of `graph` that a rule forbids, as ``importer -> imported``."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  for low, high, _ in rules if _under(a, low) and _under(b, high))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -167,7 +191,7 @@ def test_taurl_has_no_import_cycle():
     # may hold threads that earlier tests started (seen once in a fresh-clone `make test`).
     child = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-2000:]
-    found = json.loads(child.stdout)
+    found = json.loads(child.stdout)["cycles"]
     assert not found, "import cycles (each line one strongly connected component):\n" + "\n".join(
         " <-> ".join(c) for c in found)
 
@@ -184,9 +208,16 @@ def test_a_cycle_is_found(tmp_path, how):
     back = {"module level": "from pkg.a import f\n",
             "in a function": "def g():\n    from pkg.a import f\n    return f\n",
             "relative": "from . import a\n"}[how]
-    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.sub.b import g\ndef f(): ...\n",
-                      "pkg/sub/__init__.py": "", "pkg/sub/b.py": back.replace(". import", ".. import"),
-                      "pkg/c.py": "import pkg.a\n"})
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.sub.b import g\ndef f(): ...\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/b.py": back.replace(". import", ".. import"),
+            "pkg/c.py": "import pkg.a\n",
+        },
+    )
     assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b"]]
 
 
@@ -222,6 +253,44 @@ def test_no_cycle_without_the_back_edge(tmp_path):
     assert cycles(graph) == []
 
 
+# The layers a lower one must not import (issue 38): the math and the data formats (data/,
+# credit/, train/objectives/, policy/) serve every recipe, CLI, proxy and env, so none of them
+# may depend on one. The envs package's own protocol modules are not "a specific env".
+LOWER = ("data", "credit", "train.objectives", "policy")
+UPPER = ("recipe", "cli", "api", "proxy")
+ENV_PROTOCOL = {"envs", "envs.core", "envs.spec", "envs.registry", "envs.tasks", "envs.checker"}
+
+
+def upward_edges(graph: dict[str, set[str]], package: str = "taurl") -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a LOWER layer reaches an UPPER one or a specific env."""
+    def within(module: str, layers: tuple[str, ...]) -> bool:
+        return any(module == f"{package}.{x}" or module.startswith(f"{package}.{x}.")
+                   for x in layers)
+
+    def specific_env(module: str) -> bool:
+        return within(module, ("envs",)) and module.removeprefix(f"{package}.") not in ENV_PROTOCOL
+
+    return sorted((a, b) for a, targets in graph.items() if within(a, LOWER)
+                  for b in targets if within(b, UPPER) or specific_env(b))
+
+
+def test_lower_layers_import_no_recipe_cli_api_proxy_or_env():
+    assert upward_edges(import_graph(SRC, "taurl")) == []
+
+
+@pytest.mark.parametrize("target", ["pkg.recipe.loop", "pkg.envs.search.env", "pkg.api"])
+def test_an_upward_edge_is_found_even_inside_a_function(tmp_path, target):
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/credit/__init__.py": "",
+                      "pkg/credit/grpo.py": f"def f():\n    import {target}\n",
+                      "pkg/recipe/__init__.py": "", "pkg/recipe/loop.py": "",
+                      "pkg/envs/__init__.py": "", "pkg/envs/core.py": "",
+                      "pkg/envs/search/__init__.py": "", "pkg/envs/search/env.py": "",
+                      "pkg/api.py": "", "pkg/data.py": "import pkg.envs.core\n"})
+    edges = upward_edges(import_graph(tmp_path, "pkg"), "pkg")
+    assert ("pkg.credit.grpo", target) in edges  # (and the packages the import runs on the way)
+    assert {a for a, _ in edges} == {"pkg.credit.grpo"}  # pkg.data -> envs.core is allowed
+
+
 def test_no_module_is_over_450_lines():
     # the house rule (docs/design.md#layout): a module a reader can hold, one job each
     src = Path(__file__).parents[1] / "src" / "taurl"
@@ -230,5 +299,43 @@ def test_no_module_is_over_450_lines():
     assert long == {}, f"split these modules: {long}"
 
 
-if __name__ == "__main__":  # test_taurl_has_no_import_cycle's child: the cycles as JSON
-    print(json.dumps(cycles(import_graph(SRC, "taurl"))))
+def test_no_module_re_exports_names_from_their_old_home():
+    # issue 38: a name lives in one module and is imported from there; a re-export kept for an
+    # old import path (an unused-import waiver on a `from taurl...` line) hides the code; a
+    # documented public alias says "public" in its comment (`taurl.envs.core.Task`)
+    src = Path(__file__).parents[1] / "src" / "taurl"
+    found = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if line.startswith("from taurl") and "noqa: F401" in line and "public" not in line]
+    assert found == [], f"import these names from their home instead: {found}"
+
+
+
+def test_no_edge_against_the_loops_direction():
+    child = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    found = json.loads(child.stdout)["against"]
+    assert not found, "edges against the loop's direction:\n" + "\n".join(found)
+
+
+def test_an_edge_against_the_loop_is_found(tmp_path):
+    """Each rule catches its edge, a function-level or annotation-only import included."""
+    _write(tmp_path, {"taurl/__init__.py": "", "taurl/rollout/__init__.py": "",
+                      "taurl/proxy/__init__.py": "", "taurl/proxy/collect.py": "",
+                      "taurl/envs/__init__.py": "", "taurl/train/__init__.py": "",
+                      "taurl/train/copy_warmup.py": "", "taurl/rollout/loop.py": "",
+                      "taurl/rollout/episodes.py":
+                          "def f():\n    from taurl.proxy import collect\n",
+                      "taurl/rollout/compaction.py": "from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    from taurl.rollout.loop import _State\n",
+                      "taurl/envs/hooks.py":
+                          "def w():\n    from taurl.train.copy_warmup import f\n"})
+    assert edges_against(import_graph(tmp_path, "taurl", typing=True)) == [
+        "taurl.envs.hooks -> taurl.train", "taurl.envs.hooks -> taurl.train.copy_warmup",
+        "taurl.rollout.compaction -> taurl.rollout.loop",
+        "taurl.rollout.episodes -> taurl.proxy", "taurl.rollout.episodes -> taurl.proxy.collect"]
+
+
+if __name__ == "__main__":  # the graph tests' child: the cycles and forbidden edges as JSON
+    print(json.dumps({"cycles": cycles(import_graph(SRC, "taurl")),
+                      "against": edges_against(import_graph(SRC, "taurl", typing=True))}))

@@ -16,7 +16,9 @@ H, D, LAYERS = 2, 4, 2
 def _fresh(tokens: list[torch.Tensor]) -> BatchKV:
     """A batch of new rows: row i's real keys are tokens[i] (n_i, H, D), left-padded."""
     width = max(t.shape[0] for t in tokens)
-    kv = BatchKV.empty(torch.zeros(len(tokens), width, dtype=torch.long), [t.shape[0] for t in tokens])
+    kv = BatchKV.empty(
+        torch.zeros(len(tokens), width, dtype=torch.long), [t.shape[0] for t in tokens]
+    )
     keys = torch.zeros(len(tokens), H, width, D)
     for i, t in enumerate(tokens):
         keys[i, :, width - t.shape[0]:] = t.permute(1, 0, 2)
@@ -50,7 +52,10 @@ def test_rows_keep_their_own_keys_through_joins_leaves_and_decode_steps():
             assert sorted(order) == sorted(set(range(len(seqs))) - set(done))
             seqs = [seqs[i] for i in order]
         elif op < 0.4:  # new rows join, some longer than the batch is wide
-            new = [torch.randn(rng.randint(1, 60 if rng.random() < 0.2 else 20), H, D) for _ in range(rng.randint(1, 4))]
+            new = [
+                torch.randn(rng.randint(1, 60 if rng.random() < 0.2 else 20), H, D)
+                for _ in range(rng.randint(1, 4))
+            ]
             before = kv.mask.shape[1]
             assert kv.merge(_fresh(new)) is kv
             copied += kv.mask.shape[1] > before

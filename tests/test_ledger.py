@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import taurl.data.ledger as ledger_mod
 from taurl.data import trajectory as trajectory_mod
+from taurl.data.admission import RULES
 from taurl.data.export import (
     EXPORT_FIELDS,
     export_fields_markdown,
@@ -30,7 +31,7 @@ from taurl.data.export import (
     parquet_schema,
     read_jsonl,
 )
-from taurl.data.ledger import RULES, AppendReport, Ledger
+from taurl.data.ledger import AppendReport, Ledger
 from taurl.data.trajectory import Segment, StopReason, ToolReceipt, Trajectory, Turn
 from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
 
@@ -39,11 +40,13 @@ from taurl.errors import ConfigError, ContractError, Error, UnknownEpisodeError
 
 IM_START, IM_END, NL = 151644, 151645, 198
 PROMPT = (IM_START, 8948, NL, 2610, 525, 264, 10950, 17847, 13, IM_END, NL,  # system
-          IM_START, 872, NL, 3838, 374, 279, 6722, 315, 9625, 30, IM_END, NL,  # user: capital of France?
+          # user: capital of France?
+          IM_START, 872, NL, 3838, 374, 279, 6722, 315, 9625, 30, IM_END, NL,
           IM_START, 77091, NL)  # assistant header
 SEARCH = (27, 1836, 29, 65063, 315, 9625, 522, 1836, 29)  # <search>capital of France</search>
 SEARCH_LP = (-0.31, -0.02, -0.001, -1.25, -0.07, -0.004, -0.11, -0.0003, -0.0)
-INFO = (27, 25069, 29, 59604, 374, 279, 6722, 315, 9625, 13, 522, 25069, 29)  # <information>…</information>
+# <information>…</information>
+INFO = (27, 25069, 29, 59604, 374, 279, 6722, 315, 9625, 13, 522, 25069, 29)
 ANSWER = (27, 9217, 29, 59604, 522, 9217, 29, IM_END)  # <answer>Paris</answer><|im_end|>
 ANSWER_LP = (-0.05, -0.001, -0.0002, -0.43, -0.02, -0.0001, -0.0, -0.009)
 
@@ -63,11 +66,16 @@ def make_traj(episode_id: str = "ep-0", *, run_id: str = "run-a", task_id: str =
     receipt = ToolReceipt("search", {"query": "capital of France"}, "allowed", "ok",
                           latency_s=0.004, output_chars=41)
     turns = (
-        Turn(0, "<search>capital of France</search>", {"kind": "search", "query": "capital of France"},
-             "<information>Paris is the capital of France.</information>", 1, 2, "stop",
-             receipt=receipt, generate_s=0.12, env_s=0.004),
-        Turn(1, "<answer>Paris</answer>", {"kind": "answer", "answer": "Paris"}, "", 3, None, "eos",
-             generate_s=0.08),
+        Turn(
+            0, "<search>capital of France</search>",
+            {"kind": "search", "query": "capital of France"},
+            "<information>Paris is the capital of France.</information>", 1, 2, "stop",
+            receipt=receipt, generate_s=0.12, env_s=0.004,
+        ),
+        Turn(
+            1, "<answer>Paris</answer>", {"kind": "answer", "answer": "Paris"}, "", 3, None, "eos",
+            generate_s=0.08,
+        ),
     )
     messages = ({"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "What is the capital of France?"},
@@ -236,50 +244,92 @@ CASES: dict[str, list[Any]] = {
     "prompt_first": [_with(valid_dict(), segments=valid_dict()["segments"][1:], turns=[])],
     "segment_kind": [_seg(valid_dict(), 4, kind="tool")],
     "empty_segment": [_seg(valid_dict(), 2, token_ids=[])],
-    "token_range": [_seg(valid_dict(), 0, token_ids=[-1, 5]), _seg(valid_dict(), 0, token_ids=[2**31]),
-                    _seg(valid_dict(), 0, token_ids=[1.0, 2])],
-    "logprobs_length": [_seg(valid_dict(), 1, logprobs=list(SEARCH_LP[:-1])),
-                        _seg(valid_dict(), 3, logprobs=None)],
-    "logprob_range": [_seg(valid_dict(), 1, logprobs=[0.5, *SEARCH_LP[1:]]),
-                      _seg(valid_dict(), 1, logprobs=[-math.inf, *SEARCH_LP[1:]])],
+    "token_range": [
+        _seg(valid_dict(), 0, token_ids=[-1, 5]),
+        _seg(valid_dict(), 0, token_ids=[2**31]),
+        _seg(valid_dict(), 0, token_ids=[1.0, 2]),
+    ],
+    "logprobs_length": [
+        _seg(valid_dict(), 1, logprobs=list(SEARCH_LP[:-1])),
+        _seg(valid_dict(), 3, logprobs=None),
+    ],
+    "logprob_range": [
+        _seg(valid_dict(), 1, logprobs=[0.5, *SEARCH_LP[1:]]),
+        _seg(valid_dict(), 1, logprobs=[-math.inf, *SEARCH_LP[1:]]),
+    ],
     "action_without_version": [_seg(valid_dict(), 3, policy_version=None)],
     # a demonstration that carries a made-up logprob or version is refused
-    "behaviour_without_policy": [_seg(_with(valid_dict(), source="expert"), 1, policy_version=None),
-                                 _seg(_with(valid_dict(), source="expert"), 1, logprobs=None)],
+    "behaviour_without_policy": [
+        _seg(_with(valid_dict(), source="expert"), 1, policy_version=None),
+        _seg(_with(valid_dict(), source="expert"), 1, logprobs=None),
+    ],
     "source_name": [_with(valid_dict(), source="Expert demo"), _with(valid_dict(), source="")],
     "version_range": [_seg(valid_dict(), 3, policy_version=-1)],
-    "non_action_logprobs": [_seg(valid_dict(), 2, logprobs=[0.0] * len(INFO)),
-                            _seg(valid_dict(), 0, policy_version=3)],
+    "non_action_logprobs": [
+        _seg(valid_dict(), 2, logprobs=[0.0] * len(INFO)),
+        _seg(valid_dict(), 0, policy_version=3),
+    ],
     # a later stream starts at a prompt segment, after the last one, with a snake_case reason;
     # a prompt segment in the middle of a stream would hide a stream from the learner
-    "stream_start": [_with(valid_dict(), stream_starts=[{"segment": 2, "message": 2, "reason": "compaction"}]),
-                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:]),
-                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:],
-                           stream_starts=[{"segment": 2, "message": 2, "reason": "Compacted!"}]),
-                     _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:],
-                           stream_starts=[{"segment": 2, "message": 9, "reason": "compaction"}])],
-    "turn_segment": [json.loads(json.dumps(dataclasses.replace(
-        make_traj(), turns=(dataclasses.replace(make_traj().turns[0], action_segment=2),)).to_dict()))],
+    "stream_start": [
+        _with(valid_dict(), stream_starts=[{"segment": 2, "message": 2, "reason": "compaction"}]),
+        _with(_seg(valid_dict(), 2, kind="prompt"), turns=valid_dict()["turns"][1:]),
+        _with(
+            _seg(valid_dict(), 2, kind="prompt"),
+            turns=valid_dict()["turns"][1:],
+            stream_starts=[{"segment": 2, "message": 2, "reason": "Compacted!"}],
+        ),
+        _with(
+            _seg(valid_dict(), 2, kind="prompt"),
+            turns=valid_dict()["turns"][1:],
+            stream_starts=[{"segment": 2, "message": 9, "reason": "compaction"}],
+        ),
+    ],
+    "turn_segment": [
+        json.loads(
+            json.dumps(
+                dataclasses.replace(
+                    make_traj(),
+                    turns=(dataclasses.replace(make_traj().turns[0], action_segment=2),),
+                ).to_dict()
+            )
+        )
+    ],
     "missing_stop_reason": [_with(valid_dict(), stop_reason=None)],
-    "stop_reason_name": [_with(valid_dict(), stop_reason="Finished!"), _with(valid_dict(), stop_reason=""),
-                         dataclasses.replace(make_traj(), stop_reason="reached goal")],
-    "termination_flags": [_with(valid_dict(), truncated=True),
-                          _with(valid_dict(), terminated=False, truncated=True),  # "answered" truncated
-                          _with(valid_dict(), stop_reason="max_turns"),  # a loop truncation, terminated
-                          _with(valid_dict(), stop_reason="goal", terminated=True, truncated=True)],
+    "stop_reason_name": [
+        _with(valid_dict(), stop_reason="Finished!"),
+        _with(valid_dict(), stop_reason=""),
+        dataclasses.replace(make_traj(), stop_reason="reached goal"),
+    ],
+    "termination_flags": [
+        _with(valid_dict(), truncated=True),
+        # "answered" truncated
+        _with(valid_dict(), terminated=False, truncated=True),
+        # a loop truncation, terminated
+        _with(valid_dict(), stop_reason="max_turns"),
+        _with(valid_dict(), stop_reason="goal", terminated=True, truncated=True),
+    ],
     "reward_finite": [_with(valid_dict(), reward=math.inf, reward_components={})],
     "reward_components_sum": [_with(valid_dict(), reward=1.0)],
     "missing_verifier_version": [_with(valid_dict(), verifier_version="")],
     "duplicate_episode": ["DUP"],  # see the test
-    "flat_length_mismatch": [_with(_row(), token_ids=_row()["token_ids"][:-1]),
-                             _with(_row(), logprobs=_row()["logprobs"] + [0.0])],
-    "mask_mismatch": [_with(_row(), action_mask=[1] * len(_row()["action_mask"])),
-                      _with(_row(), action_mask=[bool(m) for m in _row()["action_mask"]])],
-    "flat_values_mismatch": [_with(_row(), token_ids=[0] + _row()["token_ids"][1:]),
-                             _with(_row(), logprobs=[-0.5 if m else 0.0 for m in _row()["action_mask"]]),
-                             _with(_row(), token_versions=[7] * len(_row()["token_ids"]))],
-    "derived_mismatch": [_with(_row(), num_tokens=3), _with(_row(), valid=False),
-                         _with(_row(), policy_versions=[4]), _with(_row(), num_turns=2.0)],
+    "flat_length_mismatch": [
+        _with(_row(), token_ids=_row()["token_ids"][:-1]),
+        _with(_row(), logprobs=_row()["logprobs"] + [0.0]),
+    ],
+    "mask_mismatch": [
+        _with(_row(), action_mask=[1] * len(_row()["action_mask"])),
+        _with(_row(), action_mask=[bool(m) for m in _row()["action_mask"]]),
+    ],
+    "flat_values_mismatch": [
+        _with(_row(), token_ids=[0] + _row()["token_ids"][1:]),
+        _with(_row(), logprobs=[-0.5 if m else 0.0 for m in _row()["action_mask"]]),
+        _with(_row(), token_versions=[7] * len(_row()["token_ids"])),
+    ],
+    "derived_mismatch": [
+        _with(_row(), num_tokens=3), _with(_row(), valid=False), _with(_row(), policy_versions=[4]),
+        _with(_row(), num_turns=2.0),
+    ],
 }
 
 
@@ -294,10 +344,14 @@ def test_every_rule_has_a_case_and_is_documented():
     use_rules = {"behaviour_top_p"}
     formats = (pathlib.Path(__file__).parents[1] / "docs" / "formats.md").read_text()
     assert all(f"`{rule}`" in formats for rule in use_rules)
-    assert used - set(RULES) - use_rules == set(), "a rule without an entry in taurl.data.ledger.RULES"
+    assert used - set(RULES) - use_rules == set(), (
+        "a rule without an entry in taurl.data.admission.RULES"
+    )
 
 
-@pytest.mark.parametrize(("rule", "i"), [(r, i) for r, cases in CASES.items() for i in range(len(cases))])
+@pytest.mark.parametrize(
+    ("rule", "i"), [(r, i) for r, cases in CASES.items() for i in range(len(cases))]
+)
 def test_rejection_rule(ledger, rule, i):
     item = CASES[rule][i]  # shared by the runs: append must not (and does not) change its input
     if rule == "duplicate_episode":
@@ -316,7 +370,9 @@ def test_rejection_rule(ledger, rule, i):
 def test_duplicate_inside_one_batch(ledger):
     report = ledger.append_many([make_traj("a"), make_traj("b"), make_traj("a")])
     assert report.accepted == ("a", "b")
-    assert [(r.index, r.episode_id, r.rule) for r in report.rejected] == [(2, "a", "duplicate_episode")]
+    assert [(r.index, r.episode_id, r.rule) for r in report.rejected] == [
+        (2, "a", "duplicate_episode")
+    ]
 
 
 def test_validation_rejects_without_repair(ledger):
@@ -332,8 +388,10 @@ def test_reports_all_broken_rules(ledger):
 
 
 def test_append_many_keeps_the_good(ledger):
-    items = [make_traj("g0"), {"junk": 1}, valid_dict("g1"), _with(valid_dict("g2"), truncated=True),
-             None, make_traj("g3")]
+    items = [
+        make_traj("g0"), {"junk": 1}, valid_dict("g1"), _with(valid_dict("g2"), truncated=True),
+        None, make_traj("g3"),
+    ]
     report = ledger.append_many(items)
     assert isinstance(report, AppendReport) and not report.ok
     assert report.accepted == ("g0", "g1", "g3")
@@ -393,15 +451,28 @@ def test_two_ledgers_on_one_file(tmp_path):
 
 @pytest.fixture
 def filled(ledger):
-    ledger.append_many([
-        make_traj("e0", run_id="r1", split="train", task_id="t0", group_id="g0", versions=(1, 2)),
-        make_traj("e1", run_id="r1", split="train", task_id="t0", group_id="g0", versions=(2, 2), correct=False),
-        make_traj("e2", run_id="r1", split="holdout", task_id="t1", group_id="g1", versions=(3, 3)),
-        make_traj("e3", run_id="r2", split="train", task_id="t2", group_id="g2", versions=(3, 5),
-                  stop=StopReason.ERROR),
-        make_traj("e4", run_id="r2", split="train", task_id="t2", group_id="g2", versions=(5, 5),
-                  env_name="code-v0", stop=StopReason.MAX_TURNS),
-    ])
+    ledger.append_many(
+        [
+            make_traj(
+                "e0", run_id="r1", split="train", task_id="t0", group_id="g0", versions=(1, 2)
+            ),
+            make_traj(
+                "e1", run_id="r1", split="train", task_id="t0", group_id="g0", versions=(2, 2),
+                correct=False,
+            ),
+            make_traj(
+                "e2", run_id="r1", split="holdout", task_id="t1", group_id="g1", versions=(3, 3)
+            ),
+            make_traj(
+                "e3", run_id="r2", split="train", task_id="t2", group_id="g2", versions=(3, 5),
+                stop=StopReason.ERROR,
+            ),
+            make_traj(
+                "e4", run_id="r2", split="train", task_id="t2", group_id="g2", versions=(5, 5),
+                env_name="code-v0", stop=StopReason.MAX_TURNS,
+            ),
+        ]
+    )
     return ledger
 
 
@@ -436,8 +507,10 @@ def test_iter_query_pages(filled, monkeypatch):
     assert [t.episode_id for t in filled.iter_query()] == ["e0", "e1", "e2", "e3", "e4"]
     assert [t.episode_id for t in filled.iter_query(limit=3)] == ["e0", "e1", "e2"]
     assert [t.episode_id for t in filled.iter_query(limit=4, run_id="r1")] == ["e0", "e1", "e2"]
-    assert filled.query(split="train")[2] == make_traj("e3", run_id="r2", split="train", task_id="t2",
-                                                      group_id="g2", versions=(3, 5), stop=StopReason.ERROR)
+    assert filled.query(split="train")[2] == make_traj(
+        "e3", run_id="r2", split="train", task_id="t2", group_id="g2", versions=(3, 5),
+        stop=StopReason.ERROR,
+    )
 
 
 def test_bad_limit(filled):
@@ -457,7 +530,11 @@ def test_stats(filled):
     assert s["num_turns"] == 10 and s["rejected"] == 0
     filled.append_many([_with(valid_dict("bad", run_id="r2"), task_id=""), {"x": 1}])
     r2 = filled.stats(run_id="r2")
-    assert r2["episodes"] == 2 and r2["rejected"] == 1 and r2["rejected_by_rule"] == {"missing_identity": 1}
+    assert (
+        r2["episodes"] == 2
+        and r2["rejected"] == 1
+        and r2["rejected_by_rule"] == {"missing_identity": 1}
+    )
     assert filled.stats()["rejected"] == 2
     empty = filled.stats(run_id="none")
     assert empty["episodes"] == 0 and empty["mean_reward"] is None and empty["stop_reasons"] == {}
@@ -470,8 +547,9 @@ def test_stats(filled):
 def test_export_fields_cover_rows():
     row = _row()
     assert set(row) == set(EXPORT_FIELDS) - {"record"}
-    assert set(parquet_schema().names) == set(EXPORT_FIELDS) - {"segments", "turns", "messages", "stream_starts",
-                                                                 "timings", "metadata"}
+    assert set(parquet_schema().names) == set(EXPORT_FIELDS) - {
+        "segments", "turns", "messages", "stream_starts", "timings", "metadata",
+    }
     md = export_fields_markdown()
     assert all(f"`{k}`" in md for k in EXPORT_FIELDS)
     assert "| `token_ids` | list<int32> |" in md
@@ -485,7 +563,11 @@ def test_export_row_arrays():
     assert row["logprobs"] == [0.0] * n_p + list(SEARCH_LP) + [0.0] * n_i + list(ANSWER_LP) + [0.0]
     assert row["token_versions"] == [-1] * n_p + [3] * n_s + [-1] * n_i + [4] * n_a + [-1]
     assert row["policy_versions"] == [3, 4]
-    assert (row["num_tokens"], row["num_action_tokens"], row["num_turns"]) == (t.num_tokens, n_s + n_a, 2)
+    assert (row["num_tokens"], row["num_action_tokens"], row["num_turns"]) == (
+        t.num_tokens,
+        n_s + n_a,
+        2,
+    )
     assert (row["num_tool_calls"], row["num_invalid_actions"], row["num_errors"]) == (1, 0, 0)
     assert row["valid"] is True and row["stop_reason"] == "answered"
 
@@ -537,7 +619,9 @@ def test_export_parquet_round_trip(filled, tmp_path):
     with Ledger(tmp_path / "fresh.db") as fresh:
         for i in range(table.num_rows):
             d = json.loads(cols["record"][i])
-            d.update({k: cols[k][i] for k in ("token_ids", "action_mask", "logprobs", "token_versions")})
+            d.update(
+                {k: cols[k][i] for k in ("token_ids", "action_mask", "logprobs", "token_versions")}
+            )
             fresh.append(d)
         assert fresh.query() == originals
 
@@ -545,7 +629,9 @@ def test_export_parquet_round_trip(filled, tmp_path):
 def test_export_empty(ledger, tmp_path):
     assert export_parquet(ledger, tmp_path / "e.parquet") == 0
     assert pq.read_table(tmp_path / "e.parquet").num_rows == 0
-    assert export_jsonl(ledger, tmp_path / "e.jsonl") == 0 and read_jsonl(tmp_path / "e.jsonl") == []
+    assert (
+        export_jsonl(ledger, tmp_path / "e.jsonl") == 0 and read_jsonl(tmp_path / "e.jsonl") == []
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -556,8 +642,12 @@ _leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_si
 _KEYS = list(valid_dict()) + list(EXPORT_FIELDS)
 _garbage = st.recursive(
     _leaf,
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=8), c, max_size=5),
-    max_leaves=25)
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=8), c, max_size=5)
+    ),
+    max_leaves=25,
+)
 _FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -631,13 +721,17 @@ def _mutation(draw: Any) -> tuple[dict, str | None]:
         d["segments"][action][key] = bad
         return d, None
     if kind == "truncate":
-        d["segments"][action]["logprobs"] = d["segments"][action]["logprobs"][:-draw(st.integers(1, 3))]
+        d["segments"][action]["logprobs"] = d["segments"][action]["logprobs"][
+            : -draw(st.integers(1, 3))
+        ]
         return d, "logprobs_length"
     if kind == "null_version":
         d["segments"][action]["policy_version"] = None
         return d, "action_without_version"
     if kind == "flip":
-        for flag in draw(st.sampled_from([["terminated"], ["truncated"], ["terminated", "truncated"]])):
+        for flag in draw(
+            st.sampled_from([["terminated"], ["truncated"], ["terminated", "truncated"]])
+        ):
             d[flag] = not d[flag]
         return d, "termination_flags"
     if kind == "flat_truncate":

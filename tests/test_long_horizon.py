@@ -18,7 +18,8 @@ from taurl.credit.gigpo import anchor_groups
 from taurl.envs.gym import frozenlake_expert, frozenlake_tasks
 from taurl.envs.search import parse_action
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.rollout.loop import RolloutConfig, run_episode
 from taurl.rollout.synth import ScriptedEngine
 
@@ -30,15 +31,26 @@ def lake_tokenizer():
     from taurl.policy import build_tokenizer
 
     tasks = frozenlake_tasks("train", 20, size=8)
-    texts = [t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))]
+    texts = [t.prompt for t in tasks] + [
+        a for t in tasks for a in frozenlake_expert(t, random.Random(0))
+    ]
     return build_tokenizer(texts + [envs.make("frozenlake-v0").system_prompt], vocab_size=400)
 
 
 def _lake_episode(task, tokenizer, actions, max_turns=24, seed=0):
-    config = RolloutConfig(max_turns=max_turns, max_action_tokens=16, max_episode_tokens=2048, max_context=8192)
-    return asyncio.run(run_episode(ScriptedEngine(tokenizer, actions, max_context=8192),
-                                   envs.make("frozenlake-v0", max_turns=max_turns), tokenizer, task, seed=seed,
-                                   config=config))
+    config = RolloutConfig(
+        max_turns=max_turns, max_action_tokens=16, max_episode_tokens=2048, max_context=8192
+    )
+    return asyncio.run(
+        run_episode(
+            ScriptedEngine(tokenizer, actions, max_context=8192),
+            envs.make("frozenlake-v0", max_turns=max_turns),
+            tokenizer,
+            task,
+            seed=seed,
+            config=config,
+        )
+    )
 
 
 # -- FrozenLake 8x8 and larger -------------------------------------------------------------
@@ -46,14 +58,16 @@ def _lake_episode(task, tokenizer, actions, max_turns=24, seed=0):
 def test_frozenlake8_config_is_long_horizon():
     cfg = load_config(TrainConfig, path=ROOT / "configs" / "frozenlake8.yaml")
     assert cfg.task_options["size"] == 8 and 10 <= cfg.max_turns <= 30
-    assert not cfg.task_options["slippery"]  # the expert's demonstrations are optimal only without ice
+    # the expert's demonstrations are optimal only without ice
+    assert not cfg.task_options["slippery"]
 
 
 @pytest.mark.parametrize("size,shortest", [(8, 14), (12, 22), (16, 30)])
 def test_large_maps_are_deterministic_and_the_expert_solves_them_in_range(size, shortest):
     tasks = frozenlake_tasks("train", 10, seed=3, size=size)
-    assert [t.metadata["map"] for t in tasks] == [t.metadata["map"] for t in frozenlake_tasks("train", 10, seed=3,
-                                                                                                size=size)]
+    assert [t.metadata["map"] for t in tasks] == [
+        t.metadata["map"] for t in frozenlake_tasks("train", 10, seed=3, size=size)
+    ]
     assert tasks != frozenlake_tasks("train", 10, seed=4, size=size)
     env = envs.make("frozenlake-v0", max_turns=30)
     for t in tasks:
@@ -78,8 +92,13 @@ def test_anchor_states_recur_across_a_group_on_8x8(lake_tokenizer):
     GiGPO is non-zero."""
     task = frozenlake_tasks("train", 1, seed=5, size=8)[0]
     rng = random.Random(0)
-    trajs = [dataclasses.replace(_lake_episode(task, lake_tokenizer, frozenlake_expert(task, rng, p_random=0.3)),
-                                 group_id="g0") for _ in range(8)]
+    trajs = [
+        dataclasses.replace(
+            _lake_episode(task, lake_tokenizer, frozenlake_expert(task, rng, p_random=0.3)),
+            group_id="g0",
+        )
+        for _ in range(8)
+    ]
     batch = TurnBatch.from_trajectories(trajs, max_turns=24)
     ids, n_ids = anchor_groups(batch.group, batch.state_hash, batch.turn_mask)
     counts = np.bincount(ids[ids >= 0], minlength=n_ids)
@@ -102,7 +121,9 @@ def test_the_verifier_rejects_wrong_paths_on_8x8(lake_tokenizer):
     moves = frozenlake_expert(task, random.Random(0))
     good = _lake_episode(task, lake_tokenizer, moves)
     assert good.reward == 1.0 and verifier(good, task) == 1.0
-    short = _lake_episode(task, lake_tokenizer, moves[:-1] + ["<action>bogus</action>"], max_turns=len(moves))
+    short = _lake_episode(
+        task, lake_tokenizer, moves[:-1] + ["<action>bogus</action>"], max_turns=len(moves)
+    )
     assert short.truncated and verifier(short, task) == 0.0
     forged = dataclasses.replace(good, turns=good.turns[:-2])
     assert verifier(forged, task) == 0.0  # the record stops short of G, whatever reward it claims
@@ -124,21 +145,28 @@ def test_distractor_tasks_are_deterministic_and_clean(distractor_tasks):
     assert [t.prompt for t in again] == [t.prompt for t in distractor_tasks]
     for t in distractor_tasks:
         ds = t.metadata["distractors"]
-        assert len(ds) == 8 and t.metadata["subject"] in t.prompt and all(d["city"] in t.prompt for d in ds)
+        assert (
+            len(ds) == 8
+            and t.metadata["subject"] in t.prompt
+            and all(d["city"] in t.prompt for d in ds)
+        )
         countries = [d["country"] for d in ds]
         assert t.metadata["bridge"] not in countries and len(set(countries)) == 8
         assert not {d["capital"] for d in ds} & set(t.answers)
     # the distractors stay in their split: validation tasks name only validation cities
     val = envs.make_tasks("search-v0", "validation", 3, families=[FAMILY], distractors=4)
-    val_cities = {t.metadata["subject"] for t in envs.make_tasks("search-v0", "validation", None,
-                                                                   families=["city_country_capital"])}
+    val_cities = {
+        t.metadata["subject"]
+        for t in envs.make_tasks("search-v0", "validation", None, families=["city_country_capital"])
+    }
     assert all(d["city"] in val_cities for t in val for d in t.metadata["distractors"])
 
 
 def test_distractor_family_is_opt_in_and_checked(taurl_cache):
     from taurl.envs.search import FAMILIES
 
-    assert FAMILY not in FAMILIES  # the default family list (and every existing task plan) is unchanged
+    # the default family list (and every existing task plan) is unchanged
+    assert FAMILY not in FAMILIES
     with pytest.raises(ConfigError, match="distractors must be an integer"):
         envs.make_tasks("search-v0", "train", 1, families=[FAMILY], distractors=0)
 
@@ -150,14 +178,23 @@ def test_the_first_query_decides_and_the_verifier_rejects_the_distractor_chain(d
     for p, expected in ((0.0, 1.0), (1.0, 0.0)):
         for t in distractor_tasks[:3]:
             actions = search_expert(t, random.Random(0), p_first_distractor=p)
-            assert len(actions) == 8 + 3  # first search, 8 distractor searches, bridge, answer: in [10, 30]
+            # first search, 8 distractor searches, bridge, answer: in [10, 30]
+            assert len(actions) == 8 + 3
             env.reset(t, 0)
             for a in actions:
                 obs, reward, terminated, truncated, info = env.step(a)
-            assert (reward, terminated, truncated) == (expected, True, False), (t.task_id, p, actions[0])
-            # both search the same nine cities; only which one came first (and so the bridge) differs
+            assert (reward, terminated, truncated) == (expected, True, False), (
+                t.task_id,
+                p,
+                actions[0],
+            )
+            # both search the same nine cities; only which one came first (and
+            # so the bridge) differs
             cities = {parse_action(a)["query"] for a in actions[:9]}
-            assert cities == {t.metadata["subject"], *(d["city"] for d in t.metadata["distractors"])}
+            assert cities == {
+                t.metadata["subject"],
+                *(d["city"] for d in t.metadata["distractors"]),
+            }
     verifier = envs.spec("search-v0").make_verifier()
     t = distractor_tasks[0]
     wrong = search_expert(t, random.Random(0), p_first_distractor=1.0)[-1]

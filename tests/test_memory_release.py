@@ -30,7 +30,9 @@ print(json.dumps({"base": base, "held": held, "after": current_rss_mb(), "releas
 def _child(mode: str) -> dict:
     import json
 
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 

@@ -34,12 +34,14 @@ from taurl.envs.search.corpus import Document
 from taurl.envs.search.retriever import Hit
 from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine, SamplingParams
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import load_policy, policy_problems, save_policy
+from taurl.policy.model import load_policy, policy_problems
 from taurl.policy.tokenizer import build_tokenizer, save_tokenizer
 from taurl.rollout.loop import RolloutConfig, run_episodes
 from taurl.train.checkpoint import load_checkpoint, save_checkpoint
-from taurl.train.learner import Learner, LearnerConfig, action_logprobs, make_rows
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.rows import action_logprobs, make_rows
 
 DOCS = [
     Document("d0", "Lyon", "Lyon is a city in France on the Rhone.", "city"),
@@ -78,14 +80,20 @@ def _configs(tok) -> dict[str, object]:
     v, pad, eos = len(tok), tok.pad_token_id, tok.eos_token_id
     ids = {"vocab_size": v, "pad_token_id": pad, "bos_token_id": pad, "eos_token_id": eos}
     return {
-        "qwen2": Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             intermediate_size=128, max_position_embeddings=1024, tie_word_embeddings=False, **ids),
-        "llama": LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             intermediate_size=128, max_position_embeddings=1024, **ids),
+        "qwen2": Qwen2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, max_position_embeddings=1024, tie_word_embeddings=False, **ids,
+        ),
+        "llama": LlamaConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, max_position_embeddings=1024, **ids,
+        ),
         # dropout left at GPT-2's default 0.1: the engine and the learner must both turn it off
         "gpt2": GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **ids),
-        "gpt_neox": GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                  max_position_embeddings=1024, rotary_pct=0.5, **ids),
+        "gpt_neox": GPTNeoXConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=1024, rotary_pct=0.5, **ids,
+        ),
     }
 
 
@@ -113,14 +121,21 @@ def test_architecture_rolls_out_updates_and_round_trips(arch, tok, tmp_path):
 
     # --- load_policy on a directory taurl did not write
     model, ltok = load_policy(src)
-    assert type(model).__name__ == type(AutoModelForCausalLM.from_config(_configs(tok)[arch])).__name__
+    assert (
+        type(model).__name__ == type(AutoModelForCausalLM.from_config(_configs(tok)[arch])).__name__
+    )
     assert not model.training and ltok.chat_template
     sample = "Lyon is a city in France.<|im_end|>\n<|im_start|>assistant\n<search>Porto</search>"
-    assert ltok(sample, add_special_tokens=False)["input_ids"] == tok(sample, add_special_tokens=False)["input_ids"]
+    assert (
+        ltok(sample, add_special_tokens=False)["input_ids"]
+        == tok(sample, add_special_tokens=False)["input_ids"]
+    )
 
     # --- rollouts through the real agent loop
     engine = LocalEngine(model, ltok, version=0, max_batch_size=8, seed=0)
-    result = asyncio.run(run_episodes(engine, _env, ltok, TASKS, group_size=GROUP, config=ROLLOUT, seed=1))
+    result = asyncio.run(
+        run_episodes(engine, _env, ltok, TASKS, group_size=GROUP, config=ROLLOUT, seed=1)
+    )
     trajs = result.trajectories
     assert not result.failures and len(trajs) == GROUP * len(TASKS)
     assert all(t.num_action_tokens > 0 for t in trajs)
@@ -150,7 +165,9 @@ def test_architecture_rolls_out_updates_and_round_trips(arch, tok, tmp_path):
 
     # --- one GRPO update (rewards set by hand: half of each group succeeds)
     scored = [dataclasses.replace(t, reward=float(i % 2 == 0)) for i, t in enumerate(trajs)]
-    learner = Learner(model, LearnerConfig(lr=1e-3, micro_batch_tokens=256), pad_id=ltok.pad_token_id)
+    learner = Learner(
+        model, LearnerConfig(lr=1e-3, micro_batch_tokens=256), pad_id=ltok.pad_token_id
+    )
     kept, adv, _ = learner.advantages(scored)
     rows = make_rows(kept, adv, ltok.pad_token_id)
     before = _objective(model, rows)
@@ -205,7 +222,9 @@ def test_missing_chat_template_is_refused_with_the_fix_and_chatml_fixes_it(tok, 
     with pytest.raises(ConfigError, match="chat_template='chatml'"):
         load_policy(path)
     model, ltok = load_policy(path, chat_template="chatml")
-    assert "<|im_start|>" in ltok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "<|im_start|>" in ltok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     save_policy(model, ltok, path)  # saved once with the template, the directory loads plainly
     assert policy_problems(path) == []
 
@@ -231,11 +250,15 @@ def test_taurl_train_model_trains_each_architecture(arch, tok, tmp_path, capsys)
 
     src, run = tmp_path / "model", tmp_path / "run"
     _save_plain_hf(arch, tok, src)
-    code = main(["train", "--model", str(src), "--run-dir", str(run), "--no-progress", "--demos", "8",
-                 "--sft-epochs", "1", "--sft-batch-size", "8", "--updates", "1", "--tasks-per-update", "2",
-                 "--group-size", "2", "--eval-tasks", "2", "--eval-trials", "1", "--max-turns", "1",
-                 "--max-action-tokens", "8", "--max-episode-tokens", "8", "--system-prompt", "",
-                 "--task-options", '{"families": ["country_continent"]}'])
+    code = main(
+        [
+            "train", "--model", str(src), "--run-dir", str(run), "--no-progress", "--demos", "8",
+            "--sft-epochs", "1", "--sft-batch-size", "8", "--updates", "1", "--tasks-per-update",
+            "2", "--group-size", "2", "--eval-tasks", "2", "--eval-trials", "1", "--max-turns", "1",
+            "--max-action-tokens", "8", "--max-episode-tokens", "8", "--system-prompt", "",
+            "--task-options", '{"families": ["country_continent"]}',
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["train"]["updates"] == 1 and summary["holdout"]["final"]["episodes"] == 2

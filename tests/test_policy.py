@@ -217,7 +217,8 @@ def test_template_renders_chatml_and_hermes_tools(tok):
     assert text.startswith("<|im_start|>system\nYou answer questions about places.\n\n# Tools\n")
     assert "<tools>\n" + json.dumps(TOOLS[0], ensure_ascii=False) + "\n</tools>" in text
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "São Paulo"}}'
+        '<|im_start|>assistant\n<tool_call>\n'
+        '{"name": "search", "arguments": {"query": "São Paulo"}}'
         "\n</tool_call><|im_end|>\n"
     ) in text
     assert text.count("<|im_start|>user\n<tool_response>\n") == 2

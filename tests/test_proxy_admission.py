@@ -53,7 +53,9 @@ class Refuse:
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer([t.prompt for t in generate_tasks("train", n=40, seed=0)] * 2, vocab_size=500)
+    return build_tokenizer(
+        [t.prompt for t in generate_tasks("train", n=40, seed=0)] * 2, vocab_size=500
+    )
 
 
 def two_call_agent(max_retries: int):
@@ -62,14 +64,19 @@ def two_call_agent(max_retries: int):
         messages = [{"role": "user", "content": task}]
         for turn in range(2):
             reply = client.chat.completions.create(model="m", messages=messages).choices[0].message
-            messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": f"Sure ({turn})?"}]
+            messages += [
+                reply.model_dump(exclude_none=True),
+                {"role": "user", "content": f"Sure ({turn})?"},
+            ]
         return reply.content or ""
     return agent
 
 
 def play(tok, admission, agent, eid="e0"):
     spec = EpisodeSpec(eid, TASK, 0, "g")
-    with ProxyServer(None, tok, limits=ProxyLimits(max_action_tokens=16), admission=admission) as proxy:
+    with ProxyServer(
+        None, tok, limits=ProxyLimits(max_action_tokens=16), admission=admission
+    ) as proxy:
         trajs = asyncio.run(run_agent_episode(
             proxy, AgentConfig(callable="t:agent", timeout_s=30, name="t"), agent, spec, run_id="t",
             env_name="search-v0", env_version="1", verifier=None,
@@ -79,9 +86,16 @@ def play(tok, admission, agent, eid="e0"):
 
 def test_the_delay_is_checked_and_sent_as_retry_after_headers():
     assert [checked_delay(x) for x in (None, 0, -3.0)] == [None, None, None]
-    assert checked_delay(0.25) == 0.25 and checked_delay(1e6) == checked_delay(float("inf")) == MAX_RETRY_AFTER_S
+    assert (
+        checked_delay(0.25) == 0.25
+        and checked_delay(1e6) == checked_delay(float("inf")) == MAX_RETRY_AFTER_S
+    )
     # Retry-After takes whole seconds (rounded up); retry-after-ms is exact (the SDK reads it first)
-    assert retry_after_headers(0.3) == {"Retry-After": "1", "retry-after-ms": "300", "x-should-retry": "true"}
+    assert retry_after_headers(0.3) == {
+        "Retry-After": "1",
+        "retry-after-ms": "300",
+        "x-should-retry": "true",
+    }
     assert retry_after_headers(2.5)["Retry-After"] == "3"
 
 
@@ -97,7 +111,8 @@ def test_a_refused_call_is_a_429_with_retry_after_and_records_nothing(tok):
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "staleness_bound"
         assert refused.headers["retry-after"] == "2" and refused.headers["retry-after-ms"] == "1200"
         ep = proxy.episodes["s"]
-        assert ep.calls == 1 and ep.throttled == 1 and proxy.throttled == 1  # the refusal sampled nothing
+        # the refusal sampled nothing
+        assert ep.calls == 1 and ep.throttled == 1 and proxy.throttled == 1
         again = httpx.post(url, json={"messages": msgs}, timeout=30)
         assert again.status_code == 200 and ep.calls == 2
         assert len(ep.capture.chains) == 1  # the retried call still extends the same token stream
@@ -120,9 +135,13 @@ def test_the_openai_sdk_retries_a_429_after_the_retry_after_delay(tok):
 
 
 def test_an_agent_without_retries_fails_its_episode_on_a_429_and_it_is_counted(tok):
-    trajs, proxy = play(tok, Refuse(lambda r: r.kind == "call" and r.calls == 1, 0.5), two_call_agent(max_retries=0))
+    trajs, proxy = play(
+        tok, Refuse(lambda r: r.kind == "call" and r.calls == 1, 0.5), two_call_agent(max_retries=0)
+    )
     traj = trajs[-1]
-    assert traj.stop_reason is StopReason.ERROR and not traj.valid and "429" in traj.metadata["error"]
+    assert (
+        traj.stop_reason is StopReason.ERROR and not traj.valid and "429" in traj.metadata["error"]
+    )
     assert proxy.throttled == 1 and traj.metadata["throttled_calls"] == 1
 
 
@@ -130,8 +149,11 @@ def test_the_runner_waits_for_admission_before_it_starts_the_agent(tok):
     admission = Refuse(lambda r: r.kind == "episode", 0.3, times=2)
     trajs, proxy = play(tok, admission, two_call_agent(max_retries=0))
     traj = trajs[-1]
-    assert traj.stop_reason is StopReason.ANSWERED and proxy.throttled == 0  # the agent never saw a 429
-    assert traj.metadata["admission_waits"] == 2 and traj.metadata["admission_wait_s"] == pytest.approx(0.6)
+    # the agent never saw a 429
+    assert traj.stop_reason is StopReason.ANSWERED and proxy.throttled == 0
+    assert traj.metadata["admission_waits"] == 2 and traj.metadata[
+        "admission_wait_s"
+    ] == pytest.approx(0.6)
     times = [t for t, _ in admission.asked]
     assert times[2] - times[0] >= 0.6
     assert [r.kind for _, r in admission.asked] == ["episode"] * 3 + ["call", "call"]
@@ -157,13 +179,26 @@ def test_collect_counts_throttled_calls_and_admission_waits(tok, tmp_path):
 
     tasks = generate_tasks("train", n=2, seed=5)
     specs = [EpisodeSpec(f"a{i}", t, i, f"g{i}") for i, t in enumerate(tasks)]
-    refusals = {"a0": Refuse(lambda r: r.kind == "episode", 0.2), "a1": Refuse(lambda r: r.calls == 1, 0.3)}
+    refusals = {
+        "a0": Refuse(lambda r: r.kind == "episode", 0.2),
+        "a1": Refuse(lambda r: r.calls == 1, 0.3),
+    }
     with Ledger(tmp_path / "l.sqlite") as ledger:
-        trajs, stats = asyncio.run(collect_agent(
-            None, tok, lambda: envs.make("search-v0", top_k=1, max_doc_chars=80), specs,
-            agent={"callable": f"{Path(__file__)}:retrying_agent"}, config=RolloutConfig(max_action_tokens=16),
-            ledger=ledger, run_id="t", source="expert", admission=lambda r: refusals[r.episode_id](r),
-            engine_for=lambda s: ReplyEngine(tok, ["Paris", "<answer>France</answer>"])))
+        trajs, stats = asyncio.run(
+            collect_agent(
+                None,
+                tok,
+                lambda: envs.make("search-v0", top_k=1, max_doc_chars=80),
+                specs,
+                agent={"callable": f"{Path(__file__)}:retrying_agent"},
+                config=RolloutConfig(max_action_tokens=16),
+                ledger=ledger,
+                run_id="t",
+                source="expert",
+                admission=lambda r: refusals[r.episode_id](r),
+                engine_for=lambda s: ReplyEngine(tok, ["Paris", "<answer>France</answer>"]),
+            )
+        )
         assert len(ledger) == 2
     assert all(t.stop_reason is StopReason.ANSWERED for t in trajs)
     assert stats["rollout/throttled_calls"] == 1 and stats["rollout/admission_waits"] == 1

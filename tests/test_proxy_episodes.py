@@ -123,8 +123,8 @@ def test_concurrent_calls_of_one_episode_get_their_own_ids_indices_and_receipts(
     """Two Responses calls in flight at once: distinct response ids (so previous_response_id
     resolves to the right history), distinct call indices, and the tool the first call asked
     for gets its receipt on the first call's turn, although the second call answered since."""
-    from taurl.proxy.experts import tool_call_text
     from taurl.proxy.runner import episode_records
+    from taurl.tools.parsers import tool_call_text
 
     task = generate_tasks("train", n=1, seed=0)[0]
     fn = {"type": "function", "name": "echo", "description": "Echo the text.",

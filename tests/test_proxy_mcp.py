@@ -28,18 +28,21 @@ from taurl.data.trajectory import StopReason, validate_trajectory  # noqa: E402
 from taurl.envs import make_tasks  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
 from taurl.policy import build_tokenizer  # noqa: E402
-from taurl.proxy.experts import ReplyEngine, tool_call_text  # noqa: E402
+from taurl.proxy.experts import ReplyEngine  # noqa: E402
 from taurl.proxy.runner import AgentConfig, agent_problems, run_agent_episode  # noqa: E402
 from taurl.proxy.server import ProxyLimits, ProxyServer  # noqa: E402
 from taurl.proxy.tools import ProxyTools  # noqa: E402
 from taurl.rollout.episodes import EpisodeSpec  # noqa: E402
+from taurl.tools.parsers import tool_call_text  # noqa: E402
 
 SERVER = [sys.executable, "-m", "taurl.envs.mcp.server"]
 TASK = make_tasks("mcp-v0", "train", n=1, seed=3)[0]
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.load(r)
 
@@ -51,7 +54,11 @@ def mcp_agent(task: str, base_url: str, retriever_url: str, tools_url: str) -> s
         tools = json.load(r)["tools"]
     messages = [{"role": "user", "content": task}]
     for _ in range(6):
-        reply = client.chat.completions.create(model="m", messages=messages, tools=tools).choices[0].message
+        reply = (
+            client.chat.completions.create(model="m", messages=messages, tools=tools)
+            .choices[0]
+            .message
+        )
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             return reply.content or ""
@@ -62,7 +69,9 @@ def mcp_agent(task: str, base_url: str, retriever_url: str, tools_url: str) -> s
 
 @pytest.fixture(scope="module")
 def tok():
-    texts = [t.prompt for t in make_tasks("mcp-v0", "train", n=12)] + [tool_call_text("table__lookup", {"item": "x"})]
+    texts = [t.prompt for t in make_tasks("mcp-v0", "train", n=12)] + [
+        tool_call_text("table__lookup", {"item": "x"})
+    ]
     return build_tokenizer(texts * 4, vocab_size=600, model_max_length=8192)
 
 
@@ -91,17 +100,32 @@ def lookup(item: str) -> str:
 
 def test_the_gate_allows_a_granted_tool_and_refuses_a_forbidden_one_with_a_receipt(tok, tmp_path):
     log = tmp_path / "calls.jsonl"
-    tools = ProxyTools.from_config({"mcp_servers": [{"name": "table", "command": [*SERVER, "--log", str(log)],
-                                                     "stderr": f"{log}.err"}], "scopes": ["read"]})
-    assert sorted(d["function"]["name"] for d in tools.declarations) == ["table__lookup", "table__write_note"]
+    tools = ProxyTools.from_config(
+        {
+            "mcp_servers": [
+                {"name": "table", "command": [*SERVER, "--log", str(log)], "stderr": f"{log}.err"}
+            ],
+            "scopes": ["read"],
+        }
+    )
+    assert sorted(d["function"]["name"] for d in tools.declarations) == [
+        "table__lookup",
+        "table__write_note",
+    ]
     item = TASK.metadata["item"]
     note = tool_call_text("table__write_note", {"item": item, "note": "mine"})
     traj = play(tok, tools, [lookup(item), note, f"<answer>{TASK.answers[0]}</answer>"])
     first, second = traj.turns[0].receipt, traj.turns[1].receipt
     assert (first.tool, first.decision, first.status) == ("table__lookup", "allowed", "ok")
-    assert TASK.answers[0] in traj.turns[0].observation_text  # the server's answer reached the model
-    # write_note needs the write scope, which is not granted: refused, and it never reached the server
-    assert (second.tool, second.decision, second.status) == ("table__write_note", "denied", "denied")
+    # the server's answer reached the model
+    assert TASK.answers[0] in traj.turns[0].observation_text
+    # write_note needs the write scope, which is not granted: refused, and it
+    # never reached the server
+    assert (second.tool, second.decision, second.status) == (
+        "table__write_note",
+        "denied",
+        "denied",
+    )
     assert second.reason.startswith("scope:")
     assert [c["tool"] for c in received(log)] == ["lookup"]
     # a forbidden tool truncates the episode with the gate's penalty, as in the built-in loop;
@@ -114,39 +138,60 @@ def test_the_gate_allows_a_granted_tool_and_refuses_a_forbidden_one_with_a_recei
 
 def test_an_allow_list_refusal_and_a_schema_error_from_the_agent(tok, tmp_path):
     log = tmp_path / "calls.jsonl"
-    tools = ProxyTools.from_config({"mcp_servers": [{"name": "table", "command": [*SERVER, "--log", str(log)],
-                                                     "stderr": f"{log}.err"}], "allow": ["table__lookup"],
-                                    "scopes": ["read", "write"]})
+    tools = ProxyTools.from_config(
+        {
+            "mcp_servers": [
+                {"name": "table", "command": [*SERVER, "--log", str(log)], "stderr": f"{log}.err"}
+            ],
+            "allow": ["table__lookup"],
+            "scopes": ["read", "write"],
+        }
+    )
     item = TASK.metadata["item"]
     bad = tool_call_text("table__lookup", {"name": item})  # the schema wants "item"
     note = tool_call_text("table__write_note", {"item": item, "note": "mine"})
     traj = play(tok, tools, [bad, lookup(item), note])
     rs = [t.receipt for t in traj.turns]
-    assert [(r.decision, r.reason.split(":")[0]) for r in rs] == [("denied", "schema"), ("allowed", ""),
-                                                                   ("denied", "not_allowed")]
+    assert [(r.decision, r.reason.split(":")[0]) for r in rs] == [
+        ("denied", "schema"),
+        ("allowed", ""),
+        ("denied", "not_allowed"),
+    ]
     assert [c["tool"] for c in received(log)] == ["lookup"]
     assert traj.stop_reason is StopReason.TOOL_BUDGET and traj.reward == -1.0
 
 
 def test_a_server_crash_mid_episode_is_one_counted_tool_error(tok, tmp_path):
     log = tmp_path / "calls.jsonl"
-    server = {"name": "table", "command": [*SERVER, "--log", str(log), "--crash-after", "2"], "max_restarts": 1,
-              "stderr": f"{log}.err"}
+    server = {
+        "name": "table",
+        "command": [*SERVER, "--log", str(log), "--crash-after", "2"],
+        "max_restarts": 1,
+        "stderr": f"{log}.err",
+    }
     tools = ProxyTools.from_config({"mcp_servers": [server]})
     item = TASK.metadata["item"]
-    traj = play(tok, tools, [lookup(item), lookup(item), lookup(item), f"<answer>{TASK.answers[0]}</answer>"])
+    traj = play(
+        tok,
+        tools,
+        [lookup(item), lookup(item), lookup(item), f"<answer>{TASK.answers[0]}</answer>"],
+    )
     statuses = [t.receipt.status if t.receipt else None for t in traj.turns]
-    assert statuses == ["ok", "error", "ok", None]  # the crash costs one call; a restarted server serves the next
+    # the crash costs one call; a restarted server serves the next
+    assert statuses == ["ok", "error", "ok", None]
     assert traj.num_errors == 1 and "failed during the call" in traj.turns[1].error
-    assert traj.stop_reason is StopReason.ANSWERED and traj.valid and traj.reward == pytest.approx(1.0)
+    assert (
+        traj.stop_reason is StopReason.ANSWERED and traj.valid and traj.reward == pytest.approx(1.0)
+    )
     assert len({c["pid"] for c in received(log)}) == 2
 
 
 def test_the_tools_config_is_checked_and_a_proxy_without_tools_has_no_endpoint(tok):
     assert agent_problems({"callable": "a.py:f", "tools": {"mcp_servers": [], "bogus": 1}}) == [
-        "agent.tools: unknown key(s) ['bogus']; known: ['mcp_servers', 'allow', 'scopes', 'max_calls', "
-        "'max_wall_s', 'max_cost']",
-        "agent.tools.mcp_servers must be a non-empty list of servers (name, and command or url)"]
+        "agent.tools: unknown key(s) ['bogus']; known: ['mcp_servers', 'allow', 'scopes', "
+        "'max_calls', 'max_wall_s', 'max_cost']",
+        "agent.tools.mcp_servers must be a non-empty list of servers (name, and command or url)",
+    ]
     with pytest.raises(ConfigError):
         ProxyTools.from_config({"mcp_servers": "table"})
     # without tools the proxy has no tools endpoint (404), and the agent is not given a URL
@@ -169,15 +214,19 @@ def test_a_command_agent_gets_the_tools_url_in_its_environment(tok):
         """
         return text
 
-    script = ("import json, os, urllib.request as u; url = os.environ['TAURL_TOOLS_URL']; "
-              "names = [t['function']['name'] for t in json.load(u.urlopen(url))['tools']]; "
-              "r = u.Request(url + '/call', data=json.dumps({'id': 'c1', 'type': 'function', 'function': "
-              "{'name': 'echo', 'arguments': json.dumps({'text': 'hi'})}}).encode(), "
-              "headers={'Content-Type': 'application/json'}); "
-              "print(names[0], json.load(u.urlopen(r))['message']['content'])")
+    script = (
+        "import json, os, urllib.request as u; url = os.environ['TAURL_TOOLS_URL']; "
+        "names = [t['function']['name'] for t in json.load(u.urlopen(url))['tools']]; "
+        "r = u.Request(url + '/call', data=json.dumps({'id': 'c1', 'type': 'function', 'function': "
+        "{'name': 'echo', 'arguments': json.dumps({'text': 'hi'})}}).encode(), "
+        "headers={'Content-Type': 'application/json'}); "
+        "print(names[0], json.load(u.urlopen(r))['message']['content'])"
+    )
     agent = AgentConfig(command=(sys.executable, "-c", script), timeout_s=30)
     with ProxyServer(None, tok, tools=ProxyTools.from_specs([tool(echo)])) as proxy:
         ep = proxy.open("c")
         answer, error = asyncio.run(run_agent(agent, None, proxy, "c", "task"))
         assert (answer, error) == ("echo hi", None)
-        assert [(r.tool, r.decision, r.status) for _, r in ep.receipts] == [("echo", "allowed", "ok")]
+        assert [(r.tool, r.decision, r.status) for _, r in ep.receipts] == [
+            ("echo", "allowed", "ok")
+        ]

@@ -13,22 +13,32 @@ import signal
 
 import pytest
 
-pytest.importorskip("ray", reason="ray is not installed: pip install 'taurl[ray]' (it is in the dev extras)")
+pytest.importorskip(
+    "ray", reason="ray is not installed: pip install 'taurl[ray]' (it is in the dev extras)"
+)
 
 from taurl.data.ledger import Ledger  # noqa: E402
 from taurl.data.runs import RunDir  # noqa: E402
 from taurl.data.trajectory import validate_trajectory  # noqa: E402
 from taurl.errors import ConfigError  # noqa: E402
-from taurl.recipe.config import TrainConfig, load_config  # noqa: E402
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train  # noqa: E402
+from taurl.recipe.validate import load_config
 
 UPDATES, TASKS, GROUP = 3, 2, 3
-CFG = TrainConfig(demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, tasks_per_update=TASKS,
-                  group_size=GROUP, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
-                  max_episode_tokens=8, task_options={"families": ["country_continent"], "split_by": "country"},
-                  warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=2,
-                  backend="ray", backend_options={"workers": 2})
-PLANNED = {f"r{u:04d}-{i:03d}-{g:02d}" for u in range(1, UPDATES + 1) for i in range(TASKS) for g in range(GROUP)}
+CFG = TrainConfig(
+    demos=16, sft_batch_size=16, sft_epochs=1, updates=UPDATES, tasks_per_update=TASKS,
+    group_size=GROUP, eval_tasks=2, eval_trials=1, max_turns=1, max_action_tokens=8,
+    max_episode_tokens=8, task_options={"families": ["country_continent"], "split_by": "country"},
+    warmup_options={"steps": 0}, system_prompt="", tokenizer_texts=2000, concurrency=2,
+    backend="ray", backend_options={"workers": 2},
+)
+PLANNED = {
+    f"r{u:04d}-{i:03d}-{g:02d}"
+    for u in range(1, UPDATES + 1)
+    for i in range(TASKS)
+    for g in range(GROUP)
+}
 
 
 def check_ledger(run: RunDir, planned: set[str] = PLANNED) -> None:
@@ -79,15 +89,24 @@ def test_the_recipe_completes_on_two_ray_workers_and_the_ledger_keeps_every_cont
     run, summary = ray_run["run"], ray_run["summary"]
     # v0, the SFT version v1 and the newest keep_checkpoints (2) versions; retention pruned the rest
     assert summary["train"]["updates"] == UPDATES and run.versions() == [0, 1, UPDATES, UPDATES + 1]
-    check_ledger(run)  # every planned episode stored once, valid, each action by its round's version
+    # every planned episode stored once, valid, each action by its round's version
+    check_ledger(run)
     pids = {p for _, p in ray_run["submitted"]}
     assert len(set(ray_run["pids"])) == 2 and set(ray_run["pids"]) <= pids
     assert os.getpid() not in pids  # the episodes ran in the workers, not in the learner
     assert {e for e, _ in ray_run["submitted"]} == PLANNED
     first = rl_rows(run)[0]
-    assert first["ray/workers"] == 2.0 and first["ray/worker_deaths"] == 0 and first["rollout/failed_episodes"] == 0
+    assert (
+        first["ray/workers"] == 2.0
+        and first["ray/worker_deaths"] == 0
+        and first["rollout/failed_episodes"] == 0
+    )
     assert not ray_run["ray_left_running"]  # the run shut its cluster down and removed its files
-    assert ray_run["temp_dir"] and len(ray_run["temp_dir"]) < 40 and not os.path.exists(ray_run["temp_dir"])
+    assert (
+        ray_run["temp_dir"]
+        and len(ray_run["temp_dir"]) < 40
+        and not os.path.exists(ray_run["temp_dir"])
+    )
     assert first["time/ray_startup_s"] > 0 and "time/ray_startup_s" not in rl_rows(run)[1]
 
 
@@ -97,7 +116,11 @@ def test_a_worker_killed_mid_update_loses_no_episode_and_stores_none_twice(ray_r
     check_ledger(run)  # ledger ids == planned ids, each once
     assert [e for e, _ in submitted].count(victim) == 2  # re-run once, same id (and seed)
     row = rl_rows(run)[1]
-    assert row["ray/worker_deaths"] == 1 and row["ray/worker_restarts"] == 1 and row["ray/rerun_episodes"] >= 1
+    assert (
+        row["ray/worker_deaths"] == 1
+        and row["ray/worker_restarts"] == 1
+        and row["ray/rerun_episodes"] >= 1
+    )
     assert row["rollout/failed_episodes"] == 0 and row["ray/workers"] == 2.0
     # the restarted worker (a new process, created from the v1 checkpoint) serves update 3 as v3
     restarted = {p for e, p in submitted if e.startswith("r0003-")} - set(ray_run["pids"])
@@ -124,7 +147,11 @@ def test_a_worker_whose_restarts_are_spent_leaves_its_episodes_to_the_survivor(t
     assert len(tries) == 2 and tries[1] != pid  # re-run once, by the survivor
     assert all(p != pid for _, p in submitted[3:])  # nothing more was sent to the dead worker
     row = rl_rows(run)[0]
-    assert row["ray/workers"] == 1.0 and row["ray/worker_deaths"] == 1 and row["ray/worker_restarts"] == 0
+    assert (
+        row["ray/workers"] == 1.0
+        and row["ray/worker_deaths"] == 1
+        and row["ray/worker_restarts"] == 0
+    )
     assert row["rollout/failed_episodes"] == 0
 
 
@@ -133,8 +160,12 @@ def test_backend_options_are_validated_with_did_you_mean():
         load_config(TrainConfig, {"backend": "rya", "env": "search-v0"})
     assert "did you mean 'ray'" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        load_config(TrainConfig, {"backend": "ray", "backend_options": {"worker": 2, "max_restarts": -1}})
-    assert "did you mean 'workers'" in str(e.value) and "max_restarts must be an integer >= 0" in str(e.value)
+        load_config(
+            TrainConfig, {"backend": "ray", "backend_options": {"worker": 2, "max_restarts": -1}}
+        )
+    assert "did you mean 'workers'" in str(
+        e.value
+    ) and "max_restarts must be an integer >= 0" in str(e.value)
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"backend": "local", "backend_options": {"workers": 2}})
     assert "are for backend: ray" in str(e.value)

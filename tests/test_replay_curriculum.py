@@ -14,18 +14,32 @@ from taurl.recipe.mixing import BatchMix
 from taurl.recipe.replay import ReplayBuffer, ReplayConfig, replay_problems
 
 
-def _ep(update: int, task: str, g: int, reward: float, version: int, env_version: str = "1") -> Trajectory:
+def _ep(
+    update: int, task: str, g: int, reward: float, version: int, env_version: str = "1"
+) -> Trajectory:
     return Trajectory(
-        episode_id=f"r{update:04d}-{task}-{g:02d}", run_id="run", task_id=task, group_id=f"r{update:04d}:{task}",
-        split="train", env_name="toy-v0", env_version=env_version, seed=g,
+        episode_id=f"r{update:04d}-{task}-{g:02d}",
+        run_id="run",
+        task_id=task,
+        group_id=f"r{update:04d}:{task}",
+        split="train",
+        env_name="toy-v0",
+        env_version=env_version,
+        seed=g,
         segments=(Segment("prompt", (5, 6)), Segment("action", (7, 8), (-0.5, -0.5), version)),
         turns=(Turn(0, "a", {"kind": "answer"}, "", 1, None, "eos"),),
         messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
-        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward)
+        terminated=True,
+        truncated=False,
+        stop_reason=StopReason.ANSWERED,
+        reward=reward,
+    )
 
 
 def _batch(update: int, version: int, tasks=("a", "b"), rewards=(1.0, 0.0), env_version: str = "1"):
-    return [_ep(update, t, g, r, version, env_version) for t in tasks for g, r in enumerate(rewards)]
+    return [
+        _ep(update, t, g, r, version, env_version) for t in tasks for g, r in enumerate(rewards)
+    ]
 
 
 # --- replay ---------------------------------------------------------------------------
@@ -39,7 +53,11 @@ def test_replay_mixes_whole_stored_groups_of_earlier_versions():
     assert train[:4] == fresh and len(train) == 6  # ceil(0.5 · 2 groups) = 1 whole group of 2
     replayed = train[4:]
     assert len({t.group_id for t in replayed}) == 1 and replayed[0].group_id.startswith("r0001:")
-    assert st["replay/groups"] == 1 and st["replay/age_max"] == 1 and st["replay/share"] == pytest.approx(2 / 6)
+    assert (
+        st["replay/groups"] == 1
+        and st["replay/age_max"] == 1
+        and st["replay/share"] == pytest.approx(2 / 6)
+    )
     # the draw is fixed by (seed, update): the same buffer and update draw the same group
     again = ReplayBuffer(ReplayConfig(capacity=8, max_age=2, fraction=0.5), seed=0)
     again.store(_batch(1, 1))
@@ -87,8 +105,12 @@ def test_replay_and_curriculum_options_are_checked():
     assert "summing to 1" in curriculum_problems({"mix": [0.5, 0.5, 0.5]})[0]
     assert "hard < easy" in curriculum_problems({"easy": 0.2, "hard": 0.5})[0]
     # reported by the config with every other problem, before any work
-    problems = TrainConfig(replay={"max_age": 0}, curriculum={"easy": 2}, step_scorer="prm").problems()
-    assert any("replay: max_age" in p for p in problems) and any("curriculum:" in p for p in problems)
+    problems = TrainConfig(
+        replay={"max_age": 0}, curriculum={"easy": 2}, step_scorer="prm"
+    ).problems()
+    assert any("replay: max_age" in p for p in problems) and any(
+        "curriculum:" in p for p in problems
+    )
     assert any("step_scorer must be" in p for p in problems)
 
 
@@ -115,12 +137,14 @@ def test_curriculum_buckets_tasks_by_online_success_rate():
     tasks, st = cur.draw(10, update=2)
     ids = [t.task_id for t in tasks]
     assert len(set(ids)) == 10  # never one task twice in a batch
-    # quotas [3, 5, 2]; only 4 medium tasks, so medium's unused 1 goes to easy (medium, easy, hard order)
+    # quotas [3, 5, 2]; only 4 medium tasks, so medium's unused 1 goes to easy
+    # (medium, easy, hard order)
     assert sum(cur.bucket(i) == "easy" for i in ids) == 4 == st["curriculum/easy"]
     assert sum(cur.bucket(i) == "medium" for i in ids) == 4 == st["curriculum/medium"]
     assert sum(cur.bucket(i) == "hard" for i in ids) == 2 == st["curriculum/hard"]
     assert st["curriculum/pool_easy"] == 4 and st["curriculum/unseen"] == 0
-    assert cur.draw(10, update=2)[0] == tasks and cur.draw(10, update=3)[0] != tasks  # seeded by update
+    # seeded by update
+    assert cur.draw(10, update=2)[0] == tasks and cur.draw(10, update=3)[0] != tasks
 
 
 def test_unseen_tasks_are_medium():

@@ -21,29 +21,40 @@ import pytest
 from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
 
-CHROMIUM = os.environ.get("TAURL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium "
-                                "(make test does it when run as root), or set TAURL_CHROMIUM")
+CHROMIUM = (
+    os.environ.get("TAURL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH: apt-get install -y chromium "
+    "(make test does it when run as root), or set TAURL_CHROMIUM",
+)
 
 # Appended to a copy of the report: after the load event, the page reports what it shows.
 PROBE = """<script>
 window.addEventListener('load', () => {
   const imgs = [...document.images];
   const out = {images: imgs.length,
-               decoded: imgs.filter(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0).length,
+               decoded: imgs.filter(i => i.complete && i.naturalWidth > 0
+                                         && i.naturalHeight > 0).length,
                sizes: imgs.map(i => [i.naturalWidth, i.naturalHeight]),
                h2: [...document.querySelectorAll('h2')].map(h => h.textContent),
                width: document.body.scrollWidth, height: document.body.scrollHeight};
-  const pre = document.createElement('pre'); pre.id = 'taurl-probe'; pre.textContent = JSON.stringify(out);
+  const pre = document.createElement('pre');
+  pre.id = 'taurl-probe';
+  pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
 });
 </script>"""
 
 
 def chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--disable-extensions", "--mute-audio",
-             f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=2000"]
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-extensions", "--mute-audio", f"--user-data-dir={tmp / 'profile'}",
+        "--virtual-time-budget=2000",
+    ]
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HOME": str(tmp)})
 
@@ -69,8 +80,11 @@ def test_report_renders_with_its_plots_loaded(report, tmp_path):
     assert found, f"the probe did not run in the page; chromium said: {proc.stderr[-2000:]}"
     probe = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert probe["images"] == n_img and probe["decoded"] == n_img, probe
-    assert all(w >= 200 and h >= 100 for w, h in probe["sizes"]), probe["sizes"]  # real plots, not icons
-    assert {"Holdout", "Health alarms", "Training curves", "Glossary", "Summary"} <= set(probe["h2"])
+    # real plots, not icons
+    assert all(w >= 200 and h >= 100 for w, h in probe["sizes"]), probe["sizes"]
+    assert {"Holdout", "Health alarms", "Training curves", "Glossary", "Summary"} <= set(
+        probe["h2"]
+    )
     assert probe["height"] > 2000  # a page of figures and tables laid out
 
 
@@ -85,4 +99,5 @@ def test_report_screenshot_is_not_blank(report, tmp_path):
     assert px.shape[:2] == (1600, 1200)
     dark = (px.mean(axis=-1) < 0.5).mean()
     colors = len(np.unique((px * 255).astype(np.uint8).reshape(-1, 3), axis=0))
-    assert 0.002 < dark < 0.5 and colors > 50, (dark, colors)  # text and plotted lines on a light page
+    # text and plotted lines on a light page
+    assert 0.002 < dark < 0.5 and colors > 50, (dark, colors)

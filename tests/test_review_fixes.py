@@ -17,7 +17,9 @@ def policy_dir(tmp_path_factory) -> Path:
     from taurl.policy.model import build_default_policy
 
     path = tmp_path_factory.mktemp("policy") / "v0"
-    texts = [d.text for d in build_corpus()[::40]] + [t.prompt for t in generate_tasks("train", n=300, seed=0)]
+    texts = [d.text for d in build_corpus()[::40]] + [
+        t.prompt for t in generate_tasks("train", n=300, seed=0)
+    ]
     build_default_policy(texts, path, size="tiny", seed=0)
     return path
 
@@ -30,10 +32,23 @@ def test_documented_local_engine_options_pass_the_config_and_the_engine():
     from taurl.policy.factory import LOCAL_ENGINE_OPTIONS
 
     assert "replicas" in LOCAL_ENGINE_OPTIONS
-    for opts in ({"replicas": 2}, {"replicas": 2, "max_batch_size": 8, "prefix_cache_tokens": 0, "slim_decode": False}):
-        assert not [p for p in TrainConfig(engine_options=opts).problems() if "engine_options" in p], opts
-    (bad,) = [p for p in TrainConfig(engine_options={"replica": 2, "seed": 1}).problems() if "engine_options" in p]
-    assert "['replica', 'seed']" in bad and "replicas" in bad and "seed comes from the config's seed" in bad
+    for opts in (
+        {"replicas": 2},
+        {"replicas": 2, "max_batch_size": 8, "prefix_cache_tokens": 0, "slim_decode": False},
+    ):
+        assert not [
+            p for p in TrainConfig(engine_options=opts).problems() if "engine_options" in p
+        ], opts
+    (bad,) = [
+        p
+        for p in TrainConfig(engine_options={"replica": 2, "seed": 1}).problems()
+        if "engine_options" in p
+    ]
+    assert (
+        "['replica', 'seed']" in bad
+        and "replicas" in bad
+        and "seed comes from the config's seed" in bad
+    )
 
 
 def test_local_engine_replicas_build_a_router(policy_dir):
@@ -53,7 +68,9 @@ def test_local_engine_replicas_build_a_router(policy_dir):
 # -- the async schedule finds every stored episode on restart ------------------------------
 
 
-@pytest.mark.parametrize("group,j", [(0, 0), (99_999, 99), (100_000, 0), (1_234_567, 5), (3, 100), (100_000, 250)])
+@pytest.mark.parametrize(
+    "group,j", [(0, 0), (99_999, 99), (100_000, 0), (1_234_567, 5), (3, 100), (100_000, 250)]
+)
 def test_async_restore_pattern_matches_every_episode_id(group, j):
     from taurl.recipe.schedule.async_rl import EPISODE_ID, episode_id
 
@@ -97,8 +114,12 @@ def test_resumed_partial_action_seed_is_not_a_later_turns(policy_dir):
     tok = load_tokenizer(policy_dir)
     engine = _AbortOnce(tok)
     task = generate_tasks("train", n=1, seed=0)[0]
-    traj = asyncio.run(run_episode(engine, envs.make("search-v0", max_turns=4), tok, task, seed=3,
-                                   config=RolloutConfig(max_turns=4, resume_aborted=True, max_episode_tokens=400)))
+    traj = asyncio.run(
+        run_episode(
+            engine, envs.make("search-v0", max_turns=4), tok, task, seed=3,
+            config=RolloutConfig(max_turns=4, resume_aborted=True, max_episode_tokens=400),
+        )
+    )
     assert len(traj.turns) == 4 and len(engine.seeds) == 5  # turn 0 in two pieces, then turns 1-3
     assert len(set(engine.seeds)) == 5, engine.seeds
 
@@ -121,12 +142,16 @@ def test_import_error_inside_an_env_module_shows_the_real_error(tmp_path, monkey
     from taurl.envs.registry import import_env_modules
     from taurl.errors import Error
 
-    (tmp_path / "review_broken_env.py").write_text("import os\nimport review_no_such_dependency  # line 2\n")
+    (tmp_path / "review_broken_env.py").write_text(
+        "import os\nimport review_no_such_dependency  # line 2\n"
+    )
     (tmp_path / "review_typo_env.py").write_text("X = 1\nY = undefined_name\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for mod, cause, line in (("review_broken_env", "No module named 'review_no_such_dependency'", 2),
-                             ("review_typo_env", "NameError: name 'undefined_name' is not defined", 2)):
+    for mod, cause, line in (
+        ("review_broken_env", "No module named 'review_no_such_dependency'", 2),
+        ("review_typo_env", "NameError: name 'undefined_name' is not defined", 2),
+    ):
         with pytest.raises(Error) as e:
             import_env_modules([mod])
         text = str(e.value)
@@ -175,8 +200,11 @@ def test_promote_evaluation_is_written_atomically(tmp_path, monkeypatch):
     run = RunDir.create(tmp_path / "r")
     _disk_full_at_fsync(monkeypatch)
     with pytest.raises(DiskWriteError):
-        find_or_evaluate(run, TrainConfig(), SimpleNamespace(holdout=[]), 1, "holdout", progress=False)
-    assert not list((tmp_path / "r" / "evals").glob("*.json"))  # no evaluation a later promote would reuse
+        find_or_evaluate(
+            run, TrainConfig(), SimpleNamespace(holdout=[]), 1, "holdout", progress=False
+        )
+    # no evaluation a later promote would reuse
+    assert not list((tmp_path / "r" / "evals").glob("*.json"))
 
 
 # -- top-p: recorded, and refused where it would bias an importance ratio -------------------
@@ -192,8 +220,15 @@ def test_rollout_top_p_is_recorded_and_kept_out_of_importance_ratios(tmp_path):
 
     def rollout(name, top_p):
         run = tmp_path / name
-        assert main(["rollout", "--run-dir", str(run), "--episodes", "2", "--max-turns", "1", "--max-action-tokens",
-                     "6", "--top-p", str(top_p), "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "rollout", "--run-dir", str(run), "--episodes", "2", "--max-turns", "1",
+                    "--max-action-tokens", "6", "--top-p", str(top_p), "--no-progress",
+                ]
+            )
+            == 0
+        )
         with Ledger(run / "ledger.sqlite") as ledger:
             return ledger.query()
 
@@ -201,9 +236,11 @@ def test_rollout_top_p_is_recorded_and_kept_out_of_importance_ratios(tmp_path):
     assert [t.metadata["sampling"] for t in nucleus] == [{"temperature": 1.0, "top_p": 0.9}] * 2
     assert [t.metadata["sampling"]["top_p"] for t in full] == [1.0, 1.0]
     with pytest.raises(ContractError) as e:
-        make_rows(nucleus, np.zeros((2, 1)), pad_id=0)  # an RL row: a ratio over the behaviour logprobs
+        # an RL row: a ratio over the behaviour logprobs
+        make_rows(nucleus, np.zeros((2, 1)), pad_id=0)
     assert e.value.rule == "behaviour_top_p" and "top_p=0.9" in str(e.value)
-    make_rows(full, np.zeros((2, 1)), pad_id=0)  # top_p 1: the stored logprobs are the sampling distribution's
+    # top_p 1: the stored logprobs are the sampling distribution's
+    make_rows(full, np.zeros((2, 1)), pad_id=0)
     make_rows(nucleus, None, pad_id=0)  # SFT rows read no behaviour logprob: fine
 
 
@@ -223,10 +260,14 @@ def test_proxy_forces_top_p_one_for_training_and_records_the_agents_otherwise(po
         with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits) as p:
             p.open("ep", seed=1)
             c = openai.OpenAI(base_url=p.base_url("ep"), api_key="x", max_retries=0)
-            c.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}], top_p=0.5)
-            (traj,) = episode_records(p.pop("ep"), task=task, group_id="g", run_id="t", env_name="search-v0",
-                                      env_version="1", verifier=envs.spec("search-v0").make_verifier(), error=None,
-                                      agent_name="t", answer=None)
+            c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": task.prompt}], top_p=0.5
+            )
+            (traj,) = episode_records(
+                p.pop("ep"), task=task, group_id="g", run_id="t", env_name="search-v0",
+                env_version="1", verifier=envs.spec("search-v0").make_verifier(), error=None,
+                agent_name="t", answer=None,
+            )
         assert traj.metadata["sampling"]["top_p"] == expected
 
 
@@ -242,7 +283,8 @@ def test_background_checkpoint_records_its_updates_learning_rate(policy_dir):
 
     from taurl.policy.model import load_policy
     from taurl.recipe.schedule.learner_proc import CheckpointWriter
-    from taurl.train.learner import Learner, LearnerConfig, warmup_lr
+    from taurl.train.learner import Learner, LearnerConfig
+    from taurl.train.optim import warmup_lr
 
     model, _ = load_policy(policy_dir)
     learner = Learner(model, LearnerConfig(lr=1e-3, lr_warmup_steps=4))
@@ -283,15 +325,23 @@ def test_inspect_shows_a_demonstrations_action_text(policy_dir):
     from taurl.rollout.synth import demonstrations
 
     tok = load_tokenizer(policy_dir)
-    (demo,) = asyncio.run(demonstrations(generate_tasks("train", n=1, seed=0), tok, lambda: envs.make("search-v0"),
-                                         expert=envs.spec("search-v0").expert))
+    (demo,) = asyncio.run(
+        demonstrations(
+            generate_tasks("train", n=1, seed=0), tok, lambda: envs.make("search-v0"),
+            expert=envs.spec("search-v0").expert,
+        )
+    )
     assert demo.source == "expert"
     out = render_trajectory(demo, tok, color=False)
     assert any(seg.kind == "action" for seg in demo.segments)
     for seg in demo.segments:  # each segment's own text follows its tag
         text = tok.decode(list(seg.token_ids), skip_special_tokens=False)
         body = f"⟦{text}⟧" if seg.kind == "action" else text
-        assert f"source=expert] {body}" in out if seg.kind == "action" else f"n={len(seg.token_ids)}] {body}" in out
+        assert (
+            f"source=expert] {body}" in out
+            if seg.kind == "action"
+            else f"n={len(seg.token_ids)}] {body}" in out
+        )
 
 
 # -- the standalone proxy: a seed per episode, tools listed before the first call --------------
@@ -311,10 +361,14 @@ def test_standalone_proxy_gives_each_episode_its_own_seed(policy_dir):
         with ProxyServer(LocalEngine(model, tok, seed=0), tok, limits=limits, open_on_call=True,
                          **seed) as p:
             out = {}
-            for eid in ("ep-a", "ep-b", "ep-c"):  # opened by their first call, as episodes run by hand are
+            # opened by their first call, as episodes run by hand are
+            for eid in ("ep-a", "ep-b", "ep-c"):
                 c = openai.OpenAI(base_url=p.base_url(eid), api_key="x", max_retries=0)
                 c.chat.completions.create(model="m", messages=messages)
-                out[eid] = (p.episodes[eid].seed, p.episodes[eid].capture.chains[0].segments[-1].token_ids)
+                out[eid] = (
+                    p.episodes[eid].seed,
+                    p.episodes[eid].capture.chains[0].segments[-1].token_ids,
+                )
             return out
 
     first, again = sample(), sample()  # the default server seed
@@ -334,7 +388,9 @@ def test_proxy_lists_its_tools_before_the_episodes_first_model_call(policy_dir):
     from taurl.proxy.server import ProxyServer
 
     model, tok = load_policy(policy_dir)
-    tools = SimpleNamespace(declarations=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}])
+    tools = SimpleNamespace(
+        declarations=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    )
     with ProxyServer(LocalEngine(model, tok), tok, tools=tools, open_on_call=True) as p:
         r = httpx.get(f"{p.url}/rollouts/fresh-episode/tools")
         assert r.status_code == 200 and r.json()["tools"] == tools.declarations

@@ -61,8 +61,11 @@ class AnswerEnv(ToolEnv):
     name = "answer-v0"
 
     def __init__(self, factory=ExactMatchVerifier, **kw):
-        super().__init__([tool(self.lookup), tool(self.submit), tool(self.delete_all, scopes=("destructive",))],
-                         verifier_factory=factory, **kw)
+        super().__init__(
+            [tool(self.lookup), tool(self.submit), tool(self.delete_all, scopes=("destructive",))],
+            verifier_factory=factory,
+            **kw,
+        )
 
     def lookup(self, key: str) -> str:
         """Look a key up."""
@@ -86,7 +89,9 @@ def call(name: str, **args) -> str:
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer([TASK.prompt, call("lookup", key="capital"), "Paris unknown"], vocab_size=600)
+    return build_tokenizer(
+        [TASK.prompt, call("lookup", key="capital"), "Paris unknown"], vocab_size=600
+    )
 
 
 def episode(tok, env, actions):
@@ -98,25 +103,39 @@ def test_components_reach_the_trajectory(tok):
     traj = validate_trajectory(episode(tok, AnswerEnv(), [
         "let me see", call("lookup", key="capital"), call("submit", answer="paris")]))
     assert traj.stop_reason is StopReason.ANSWERED
-    assert traj.reward_components == {"outcome": 1.0, "constraint": 0.0, "shaping": pytest.approx(-0.02)}
+    assert traj.reward_components == {
+        "outcome": 1.0,
+        "constraint": 0.0,
+        "shaping": pytest.approx(-0.02),
+    }
     assert traj.reward == pytest.approx(0.98) and traj.verifier_version == "em-v1"
     assert [t.invalid for t in traj.turns] == [True, False, False]
     assert [t.receipt.status if t.receipt else None for t in traj.turns] == [None, "ok", "ok"]
 
 
 def test_hard_violation_truncates_with_a_penalty(tok):
-    traj = validate_trajectory(episode(tok, AnswerEnv(), [call("delete_all"), call("submit", answer="Paris")]))
+    traj = validate_trajectory(
+        episode(tok, AnswerEnv(), [call("delete_all"), call("submit", answer="Paris")])
+    )
     assert traj.truncated and traj.stop_reason is StopReason.TOOL_BUDGET and len(traj.turns) == 1
-    assert traj.reward_components["constraint"] == -1.0 and traj.reward == pytest.approx(-1.02)  # + shaping
-    assert traj.turns[0].receipt.decision == "denied" and traj.turns[0].action["violations"] == ["scope"]
+    # + shaping
+    assert traj.reward_components["constraint"] == -1.0 and traj.reward == pytest.approx(-1.02)
+    assert traj.turns[0].receipt.decision == "denied" and traj.turns[0].action["violations"] == [
+        "scope"
+    ]
     assert traj.valid  # the agent's own doing: a valid sample that teaches the penalty
 
 
 def test_budget_runs_out(tok):
     env = AnswerEnv(gate=GateConfig(max_calls=1))
-    traj = validate_trajectory(episode(tok, env, [call("lookup", key="x"), call("lookup", key="capital")]))
-    assert traj.stop_reason is StopReason.TOOL_BUDGET and traj.turns[-1].receipt.reason.startswith("max_calls:")
-    assert traj.reward_components["constraint"] == 0.0  # budgets truncate without a penalty by default
+    traj = validate_trajectory(
+        episode(tok, env, [call("lookup", key="x"), call("lookup", key="capital")])
+    )
+    assert traj.stop_reason is StopReason.TOOL_BUDGET and traj.turns[-1].receipt.reason.startswith(
+        "max_calls:"
+    )
+    # budgets truncate without a penalty by default
+    assert traj.reward_components["constraint"] == 0.0
 
 
 def test_max_turns_and_a_fresh_verifier_per_episode(tok):
@@ -148,7 +167,12 @@ def test_astep_lets_episodes_overlap():
         return await asyncio.gather(one("Paris"), one("Lyon"))
 
     right, wrong = asyncio.run(both())
-    assert right[1] == 1.0 and right[2] and wrong[1] == 0.0 and wrong[4]["verdict"]["detail"] == "'Lyon' is not a gold answer"
+    assert (
+        right[1] == 1.0
+        and right[2]
+        and wrong[1] == 0.0
+        and wrong[4]["verdict"]["detail"] == "'Lyon' is not a gold answer"
+    )
 
 
 def test_a_broken_verifier_ends_the_episode_as_invalid(tok):
@@ -160,4 +184,7 @@ def test_a_broken_verifier_ends_the_episode_as_invalid(tok):
 
     traj = validate_trajectory(episode(tok, AnswerEnv(Broken), [call("submit", answer="Paris")]))
     assert traj.stop_reason is StopReason.ERROR and not traj.valid and traj.reward == 0.0
-    assert "verifier raised KeyError" in traj.metadata["error"] and traj.verifier_version == "broken-v0"
+    assert (
+        "verifier raised KeyError" in traj.metadata["error"]
+        and traj.verifier_version == "broken-v0"
+    )

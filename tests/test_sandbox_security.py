@@ -70,7 +70,9 @@ def limit(test):
 
 
 HOST_CAP = exempt("the host's timeout or output cap, kept when isolation is off")
-HARMFUL = exempt("would harm the shared host if the attack worked there; a sibling test covers the property")
+HARMFUL = exempt(
+    "would harm the shared host if the attack worked there; a sibling test covers the property"
+)
 
 
 def make_box(template: Path | None = None, config: SandboxConfig | None = None) -> Sandbox:
@@ -99,7 +101,9 @@ def sb():
 def host_dir():
     """A 0777 directory under /tmp: any uid (the sandbox's host uid too) may write in it,
     so only isolation keeps the sandbox out."""
-    d = Path(tempfile.mkdtemp(prefix="taurl-attack-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    d = Path(
+        tempfile.mkdtemp(prefix="taurl-attack-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    )
     d.chmod(0o777)
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -118,8 +122,10 @@ def host_victim():
     """A host process running as the uid the sandbox's code runs as on the host (this
     process's, or the sandbox uid when we are root): only the pid namespace protects it."""
     user = SANDBOX_HOST_UID if os.geteuid() == 0 else None
-    p = subprocess.Popen(["sleep", "30"], user=user, group=user,
-                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TAURL_TEST_SECRET": SECRET})
+    p = subprocess.Popen(
+        ["sleep", "30"], user=user, group=user,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TAURL_TEST_SECRET": SECRET},
+    )
     yield p
     p.kill()
     p.wait()
@@ -267,7 +273,9 @@ def test_write_read_only_mounts(host_dir, where):
 
 def test_mount_table_is_the_sandbox_s(sb):
     r = sb.run_sync("cat /proc/self/mountinfo")
-    assert " /usr ro," in r.stdout and " /workspace rw," in r.stdout and " /tmp rw," in r.stdout, r.stdout
+    assert " /usr ro," in r.stdout and " /workspace rw," in r.stdout and " /tmp rw," in r.stdout, (
+        r.stdout
+    )
 
 
 @HARMFUL
@@ -341,7 +349,10 @@ def test_sleep_past_timeout(sb):
 
 
 @pytest.mark.limits
-@exempt("a fork bomb on the host: root has no RLIMIT_NPROC; test_orphans_do_not_survive covers the pid namespace")
+@exempt(
+    "a fork bomb on the host: root has no RLIMIT_NPROC; "
+    "test_orphans_do_not_survive covers the pid namespace"
+)
 @pytest.mark.mutation_exempt("no-limits", "an unbounded fork bomb would exhaust the shared host; "
                              "test_fork_count_bounded covers RLIMIT_NPROC")
 def test_fork_bomb(sb):
@@ -437,7 +448,8 @@ def test_tcp_to_host_loopback_listener(sb):
         port = srv.getsockname()[1]
         r = py(
             sb,
-            f"import socket; socket.create_connection(('127.0.0.1', {port}), 2); print('connected')",
+            f"import socket; socket.create_connection(('127.0.0.1', {port}), 2); "
+            "print('connected')",
         )
         with pytest.raises(TimeoutError):
             srv.accept()
@@ -480,7 +492,11 @@ def test_outside_network(sb):
         srv.listen()
         srv.settimeout(0.2)
         port = srv.getsockname()[1]
-        r = py(sb, f"import socket; socket.create_connection(({addrs[0]!r}, {port}), 2); print('connected')")
+        r = py(
+            sb,
+            f"import socket; socket.create_connection(({addrs[0]!r}, {port}), 2); "
+            "print('connected')",
+        )
         with pytest.raises(TimeoutError):
             srv.accept()
     assert r.exit_code != 0 and "connected" not in r.stdout
@@ -498,14 +514,19 @@ def test_dns(sb):
         host = "localhost.invalid"  # not resolvable on the host either: the first check decides
     r = py(sb, f"""
         import socket
-        print("resolv.conf" if __import__("os").path.exists("/etc/resolv.conf") else "no resolv.conf")
+        print("resolv.conf" if __import__("os").path.exists("/etc/resolv.conf")
+              else "no resolv.conf")
         print(socket.getaddrinfo({host!r}, 443))
     """)  # fmt: skip
     assert r.stdout.startswith("no resolv.conf") and r.exit_code != 0 and "gaierror" in r.stderr, r
 
 
 def test_only_loopback_interface(sb):
-    r = py(sb, "import os, socket; print([n for _, n in socket.if_nameindex()], os.readlink('/proc/self/ns/net'))")
+    r = py(
+        sb,
+        "import os, socket; print([n for _, n in socket.if_nameindex()], "
+        "os.readlink('/proc/self/ns/net'))",
+    )
     names, netns = r.stdout.rsplit(" ", 1)
     assert names == "['lo']" and netns.strip() != os.readlink("/proc/self/ns/net")
 
@@ -518,7 +539,8 @@ def test_unix_socket_to_host(sb, host_dir):
         srv.listen()
         r = py(
             sb,
-            f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r}); print('connected')",
+            f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r}); "
+            "print('connected')",
         )
     assert r.exit_code != 0 and "connected" not in r.stdout
 
@@ -561,13 +583,22 @@ def test_host_processes_invisible(sb):
 
 
 def test_signal_host_process(sb, host_victim):
-    r = py(sb, f"import os\ntry: os.kill({host_victim.pid}, 9)\nexcept OSError as e: print(e.errno)")
+    r = py(
+        sb, f"import os\ntry: os.kill({host_victim.pid}, 9)\nexcept OSError as e: print(e.errno)"
+    )
     assert host_victim.poll() is None and r.stdout.strip() == "3"  # ESRCH: no such pid in here
 
 
-@exempt("kill(-1) on the host kills every process the uid may signal; test_signal_host_process covers it")
+@exempt(
+    "kill(-1) on the host kills every process the uid may signal; "
+    "test_signal_host_process covers it"
+)
 def test_signal_all_host_processes(sb, host_victim):
-    py(sb, f"import os\nfor p in (-1, {os.getpid()}):\n try: os.kill(p, 9)\n except OSError as e: print(e)")
+    py(
+        sb,
+        f"import os\nfor p in (-1, {os.getpid()}):\n try: os.kill(p, 9)\n"
+        " except OSError as e: print(e)",
+    )
     assert host_victim.poll() is None  # still running, and so are we
 
 
@@ -591,7 +622,8 @@ def test_setuid_escalation(sb):
         """
         import os
         status = open("/proc/self/status").read()
-        print([l for l in status.splitlines() if l.startswith(("CapEff", "CapPrm", "CapBnd", "NoNewPrivs"))])
+        print([l for l in status.splitlines()
+               if l.startswith(("CapEff", "CapPrm", "CapBnd", "NoNewPrivs"))])
         try:
             os.setuid(0); print("became root")
         except OSError:  # EINVAL: uid 0 is not even mapped in the user namespace
@@ -621,7 +653,10 @@ def test_kernel_tunables_owned_by_no_one_inside(sb):
     # to the overflow uid, so even a sandbox "root" could not write them. The write puts
     # back the current value, harmless wherever it succeeds.
     before = Path("/proc/sys/kernel/core_pattern").read_text()
-    r = sb.run_sync(f"stat -c %u /proc/sys/kernel/core_pattern; echo '{before.strip()}' > /proc/sys/kernel/core_pattern")
+    r = sb.run_sync(
+        f"stat -c %u /proc/sys/kernel/core_pattern; echo '{before.strip()}' > "
+        "/proc/sys/kernel/core_pattern"
+    )
     assert r.stdout.strip() == "65534" and "cannot create" in r.stderr, r
     assert Path("/proc/sys/kernel/core_pattern").read_text() == before
 

@@ -56,7 +56,10 @@ def test_corpus_size_ids_and_order(corpus) -> None:
     assert ids[0] == "country:AD" and ids[kinds["country"]].startswith("city:")
     assert build_corpus() == corpus  # deterministic
     assert corpus_fingerprint(build_corpus()) == corpus_fingerprint(corpus)
-    changed = [*corpus[:-1], Document(corpus[-1].doc_id, corpus[-1].title, corpus[-1].text + ".", "city")]
+    changed = [
+        *corpus[:-1],
+        Document(corpus[-1].doc_id, corpus[-1].title, corpus[-1].text + ".", "city"),
+    ]
     assert corpus_fingerprint(changed) != corpus_fingerprint(corpus)
 
 
@@ -68,8 +71,10 @@ def test_documents_are_sentences_of_real_facts(by_id) -> None:
     assert "It is the capital of France." in by_id["city:2988507"].text  # Paris
     assert "in the state of Missouri" in by_id["city:4408672"].text  # Sikeston, a US city
     fr = by_id["country:FR"].text
-    for fact in ("France is a country in Europe.", "Its capital is Paris.", "Its currency is the Euro (EUR).",
-                 "Germany", "Its ISO codes are FR and FRA.", "+33", ".fr"):
+    for fact in (
+        "France is a country in Europe.", "Its capital is Paris.",
+        "Its currency is the Euro (EUR).", "Germany", "Its ISO codes are FR and FRA.", "+33", ".fr",
+    ):
         assert fact in fr
     assert "It is also called US, USA and United States of America." in by_id["country:US"].text
 
@@ -83,7 +88,9 @@ def test_bm25_finds_cities_and_countries(retriever) -> None:
     assert retriever.search("Sao Tome", 1)[0].doc.title == "São Tomé"  # accent folding
     assert "country:FR" in [h.doc.doc_id for h in retriever.search("France currency", 3)]
     hits = retriever.search("Lyon", 5)
-    assert len(hits) == 5 and all(a.score >= b.score > 0 for a, b in zip(hits, hits[1:], strict=False))
+    assert len(hits) == 5 and all(
+        a.score >= b.score > 0 for a, b in zip(hits, hits[1:], strict=False)
+    )
 
 
 @pytest.mark.parametrize("query", ["", "   \n\t", "the of and", "zzqxq", "?!", "é"])
@@ -93,10 +100,14 @@ def test_queries_without_known_words_return_nothing(retriever, query: str) -> No
 
 def test_full_index_is_cached_and_reloaded(retriever, taurl_cache, corpus) -> None:
     assert retriever.index_dir.parent == taurl_cache / "bm25"
-    assert retriever.index_dir.name.startswith(f"{corpus_fingerprint(corpus)}-bm25s{bm25s.__version__}")
+    assert retriever.index_dir.name.startswith(
+        f"{corpus_fingerprint(corpus)}-bm25s{bm25s.__version__}"
+    )
     again = BM25Retriever(corpus)
     assert again.loaded_from_cache
-    assert [h.doc.doc_id for h in again.search("Lyon France", 5)] == [h.doc.doc_id for h in retriever.search("Lyon France", 5)]
+    assert [h.doc.doc_id for h in again.search("Lyon France", 5)] == [
+        h.doc.doc_id for h in retriever.search("Lyon France", 5)
+    ]
 
 
 def test_cache_builds_once_then_loads_and_survives_corruption(tmp_path, corpus) -> None:
@@ -110,11 +121,15 @@ def test_cache_builds_once_then_loads_and_survives_corruption(tmp_path, corpus) 
     assert not other.loaded_from_cache and other.index_dir != first.index_dir
     (first.index_dir / "params.index.json").write_text("{not json")
     rebuilt = BM25Retriever(docs, cache_dir=tmp_path)
-    assert not rebuilt.loaded_from_cache and rebuilt.search("Andorra", 3) == first.search("Andorra", 3)
+    assert not rebuilt.loaded_from_cache and rebuilt.search("Andorra", 3) == first.search(
+        "Andorra", 3
+    )
 
 
 def test_concurrent_searches_agree_with_serial(retriever) -> None:
-    queries = ["Lyon", "France currency", "Tokyo", "Qarchak", "capital of Peru", "Europe/Paris"] * 10
+    queries = [
+        "Lyon", "France currency", "Tokyo", "Qarchak", "capital of Peru", "Europe/Paris",
+    ] * 10
     expected = [[h.doc.doc_id for h in retriever.search(q, 3)] for q in queries]
     got: dict[int, list[str]] = {}
 
@@ -156,7 +171,12 @@ def test_families_and_task_shape(tasks, by_id) -> None:
             assert t.metadata["hops"] == fam.hops and t.metadata["subject"] in t.prompt
             assert t.prompt == fam.template.format(subject=t.metadata["subject"])
             assert all(e in by_id for e in t.metadata["entities"])
-    ex = next(t for ts in tasks.values() for t in ts if t.task_id == "search-v0/country_capital/country:CO")
+    ex = next(
+        t
+        for ts in tasks.values()
+        for t in ts
+        if t.task_id == "search-v0/country_capital/country:CO"
+    )
     assert ex.prompt == "What is the capital of Colombia?" and ex.answers == ("Bogota", "Bogotá")
 
 
@@ -165,7 +185,10 @@ def test_generate_tasks_is_deterministic_and_balanced() -> None:
     assert a == generate_tasks("train", n=70, seed=1) and a != generate_tasks("train", n=70, seed=2)
     assert set(Counter(t.metadata["family"] for t in a).values()) == {10}
     two = generate_tasks("holdout", n=9, families=["city_country_capital", "city_country_currency"])
-    assert Counter(t.metadata["family"] for t in two) == {"city_country_capital": 5, "city_country_currency": 4}
+    assert Counter(t.metadata["family"] for t in two) == {
+        "city_country_capital": 5,
+        "city_country_currency": 4,
+    }
     with pytest.raises(ConfigError, match="did you mean 'city_country'"):
         generate_tasks("train", families=["city_contry"])
     with pytest.raises(ConfigError, match="split 'test' is unknown"):
@@ -186,7 +209,11 @@ def test_two_hop_answers_need_the_bridge(tasks, by_id) -> None:
 def test_one_hop_city_subjects_are_retrievable_by_name(tasks, retriever) -> None:
     held = tasks["validation"] + tasks["holdout"]
     sample = [t for t in held if t.metadata["family"] == "city_country"][::25]
-    found = [t.metadata["subject_id"] in [h.doc.doc_id for h in retriever.search(t.metadata["subject"], 3)] for t in sample]
+    found = [
+        t.metadata["subject_id"]
+        in [h.doc.doc_id for h in retriever.search(t.metadata["subject"], 3)]
+        for t in sample
+    ]
     assert len(sample) > 100 and all(found)
 
 
@@ -204,7 +231,8 @@ def test_splits_are_by_country_and_entities_share_them(tasks) -> None:
     for split, ts in tasks.items():
         for t in ts:
             assert {splits[country_of(e)] for e in t.metadata["entities"]} == {split}
-    assert splits["GN"] == splits["GQ"] == splits["PG"] and splits["SD"] == splits["SS"]  # name groups
+    # name groups
+    assert splits["GN"] == splits["GQ"] == splits["PG"] and splits["SD"] == splits["SS"]
 
 
 # Which answers name an entity (and so must not leak) and which are generic values that
@@ -252,15 +280,24 @@ def test_holdout_never_leaks_into_training(tasks) -> None:
 def test_city_split_holds_out_cities_that_training_never_names() -> None:
     """split_by="city": unseen cities, countries shared as answer classes (module docstring
     of taurl.envs.search.questions)."""
-    train, validation, test = (generate_tasks(s, split_by="city") for s in ("train", "validation", "holdout"))
+    train, validation, test = (
+        generate_tasks(s, split_by="city") for s in ("train", "validation", "holdout")
+    )
     holdout = validation + test  # both held out; tuning on one never sees a city of the other
-    assert not {t.metadata["subject_id"] for t in validation} & {t.metadata["subject_id"] for t in test}
-    assert {t.metadata["subject_id"].split(":")[0] for t in holdout} == {"city"}  # country questions all train
+    assert not {t.metadata["subject_id"] for t in validation} & {
+        t.metadata["subject_id"] for t in test
+    }
+    # country questions all train
+    assert {t.metadata["subject_id"].split(":")[0] for t in holdout} == {"city"}
     held_cities = {t.metadata["subject_id"] for t in holdout}
     assert abs(len(held_cities) / len(usable_cities()) - HOLDOUT_PERCENT / 100) < 0.03
     in_training_text = _phrase_finder(train)
-    train_answers = {normalize_answer(a) for t in train
-                     if FAMILIES[t.metadata["family"]].answer_kind in ENTITY_ANSWER_KINDS for a in t.answers}
+    train_answers = {
+        normalize_answer(a)
+        for t in train
+        if FAMILIES[t.metadata["family"]].answer_kind in ENTITY_ANSWER_KINDS
+        for a in t.answers
+    }
     subjects = {normalize_answer(t.metadata["subject"]) for t in holdout}
     assert not [p for p in subjects if in_training_text(p)]  # never named by a training question
     assert not subjects & train_answers  # nor a training answer

@@ -39,7 +39,8 @@ TASK = Task("t-lyon", "In which country is the city of Lyon?", ("France",), "tra
     [
         ("<think>hm</think><search> Lyon </search>", {"kind": "search", "query": "Lyon"}),
         ("<answer>France</answer>", {"kind": "answer", "answer": "France"}),
-        ("<search>a</search> then <answer> b </answer>", {"kind": "answer", "answer": "b"}),  # the last one
+        # the last one
+        ("<search>a</search> then <answer> b </answer>", {"kind": "answer", "answer": "b"}),
         ("<answer>x</answer><search>y</search>", {"kind": "search", "query": "y"}),
         ("<search>multi\nline</search>", {"kind": "search", "query": "multi\nline"}),
         ("<answer></answer>", {"kind": "answer", "answer": ""}),  # empty answer: answered, wrong
@@ -74,7 +75,11 @@ def test_parser_never_raises_and_returns_a_known_kind(text: str) -> None:
 
 
 def test_declarations(env) -> None:
-    assert (env.name, env.observation_style, env.stop) == ("search-v0", "inline", ("</search>", "</answer>"))
+    assert (env.name, env.observation_style, env.stop) == (
+        "search-v0",
+        "inline",
+        ("</search>", "</answer>"),
+    )
     assert env.version and [t["function"]["name"] for t in env.tools] == ["search"]
     for tag in ("<think>", "<search>", "<information>", "<answer>"):
         assert tag in env.system_prompt
@@ -84,14 +89,18 @@ def test_reset_and_search(env) -> None:
     obs, info = env.reset(TASK, seed=7)
     assert obs == "" and info["seed"] == 7 and info["env_version"] == env.version
     assert info["corpus_fingerprint"] == shared_retriever().fingerprint
-    obs, reward, terminated, truncated, info = env.step("<think>find it</think><search>Lyon</search>")
+    obs, reward, terminated, truncated, info = env.step(
+        "<think>find it</think><search>Lyon</search>"
+    )
     assert obs.startswith("\n\n<information>Doc 1(Title: Lyon) Lyon is a city in France.")
     assert obs.endswith("</information>\n\n") and obs.count("\nDoc ") == 2  # Doc 2 and Doc 3
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info["action"] == {"kind": "search", "query": "Lyon"} and info["invalid"] is False
     receipt = info["receipt"]
     assert isinstance(receipt, ToolReceipt)
-    assert (receipt.tool, receipt.arguments, receipt.decision, receipt.status) == ("search", {"query": "Lyon"}, "allowed", "ok")
+    assert (receipt.tool, receipt.arguments, receipt.decision, receipt.status) == (
+        "search", {"query": "Lyon"}, "allowed", "ok",
+    )
     assert receipt.latency_s >= 0 and receipt.output_chars > 0 and "error" not in info
 
 
@@ -107,19 +116,27 @@ def test_answer_right_and_wrong(env) -> None:
     assert env.step("<answer>Italy</answer>")[1:4] == (0.0, True, False)
 
 
-@pytest.mark.parametrize("action", ["France", "<lookup>Lyon</lookup>", "<search>Lyon", "<search> </search>"])
+@pytest.mark.parametrize(
+    "action", ["France", "<lookup>Lyon</lookup>", "<search>Lyon", "<search> </search>"]
+)
 def test_invalid_actions_get_search_r1s_correction(env, action: str) -> None:
     env.reset(TASK)
     obs, reward, terminated, truncated, info = env.step(action)
-    assert obs == INVALID_OBSERVATION and obs.startswith("\nMy previous action is invalid. If I want to search,")
+    assert obs == INVALID_OBSERVATION and obs.startswith(
+        "\nMy previous action is invalid. If I want to search,"
+    )
     assert (reward, terminated, truncated) == (0.0, False, False)
-    assert info["invalid"] is True and info["action"] == {"kind": "invalid"} and "receipt" not in info
+    assert (
+        info["invalid"] is True and info["action"] == {"kind": "invalid"} and "receipt" not in info
+    )
 
 
 def test_search_without_results(env) -> None:
     env.reset(TASK)
     obs, *_, info = env.step("<search>zzqxq</search>")
-    assert obs == f"\n\n<information>{NO_RESULTS}</information>\n\n" and info["receipt"].status == "ok"
+    assert (
+        obs == f"\n\n<information>{NO_RESULTS}</information>\n\n" and info["receipt"].status == "ok"
+    )
 
 
 def test_max_turns_truncates_and_then_needs_reset(taurl_cache) -> None:
@@ -213,9 +230,20 @@ class ToyEnv:
 
     name, version, observation_style, stop, system_prompt = "toy-v0", "1", "inline", ("</a>",), ""
     verifier_version = "toy-v1"
-    tools: list[dict[str, Any]] = [{"type": "function", "function": {
-        "name": "echo", "description": "Echo.",
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}]
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "echo",
+                "description": "Echo.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "string"}},
+                    "required": ["x"],
+                },
+            },
+        }
+    ]
 
     def __init__(self) -> None:
         self.turn, self.live = 0, False
@@ -240,7 +268,12 @@ class BadName(ToyEnv):
 
 
 class BadTool(ToyEnv):
-    tools = [{"type": "function", "function": {"name": "echo", "description": "Echo.", "parameters": {"type": "array"}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "echo", "description": "Echo.", "parameters": {"type": "array"}},
+        }
+    ]
 
 
 class NoResetCheck(ToyEnv):

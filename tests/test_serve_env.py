@@ -25,9 +25,15 @@ def server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([TAURL, "serve-env", "reasoning-gym", "--env-config", json.dumps(CONFIG),
-                             "--split", "holdout", "--tasks", "8", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [
+            TAURL, "serve-env", "reasoning-gym", "--env-config", json.dumps(CONFIG), "--split",
+            "holdout", "--tasks", "8", "--port", str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -35,7 +41,9 @@ def server():
             urllib.request.urlopen(url + "/health", timeout=2)
             break
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[
+                -2000:
+            ]
             time.sleep(0.3)
     yield url
     proc.terminate()
@@ -47,7 +55,9 @@ def test_openenv_client_plays_a_taurl_env(server):
 
     from taurl import envs
 
-    holdout = {t.task_id: t for t in envs.make_tasks("reasoning-gym", "holdout", 8, env_config=CONFIG)}
+    holdout = {
+        t.task_id: t for t in envs.make_tasks("reasoning-gym", "holdout", 8, env_config=CONFIG)
+    }
     with GenericEnvClient(base_url=server).sync() as client:
         first = client.reset(seed=3)
         obs = first.observation
@@ -68,11 +78,14 @@ def test_taurl_openenv_adapter_round_trip(server):
     env = envs.make("openenv", url=server, max_turns=2)
     assert [t["function"]["name"] for t in env.tools] == ["step"]
     assert "text" in env.tools[0]["function"]["parameters"]["properties"]
-    task = envs.make_tasks("openenv", "holdout", 1, env_config={"url": server, "observation_key": "text"})[0]
+    task = envs.make_tasks(
+        "openenv", "holdout", 1, env_config={"url": server, "observation_key": "text"}
+    )[0]
     assert task.prompt.startswith("Find the Greatest Common Divisor")
     env.reset(task)
-    obs, r, term, trunc, info = env.step('<tool_call>{"name": "step", "arguments": {"text": "<answer>x</answer>"}}'
-                                         "</tool_call>")
+    obs, r, term, trunc, info = env.step(
+        '<tool_call>{"name": "step", "arguments": {"text": "<answer>x</answer>"}}</tool_call>'
+    )
     assert term and r == 0.0 and info["receipt"].tool == "step"
 
 

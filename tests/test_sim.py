@@ -16,9 +16,11 @@ TAIL = Workload(gen_median_tokens=300, gen_sigma=1.6, max_gen_tokens=8192, learn
 
 def _const(**kw) -> Workload:
     """Constant lengths, one turn, no tools: every quantity is arithmetic."""
-    base = dict(gen_sigma=0.0, gen_median_tokens=100, max_turns=1, tasks_per_batch=2, group_size=4,
-                decode_a_s=0.01, decode_b_s=0.001, sync_s=0.5, learn_fixed_s=0.2, learn_s_per_token=1e-4,
-                prompt_tokens=20)
+    base = dict(
+        gen_sigma=0.0, gen_median_tokens=100, max_turns=1, tasks_per_batch=2, group_size=4,
+        decode_a_s=0.01, decode_b_s=0.001, sync_s=0.5, learn_fixed_s=0.2, learn_s_per_token=1e-4,
+        prompt_tokens=20,
+    )
     return Workload(**{**base, **kw})
 
 
@@ -38,7 +40,9 @@ def test_decoder_fluid_progress_by_hand():
     d.paused = False
     assert d.next_s() == pytest.approx(15.0)
     d.advance(15.0)
-    assert d.pop_done() == [1] and d.tokens == pytest.approx(6.0) and d.busy_s == pytest.approx(10.0)
+    assert (
+        d.pop_done() == [1] and d.tokens == pytest.approx(6.0) and d.busy_s == pytest.approx(10.0)
+    )
 
 
 def test_sync_matches_the_hand_computed_answer():
@@ -58,7 +62,8 @@ def test_sync_matches_the_hand_computed_answer():
 
 def test_one_step_ahead_matches_the_hand_computed_answer():
     # learner (0.296 s) faster than a batch (1.8 s): batch k >= 1 ends at (k+1)·g + (k−1)·s,
-    # the last (k = n−1) is then trained: T = n·g + (n−2)·s + l; every batch but the first is 1 stale
+    # the last (k = n−1) is then trained: T = n·g + (n−2)·s + l; every batch but
+    # the first is 1 stale
     w = _const()
     n, g, s, lrn = 5, 1.8, 0.5, 0.296
     r = simulate(w, Schedule("one_step"), updates=n)
@@ -74,8 +79,11 @@ def test_overprovision_trains_the_first_complete_groups_and_counts_the_rest():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("sched", [s for s in standard_schedules(eta=2, max_batch=16) if s.kind != "sync"],
-                         ids=lambda s: s.label)
+@pytest.mark.parametrize(
+    "sched",
+    [s for s in standard_schedules(eta=2, max_batch=16) if s.kind != "sync"],
+    ids=lambda s: s.label,
+)
 def test_no_trained_token_is_older_than_the_bound(sched, seed):
     # fast learner, slow tools: the adversarial case for staleness (many versions per episode)
     w = dataclasses.replace(TAIL, learn_s_per_token=1e-5, tool_median_s=2.0)
@@ -122,7 +130,9 @@ def test_a_row_cap_decodes_at_most_k_sequences_the_oldest_group_first(interrupt)
     class Watched(Simulation):
         def _decode(self, e):
             waiting = [g for g, eid in self.waiting if self.eps[eid].state == "waiting"]
-            assert self.dec.n < 16 and (not waiting or e.group <= min(waiting)), "a younger group went first"
+            assert self.dec.n < 16 and (not waiting or e.group <= min(waiting)), (
+                "a younger group went first"
+            )
             super()._decode(e)
             started.append(e.group)
 
@@ -142,7 +152,10 @@ def test_sync_is_on_policy_and_async_beats_it_on_a_long_tail():
     assert rows["sync"].speedup_vs_sync == 1.0
     assert rows["async(eta=4,interrupt)"].speedup_vs_sync > 1.5
     # interruption never waits for the tail to drain: more throughput than draining
-    assert rows["async(eta=4,interrupt)"].trained_tokens_per_s > rows["async(eta=4)"].trained_tokens_per_s
+    assert (
+        rows["async(eta=4,interrupt)"].trained_tokens_per_s
+        > rows["async(eta=4)"].trained_tokens_per_s
+    )
 
 
 def test_tokens_are_conserved():
@@ -156,13 +169,23 @@ def test_tokens_are_conserved():
         r = sim.run()
         partial = sum(sim.eps[eid].plan.turn_tokens[sim.eps[eid].turn] - (f - sim.dec.progress)
                       for eid, f in sim.dec.finish.items())  # turns decoding at the end
-        assert sim.dec.tokens == pytest.approx(sum(e.decoded for e in sim.eps.values()) + partial, rel=1e-9)
-        decided = sum(e.decoded for e in sim.eps.values() if e.state in ("trained", "masked", "dropped", "aborted"))
+        assert sim.dec.tokens == pytest.approx(
+            sum(e.decoded for e in sim.eps.values()) + partial, rel=1e-9
+        )
+        decided = sum(
+            e.decoded
+            for e in sim.eps.values()
+            if e.state in ("trained", "masked", "dropped", "aborted")
+        )
         assert r.trained_tokens + r.tokens_wasted == pytest.approx(decided, abs=2), sched.label
 
 
 def test_deterministic_for_a_seed():
-    scheds = [Schedule("one_step"), Schedule("async", eta=2, interrupt=True), Schedule("overprovision", overprovision=0.5)]
+    scheds = [
+        Schedule("one_step"),
+        Schedule("async", eta=2, interrupt=True),
+        Schedule("overprovision", overprovision=0.5),
+    ]
     a = [r.as_dict() for r in compare(TAIL, scheds, updates=4, seed=3)]
     b = [r.as_dict() for r in compare(TAIL, scheds, updates=4, seed=3)]
     c = [r.as_dict() for r in compare(TAIL, scheds, updates=4, seed=4)]
@@ -182,12 +205,19 @@ def test_default_workload_has_the_published_long_tail():
 
 
 def test_tools_fail_and_time_out():
-    w = dataclasses.replace(Workload(), tool_fail_prob=0.3, tool_median_s=2.0, tool_timeout_s=3.0, max_turns=6)
+    w = dataclasses.replace(
+        Workload(), tool_fail_prob=0.3, tool_median_s=2.0, tool_timeout_s=3.0, max_turns=6
+    )
     plans = [draw_episode(w, 0, g, m) for g in range(20) for m in range(8)]
     outcomes = [o for p in plans for o in p.tool_outcome]
     assert {"ok", "failed", "timeout"} <= set(outcomes)
     assert max(t for p in plans for t in p.tool_s) == 3.0
-    assert all(t == w.tool_fail_s for p in plans for t, o in zip(p.tool_s, p.tool_outcome, strict=True) if o == "failed")
+    assert all(
+        t == w.tool_fail_s
+        for p in plans
+        for t, o in zip(p.tool_s, p.tool_outcome, strict=True)
+        if o == "failed"
+    )
 
 
 def test_bad_inputs_are_refused():

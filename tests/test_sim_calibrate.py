@@ -51,12 +51,14 @@ def test_sim_tool_latency_matches_the_real_wrappers_draws():
     assert np.median(draws) == pytest.approx(median, rel=0.03)  # 0.607 s, not the mean of 1 s
     assert timeout == 5.0 and draws.max() <= 5.0
     # below the cap the log-draws have the same σ
-    assert np.log(draws[draws < 5.0]).std() == pytest.approx(sigma, rel=0.08)  # truncation shrinks it a little
+    # truncation shrinks it a little
+    assert np.log(draws[draws < 5.0]).std() == pytest.approx(sigma, rel=0.08)
 
 
 @pytest.mark.parametrize("max_turns,p", [(2, 0.5), (3, 0.6), (4, 0.0)])
 def test_fit_turns_recovers_the_turn_model(max_turns, p):
-    # the simulator's model (taurl.sim.workload): T = 1 with probability p, else Uniform{1..M}; T − 1 calls
+    # the simulator's model (taurl.sim.workload): T = 1 with probability p, else
+    # Uniform{1..M}; T − 1 calls
     rng = np.random.default_rng(3)
     n = 100_000
     turns = np.where(rng.random(n) < p, 1, rng.integers(1, max_turns + 1, n))
@@ -77,30 +79,59 @@ def test_the_simulators_episodes_follow_that_turn_model():
 def test_fit_turns_edge_cases():
     assert fit_turns([0, 0, 0]) == (1, 0.0)
     assert fit_turns([0, 0, 0, 1]) == (2, 0.5)
-    assert fit_turns([1, 1, 1, 1]) == (2, 0.0)  # every episode calls once: share 1 > 1/2, p clipped at 0
+    # every episode calls once: share 1 > 1/2, p clipped at 0
+    assert fit_turns([1, 1, 1, 1]) == (2, 0.0)
     with pytest.raises(Error):
         fit_turns([])
 
 
 def test_calibrate_recovers_a_known_workload():
-    truth = Workload(tasks_per_batch=8, group_size=8, gen_median_tokens=30, gen_sigma=0.5, max_gen_tokens=4096,
-                     max_turns=2, single_turn_prob=0.4, prompt_tokens=27, obs_tokens=60)
+    truth = Workload(
+        tasks_per_batch=8, group_size=8, gen_median_tokens=30, gen_sigma=0.5, max_gen_tokens=4096,
+        max_turns=2, single_turn_prob=0.4, prompt_tokens=27, obs_tokens=60,
+    )
     plans = [draw_episode(truth, 0, g, m) for g in range(400) for m in range(8)]
     rng = np.random.default_rng(2)
-    batch_tokens = [float(sum(p.total_tokens for p in plans[i * 64:(i + 1) * 64])) for i in range(6)]
+    batch_tokens = [
+        float(sum(p.total_tokens for p in plans[i * 64 : (i + 1) * 64])) for i in range(6)
+    ]
     obs = SyncObservations(
-        action_tokens=tuple(p.gen_tokens for p in plans), tool_calls=tuple(len(p.tool_s) for p in plans),
-        prompt_tokens=27.0, obs_tokens=60.0, learn_s=tuple(0.8 + 4e-4 * t for t in batch_tokens),
-        learn_tokens=tuple(batch_tokens), sync_s=(0.05, 0.07), tasks_per_batch=8, group_size=8,
-        max_episode_tokens=4096, latency_mean_s=1.0, latency_sigma=1.0, latency_max_s=5.0)
+        action_tokens=tuple(p.gen_tokens for p in plans),
+        tool_calls=tuple(len(p.tool_s) for p in plans),
+        prompt_tokens=27.0,
+        obs_tokens=60.0,
+        learn_s=tuple(0.8 + 4e-4 * t for t in batch_tokens),
+        learn_tokens=tuple(batch_tokens),
+        sync_s=(0.05, 0.07),
+        tasks_per_batch=8,
+        group_size=8,
+        max_episode_tokens=4096,
+        latency_mean_s=1.0,
+        latency_sigma=1.0,
+        latency_max_s=5.0,
+    )
     ns = np.array([1.0, 8, 32, 64])
     probe = DecodeProbe(tuple(ns), tuple(0.004 + 0.0005 * ns + rng.normal(0, 1e-5, 4)), 2e-5)
     cal = calibrate(obs, probe, max_concurrent=336)
     w = cal.workload
-    assert w.gen_median_tokens == pytest.approx(30, rel=0.05) and w.gen_sigma == pytest.approx(0.5, rel=0.05)
+    assert w.gen_median_tokens == pytest.approx(30, rel=0.05) and w.gen_sigma == pytest.approx(
+        0.5, rel=0.05
+    )
     assert (w.max_turns, w.single_turn_prob) == (2, pytest.approx(0.4, abs=0.03))
     assert cal.sim_tool_call_share == pytest.approx(cal.tool_call_share, abs=1e-9) and not cal.notes
-    assert w.tool_median_s == pytest.approx(math.exp(-0.5)) and w.tool_fail_prob == 0 and w.tool_timeout_s == 5.0
-    assert w.decode_a_s == pytest.approx(0.004, abs=1e-4) and w.decode_b_s == pytest.approx(0.0005, rel=0.02)
-    assert w.learn_fixed_s == pytest.approx(0.8, rel=1e-6) and w.learn_s_per_token == pytest.approx(4e-4, rel=1e-6)
-    assert w.sync_s == pytest.approx(0.06) and w.max_concurrent == 336 and w.reprefill_s_per_token == 2e-5
+    assert (
+        w.tool_median_s == pytest.approx(math.exp(-0.5))
+        and w.tool_fail_prob == 0
+        and w.tool_timeout_s == 5.0
+    )
+    assert w.decode_a_s == pytest.approx(0.004, abs=1e-4) and w.decode_b_s == pytest.approx(
+        0.0005, rel=0.02
+    )
+    assert w.learn_fixed_s == pytest.approx(0.8, rel=1e-6) and w.learn_s_per_token == pytest.approx(
+        4e-4, rel=1e-6
+    )
+    assert (
+        w.sync_s == pytest.approx(0.06)
+        and w.max_concurrent == 336
+        and w.reprefill_s_per_token == 2e-5
+    )

@@ -12,11 +12,16 @@ import pytest
 
 from taurl.errors import ConfigError
 from taurl.monitor import sinks
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.loop import train
+from taurl.recipe.validate import load_config
 
-pytest.importorskip("tensorboard", reason="the [track] extra (pip install 'taurl[track]') is not installed")
-pytest.importorskip("wandb", reason="the [track] extra (pip install 'taurl[track]') is not installed")
+pytest.importorskip(
+    "tensorboard", reason="the [track] extra (pip install 'taurl[track]') is not installed"
+)
+pytest.importorskip(
+    "wandb", reason="the [track] extra (pip install 'taurl[track]') is not installed"
+)
 
 from test_alarms import TINY  # noqa: E402  (and registers echotrap-v0)
 
@@ -24,7 +29,11 @@ from test_alarms import TINY  # noqa: E402  (and registers echotrap-v0)
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tracked") / "run"
-    train(TrainConfig(**TINY, updates=2, trackers=["tensorboard", "wandb"]), str(run_dir), progress=False)
+    train(
+        TrainConfig(**TINY, updates=2, trackers=["tensorboard", "wandb"]),
+        str(run_dir),
+        progress=False,
+    )
     return run_dir
 
 
@@ -44,13 +53,20 @@ def test_tensorboard_events_equal_metrics_jsonl(tracked):
     acc = EventAccumulator(str(tracked / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     want = jsonl_scalars(tracked)
-    assert "rl/rollout/reward_mean" in want and "sft/sft/loss" in want and "eval_holdout-final/eval/success" in want
+    assert (
+        "rl/rollout/reward_mean" in want
+        and "sft/sft/loss" in want
+        and "eval_holdout-final/eval/success" in want
+    )
     assert set(acc.Tags()["scalars"]) == set(want)
     for tag, points in want.items():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in points], tag
         # event files store float32
-        assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for (_, a), (_, b) in zip(got, points, strict=True)), tag
+        assert all(
+            math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+            for (_, a), (_, b) in zip(got, points, strict=True)
+        ), tag
 
 
 def test_wandb_offline_run_equals_metrics_jsonl(tracked):
@@ -87,7 +103,9 @@ def test_a_missing_package_names_the_install_command(tmp_path, monkeypatch, caps
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     assert sinks.tracker_problems(["wandb"]) == [
         f"trackers: wandb needs the 'wandb' package, which is not installed: {sinks.INSTALL}"]
     from taurl.cli.main import main

@@ -34,18 +34,35 @@ def _prompts(n, seed=0, vocab=400):
 
 def _generate(engine, prompts, **kw):
     async def main():
-        return await asyncio.gather(*[engine.generate(p, SamplingParams(max_tokens=12, seed=i, temperature=0.9, **kw))
-                                      for i, p in enumerate(prompts)])
+        return await asyncio.gather(
+            *[
+                engine.generate(p, SamplingParams(max_tokens=12, seed=i, temperature=0.9, **kw))
+                for i, p in enumerate(prompts)
+            ]
+        )
     return asyncio.run(main())
 
 
 def _llama(vocab=500):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                      pad_token_id=0, eos_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -77,16 +94,22 @@ def test_slim_step_matches_the_forward_on_a_left_padded_cache_with_holes():
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     kv = BatchKV.empty(mask, lengths)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=kv.cache)
+        model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+            past_key_values=kv.cache,
+        )
         kv.zero_padding()
         nxt = torch.tensor([[7], [8], [9]])
         ext = kv.extend_mask()
         trial = kv.clone()
-        want = model(input_ids=nxt, attention_mask=ext, position_ids=torch.tensor([[n] for n in lengths]),
-                     use_cache=True, past_key_values=kv.cache).logits[:, -1]
+        want = model(
+            input_ids=nxt, attention_mask=ext, position_ids=torch.tensor([[n] for n in lengths]),
+            use_cache=True, past_key_values=kv.cache,
+        ).logits[:, -1]
         got = SlimDecoder.for_model(model)(nxt, torch.tensor(lengths), trial.mask, trial.cache)
     assert slim_decode.agrees(got, want) is not None
-    for a, b in zip(kv.cache.layers, trial.cache.layers, strict=True):  # it wrote the same keys/values
+    # it wrote the same keys/values
+    for a, b in zip(kv.cache.layers, trial.cache.layers, strict=True):
         torch.testing.assert_close(a.used()[0], b.used()[0], atol=1e-5, rtol=1e-5)
 
 
@@ -94,10 +117,12 @@ def _smollm2_shaped(layers=30):
     """A small decoder of SmolLM2-135M's kind (Llama, 3 query heads per key/value head, tied
     embeddings, RoPE theta 1e5, rms eps 1e-5, 30 layers), with Llama's biases on and nonzero."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=500, hidden_size=72, num_hidden_layers=layers, num_attention_heads=9,
-                      num_key_value_heads=3, head_dim=8, intermediate_size=192, max_position_embeddings=256,
-                      tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0,
-                      attention_bias=True, mlp_bias=True, pad_token_id=0, eos_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=500, hidden_size=72, num_hidden_layers=layers, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=8, intermediate_size=192, max_position_embeddings=256,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0, attention_bias=True,
+        mlp_bias=True, pad_token_id=0, eos_token_id=1,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -123,9 +148,13 @@ def _decode_step_both_ways(model, lengths, exact=True):
         nxt = torch.tensor([[7 + i] for i in range(len(lengths))])
         ext = kv.extend_mask()
         trial = kv.clone()
-        want = model(input_ids=nxt, attention_mask=ext, position_ids=torch.tensor([[n] for n in lengths]),
-                     use_cache=True, past_key_values=kv.cache).logits[:, -1]
-        got = SlimDecoder.for_model(model)(nxt, torch.tensor(lengths), trial.mask, trial.cache, exact=exact)
+        want = model(
+            input_ids=nxt, attention_mask=ext, position_ids=torch.tensor([[n] for n in lengths]),
+            use_cache=True, past_key_values=kv.cache,
+        ).logits[:, -1]
+        got = SlimDecoder.for_model(model)(
+            nxt, torch.tensor(lengths), trial.mask, trial.cache, exact=exact
+        )
     return got, want
 
 
@@ -152,7 +181,9 @@ def test_the_served_step_through_packed_gemms_is_the_forward_within_rounding(len
 
 
 def test_architectures_it_does_not_know_keep_the_models_forward(tok):
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=500, n_embd=32, n_layer=1, n_head=2, n_positions=128)).eval()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(vocab_size=500, n_embd=32, n_layer=1, n_head=2, n_positions=128)
+    ).eval()
     assert SlimDecoder.for_model(gpt2) is None
     engine = LocalEngine(gpt2, tok, seed=0)
     g = _generate(engine, _prompts(2))[0]
@@ -162,8 +193,11 @@ def test_architectures_it_does_not_know_keep_the_models_forward(tok):
 def test_a_slim_path_that_disagrees_is_dropped_at_the_first_step(tok, monkeypatch, caplog):
     model = create_policy(tok, "tiny", seed=0)
     real = SlimDecoder.__call__
-    monkeypatch.setattr(SlimDecoder, "__call__", lambda self, *a, **kw: (lambda x: x + 0.01 * torch.randn_like(x))(
-        real(self, *a, **kw)))
+    monkeypatch.setattr(
+        SlimDecoder,
+        "__call__",
+        lambda self, *a, **kw: (lambda x: x + 0.01 * torch.randn_like(x))(real(self, *a, **kw)),
+    )
     engine = LocalEngine(model, tok, seed=0)
     prompts = _prompts(3)
     with caplog.at_level(logging.WARNING, logger="taurl.engine"):
@@ -193,8 +227,13 @@ def test_a_request_gives_the_same_numbers_on_the_checked_step_and_after(tok, mon
     # path is tilted by a tiny known amount (within the check's 1e-4) so the two paths differ
     model = create_policy(tok, "tiny", seed=0)
     real = SlimDecoder.__call__
-    monkeypatch.setattr(SlimDecoder, "__call__", lambda self, *a, **kw: (lambda x: x + 1e-7 * torch.arange(
-        x.shape[-1], dtype=x.dtype))(real(self, *a, **kw)))
+    monkeypatch.setattr(
+        SlimDecoder,
+        "__call__",
+        lambda self, *a, **kw: (lambda x: x + 1e-7 * torch.arange(x.shape[-1], dtype=x.dtype))(
+            real(self, *a, **kw)
+        ),
+    )
     engine = LocalEngine(model, tok, seed=0)
     p = _prompts(1, seed=4)[0]
     first = _generate(engine, [p])[0]

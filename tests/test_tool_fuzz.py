@@ -60,7 +60,10 @@ class FuzzEnv(ToolEnv):
 
 
 def task(i: int) -> Task:
-    return Task(f"fz-{i:05d}", f"Task fz-{i:05d}: add 2 and 3, then submit the sum.", ("5",), "train", "fuzz-v0")
+    return Task(
+        f"fz-{i:05d}", f"Task fz-{i:05d}: add 2 and 3, then submit the sum.", ("5",), "train",
+        "fuzz-v0",
+    )
 
 
 def call(name, **args) -> str:
@@ -69,17 +72,34 @@ def call(name, **args) -> str:
 
 # -- hypothesis: one step at a time ------------------------------------------------------
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-                    max_leaves=12)
-NAMES = st.sampled_from(["echo", "add", "submit", "ech0", "Add", "", "rm -rf /", "x" * 300]) | st.text(max_size=30)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+NAMES = st.sampled_from(
+    ["echo", "add", "submit", "ech0", "Add", "", "rm -rf /", "x" * 300]
+) | st.text(max_size=30)
 ACTIONS = st.one_of(
     st.text(max_size=200),  # anything at all
     st.text(max_size=200).map(lambda s: f"<tool_call>{s}</tool_call>"),  # malformed JSON
-    st.builds(lambda n, a: f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>", NAMES, JSON),
-    st.builds(lambda a: call("add", **a), st.dictionaries(st.sampled_from(["a", "b", "c"]), JSON, max_size=3)),
+    st.builds(
+        lambda n, a: f"<tool_call>{json.dumps({'name': n, 'arguments': a})}</tool_call>",
+        NAMES,
+        JSON,
+    ),
+    st.builds(
+        lambda a: call("add", **a),
+        st.dictionaries(st.sampled_from(["a", "b", "c"]), JSON, max_size=3),
+    ),
     st.integers(1001, 300_000).map(lambda n: call("echo", text="y" * n)),  # huge arguments
-    st.builds(lambda n, a: f'<tool_call>{{"name": {json.dumps(n)}, "arguments": {a}', NAMES, st.text(max_size=20)),
+    st.builds(
+        lambda n, a: f'<tool_call>{{"name": {json.dumps(n)}, "arguments": {a}',
+        NAMES,
+        st.text(max_size=20),
+    ),
 )
 
 
@@ -127,17 +147,30 @@ def test_known_problems_say_what_was_wrong():
 
 @pytest.fixture(scope="module")
 def tok():
-    texts = [task(0).prompt, call("add", a=2, b=3), call("echo", text="hi"), call("submit", answer="5")]
+    texts = [
+        task(0).prompt, call("add", a=2, b=3), call("echo", text="hi"), call("submit", answer="5"),
+    ]
     return build_tokenizer(texts, vocab_size=500, model_max_length=8192)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(ACTIONS, min_size=1, max_size=5))
 def test_fuzzed_episodes_never_crash(tok, actions):
-    cfg = RolloutConfig(max_turns=6, max_action_tokens=4096, max_episode_tokens=20000, max_context=8192)
-    traj = validate_trajectory(asyncio.run(run_episode(ScriptedEngine(tok, actions, max_context=8192), FuzzEnv(), tok,
-                                                       task(0), seed=0, config=cfg)))
+    cfg = RolloutConfig(
+        max_turns=6, max_action_tokens=4096, max_episode_tokens=20000, max_context=8192
+    )
+    traj = validate_trajectory(
+        asyncio.run(
+            run_episode(
+                ScriptedEngine(tok, actions, max_context=8192), FuzzEnv(), tok, task(0), seed=0,
+                config=cfg,
+            )
+        )
+    )
     assert traj.metadata.get("error") is None or "env.step raised" not in traj.metadata["error"]
     for t in traj.turns:
         assert t.invalid or t.receipt is not None or t.finish_reason == "eos"
@@ -173,19 +206,25 @@ class TaskScriptEngine:
 
     def __init__(self, tok, scripts: dict[str, list[str]]):
         self.tok = tok
-        self.scripts = {k: [tok(a, add_special_tokens=False)["input_ids"] for a in v] for k, v in scripts.items()}
+        self.scripts = {
+            k: [tok(a, add_special_tokens=False)["input_ids"] for a in v]
+            for k, v in scripts.items()
+        }
         self.response_id = tok.convert_tokens_to_ids("<tool_response>")
         self.start_id = tok.convert_tokens_to_ids("<|im_start|>")
         self.version, self.max_context = 0, 8192
 
     async def generate(self, prompt_ids, sampling):
         ids = list(prompt_ids)
-        user = [i for i, t in enumerate(ids) if t == self.start_id][1]  # system, then the user's message
+        # system, then the user's message
+        user = [i for i, t in enumerate(ids) if t == self.start_id][1]
         task_id = re.search(r"Task (fz-\d+)", self.tok.decode(ids[user:user + 40])).group(1)
         turn = list(prompt_ids).count(self.response_id)
         script = self.scripts[task_id]
         if turn < len(script):
-            return Generation(list(script[turn]), [0.0] * len(script[turn]), "stop", 0, len(prompt_ids))
+            return Generation(
+                list(script[turn]), [0.0] * len(script[turn]), "stop", 0, len(prompt_ids)
+            )
         return Generation([self.tok.eos_token_id], [0.0], "eos", 0, len(prompt_ids))
 
 
@@ -196,8 +235,12 @@ def test_thousand_episodes_with_injected_failures(tok):
     script = [call("echo", text="start"), call("add", a=2, b=3), call("echo", text="sum is 5"),
               call("submit", answer="5")]
     engine = TaskScriptEngine(tok, {t.task_id: script for t in tasks})
-    cfg = RolloutConfig(max_turns=6, max_action_tokens=256, max_episode_tokens=2048, max_context=8192)
-    result = asyncio.run(run_episodes(engine, lambda: FuzzEnv(tools), tok, tasks, config=cfg, concurrency=64))
+    cfg = RolloutConfig(
+        max_turns=6, max_action_tokens=256, max_episode_tokens=2048, max_context=8192
+    )
+    result = asyncio.run(
+        run_episodes(engine, lambda: FuzzEnv(tools), tok, tasks, config=cfg, concurrency=64)
+    )
 
     assert result.failures == [] and len(result.trajectories) == 1000
     assert sorted(t.task_id for t in result.trajectories) == [t.task_id for t in tasks]  # none lost
@@ -207,7 +250,8 @@ def test_thousand_episodes_with_injected_failures(tok):
         for t in traj.turns:
             if t.finish_reason == "eos":  # the script ran out: a message without a tool call
                 assert t.invalid and t.receipt is None
-                assert all(u.finish_reason == "eos" for u in traj.turns[t.index:])  # only more of the same
+                # only more of the same
+                assert all(u.finish_reason == "eos" for u in traj.turns[t.index:])
                 continue
             assert t.receipt is not None and not t.invalid
             seen[t.receipt.status] += 1
@@ -215,9 +259,13 @@ def test_thousand_episodes_with_injected_failures(tok):
                 assert t.error and t.receipt.reason == t.error
                 assert t.observation_segment is None or t.observation_text.count("Error: tool") == 1
         if traj.stop_reason is StopReason.ANSWERED:
-            assert traj.turns[-1].receipt.tool == "submit" and traj.reward_components["outcome"] == 1.0
+            assert (
+                traj.turns[-1].receipt.tool == "submit" and traj.reward_components["outcome"] == 1.0
+            )
         elif traj.stop_reason is StopReason.ERROR:  # three tool failures in a row
-            assert [t.receipt.status != "ok" for t in traj.turns[-3:]] == [True] * 3 and not traj.valid
+            assert [t.receipt.status != "ok" for t in traj.turns[-3:]] == [
+                True
+            ] * 3 and not traj.valid
         else:  # the submit call itself failed, the script ran out: turns run out on empty messages
             assert traj.stop_reason is StopReason.MAX_TURNS
             assert [u.receipt.tool for u in traj.turns if u.receipt][-1] == "submit"
@@ -225,4 +273,8 @@ def test_thousand_episodes_with_injected_failures(tok):
     assert seen["ok"] + seen["error"] + seen["timeout"] == inj.counts["executions"]
     assert 0.25 < (inj.counts["error"] + inj.counts["timeout"]) / inj.counts["executions"] < 0.35
     stops = Counter(t.stop_reason for t in result.trajectories)
-    assert stops[StopReason.ANSWERED] > 500 and stops[StopReason.ERROR] > 0 and stops[StopReason.MAX_TURNS] > 0
+    assert (
+        stops[StopReason.ANSWERED] > 500
+        and stops[StopReason.ERROR] > 0
+        and stops[StopReason.MAX_TURNS] > 0
+    )

@@ -24,12 +24,22 @@ def test_exec_json_limits_env_and_workspace(capsys, monkeypatch):
     monkeypatch.setenv("TAURL_TEST_SECRET", "hunter2")
     with tempfile.TemporaryDirectory() as d:
         Path(d, "data.txt").write_text("from the template")
-        rc = main(["sandbox", "exec", "--json", "--max-output-kb", "1", "--env", "GREETING=hi", "--workspace", d,
-                   "--", "sh", "-c", "cat data.txt; echo; echo $GREETING $TAURL_TEST_SECRET; head -c 5000 /dev/zero"])
-        assert Path(d, "data.txt").read_text() == "from the template"  # a copy ran, not the original
+        rc = main(
+            [
+                "sandbox", "exec", "--json", "--max-output-kb", "1", "--env", "GREETING=hi",
+                "--workspace", d, "--", "sh", "-c",
+                "cat data.txt; echo; echo $GREETING $TAURL_TEST_SECRET; head -c 5000 /dev/zero",
+            ]
+        )
+        # a copy ran, not the original
+        assert Path(d, "data.txt").read_text() == "from the template"
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["isolated"] and out["stdout"].startswith("from the template\nhi\n")
-    assert "hunter2" not in out["stdout"] and out["truncated_stdout"] and out["stdout_bytes"] == 17 + 1 + 3 + 5000
+    assert (
+        "hunter2" not in out["stdout"]
+        and out["truncated_stdout"]
+        and out["stdout_bytes"] == 17 + 1 + 3 + 5000
+    )
     assert out["command"][0] == "sh"
 
 

@@ -24,30 +24,56 @@ def sleep(seconds: float, loud: bool = False) -> str:
     return ""
 
 
-@pytest.mark.parametrize(("text", "calls"), [
-    ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>', [("a", {"x": 1})]),
-    ('think first\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', [("a", {})]),
-    ('<tool_call>{"name": "a"}</tool_call>', [("a", {})]),  # arguments omitted
-    ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', [("a", {"x": 2})]),  # OpenAI wire form
-    ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>',
-     [("a", {}), ("b", {})]),
-])
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>', [("a", {"x": 1})]),
+        ('think first\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', [("a", {})]),
+        ('<tool_call>{"name": "a"}</tool_call>', [("a", {})]),  # arguments omitted
+        # OpenAI wire form
+        ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', [("a", {"x": 2})]),
+        (
+            '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", '
+            '"arguments": {}}</tool_call>',
+            [("a", {}), ("b", {})],
+        ),
+    ],
+)
 def test_hermes_ok(text, calls):
     r = parse_hermes(text)
     assert r.ok and r.error is None and [(c.name, c.arguments) for c in r.calls] == calls
 
 
-@pytest.mark.parametrize(("text", "kind", "says"), [
-    ("I will just answer.", "no_call", "no tool call found"),
-    ('<tool_call>{"name": "a", "arguments": {}}', "malformed", "not closed"),
-    ("<tool_call>{name: a}</tool_call>", "malformed", "not valid JSON (Expecting property name"),
-    ("<tool_call>[1, 2]</tool_call>", "malformed", "got a JSON list"),
-    ('<tool_call>{"arguments": {}}</tool_call>', "malformed", 'no "name"'),
-    ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', "malformed", '"arguments" must be a JSON object'),
-    ('<tool_call>{"name": "a", "arguments": "nope"}</tool_call>', "malformed", "not a JSON object"),
-    ("<tool_call>" + "[" * 100_000 + "</tool_call>", "malformed", "JSON"),
-    ('<tool_call>{"name": "a", "arguments": {"x": "' + "y" * 300_000 + '"}}</tool_call>', "too_long", "limit"),
-])
+@pytest.mark.parametrize(
+    ("text", "kind", "says"),
+    [
+        ("I will just answer.", "no_call", "no tool call found"),
+        ('<tool_call>{"name": "a", "arguments": {}}', "malformed", "not closed"),
+        (
+            "<tool_call>{name: a}</tool_call>",
+            "malformed",
+            "not valid JSON (Expecting property name",
+        ),
+        ("<tool_call>[1, 2]</tool_call>", "malformed", "got a JSON list"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "malformed", 'no "name"'),
+        (
+            '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',
+            "malformed",
+            '"arguments" must be a JSON object',
+        ),
+        (
+            '<tool_call>{"name": "a", "arguments": "nope"}</tool_call>',
+            "malformed",
+            "not a JSON object",
+        ),
+        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "malformed", "JSON"),
+        (
+            '<tool_call>{"name": "a", "arguments": {"x": "' + "y" * 300_000 + '"}}</tool_call>',
+            "too_long",
+            "limit",
+        ),
+    ],
+)
 def test_hermes_failures_explain(text, kind, says):
     r = parse_hermes(text)
     assert not r.ok and r.kind == kind and says in r.error and r.calls == ()
@@ -70,11 +96,23 @@ def test_xml_one_argument_and_children():
 def test_hermes_format_matches_the_chat_template():
     """A call rendered by the chat template (assistant tool_calls) parses back to itself."""
     tok = build_tokenizer(["a tool call template text"], vocab_size=400)
-    call = {"type": "function", "function": {"name": "write_file", "arguments": {"path": "a.py", "content": "é\n"}}}
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"},
-                                    {"role": "assistant", "content": "", "tool_calls": [call]}], tokenize=False)
+    call = {
+        "type": "function",
+        "function": {"name": "write_file", "arguments": {"path": "a.py", "content": "é\n"}},
+    }
+    text = tok.apply_chat_template(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ],
+        tokenize=False,
+    )
     r = parse_hermes(text)
-    assert r.ok and r.calls[0].name == "write_file" and r.calls[0].arguments == {"path": "a.py", "content": "é\n"}
+    assert (
+        r.ok
+        and r.calls[0].name == "write_file"
+        and r.calls[0].arguments == {"path": "a.py", "content": "é\n"}
+    )
 
 
 # The untagged forms Qwen2.5-Coder-0.5B-Instruct wrote zero-shot on code-v0 (docs/models.md)

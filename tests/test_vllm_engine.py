@@ -23,8 +23,9 @@ import torch
 from taurl.errors import EngineError
 from taurl.policy import load_policy
 from taurl.policy.engine import Engine, LocalEngine, SamplingParams, make_engine
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import create_policy, save_policy
+from taurl.policy.model import create_policy
 from taurl.policy.tokenizer import build_tokenizer
 from taurl.policy.vllm_engine import TOP_P_REFUSED, VLLMEngine, _finish
 from taurl.policy.vllm_server import PYTHON_ENV, VLLMServer
@@ -162,10 +163,16 @@ class FakeVLLM:
         h.wfile.write(data)
 
     def complete(self, b: dict) -> dict:
-        sp = SamplingParams(temperature=b["temperature"], max_tokens=b["max_tokens"], seed=b["seed"],
-                            stop=tuple(b["stop"]), stop_token_ids=tuple(b["stop_token_ids"]))
+        sp = SamplingParams(
+            temperature=b["temperature"], max_tokens=b["max_tokens"], seed=b["seed"],
+            stop=tuple(b["stop"]), stop_token_ids=tuple(b["stop_token_ids"]),
+        )
         g = asyncio.run(self._engine.generate(b["prompt"], sp))
-        finish = {"eos": ("stop", None), "stop": ("stop", g.stop_matched), "length": ("length", None)}
+        finish = {
+            "eos": ("stop", None),
+            "stop": ("stop", g.stop_matched),
+            "length": ("length", None),
+        }
         reason, stop_reason = finish[g.finish_reason]
         return {"choices": [{"token_ids": g.token_ids, "logprobs": {"token_logprobs": g.logprobs},
                              "finish_reason": reason, "stop_reason": stop_reason}]}
@@ -239,7 +246,9 @@ def test_timeout_aborts_and_retries_then_gives_up(fake, ckpts):
 
 
 @pytest.mark.parametrize("mode", ["wait", "abort"])
-def test_a_request_reaching_the_server_after_the_pause_is_resent_on_the_new_version(fake, ckpts, mode):
+def test_a_request_reaching_the_server_after_the_pause_is_resent_on_the_new_version(
+    fake, ckpts, mode
+):
     # the race: a request passes the client's gate just before pause() and reaches the
     # server after its /pause, which queues it unsampled until /resume; waiting for it
     # would hang the update. The drain aborts it by id and it is sent again after resume.
@@ -332,7 +341,10 @@ def test_top_p_is_refused_for_training(fake, ckpts):
 
 def test_finish_reasons_map_to_taurl_s():
     sp = SamplingParams(stop_token_ids=(7,))
-    assert _finish({"finish_reason": "stop", "stop_reason": None, "token_ids": [4, 0]}, sp) == ("eos", 0)
+    assert _finish({"finish_reason": "stop", "stop_reason": None, "token_ids": [4, 0]}, sp) == (
+        "eos",
+        0,
+    )
     assert _finish({"finish_reason": "stop", "stop_reason": 7}, sp) == ("stop", 7)
     assert _finish({"finish_reason": "stop", "stop_reason": "</a>"}, sp) == ("stop", "</a>")
     assert _finish({"finish_reason": "length"}, sp) == ("length", None)
@@ -344,7 +356,9 @@ def test_server_command_serves_metrics_only_when_asked(ckpts, tmp_path):
 
     _, (p0, _) = ckpts
     quiet = VLLMServer(p0, python=sys.executable, port=8000, cache_dir=tmp_path).command()
-    loud = VLLMServer(p0, python=sys.executable, port=8000, cache_dir=tmp_path, log_stats=True).command()
+    loud = VLLMServer(
+        p0, python=sys.executable, port=8000, cache_dir=tmp_path, log_stats=True
+    ).command()
     assert "--disable-log-stats" in quiet and "--disable-log-stats" not in loud
     assert [a for a in quiet if a != "--disable-log-stats"] == loud
 
@@ -368,7 +382,9 @@ def test_local_engine_contract_load_pause_abort_keep(ckpts):
             await asyncio.sleep(0.005)
 
     async def abort_midway():
-        task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
+        task = asyncio.create_task(
+            engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400))
+        )
         await until_sampled()
         await engine.pause("abort")
         out = await task
@@ -384,7 +400,9 @@ def test_local_engine_contract_load_pause_abort_keep(ckpts):
     assert len(out.logprobs) == len(out.token_ids) and len(late.token_ids) == 2
 
     async def keep_then_load():
-        task = asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400)))
+        task = asyncio.create_task(
+            engine.generate(prompt, SamplingParams(temperature=0, max_tokens=400))
+        )
         await until_sampled()
         await engine.pause("keep")
         with pytest.raises(EngineError, match="mix two policy versions"):
@@ -393,7 +411,9 @@ def test_local_engine_contract_load_pause_abort_keep(ckpts):
         return await task
 
     kept = asyncio.run(keep_then_load())
-    assert kept.finish_reason in ("length", "eos") and kept.policy_version == 1 and engine.version == 1
+    assert (
+        kept.finish_reason in ("length", "eos") and kept.policy_version == 1 and engine.version == 1
+    )
     with pytest.raises(EngineError, match="unknown engine"):
         make_engine("sglang", p0, tok, version=0)
     with pytest.raises(EngineError, match="unknown engine_options"):
@@ -454,7 +474,9 @@ async def _until_sampling(engine: VLLMEngine, timeout_s: float = 120.0) -> None:
         else:
             base = None
         await asyncio.sleep(0.02)
-    raise AssertionError(f"the server did not report {engine._in_flight} request(s) sampling within {timeout_s} s")
+    raise AssertionError(
+        f"the server did not report {engine._in_flight} request(s) sampling within {timeout_s} s"
+    )
 
 
 @pytest.mark.vllm
@@ -484,7 +506,9 @@ def test_real_processed_logprobs_equal_fp32_forward(real, ckpts):
     worst = 0.0
     for i in range(8):
         prompt = [7 + i, 11, 30 + i]
-        g = asyncio.run(real.generate(prompt, SamplingParams(temperature=0.7, max_tokens=32, seed=i)))
+        g = asyncio.run(
+            real.generate(prompt, SamplingParams(temperature=0.7, max_tokens=32, seed=i))
+        )
         lp = sequence_logprobs(model, prompt + g.token_ids, 0.7)[len(prompt):]
         worst = max(worst, float((lp - torch.tensor(g.logprobs)).abs().max()))
     print(f"max |vLLM processed logprob - fp32 forward| at T=0.7: {worst:.2e}")
@@ -522,7 +546,9 @@ def test_real_abort_returns_partial_tokens(real, monkeypatch):
     _ignoring_eos(real, monkeypatch)
 
     async def go():
-        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
+        task = asyncio.create_task(
+            real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000))
+        )
         await _until_sampling(real)
         await real.pause("abort")
         out = await task
@@ -554,7 +580,9 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts, 
     asyncio.run(real.load_weights(p0, 0))
     _ignoring_eos(real, monkeypatch)
     task = generate_tasks("train", n=1, seed=0)[0]
-    cfg = RolloutConfig(temperature=0.0, max_action_tokens=2000, max_context=2048, max_episode_tokens=2000)
+    cfg = RolloutConfig(
+        temperature=0.0, max_action_tokens=2000, max_context=2048, max_episode_tokens=2000
+    )
 
     async def go():
         ep = asyncio.create_task(run_episode(real, _search_env(), tok, task, seed=0, config=cfg))
@@ -629,9 +657,11 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
         # the continuation is v1's: v0 scores it differently (the check can tell them apart)
         gap = max(gap, float((sequence_logprobs(m0, ids, temp)[start:] - lp1).abs().max()))
     by_length = sum(tr.turns[0].finish_reason == "length" for tr in trs)
-    print(f"{cut}/{n} actions cut and continued ({by_length} ended by length); max |logprob - fp32 forward "
-          f"of the segment's version| {worst:.2e}; v0 vs v1 on the continuation {gap:.2e}; "
-          f"(v0 tokens, v1 tokens, finish) {pieces}")
+    print(
+        f"{cut}/{n} actions cut and continued ({by_length} ended by length); "
+        f"max |logprob - fp32 forward of the segment's version| {worst:.2e}; "
+        f"v0 vs v1 on the continuation {gap:.2e}; (v0 tokens, v1 tokens, finish) {pieces}"
+    )
     assert cut >= 1 and worst <= 1e-4 and gap > 1e-2
 
 
@@ -662,21 +692,35 @@ def test_real_async_schedule_interrupt_swaps_through_pause_abort(real, ckpts, tm
 
     tok, (p0, p1) = ckpts
     asyncio.run(real.load_weights(p0, 0))
-    cfg = TrainConfig(tasks_per_update=2, group_size=2, concurrency=12, overprovision=2, staleness_eta=1,
-                      interrupt="interrupt", schedule="async", engine="vllm", temperature=1.0)
+    cfg = TrainConfig(
+        tasks_per_update=2, group_size=2, concurrency=12, overprovision=2, staleness_eta=1,
+        interrupt="interrupt", schedule="async", engine="vllm", temperature=1.0,
+    )
     assert not cfg.schedule_problems() and not cfg.problems()
-    r = SimpleNamespace(cfg=cfg, state={"sft_version": 0}, run=RunDir.create(tmp_path / "run"),
-                        ledger=Ledger(tmp_path / "ledger.sqlite"),
-                        plan=SimpleNamespace(rl=generate_tasks("train", n=40, seed=0)), hook=lambda e, i: None)
+    r = SimpleNamespace(
+        cfg=cfg,
+        state={"sft_version": 0},
+        run=RunDir.create(tmp_path / "run"),
+        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        plan=SimpleNamespace(rl=generate_tasks("train", n=40, seed=0)),
+        hook=lambda e, i: None,
+    )
 
     def make_env():
         env = envs.make("search-v0", max_turns=2)
         env.stop = ()  # actions end by length or EOS, so a swap finds them mid-action
         return ToolLatency(env, mean_s=0.03, sigma=1.0, max_s=0.3)
 
-    collector = SimpleNamespace(engine=real, tokenizer=tok, make_env=make_env, run_id="t",
-                                config=RolloutConfig(temperature=1.0, max_turns=2, max_action_tokens=160,
-                                                     max_episode_tokens=320, max_context=512))
+    collector = SimpleNamespace(
+        engine=real,
+        tokenizer=tok,
+        make_env=make_env,
+        run_id="t",
+        config=RolloutConfig(
+            temperature=1.0, max_turns=2, max_action_tokens=160, max_episode_tokens=320,
+            max_context=512,
+        ),
+    )
     sched = AsyncSchedule(r, collector, version=0, seed=0)
 
     async def drive():
@@ -718,7 +762,9 @@ def test_real_killed_server_fails_in_flight_requests(real, monkeypatch):
     _ignoring_eos(real, monkeypatch)
 
     async def go():
-        task = asyncio.create_task(real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000)))
+        task = asyncio.create_task(
+            real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000))
+        )
         await _until_sampling(real)  # killed mid-action, not before the request arrived
         os.killpg(os.getpgid(real.server.proc.pid), signal.SIGKILL)
         return await task
@@ -737,20 +783,27 @@ def test_real_killed_server_ends_episodes_in_flight_as_error_and_a_restart_serve
 
     tok, (p0, _) = ckpts
     tasks = generate_tasks("train", n=4, seed=0)
-    cfg = RolloutConfig(temperature=1.0, max_action_tokens=400, max_context=512, max_episode_tokens=400)
+    cfg = RolloutConfig(
+        temperature=1.0, max_action_tokens=400, max_context=512, max_episode_tokens=400
+    )
 
     def start():
         # its own short cache dir: vLLM's zmq socket paths must stay under 107 characters
         server = VLLMServer(p0, max_model_len=512).start()
-        engine = VLLMEngine(server.url, tok, version=0, server=server, timeout_s=120, retries=1, retry_wait_s=0.1)
+        engine = VLLMEngine(
+            server.url, tok, version=0, server=server, timeout_s=120, retries=1, retry_wait_s=0.1
+        )
         engine.connect(p0)
         return engine
 
     engine = start()
 
     async def killed():
-        job = asyncio.create_task(run_episodes(engine, _search_env, tok, tasks, group_size=2, config=cfg,
-                                               concurrency=8, seed=0))
+        job = asyncio.create_task(
+            run_episodes(
+                engine, _search_env, tok, tasks, group_size=2, config=cfg, concurrency=8, seed=0
+            )
+        )
         while engine._in_flight < 4:
             await asyncio.sleep(0.01)
         os.killpg(os.getpgid(engine.server.proc.pid), signal.SIGKILL)
@@ -769,7 +822,9 @@ def test_real_killed_server_ends_episodes_in_flight_as_error_and_a_restart_serve
         again = asyncio.run(run_episodes(engine, _search_env, tok, tasks[:2], group_size=1,
                                          config=RolloutConfig(temperature=1.0, max_action_tokens=16,
                                                               max_context=512), seed=1))
-        assert not again.failures and all(t.stop_reason is not StopReason.ERROR for t in again.trajectories)
+        assert not again.failures and all(
+            t.stop_reason is not StopReason.ERROR for t in again.trajectories
+        )
     finally:
         engine.close()
 
@@ -780,7 +835,9 @@ def test_a_list_of_urls_is_one_routed_engine_over_every_server(fake, ckpts):
     servers = [fake(), fake()]
     router = make_engine("vllm", ckpts[1][0], ckpts[0], version=0, url=[s.url for s in servers],
                          retry_wait_s=0.01)
-    assert isinstance(router, EngineRouter) and [e.url for e in router.engines] == [s.url for s in servers]
+    assert isinstance(router, EngineRouter) and [e.url for e in router.engines] == [
+        s.url for s in servers
+    ]
     assert [s.weight_version for s in servers] == ["0", "0"]  # each server was told the version
 
     async def episode(key):
@@ -821,7 +878,9 @@ def test_real_replicas_two_servers_sticky_episodes_and_one_version(ckpts):
         assert isinstance(router, EngineRouter) and len(router.engines) == 2
         assert len({e.url for e in router.engines}) == 2
         tasks = generate_tasks("train", n=4, seed=0)
-        cfg = RolloutConfig(temperature=1.0, max_action_tokens=24, max_context=512, max_episode_tokens=96)
+        cfg = RolloutConfig(
+            temperature=1.0, max_action_tokens=24, max_context=512, max_episode_tokens=96
+        )
 
         result = asyncio.run(run_episodes(router, _search_env, tok, tasks, group_size=2, config=cfg,
                                           concurrency=8, seed=0))
@@ -830,11 +889,14 @@ def test_real_replicas_two_servers_sticky_episodes_and_one_version(ckpts):
             validate_trajectory(t)
             assert set(t.policy_versions) == {0}
         episodes = router.stats["episodes"]
-        assert sum(episodes) == 8 and min(episodes) >= 2, episodes  # balanced across the two servers
+        # balanced across the two servers
+        assert sum(episodes) == 8 and min(episodes) >= 2, episodes
         # sticky: each server got exactly the turns of the episodes assigned to it
         turns = [0, 0]
         for t in result.trajectories:
-            turns[router._sticky[f"{t.group_id}/{t.seed}"]] += sum(s.kind == "action" for s in t.segments)
+            turns[router._sticky[f"{t.group_id}/{t.seed}"]] += sum(
+                s.kind == "action" for s in t.segments
+            )
         assert router.stats["requests"] == turns
         asyncio.run(router.load_weights(p1, 1))
         assert router.version == 1 and all(e.version == 1 for e in router.engines)

@@ -64,12 +64,14 @@ def code(src: str, **kw) -> ExecResult:
 def test_code_behaves_like_python_dash_c():
     async def go(wp: WarmPython) -> list[ExecResult]:
         return [
-            await wp.run_code("import os, sys; print(6 * 7, os.getcwd(), sys.argv, sys.path[0] == '')"),
+            await wp.run_code("import os, sys; "
+                              "print(6 * 7, os.getcwd(), sys.argv, sys.path[0] == '')"),
             await wp.run_code("import sys; print('bye', file=sys.stderr); sys.exit(3)"),
             await wp.run_code("def f():\n    raise ValueError('boom')\nf()"),
             await wp.run_code("import sys; sys.exit('custom message')"),
             await wp.run_code("print(input()[::-1])", stdin="olleh\n"),
-            await wp.run_code("import os; print(os.environ['EXTRA'], os.environ['HOME'])", env={"EXTRA": "x"}),
+            await wp.run_code("import os; print(os.environ['EXTRA'], os.environ['HOME'])",
+                              env={"EXTRA": "x"}),
         ]  # fmt: skip
 
     ok, exit3, exc, msg, stdin, env = with_wp(go)
@@ -101,14 +103,16 @@ def test_no_state_leaks_between_requests_but_workspace_files_persist():
     async def go(wp: WarmPython) -> list[ExecResult]:
         first = await wp.run_code(
             "import builtins, json, os, sys\n"
-            "builtins.LEAK = 1; json.dumps = None; sys.path.append('/evil'); os.environ['E'] = '1'\n"
+            "builtins.LEAK = 1; json.dumps = None; sys.path.append('/evil'); "
+            "os.environ['E'] = '1'\n"
             "open('/workspace/kept.txt', 'w').write('kept'); open('/tmp/scratch', 'w').write('t')\n"
             "import os; os.makedirs('/tmp/d/e'); os.chmod('/tmp/d', 0)\n"
             "open('/dev/shm/s', 'w').write('s')"
         )
         second = await wp.run_code(
             "import builtins, json, os, sys\n"
-            "print(hasattr(builtins, 'LEAK'), json.dumps([1]), '/evil' in sys.path, 'E' in os.environ)\n"
+            "print(hasattr(builtins, 'LEAK'), json.dumps([1]), "
+            "'/evil' in sys.path, 'E' in os.environ)\n"
             "print(open('kept.txt').read(), os.listdir('/tmp'), os.listdir('/dev/shm'))"
         )  # fmt: skip
         return [first, second]
@@ -128,7 +132,10 @@ def test_output_caps():
 
 def test_requests_on_one_zygote_are_serialized():
     async def go(wp: WarmPython) -> list[ExecResult]:
-        src = "import time; open('log', 'a').write('{i}'); time.sleep(0.05); print(open('log').read())"
+        src = (
+            "import time; open('log', 'a').write('{i}'); time.sleep(0.05); "
+            "print(open('log').read())"
+        )
         return await asyncio.gather(*(wp.run_code(src.format(i=i)) for i in range(4)))
 
     rs = with_wp(go)

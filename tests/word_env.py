@@ -45,8 +45,13 @@ class EchoEnv:
             raise ResetNeeded(f"{self.name}: call reset() first")
         reward = float(answer_of(action) == self.task.answers[0])
         self.task = None  # one turn: the episode is over
-        info = {"action": {"kind": "answer"}, "invalid": False, "stop_reason": "answered",
-                "reward_components": {"outcome": reward, "shaping": 0.0}, "verifier_version": self.verifier_version}
+        info = {
+            "action": {"kind": "answer"},
+            "invalid": False,
+            "stop_reason": "answered",
+            "reward_components": {"outcome": reward, "shaping": 0.0},
+            "verifier_version": self.verifier_version,
+        }
         return "", reward, True, False, EchoEnv.INFO.get("broken", info)
 
 
@@ -54,7 +59,10 @@ def word_tasks(env: str, prompt: str, prefix: str = "w"):
     """A task source for `env` (``tasks(split, n, seed)``): "{prompt}: {word}", answer the word."""
 
     def tasks(split: str, n: int, seed: int = 0) -> list[Task]:
-        return [Task(f"{prefix}/{w}", f"{prompt}: {w}", (w,), split, env) for w in WORDS[OFFSET[split]::3]][:n]
+        return [
+            Task(f"{prefix}/{w}", f"{prompt}: {w}", (w,), split, env)
+            for w in WORDS[OFFSET[split] :: 3]
+        ][:n]
 
     return tasks
 

@@ -38,13 +38,15 @@ from taurl.envs.core import Task
 from taurl.envs.tasks import SPLITS, _row_problem
 from taurl.errors import ConfigError, Error
 from taurl.monitor.progress import console_logging, remove_console_logging
-from taurl.recipe.config import TrainConfig, import_modules, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.options import SECTION_TYPES
 from taurl.recipe.sections import merge, nest, options_of
+from taurl.recipe.validate import import_modules, load_config
 
 Reward = Callable[[Any, Task], float]
 
-_REGISTERED: dict[tuple[Any, Any], str] = {}  # (factory or name, reward) -> the name registered for them
+# (factory or name, reward) -> the name registered for them
+_REGISTERED: dict[tuple[Any, Any], str] = {}
 
 
 def train(env: str | Callable[..., Any], *, tasks: Sequence[Task] | str | Path | None = None,
@@ -62,7 +64,8 @@ def train(env: str | Callable[..., Any], *, tasks: Sequence[Task] | str | Path |
     cfg, write = _prepare(env, tasks=tasks, model=model, reward=reward, config=config,
                           run_dir=Path(run_dir), overrides=overrides)
     write()
-    shown = console_logging() if progress else None  # the run's lines, unless the application routes logs
+    # the run's lines, unless the application routes logs
+    shown = console_logging() if progress else None
     try:
         return run_recipe(cfg, str(run_dir), progress=progress)
     finally:
@@ -71,8 +74,8 @@ def train(env: str | Callable[..., Any], *, tasks: Sequence[Task] | str | Path |
 
 def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
              tasks: Sequence[Task] | str | Path | None = None, reward: Reward | None = None,
-             config: TrainConfig | Mapping[str, Any] | str | Path | None = None, split: str = "holdout",
-             progress: bool = True, **overrides: Any) -> Any:
+             config: TrainConfig | Mapping[str, Any] | str | Path | None = None,
+             split: str = "holdout", progress: bool = True, **overrides: Any) -> Any:
     """Evaluate `policy` (a checkpoint directory, or a run directory: its current policy) on
     `split` of `env`'s tasks (or `tasks`); returns the `taurl.eval.evaluate.EvalResult`.
 
@@ -90,22 +93,24 @@ def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
     if not (ckpt / "config.json").is_file():
         run = RunDir(ckpt)
         if run.latest_checkpoint() is None:
-            raise ConfigError(f"{policy} is neither a checkpoint (config.json) nor a run directory with "
-                              "checkpoints/v<N>")
+            raise ConfigError(f"{policy} is neither a checkpoint (config.json) nor a run directory "
+                              "with checkpoints/v<N>")
         ckpt = current_checkpoint(run)
         if env is None and config is None and run.config.is_file():
             config = run.config
     if env is None:
         if config is None:
-            raise ConfigError("evaluate needs the env: pass env= (a registered name or a factory), or config=")
+            raise ConfigError("evaluate needs the env: pass env= (a registered name or a factory), "
+                              "or config=")
         env = _config_dict(config).get("env") or ""
     eval_only = {"sft": {"data": "none", "file": "", "expert_options": {}, "demos": 0},
                  "policy": {"warmup_options": {}, "model": str(ckpt)}}
     cfg, write = _prepare(env, tasks=tasks, model=None, reward=reward, config=config, run_dir=None,
                           overrides=merge(eval_only, nest(overrides, warn="keyword")))
     write()
-    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
-                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0,
+                      n_rl=0, n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed,
+                      env_config=cfg.env_config)
 
     def make_env() -> Any:
         made = registry.make(cfg.env, **cfg.env_kwargs())
@@ -115,7 +120,8 @@ def evaluate(policy: str | Path, env: str | Callable[..., Any] | None = None, *,
 
     return evaluate_policy(ckpt, getattr(plan, split), cfg.eval_config(), make_env=make_env,
                            rollout=cfg.rollout_config(cfg.eval_temperature),
-                           verifier=registry.spec(cfg.env).make_verifier(), tag=f"api-{split}", progress=progress)
+                           verifier=registry.spec(cfg.env).make_verifier(), tag=f"api-{split}",
+                           progress=progress)
 
 
 # ---------------------------------------------------------------------------------------
@@ -134,16 +140,19 @@ def _prepare(env: Any, *, tasks: Any, model: Any, reward: Any, config: Any, run_
     if isinstance(config, (str, Path)):
         imported = import_modules(str(config), overrides.get("imports"))
     else:
-        imported = import_modules(None, [*(data.get("imports") or []), *(overrides.get("imports") or [])])
+        imported = import_modules(None, [*(data.get("imports") or []),
+                                         *(overrides.get("imports") or [])])
     writes: list[Callable[[], None]] = []
     extra: dict[str, Any] = {"imports": imported or None}
     if reward is not None and not callable(reward):
-        raise ConfigError(f"reward must be a function (trajectory, task) -> float, got {type(reward).__name__}")
+        raise ConfigError("reward must be a function (trajectory, task) -> float, got "
+                          f"{type(reward).__name__}")
     extra["env"] = _env_name(env, reward)
     if registry.spec(extra["env"]).expert is None and not any(
             "data" in (d.get("sft") or {}) for d in (data, overrides)):
         extra["sft.data"] = "none"  # no expert to learn from: RL from the policy as it is
-    later: dict[str, str] = {}  # files written only after every check: set once load_config checked the rest
+    # files written only after every check: set once load_config checked the rest
+    later: dict[str, str] = {}
     task_text = None
     if isinstance(tasks, (str, Path)):
         extra["tasks"] = _task_file(tasks)
@@ -199,7 +208,8 @@ def _config_dict(config: Any) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {config} must be a mapping of option: value")
         return nest(loaded, warn="file")  # a file's flat keys are named with their new place
-    raise ConfigError(f"config must be a TrainConfig, a dict or a YAML file path, got {type(config).__name__}")
+    raise ConfigError("config must be a TrainConfig, a dict or a YAML file path, got "
+                      f"{type(config).__name__}")
 
 
 def _env_name(env: Any, reward: Reward | None) -> str:
@@ -221,7 +231,8 @@ def _env_name(env: Any, reward: Reward | None) -> str:
                           f"returning an Env), got {type(env).__name__}")
     key = (env, reward)
     if key not in _REGISTERED:
-        name = _free_name(f"{_slug(env)}-v0" if reward is None else f"{_slug(env)}+{_slug(reward)}-v0")
+        name = _free_name(f"{_slug(env)}-v0" if reward is None
+                          else f"{_slug(env)}+{_slug(reward)}-v0")
         registry.register(name, env if reward is None else _Rescored(env, reward),
                           verifier=None if reward is None else _verifier(reward))
         _REGISTERED[key] = name
@@ -256,8 +267,8 @@ def _task_rows(tasks: Any) -> str:
         if not isinstance(t, Task):
             problems.append(f"tasks[{i}] is a {type(t).__name__}, not a taurl.Task")
             continue
-        row = {"task_id": t.task_id, "prompt": t.prompt, "answers": list(t.answers), "split": t.split,
-               "metadata": dict(t.metadata)}
+        row = {"task_id": t.task_id, "prompt": t.prompt, "answers": list(t.answers),
+               "split": t.split, "metadata": dict(t.metadata)}
         if why := _row_problem(row):
             problems.append(f"tasks[{i}] ({t.task_id!r}) {why}")
         elif t.task_id in seen:
@@ -283,8 +294,8 @@ def _model(model: Any, run_dir: Path | None, writes: list[Callable[[], None]]) -
     """Where a loaded (model, tokenizer) is saved (``RUN/base_model``) once the checks passed."""
     if not (isinstance(model, tuple) and len(model) == 2
             and all(hasattr(x, "save_pretrained") for x in model)):
-        raise ConfigError("model must be a local model directory or a loaded (model, tokenizer) pair "
-                          "(Hugging Face objects with save_pretrained)")
+        raise ConfigError("model must be a local model directory or a loaded (model, tokenizer) "
+                          "pair (Hugging Face objects with save_pretrained)")
     if run_dir is None:
         raise ConfigError("a loaded (model, tokenizer) needs a run directory to be saved in")
     path = run_dir / "base_model"
@@ -292,7 +303,7 @@ def _model(model: Any, run_dir: Path | None, writes: list[Callable[[], None]]) -
     def save() -> None:
         if not (path / "config.json").is_file():  # a resumed run keeps the model it started from
             path.mkdir(parents=True, exist_ok=True)
-            from taurl.policy.model import quiet_hf
+            from taurl.policy.files import quiet_hf
 
             with quiet_hf():
                 model[0].save_pretrained(path)
@@ -337,8 +348,10 @@ class _Outcome:
 
     def __call__(self, traj: Any, task: Task) -> float:
         value = self.reward(traj, task)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise Error(f"reward({traj.episode_id}) returned {value!r}; it must return a finite number")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value)):
+            raise Error(f"reward({traj.episode_id}) returned {value!r}; it must return a finite "
+                        "number")
         return float(value)
 
 

@@ -41,7 +41,8 @@ import torch
 
 KILL_ENV = "TAURL_CHAOS_KILL_AT"
 TRACE_ENV = "TAURL_CHAOS_TRACE"
-OWN_POINTS = {"episode_stored"}  # placed in the code itself (`taurl.rollout.episodes.collect`), not by the hook
+# placed in the code itself (`taurl.rollout.episodes.collect`), not by the hook
+OWN_POINTS = {"episode_stored"}
 TAG_KEYS = ("episode_id", "version", "step")  # the info keys that name a point's work
 
 
@@ -109,25 +110,29 @@ def digest_tensors(items: Sequence[tuple[str, Any]]) -> str:
 
 
 def optimizer_digest(state_dict: dict[str, Any]) -> str:
-    """Digest of an optimizer's `state_dict()`: every moment tensor and step, and the hyper-parameters."""
+    """Digest of an optimizer's `state_dict()`: every moment tensor and step, and the
+    hyper-parameters."""
     items = []
     for pid in sorted(state_dict["state"]):
         for k, v in sorted(state_dict["state"][pid].items()):
-            items.append((f"{pid}.{k}", v if isinstance(v, torch.Tensor) else torch.tensor(float(v))))
-    groups = json.dumps([{k: v for k, v in g.items()} for g in state_dict["param_groups"]], sort_keys=True,
-                        default=str)
+            items.append((f"{pid}.{k}",
+                          v if isinstance(v, torch.Tensor) else torch.tensor(float(v))))
+    groups = json.dumps([{k: v for k, v in g.items()} for g in state_dict["param_groups"]],
+                        sort_keys=True, default=str)
     return digest_tensors(items) + ":" + hashlib.sha256(groups.encode()).hexdigest()[:8]
 
 
 def rng_digest() -> str:
     """Digest of the global RNG states of python, numpy and torch."""
     np_state = np.random.get_state()
-    text = json.dumps([random.getstate(), np_state[0], np_state[1].tolist(), list(np_state[2:])], default=str)
+    text = json.dumps([random.getstate(), np_state[0], np_state[1].tolist(), list(np_state[2:])],
+                      default=str)
     return hashlib.sha256(text.encode() + torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
 
 
 def state_digests(optimizer: Any) -> dict[str, str]:
     """The facts of a learner point: digests of the optimizer state, the parameters and the RNGs."""
-    params = [(f"{i}.{j}", p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
+    params = [(f"{i}.{j}", p)
+              for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
     return {"optimizer": optimizer_digest(optimizer.state_dict()), "params": digest_tensors(params),
             "rng": rng_digest()}

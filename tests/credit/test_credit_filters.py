@@ -15,7 +15,8 @@ from taurl.credit import (
 )
 from taurl.errors import ConfigError
 
-# groups: "a" = [1, 1] (no signal), "b" = [1, 0, 0] (std 0.4714), "c" = [0] (alone), "d" = [1, 0] (std 0.5)
+# groups: "a" = [1, 1] (no signal), "b" = [1, 0, 0] (std 0.4714), "c" = [0] (alone),
+# "d" = [1, 0] (std 0.5)
 SCORES = np.array([1, 1, 1, 0, 0, 0, 1, 0], dtype=float)
 GROUPS = np.array(["a", "a", "b", "b", "b", "c", "d", "d"])
 
@@ -40,9 +41,14 @@ def test_top_std_keeps_the_most_uncertain_groups():
 
 
 def test_overlong_filter():
-    sel = overlong_filter(np.array([False, True, False, False]), lengths=np.array([10, 5, 99, 50]), max_length=64)
+    sel = overlong_filter(
+        np.array([False, True, False, False]), lengths=np.array([10, 5, 99, 50]), max_length=64
+    )
     np.testing.assert_array_equal(sel.kept, [0, 3])
-    assert sel.stats["learn/filter_truncated_dropped"] == 1 and sel.stats["learn/filter_overlong_dropped"] == 1
+    assert (
+        sel.stats["learn/filter_truncated_dropped"] == 1
+        and sel.stats["learn/filter_overlong_dropped"] == 1
+    )
     with pytest.raises(ConfigError, match="lengths"):
         overlong_filter(np.array([False]), max_length=3)
 
@@ -50,9 +56,13 @@ def test_overlong_filter():
 def test_rejection_sampling_threshold_and_per_group_cap():
     scores = np.array([0.9, 0.5, 1.0, 0.95, 0.2, 1.0])
     group = np.array([0, 0, 0, 0, 1, 1])
-    np.testing.assert_array_equal(rejection_sampling(scores, group, threshold=0.9).kept, [0, 2, 3, 5])
+    np.testing.assert_array_equal(
+        rejection_sampling(scores, group, threshold=0.9).kept, [0, 2, 3, 5]
+    )
     # best two of group 0 that pass: 1.0 (row 2) and 0.95 (row 3)
-    np.testing.assert_array_equal(rejection_sampling(scores, group, threshold=0.9, per_group=2).kept, [2, 3, 5])
+    np.testing.assert_array_equal(
+        rejection_sampling(scores, group, threshold=0.9, per_group=2).kept, [2, 3, 5]
+    )
 
 
 def test_rejection_sampling_matches_loop():
@@ -72,7 +82,10 @@ def test_preference_pairs():
     np.testing.assert_array_equal(chosen, [2, 6])
     np.testing.assert_array_equal(rejected, [3, 7])
     chosen, rejected, stats = preference_pairs(SCORES, GROUPS, mode="all")
-    assert list(zip(chosen, rejected, strict=True)) == [(2, 3), (2, 4), (6, 7)] and stats["learn/dpo_pairs"] == 3
+    assert (
+        list(zip(chosen, rejected, strict=True)) == [(2, 3), (2, 4), (6, 7)]
+        and stats["learn/dpo_pairs"] == 3
+    )
 
 
 def test_filters_compose_with_batch_select():

@@ -88,8 +88,10 @@ def test_gae_rejects_bad_hyperparameters():
 def test_gae_bootstraps_a_truncated_episode_from_v_of_its_last_state_and_not_a_terminated_one():
     """Two rows, both r = [0, 0], V = [0.5, 0.6], V(s_T) = 0.8, γ = λ = 1.
 
-    truncated:  δ_1 = 0 + 0.8 − 0.6 = 0.2, δ_0 = 0 + 0.6 − 0.5 = 0.1 → A = [0.3, 0.2], R = [0.8, 0.8]
-    terminated: δ_1 = 0 + 0   − 0.6 = −0.6                        → A = [−0.5, −0.6], R = [0, 0]
+    truncated:  δ_1 = 0 + 0.8 − 0.6 = 0.2, δ_0 = 0 + 0.6 − 0.5 = 0.1
+                → A = [0.3, 0.2], R = [0.8, 0.8]
+    terminated: δ_1 = 0 + 0   − 0.6 = −0.6
+                → A = [−0.5, −0.6], R = [0, 0]
     """
     b = TurnBatch.build([0.0, 0.0], [0, 0], num_turns=[2, 2], values=[[0.5, 0.6], [0.5, 0.6]],
                         bootstrap_values=[0.8, 0.8], truncated=[True, False])

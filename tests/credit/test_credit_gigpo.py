@@ -28,12 +28,18 @@ def batch_of(paths: list[list[tuple[str, str]]], rewards: list[float]) -> TurnBa
 
 
 def test_step_only_in_failed_trajectories_is_negative():
-    # τ1, τ2 win via (s0,a)(s1,b); τ3 fails via (s0,a)(s1,c)(s2,d); τ4 fails via (s0,e)(s3,f). γ = 1.
+    # τ1, τ2 win via (s0,a)(s1,b); τ3 fails via (s0,a)(s1,c)(s2,d); τ4 fails via
+    # (s0,e)(s3,f). γ = 1.
     # A^E = [1, 1, -1, -1]. Anchor s1 = {τ1, τ2, τ3} with returns {1, 1, 0}: mean 2/3, std sqrt(2/9)
     # -> A^S(τ3 at s1) = -(2/3)/sqrt(2/9) = -1.41421; A^S(τ1 at s1) = (1/3)/sqrt(2/9) = 0.70711.
     # Anchor s0 = all four, returns [1, 1, 0, 0] -> A^S = ±1. s2, s3 are singletons -> 0.
-    b = batch_of([[("s0", "a"), ("s1", "b")], [("s0", "a"), ("s1", "b")],
-                  [("s0", "a"), ("s1", "c"), ("s2", "d")], [("s0", "e"), ("s3", "f")]], [1, 1, 0, 0])
+    b = batch_of(
+        [
+            [("s0", "a"), ("s1", "b")], [("s0", "a"), ("s1", "b")],
+            [("s0", "a"), ("s1", "c"), ("s2", "d")], [("s0", "e"), ("s3", "f")],
+        ],
+        [1, 1, 0, 0],
+    )
     a_e, a_s, stats = gigpo_components(b, gamma=1.0)
     np.testing.assert_allclose(a_e[:, 0], [1, 1, -1, -1], atol=1e-5)
     np.testing.assert_allclose(a_s[0, :2], [1, 0.70711], atol=1e-4)
@@ -70,7 +76,11 @@ def test_anchor_groups_never_cross_episode_groups():
 
 def test_similarity_mode_merges_near_identical_observations():
     # "results: paris, france" vs "results: paris, frances": difflib ratio 2·22/45 = 0.978 >= 0.9
-    texts = (("task", "results: paris, france"), ("task", "results: paris, frances"), ("task", "error: bad query"))
+    texts = (
+        ("task", "results: paris, france"),
+        ("task", "results: paris, frances"),
+        ("task", "error: bad query"),
+    )
     b = TurnBatch.build([1, 0, 0], [0, 0, 0], num_turns=[2, 2, 2]).replace(state_text=texts)
     ids = similar_state_ids(b.state_text, b.group, b.turn_mask, threshold=0.9)
     assert ids[0, 0] == ids[1, 0] == ids[2, 0]  # identical prompt
@@ -125,8 +135,12 @@ def ref_gigpo(b: TurnBatch, gamma: float, omega: float, eps: float = 1e-6) -> np
 def test_gigpo_matches_reference_loop(seed):
     rng = np.random.default_rng(seed)
     n, t = 48, 6
-    b = TurnBatch.build(rng.integers(0, 2, n), rng.integers(0, 6, n), num_turns=rng.integers(0, t + 1, n),
-                        step_rewards=rng.normal(size=(n, t)) * (rng.random((n, t)) < 0.2),
-                        state_hash=rng.integers(0, 3, (n, t)), max_turns=t)
+    b = TurnBatch.build(
+        rng.integers(0, 2, n), rng.integers(0, 6, n), num_turns=rng.integers(0, t + 1, n),
+        step_rewards=rng.normal(size=(n, t)) * (rng.random((n, t)) < 0.2),
+        state_hash=rng.integers(0, 3, (n, t)), max_turns=t,
+    )
     gamma, omega = float(rng.uniform(0.5, 1)), float(rng.uniform(0, 2))
-    np.testing.assert_allclose(gigpo(b, gamma=gamma, omega=omega).advantages, ref_gigpo(b, gamma, omega), atol=1e-9)
+    np.testing.assert_allclose(
+        gigpo(b, gamma=gamma, omega=omega).advantages, ref_gigpo(b, gamma, omega), atol=1e-9
+    )

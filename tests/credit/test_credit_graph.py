@@ -36,7 +36,9 @@ def test_shared_step_zero_and_failed_only_step_negative():
     # (s1,b): Q = 1, parent Q = 0.5 -> +0.5/0.5 = +1. (s1,c): Q = 0 -> -1 (only in failed ones).
     # (s2,d): Q = 0, parent (s1,c) Q = 0 -> 0 (no alternative there).
     c = salt(batch_of(PATHS, [1, 1, 0, 0]))
-    np.testing.assert_allclose(c.advantages, [[0, 1, 0], [0, 1, 0], [0, -1, 0], [0, -1, 0]], atol=1e-5)
+    np.testing.assert_allclose(
+        c.advantages, [[0, 1, 0], [0, 1, 0], [0, -1, 0], [0, -1, 0]], atol=1e-5
+    )
     assert c.advantages[0, 0] == 0.0  # exactly
     assert c.stats["learn/graph_nodes"] == 4
     # GiGPO, for contrast: the shared first step's anchor group compares returns, so it is not 0
@@ -57,11 +59,17 @@ def test_state_mode_merges_revisits():
     # scores [1, 1, 0]: mean 2/3, std sqrt(2/9) = 0.471405.
     # V(s0) = mean over 4 visits (1, 1, 1, 0) = 0.75; Q(s0,a) = mean(1, 1, 0) = 2/3; Q(s0,x) = 1
     # V(s1) = 2/3; Q(s1,b) = 1; Q(s1,c) = 0
-    paths = [[("s0", "a"), ("s1", "b")], [("s0", "x"), ("s0", "a"), ("s1", "b")], [("s0", "a"), ("s1", "c")]]
+    paths = [
+        [("s0", "a"), ("s1", "b")],
+        [("s0", "x"), ("s0", "a"), ("s1", "b")],
+        [("s0", "a"), ("s1", "c")],
+    ]
     c = salt(batch_of(paths, [1, 1, 0]), merge="state")
     s = np.sqrt(2 / 9)
     np.testing.assert_allclose(c.advantages[0, :2], [(2 / 3 - 0.75) / s, (1 / 3) / s], atol=1e-5)
-    np.testing.assert_allclose(c.advantages[1], [0.25 / s, (2 / 3 - 0.75) / s, (1 / 3) / s], atol=1e-5)
+    np.testing.assert_allclose(
+        c.advantages[1], [0.25 / s, (2 / 3 - 0.75) / s, (1 / 3) / s], atol=1e-5
+    )
     np.testing.assert_allclose(c.advantages[2, :2], [(2 / 3 - 0.75) / s, -(2 / 3) / s], atol=1e-5)
 
 
@@ -114,7 +122,9 @@ def ref_salt_state(b: TurnBatch, eps: float = 1e-6) -> np.ndarray:
             continue
         for k in range(int(b.turn_mask[i].sum())):
             s, a = int(b.state_hash[i, k]), int(b.action_hash[i, k])
-            adv[i, k] = (np.mean(q[(b.group[i], s, a)]) - np.mean(v[(b.group[i], s)])) / (members.std() + eps)
+            adv[i, k] = (np.mean(q[(b.group[i], s, a)]) - np.mean(v[(b.group[i], s)])) / (
+                members.std() + eps
+            )
     return adv
 
 
@@ -122,8 +132,10 @@ def ref_salt_state(b: TurnBatch, eps: float = 1e-6) -> np.ndarray:
 def test_salt_matches_reference_loops(seed):
     rng = np.random.default_rng(seed)
     n, t = 40, 5
-    b = TurnBatch.build(rng.integers(0, 2, n), rng.integers(0, 4, n), num_turns=rng.integers(0, t + 1, n),
-                        state_hash=rng.integers(0, 2, (n, t)), action_hash=rng.integers(0, 2, (n, t)), max_turns=t)
+    b = TurnBatch.build(
+        rng.integers(0, 2, n), rng.integers(0, 4, n), num_turns=rng.integers(0, t + 1, n),
+        state_hash=rng.integers(0, 2, (n, t)), action_hash=rng.integers(0, 2, (n, t)), max_turns=t,
+    )
     np.testing.assert_allclose(salt(b).advantages, ref_salt_prefix(b), atol=1e-9)
     np.testing.assert_allclose(salt(b, merge="state").advantages, ref_salt_state(b), atol=1e-9)
 
@@ -131,7 +143,12 @@ def test_salt_matches_reference_loops(seed):
 def test_prefix_nodes_are_exact_paths():
     b = batch_of(PATHS, [1, 1, 0, 0])
     nodes, num = prefix_nodes(b)
-    assert num == 4 and nodes[0, 1] == nodes[1, 1] != nodes[2, 1] and nodes[3, 2] >= 0 and nodes[0, 2] == -1
+    assert (
+        num == 4
+        and nodes[0, 1] == nodes[1, 1] != nodes[2, 1]
+        and nodes[3, 2] >= 0
+        and nodes[0, 2] == -1
+    )
     # the same (state, action) after a different prefix is a different node
     b2 = batch_of([[("s0", "a"), ("s1", "b")], [("s0", "x"), ("s1", "b")]], [1, 0])
     nodes2, _ = prefix_nodes(b2)

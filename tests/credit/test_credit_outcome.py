@@ -40,8 +40,11 @@ def test_returns_seed_example():
 
 
 def test_all_equal_group_is_zero_counted_and_never_divides_by_zero():
-    # group 0: three equal scores 0.1 (their float mean is not exactly 0.1); group 1: [1, 0]; group 2: alone
-    b = TurnBatch.build([0.1, 0.1, 0.1, 1.0, 0.0, 5.0], [0, 0, 0, 1, 1, 2], num_turns=[2, 1, 3, 1, 1, 2])
+    # group 0: three equal scores 0.1 (their float mean is not exactly 0.1); group 1:
+    # [1, 0]; group 2: alone
+    b = TurnBatch.build(
+        [0.1, 0.1, 0.1, 1.0, 0.0, 5.0], [0, 0, 0, 1, 1, 2], num_turns=[2, 1, 3, 1, 1, 2]
+    )
     with warnings.catch_warnings(), np.errstate(all="raise"):
         warnings.simplefilter("error")
         for fn in (grpo, dr_grpo, grpo_batch_std, rloo, reinforce_pp_baseline):
@@ -79,15 +82,22 @@ def test_orm_broadcasts_the_episode_return():
 
 
 def test_reinforce_pp_whitens_over_all_turns():
-    # γ = 1. Returns: traj A (2 turns, R=1): [1, 1]; traj B (1 turn, R=0): [0]; C, D (1 turn, R=1): [1], [1]
+    # γ = 1. Returns: traj A (2 turns, R=1): [1, 1]; traj B (1 turn, R=0): [0]; C, D (1
+    # turn, R=1): [1], [1]
     # all turns [1, 1, 0, 1, 1]: mean 0.8, std 0.4 -> A: 0.5, 0.5; B: -2; C, D: 0.5
     b = TurnBatch.build([1, 0, 1, 1], [0, 0, 1, 1], num_turns=[2, 1, 1, 1])
-    np.testing.assert_allclose(reinforce_pp(b).advantages, [[0.5, 0.5], [-2, 0], [0.5, 0], [0.5, 0]], atol=1e-5)
-    # baseline variant: group means 0.5 and 1 are removed from the final reward, so A: [0.5, 0.5], B: [-0.5];
+    np.testing.assert_allclose(
+        reinforce_pp(b).advantages, [[0.5, 0.5], [-2, 0], [0.5, 0], [0.5, 0]], atol=1e-5
+    )
+    # baseline variant: group means 0.5 and 1 are removed from the final reward, so A:
+    # [0.5, 0.5], B: [-0.5];
     # group {C, D} is all-equal -> exactly 0 and not whitened. Whiten [0.5, 0.5, -0.5]: mean 1/6,
-    # std = sqrt(((1/3)² + (1/3)² + (2/3)²)/3) = sqrt(2/9) -> (1/3)/sqrt(2/9) = 0.7071, -(2/3)/sqrt(2/9) = -1.4142
+    # std = sqrt(((1/3)² + (1/3)² + (2/3)²)/3) = sqrt(2/9) -> (1/3)/sqrt(2/9) = 0.7071,
+    # -(2/3)/sqrt(2/9) = -1.4142
     c = reinforce_pp_baseline(b)
-    np.testing.assert_allclose(c.advantages, [[0.70711, 0.70711], [-1.41421, 0], [0, 0], [0, 0]], atol=1e-4)
+    np.testing.assert_allclose(
+        c.advantages, [[0.70711, 0.70711], [-1.41421, 0], [0, 0], [0, 0]], atol=1e-4
+    )
 
 
 # -------------------------------------------------------------------------------------------
@@ -160,18 +170,28 @@ def test_fast_paths_match_reference_loops(seed):
     b = random_batch(rng)
     np.testing.assert_allclose(grpo(b).advantages, ref_group_relative(b, "grpo"), atol=1e-9)
     np.testing.assert_allclose(dr_grpo(b).advantages, ref_group_relative(b, "dr_grpo"), atol=1e-9)
-    np.testing.assert_allclose(grpo_batch_std(b).advantages, ref_group_relative(b, "batch_std"), atol=1e-9)
+    np.testing.assert_allclose(
+        grpo_batch_std(b).advantages, ref_group_relative(b, "batch_std"), atol=1e-9
+    )
     np.testing.assert_allclose(rloo(b).advantages, ref_group_relative(b, "rloo"), atol=1e-9)
     gamma = float(rng.uniform(0.5, 1.0))
     g = ref_returns(b, gamma)
-    np.testing.assert_allclose(discounted_returns(b.turn_rewards(), b.turn_mask, gamma), g, atol=1e-12)
+    np.testing.assert_allclose(
+        discounted_returns(b.turn_rewards(), b.turn_mask, gamma), g, atol=1e-12
+    )
     real = g[b.turn_mask]
     np.testing.assert_allclose(reinforce_pp(b, gamma=gamma).advantages[b.turn_mask],
                                (real - real.mean()) / (real.std() + 1e-6), atol=1e-9)
-    # baseline variant: group mean of the scores off the final reward, then whiten non-constant groups
+    # baseline variant: group mean of the scores off the final reward, then
+    # whiten non-constant groups
     s = ref_scores(b)
-    means = {g_: np.mean([s[i] for i in range(len(s)) if b.group[i] == g_]) for g_ in set(b.group.tolist())}
-    const = {g_ for g_ in means if np.ptp([s[i] for i in range(len(s)) if b.group[i] == g_]) < 1e-12}
+    means = {
+        g_: np.mean([s[i] for i in range(len(s)) if b.group[i] == g_])
+        for g_ in set(b.group.tolist())
+    }
+    const = {
+        g_ for g_ in means if np.ptp([s[i] for i in range(len(s)) if b.group[i] == g_]) < 1e-12
+    }
     gb = ref_returns(b, gamma, [means[g_] for g_ in b.group.tolist()])
     keep = b.turn_mask & np.array([g_ not in const for g_ in b.group.tolist()])[:, None]
     want = np.zeros_like(gb)
@@ -181,6 +201,9 @@ def test_fast_paths_match_reference_loops(seed):
 
 def test_padding_is_always_zero_and_advantages_finite():
     b = random_batch(np.random.default_rng(9))
-    for fn in (grpo, dr_grpo, grpo_batch_std, rloo, reinforce_pp, reinforce_pp_baseline, orm, discounted_turn_returns):
+    for fn in (
+        grpo, dr_grpo, grpo_batch_std, rloo, reinforce_pp, reinforce_pp_baseline, orm,
+        discounted_turn_returns,
+    ):
         adv = fn(b).advantages
         assert np.all(adv[~b.turn_mask] == 0) and np.all(np.isfinite(adv)), fn.__name__

@@ -26,7 +26,10 @@ from taurl.train.critic import value_positions
 from taurl.train.learner import Learner, LearnerConfig
 
 MAP = ["SFFF", "FHFH", "FFFH", "HFFG"]
-R, L, D, U = ("<action>right</action>", "<action>left</action>", "<action>down</action>", "<action>up</action>")
+R, L, D, U = (
+    "<action>right</action>", "<action>left</action>", "<action>down</action>",
+    "<action>up</action>",
+)
 SHORTEST = [D, D, R, R, D, R]  # (0,0) → (2,0) → (2,2) → (3,2) → (3,3)
 PATHS = {
     "goal": SHORTEST,
@@ -42,7 +45,9 @@ def tokenizer():
     from taurl.policy import build_tokenizer
 
     tasks = envs.make_tasks("frozenlake-v0", "train", 50)
-    texts = [t.prompt for t in tasks] + [a for t in tasks for a in frozenlake_expert(t, random.Random(0))]
+    texts = [t.prompt for t in tasks] + [
+        a for t in tasks for a in frozenlake_expert(t, random.Random(0))
+    ]
     return build_tokenizer(texts + [envs.make("frozenlake-v0").system_prompt], vocab_size=400)
 
 
@@ -56,9 +61,13 @@ def rollouts(tokenizer):
     out = {}
     for name, actions in PATHS.items():
         env = envs.make("frozenlake-v0", max_turns=6 if name == "wander" else 10)
-        traj = asyncio.run(run_episode(ScriptedEngine(tokenizer, actions), env, tokenizer, _task("g"), seed=0,
-                                       config=RolloutConfig(max_turns=10, max_action_tokens=16, max_episode_tokens=200),
-                                       episode_id=name, group_id="g"))
+        traj = asyncio.run(
+            run_episode(
+                ScriptedEngine(tokenizer, actions), env, tokenizer, _task("g"), seed=0,
+                config=RolloutConfig(max_turns=10, max_action_tokens=16, max_episode_tokens=200),
+                episode_id=name, group_id="g",
+            )
+        )
         out[name] = traj
     return out
 
@@ -84,7 +93,9 @@ def test_segment_grpo_all_credits_every_segment_with_the_recorded_outcome(rollou
     fix the first segments of real rollouts scored 0 and 0 (the outcome sat in the last
     step reward, which only the last segment sums), so they got no credit at all.
     """
-    trajs = [dataclasses.replace(rollouts[n], metadata={"subgoal_end": [0]}) for n in ("goal", "hole")]
+    trajs = [
+        dataclasses.replace(rollouts[n], metadata={"subgoal_end": [0]}) for n in ("goal", "hole")
+    ]
     b = TurnBatch.from_trajectories(trajs)
     assert b.segment_id[0, :2].tolist() == [0, 1] and b.segment_id[1, :2].tolist() == [0, 1]
     adv = segment_grpo(b, outcome="all").advantages
@@ -97,8 +108,10 @@ def test_segment_grpo_all_credits_every_segment_with_the_recorded_outcome(rollou
 
 
 def _model() -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(vocab_size=512, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=512, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=512, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=512, pad_token_id=0,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(cfg).eval()
 
@@ -111,7 +124,10 @@ def test_zero_variance_filter_keeps_a_gigpo_group_of_one_outcome_with_different_
     gig = Learner(_model(), LearnerConfig(estimator="gigpo", estimator_options={"gamma": 0.9}))
     kept, adv, stats = gig.advantages(group)
     assert len(kept) == 2 and np.abs(adv).max() > 0.1
-    assert stats["learn/filter_zero_var_groups"] == 1.0 and stats["learn/filter_zero_var_groups_kept"] == 1.0
+    assert (
+        stats["learn/filter_zero_var_groups"] == 1.0
+        and stats["learn/filter_zero_var_groups_kept"] == 1.0
+    )
     assert stats["learn/filter_zero_adv_groups_dropped"] == 0.0
     # an outcome-only estimator on the same group: all advantages 0 → dropped, and counted
     kept, _, stats = Learner(_model(), LearnerConfig(estimator="grpo")).advantages(group)
@@ -122,16 +138,21 @@ def test_gae_bootstraps_the_truncated_rollout_from_the_critic_and_not_the_termin
     """The learner's critic gives V(s_t) at the token before each action and V(s_T) at the end;
     GAE uses V(s_T) for the truncated `wander` episode only."""
     trajs = [rollouts["hole"], rollouts["wander"]]
-    learner = Learner(_model(), LearnerConfig(estimator="gae", estimator_options={"gamma": 1.0, "lam": 1.0}))
+    learner = Learner(
+        _model(), LearnerConfig(estimator="gae", estimator_options={"gamma": 1.0, "lam": 1.0})
+    )
     torch.nn.init.constant_(learner.critic.model.head.bias, 0.5)  # V ≡ 0.5 + w·h; w = 0 → V ≡ 0.5
     a = learner.assign(trajs)
     np.testing.assert_allclose(a.batch.values[a.batch.turn_mask], 0.5, atol=1e-6)
     np.testing.assert_allclose(a.batch.bootstrap_values, 0.5, atol=1e-6)
-    # λ = γ = 1: A_t = Σ r + V_after − V(s_t); hole terminated: 0 + 0 − 0.5; wander truncated: 0 + 0.5 − 0.5
+    # λ = γ = 1: A_t = Σ r + V_after − V(s_t); hole terminated: 0 + 0 − 0.5; wander
+    # truncated: 0 + 0.5 − 0.5
     np.testing.assert_allclose(a.credit.advantages[0, :2], -0.5, atol=1e-6)
     np.testing.assert_allclose(a.credit.advantages[1, :6], 0.0, atol=1e-6)
     pos, last = value_positions(trajs[1])
-    starts = [sum(len(s.token_ids) for s in trajs[1].segments[:t.action_segment]) for t in trajs[1].turns]
+    starts = [
+        sum(len(s.token_ids) for s in trajs[1].segments[: t.action_segment]) for t in trajs[1].turns
+    ]
     assert pos.tolist() == [s - 1 for s in starts] and last == trajs[1].num_tokens - 1
     assert all(trajs[1].action_mask[p] == 0 and trajs[1].action_mask[p + 1] == 1 for p in pos)
 

@@ -23,9 +23,12 @@ from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn, validat
 from taurl.errors import ConfigError, ContractError
 
 
-def make_traj(episode: str, group: str, turns: list[dict], reward: float, prompt: str = "find the capital",
-              metadata: dict | None = None, extra_action: bool = False) -> Trajectory:
-    """prompt (3 ids) then per turn: action (len(action_text) ids), observation (2 ids) except last; template."""
+def make_traj(
+    episode: str, group: str, turns: list[dict], reward: float, prompt: str = "find the capital",
+    metadata: dict | None = None, extra_action: bool = False,
+) -> Trajectory:
+    """prompt (3 ids) then per turn: action (len(action_text) ids), observation (2 ids)
+    except last; template."""
     segs = [Segment("prompt", (1, 2, 3))]
     out = []
     for k, t in enumerate(turns):
@@ -36,26 +39,50 @@ def make_traj(episode: str, group: str, turns: list[dict], reward: float, prompt
         if k < len(turns) - 1:
             segs.append(Segment("observation", (7, 8)))
             o_idx = len(segs) - 1
-        out.append(Turn(index=k, action_text=t["action"], action=t.get("parsed", {"kind": "search"}),
-                        observation_text=t.get("obs", "") if o_idx is not None else "", action_segment=a_idx,
-                        observation_segment=o_idx, finish_reason="stop", env_reward=t.get("r", 0.0)))
+        out.append(
+            Turn(
+                index=k, action_text=t["action"], action=t.get("parsed", {"kind": "search"}),
+                observation_text=t.get("obs", "") if o_idx is not None else "",
+                action_segment=a_idx, observation_segment=o_idx, finish_reason="stop",
+                env_reward=t.get("r", 0.0),
+            )
+        )
     if extra_action:
         segs.append(Segment("action", (5,), (-0.1,), 0))
     segs.append(Segment("template", (9,)))
-    traj = Trajectory(episode_id=episode, run_id="r", task_id=group, group_id=group, split="train",
-                      env_name="search-v0", env_version="1", seed=0, segments=tuple(segs), turns=tuple(out),
-                      messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": "..."}),
-                      terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward,
-                      metadata=metadata or {})
+    traj = Trajectory(
+        episode_id=episode, run_id="r", task_id=group, group_id=group, split="train",
+        env_name="search-v0", env_version="1", seed=0, segments=tuple(segs), turns=tuple(out),
+        messages=({"role": "user", "content": prompt}, {"role": "assistant", "content": "..."}),
+        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward,
+        metadata=metadata or {},
+    )
     return traj if extra_action else validate_trajectory(traj)
 
 
 TRAJS = [
-    make_traj("e1", "task-b", [{"action": "q1", "obs": "paris"}, {"action": "ans", "r": 1.0}], reward=1.0),
-    make_traj("e2", "task-b", [{"action": "q2", "obs": "paris"}, {"action": "q3", "obs": "lyon"},
-                               {"action": "ans", "r": 0.0}], reward=0.0),
-    make_traj("e3", "task-a", [{"action": "q1", "obs": "rome", "parsed": {"kind": "search", "subgoal_end": True}},
-                               {"action": "ans", "r": 0.5}], reward=0.75),
+    make_traj(
+        "e1", "task-b", [{"action": "q1", "obs": "paris"}, {"action": "ans", "r": 1.0}], reward=1.0
+    ),
+    make_traj(
+        "e2",
+        "task-b",
+        [
+            {"action": "q2", "obs": "paris"},
+            {"action": "q3", "obs": "lyon"},
+            {"action": "ans", "r": 0.0},
+        ],
+        reward=0.0,
+    ),
+    make_traj(
+        "e3",
+        "task-a",
+        [
+            {"action": "q1", "obs": "rome", "parsed": {"kind": "search", "subgoal_end": True}},
+            {"action": "ans", "r": 0.5},
+        ],
+        reward=0.75,
+    ),
 ]
 
 
@@ -86,15 +113,19 @@ def test_history_state_separates_different_paths():
 
 
 def test_subgoal_boundaries_from_metadata():
-    t = make_traj("e4", "g", [{"action": "a", "obs": "x"}, {"action": "b", "obs": "y"}, {"action": "c"}], 1.0,
-                  metadata={"subgoal_end": [1]})
+    t = make_traj(
+        "e4", "g", [{"action": "a", "obs": "x"}, {"action": "b", "obs": "y"}, {"action": "c"}], 1.0,
+        metadata={"subgoal_end": [1]},
+    )
     np.testing.assert_array_equal(TurnBatch.from_trajectories([t]).segment_id[0], [0, 0, 1])
 
 
 def test_stable_hash_is_fixed_across_processes():
     # blake2b-64 of "paris", read little endian, signed: a constant, unlike Python's salted hash()
     digest = hashlib.blake2b(b"paris", digest_size=8).digest()
-    assert stable_hash("paris") == int.from_bytes(digest, "little", signed=True) == 1657316678316814225
+    assert (
+        stable_hash("paris") == int.from_bytes(digest, "little", signed=True) == 1657316678316814225
+    )
 
 
 def test_batch_validation_says_what_is_wrong():
@@ -149,12 +180,15 @@ def test_action_segment_without_turn_is_refused():
 
 def test_process_shaping_is_weighted_clipped_and_kept_apart():
     b = TurnBatch.from_trajectories(TRAJS)
-    # rule scorer: +1 per search turn; the last turn of e2 scores 5 (clipped), e1's answer -3 (clipped)
+    # rule scorer: +1 per search turn; the last turn of e2 scores 5 (clipped),
+    # e1's answer -3 (clipped)
     table = {("e1", 1): -3.0, ("e2", 2): 5.0}
     scores = score_turns(TRAJS, lambda tr, t: table.get((tr.episode_id, t), 1.0), b.max_turns)
     shaped, stats = shape_process_rewards(b, scores, weight=0.1, clip=0.2)
     # 0.1·1 = 0.1 kept; 0.1·5 = 0.5 -> 0.2; 0.1·(-3) = -0.3 -> -0.2
-    np.testing.assert_allclose(shaped.process_rewards, [[0.1, -0.2, 0], [0.1, 0.1, 0.2], [0.1, 0.1, 0]])
+    np.testing.assert_allclose(
+        shaped.process_rewards, [[0.1, -0.2, 0], [0.1, 0.1, 0.2], [0.1, 0.1, 0]]
+    )
     np.testing.assert_allclose(shaped.rewards, b.rewards)  # outcome untouched
     np.testing.assert_allclose(shaped.step_rewards, b.step_rewards)
     np.testing.assert_allclose(shaped.scores, b.scores + [-0.1, 0.4, 0.2])

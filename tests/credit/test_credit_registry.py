@@ -27,15 +27,19 @@ def test_registry_holds_every_required_estimator():
 def test_every_estimator_runs_documents_its_source_and_zeroes_padding(name):
     rng = np.random.default_rng(1)
     n, t = 24, 5
-    b = TurnBatch.build(rng.integers(0, 2, n), rng.integers(0, 4, n), num_turns=rng.integers(1, t + 1, n),
-                        state_hash=rng.integers(0, 3, (n, t)), values=rng.normal(size=(n, t)), max_turns=t)
+    b = TurnBatch.build(
+        rng.integers(0, 2, n), rng.integers(0, 4, n), num_turns=rng.integers(1, t + 1, n),
+        state_hash=rng.integers(0, 3, (n, t)), values=rng.normal(size=(n, t)), max_turns=t,
+    )
     c = compute_advantages(b, name)
     assert c.advantages.shape == (n, t) and np.all(np.isfinite(c.advantages))
     assert np.all(c.advantages[~b.turn_mask] == 0)
     assert all(k.startswith("learn/") for k in c.stats)
     doc = get_estimator(name).__doc__ or ""
     module_doc = __import__(get_estimator(name).__module__, fromlist=["_"]).__doc__ or ""
-    assert "arXiv" in doc + module_doc or "Williams" in doc, f"{name}: cite the source in the docstring"
+    assert "arXiv" in doc + module_doc or "Williams" in doc, (
+        f"{name}: cite the source in the docstring"
+    )
 
 
 def test_unknown_name_suggests_the_closest():
@@ -52,7 +56,9 @@ def test_unknown_options_are_all_reported_together():
 
 def test_options_reach_the_estimator():
     b = TurnBatch.build([1.0], [0], num_turns=[4])
-    np.testing.assert_allclose(make_estimator("returns", gamma=0.9)(b).advantages[0], [0.729, 0.81, 0.9, 1])
+    np.testing.assert_allclose(
+        make_estimator("returns", gamma=0.9)(b).advantages[0], [0.729, 0.81, 0.9, 1]
+    )
     with pytest.raises(ConfigError, match="gamma"):
         compute_advantages(b, "returns", gamma=1.5)
 
@@ -68,7 +74,8 @@ def test_an_estimator_setting_that_cannot_run_is_refused_at_config_time(name, op
     so `taurl train` refuses them before any work (they used to raise at the first update,
     after SFT)."""
     from taurl.credit import estimator_problems
-    from taurl.recipe.config import TrainConfig, load_config
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import load_config
 
     problems = estimator_problems(name, options)
     assert problems and words in " ".join(problems)
@@ -80,4 +87,6 @@ def test_an_estimator_setting_that_cannot_run_is_refused_at_config_time(name, op
 def test_every_registered_estimator_passes_the_dry_run_with_its_defaults():
     from taurl.credit import estimator_names, estimator_problems
 
-    assert {n: estimator_problems(n, {}) for n in estimator_names()} == {n: [] for n in estimator_names()}
+    assert {n: estimator_problems(n, {}) for n in estimator_names()} == {
+        n: [] for n in estimator_names()
+    }

@@ -35,7 +35,8 @@ def test_outcome_all_adds_the_terminal_reward_to_every_segment():
 
 
 def test_discount_restarts_at_each_segment():
-    # one segment of turns 1..2 with reward 1 at turn 2, γ = 0.5: score 0.5·1 (discounted from turn 1);
+    # one segment of turns 1..2 with reward 1 at turn 2, γ = 0.5: score 0.5·1
+    # (discounted from turn 1);
     # the other trajectory's segment gets 1 at its own first turn: score 1. -> [-1, +1] in that slot
     b = TurnBatch.build([0, 0], [0, 0], num_turns=[3, 2], step_rewards=[[0, 0, 1], [0, 1, 0]],
                         segment_id=[[0, 1, 1], [0, 1, 1]])
@@ -79,8 +80,10 @@ def test_segments_match_reference_loop(seed):
     rng = np.random.default_rng(seed)
     n, t = 40, 6
     seg = np.cumsum(rng.random((n, t)) < 0.35, axis=1)
-    b = TurnBatch.build(rng.integers(0, 2, n), rng.integers(0, 5, n), num_turns=rng.integers(0, t + 1, n),
-                        step_rewards=(rng.random((n, t)) < 0.3) * 1.0, segment_id=seg, max_turns=t)
+    b = TurnBatch.build(
+        rng.integers(0, 2, n), rng.integers(0, 5, n), num_turns=rng.integers(0, t + 1, n),
+        step_rewards=(rng.random((n, t)) < 0.3) * 1.0, segment_id=seg, max_turns=t,
+    )
     for outcome in ("all", "last"):
         gamma = float(rng.uniform(0.5, 1))
         np.testing.assert_allclose(segment_grpo(b, gamma=gamma, outcome=outcome).advantages,

@@ -13,8 +13,9 @@ import pytest
 from taurl.cli.config_flags import config_overrides, options_table
 from taurl.cli.main import build_parser
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, dump_config, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.options import SECTION_TYPES, RLSection
+from taurl.recipe.validate import dump_config, load_config
 from taurl.train.learner import Learner, LearnerConfig
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, dump_config, load_config
+from taurl.recipe.config import TrainConfig
 from taurl.recipe.sections import HOME, SECTIONS, rewrite_in_sections
+from taurl.recipe.validate import dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAT = """# a flat config of the previous release
@@ -55,7 +56,9 @@ def test_every_shipped_config_is_in_sections_and_loads_without_a_warning(caplog)
 
             SelfPlayConfig.load(path)
             continue
-        flat = [k for k, v in raw.items() if k in HOME and not (k in SECTIONS and isinstance(v, dict))]
+        flat = [
+            k for k, v in raw.items() if k in HOME and not (k in SECTIONS and isinstance(v, dict))
+        ]
         assert not flat, f"{path.name}: flat keys {flat}"
         # a registry model (configs/real.yaml) needs its optional package; the rest of the file
         # must still load, so without the package the model is swapped for the default policy
@@ -70,8 +73,10 @@ def test_flat_keys_load_with_a_warning_naming_the_new_key(tmp_path, caplog):
     (tmp_path / "sections.yaml").write_text(rewrite_in_sections(FLAT))
     with caplog.at_level(logging.WARNING, logger="taurl"):
         old = load_config(TrainConfig, path=tmp_path / "flat.yaml")
-    for moved in ("lr -> rl.lr", "sft -> sft.data", "eval_tasks -> eval.tasks", "engine -> engine.kind",
-                  "schedule -> schedule.kind", "max_turns -> rollout.max_turns"):
+    for moved in (
+        "lr -> rl.lr", "sft -> sft.data", "eval_tasks -> eval.tasks", "engine -> engine.kind",
+        "schedule -> schedule.kind", "max_turns -> rollout.max_turns",
+    ):
         assert moved in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="taurl"):
@@ -82,7 +87,9 @@ def test_flat_keys_load_with_a_warning_naming_the_new_key(tmp_path, caplog):
 
 
 def test_a_run_writes_its_config_in_sections_and_reads_it_back(tmp_path):
-    cfg = load_config(TrainConfig, data={"rl": {"lr": 1e-3, "updates": 4}, "eval": {"tasks": 5}, "seed": 3})
+    cfg = load_config(
+        TrainConfig, data={"rl": {"lr": 1e-3, "updates": 4}, "eval": {"tasks": 5}, "seed": 3}
+    )
     (tmp_path / "config.yaml").write_text(dump_config(cfg))
     text = (tmp_path / "config.yaml").read_text()
     assert "\nrl:\n" in text and "\neval:\n" in text and "\nlr:" not in text
@@ -111,7 +118,10 @@ def test_each_section_is_a_typed_dataclass_with_the_flat_configs_defaults():
     rl, ev, engine = cfg.section("rl"), cfg.section("eval"), cfg.section("engine")
     assert (rl.lr, rl.updates, ev.tasks, engine.options) == (1e-4, 30, 7, {"replicas": 2})
     assert rl is cfg.rl and ev is cfg.eval
-    assert typing.get_type_hints(type(rl))["lr"] is float and typing.get_type_hints(type(ev))["tasks"] is int
+    assert (
+        typing.get_type_hints(type(rl))["lr"] is float
+        and typing.get_type_hints(type(ev))["tasks"] is int
+    )
     for name, keys in SECTIONS.items():
         cls = type(cfg.section(name))
         assert [f.name for f in section_fields(name)] == list(keys)

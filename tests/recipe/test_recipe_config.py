@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from taurl.errors import ConfigError
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 
 
 @pytest.mark.parametrize("temperature", [0, 0.0, -0.5])

@@ -39,8 +39,12 @@ def tasks():
 
 
 def play(tok, task, actions, eid):
-    traj = asyncio.run(run_episode(ScriptedEngine(tok, actions), envs.make("search-v0", **ENV), tok, task, seed=0,
-                                   episode_id=eid))
+    traj = asyncio.run(
+        run_episode(
+            ScriptedEngine(tok, actions), envs.make("search-v0", **ENV), tok, task, seed=0,
+            episode_id=eid,
+        )
+    )
     return traj
 
 
@@ -63,30 +67,48 @@ def test_rejection_keeps_only_verified_successes_and_never_a_cheat(tok, tasks):
     ok = play(tok, task, right(task), "ok")
     fail = play(tok, task, wrong(task), "fail")
     lied = dataclasses.replace(fail, reward=1.0)  # a training reward the verifier does not confirm
-    cheat = with_turn(play(tok, task, right(task), "cheat"), action={**ok.turns[0].action, "cheats": ["read_tests"]})
+    cheat = with_turn(
+        play(tok, task, right(task), "cheat"),
+        action={**ok.turns[0].action, "cheats": ["read_tests"]},
+    )
     denied = with_turn(play(tok, task, right(task), "denied"),
                        receipt=ToolReceipt("search", {}, "denied", "denied", "not allowed"))
-    assert ok.reward == 1.0 and cheat.reward == 1.0 and denied.reward == 1.0  # the reward alone would keep them
+    # the reward alone would keep them
+    assert ok.reward == 1.0 and cheat.reward == 1.0 and denied.reward == 1.0
     kept = keep_episodes([ok, fail, lied, cheat, denied], [task], default_verifier("search-v0"),
                          RejectionOptions(), attempts=5)
     assert [t.episode_id for t in kept.trajs] == ["ok"]
     s = kept.stats
-    assert (s["rejection/rejected_unverified"], s["rejection/rejected_cheat"], s["rejection/rejected_denied"]) \
-        == (2, 1, 1)
-    # difficulty and length bounds: a medium task (3 of 5 verified) outside the kept buckets keeps nothing
+    assert (
+        s["rejection/rejected_unverified"],
+        s["rejection/rejected_cheat"],
+        s["rejection/rejected_denied"],
+    ) == (2, 1, 1)
+    # difficulty and length bounds: a medium task (3 of 5 verified) outside the kept
+    # buckets keeps nothing
     assert keep_episodes([ok, fail, lied, cheat, denied], [task], default_verifier("search-v0"),
                          RejectionOptions(buckets=["easy"]), attempts=5).trajs == []
     n = sum(ok.action_mask)
-    assert keep_episodes([ok], [task], default_verifier("search-v0"), RejectionOptions(max_action_tokens=n - 1),
-                         attempts=1).stats["rejection/rejected_length"] == 1
-    assert RejectionOptions.problems_of({"rounds": 0, "bukets": []})  # an unknown option, refused
+    assert (
+        keep_episodes(
+            [ok], [task], default_verifier("search-v0"), RejectionOptions(max_action_tokens=n - 1),
+            attempts=1,
+        ).stats["rejection/rejected_length"]
+        == 1
+    )
+    from taurl.recipe.validate import option_problems
+
+    # an unknown option, refused
+    assert option_problems("sft.rejection", RejectionOptions, {"rounds": 0, "bukets": []})
 
 
 def test_dpo_pairs_never_cross_tasks_and_prefer_the_higher_reward(tok, tasks):
     trajs = []
     for i, task in enumerate(tasks):
         for g in range(3):
-            trajs.append(play(tok, task, right(task) if g == i % 3 else wrong(task, f"X{g}"), f"{i}-{g}"))
+            trajs.append(
+                play(tok, task, right(task) if g == i % 3 else wrong(task, f"X{g}"), f"{i}-{g}")
+            )
     rng = np.random.default_rng(0)
     trajs = [trajs[i] for i in rng.permutation(len(trajs))]  # tasks interleaved in the batch
     for mode in ("best_worst", "all"):
@@ -96,14 +118,19 @@ def test_dpo_pairs_never_cross_tasks_and_prefer_the_higher_reward(tok, tasks):
     assert len(trajectory_pairs(trajs, DPOOptions(pairs="best_worst"))) == len(tasks)
     # anchor pairs share their first turn (the same search and observation) and score after it
     anchored = trajectory_pairs(trajs, DPOOptions(anchor=True))
-    assert anchored and all(p.start > 0 and p.chosen.token_ids[:p.start] == p.rejected.token_ids[:p.start]
-                            for p in anchored)
+    assert anchored and all(
+        p.start > 0 and p.chosen.token_ids[: p.start] == p.rejected.token_ids[: p.start]
+        for p in anchored
+    )
     model = tiny_lm(len(tok))
     learner = DPOLearner(model, copy.deepcopy(model), DPOOptions(beta=0.5), lr=1e-2, grad_clip=1.0,
                          pad_id=tok.pad_token_id)
     first = learner.update(trajs)
-    assert first["learn/skipped"] == 0 and first["learn/dpo_loss"] == pytest.approx(np.log(2), abs=1e-5)
-    assert learner.update(trajs)["learn/dpo_loss"] < first["learn/dpo_loss"]  # the step moved toward the chosen
+    assert first["learn/skipped"] == 0 and first["learn/dpo_loss"] == pytest.approx(
+        np.log(2), abs=1e-5
+    )
+    # the step moved toward the chosen
+    assert learner.update(trajs)["learn/dpo_loss"] < first["learn/dpo_loss"]
 
 
 def test_dpo_micro_batches_give_the_one_batch_loss_and_gradient(tok, tasks):
@@ -158,12 +185,16 @@ def test_distillation_learner_takes_no_step_toward_itself(tok, tasks):
     trajs = [dataclasses.replace(t, source="policy") for t in trajs]
     for kind in ("reverse_kl", "advantage"):
         model = tiny_lm(len(tok))
-        learner = DistillLearner(model, copy.deepcopy(model), DistillOptions(loss=kind), lr=1e-2, grad_clip=1.0,
-                                 pad_id=tok.pad_token_id, micro_batch_tokens=256)
+        learner = DistillLearner(
+            model, copy.deepcopy(model), DistillOptions(loss=kind), lr=1e-2, grad_clip=1.0,
+            pad_id=tok.pad_token_id, micro_batch_tokens=256,
+        )
         m = learner.update(trajs)
         assert m["learn/loss"] == pytest.approx(0.0, abs=1e-6) and m["learn/grad_norm"] < 1e-6
-        other = DistillLearner(tiny_lm(len(tok)), tiny_lm(len(tok) + 0).train(False), DistillOptions(loss=kind),
-                               lr=1e-2, grad_clip=1.0, pad_id=tok.pad_token_id, micro_batch_tokens=256)
+        other = DistillLearner(
+            tiny_lm(len(tok)), tiny_lm(len(tok) + 0).train(False), DistillOptions(loss=kind),
+            lr=1e-2, grad_clip=1.0, pad_id=tok.pad_token_id, micro_batch_tokens=256,
+        )
         torch.manual_seed(1)
         other.teacher.lm_head.weight.data.normal_()  # another policy: a real signal
         assert other.update(trajs)["learn/grad_norm"] > 0
@@ -173,8 +204,12 @@ def test_a_teacher_with_another_tokenizer_is_refused(tmp_path):
     from taurl.recipe.config import TrainConfig
     from taurl.recipe.validate import check_config
 
-    a = build_tokenizer([f"the city of Rockville {i} is in Maryland" for i in range(50)], vocab_size=300)
-    b = build_tokenizer([f"une ville {i} en France, pas aux États-Unis" for i in range(50)], vocab_size=300)
+    a = build_tokenizer(
+        [f"the city of Rockville {i} is in Maryland" for i in range(50)], vocab_size=300
+    )
+    b = build_tokenizer(
+        [f"une ville {i} en France, pas aux États-Unis" for i in range(50)], vocab_size=300
+    )
     assert tokenizer_problem(a, a) is None
     why = tokenizer_problem(a, b)
     assert why and "token ids map to other strings" in why and "one tokenizer" in why

@@ -28,8 +28,11 @@ def model():
     return tiny_lm(V, max_positions=128)
 
 
-def _stream(model, name: str, prompt: list[int], actions: list[list[int]], reward: float) -> Trajectory:
-    """One token stream: prompt, then actions separated by a 2-id observation; on-policy logprobs."""
+def _stream(
+    model, name: str, prompt: list[int], actions: list[list[int]], reward: float
+) -> Trajectory:
+    """One token stream: prompt, then actions separated by a 2-id observation;
+    on-policy logprobs."""
     segs, turns, ids = [Segment("prompt", tuple(prompt))], [], list(prompt)
     for k, a in enumerate(actions):
         if k:
@@ -39,15 +42,20 @@ def _stream(model, name: str, prompt: list[int], actions: list[list[int]], rewar
         segs.append(Segment("action", tuple(a), tuple(lp), 0))
         ids += a
         turns.append(Turn(k, "a", {"kind": "move"}, "", len(segs) - 1, None, "stop"))
-    return Trajectory(episode_id=name, run_id="r", task_id="t", group_id="g", split="train", env_name="toy-v0",
-                      env_version="0", seed=0, segments=tuple(segs), turns=tuple(turns),
-                      messages=({"role": "user", "content": name}, {"role": "assistant", "content": "a"}),
-                      terminated=True, truncated=False, stop_reason=StopReason("goal"), reward=reward)
+    return Trajectory(
+        episode_id=name, run_id="r", task_id="t", group_id="g", split="train", env_name="toy-v0",
+        env_version="0", seed=0, segments=tuple(segs), turns=tuple(turns),
+        messages=({"role": "user", "content": name}, {"role": "assistant", "content": "a"}),
+        terminated=True, truncated=False, stop_reason=StopReason("goal"), reward=reward,
+    )
 
 
 def _chain(model, name: str, reward: float, n: int = 3) -> Trajectory:
     # every later stream's prompt is a different (compacted) text, so no stream extends another
-    parts = [_stream(model, name, [5, 6 + k, 7], [[10 + k, 11], [12, 13 + k, 14]], reward) for k in range(n)]
+    parts = [
+        _stream(model, name, [5, 6 + k, 7], [[10 + k, 11], [12, 13 + k, 14]], reward)
+        for k in range(n)
+    ]
     return validate_trajectory(join_streams(parts, ["compaction"] * (n - 1)))
 
 
@@ -79,9 +87,14 @@ def test_the_episode_advantage_reaches_every_stream(model):
     views, vadv = split_streams(kept, adv)
     assert len(views) == 4  # three streams of the chain, one of the single
     rows = make_rows(views, vadv, pad_id=0)
-    for i in range(3):  # every chain stream: the chain's (positive) advantage on each action token, nowhere else
+    # every chain stream: the chain's (positive) advantage on each action token, nowhere else
+    for i in range(3):
         on = rows.advantages[i][rows.mask[i].bool()]
-        assert on.numel() == 5 and torch.allclose(on, torch.full_like(on, float(adv[0, 0]))) and adv[0, 0] > 0
+        assert (
+            on.numel() == 5
+            and torch.allclose(on, torch.full_like(on, float(adv[0, 0])))
+            and adv[0, 0] > 0
+        )
         assert not rows.advantages[i][~rows.mask[i].bool()].any()
     assert (rows.advantages[3][rows.mask[3].bool()] < 0).all()
 
@@ -90,7 +103,9 @@ def test_each_stream_is_recomputed_on_its_own_ids(model):
     """The behaviour logprobs were taken on each stream's own ids; the learner's recomputation
     matches them within 1e-4 only because it reads each stream as its own row."""
     m = copy.deepcopy(model)
-    out = Learner(m, LearnerConfig(lr=1e-2)).update([_chain(model, "c", 1.0), _chain(model, "d", 0.0, n=2)])
+    out = Learner(m, LearnerConfig(lr=1e-2)).update(
+        [_chain(model, "c", 1.0), _chain(model, "d", 0.0, n=2)]
+    )
     assert out["mismatch/abs_max"] < 1e-4 and out["learn/skipped"] == 0.0
     assert out["learn/action_tokens"] == 15 + 10
 
@@ -107,7 +122,10 @@ def test_episode_weighting_gives_each_episode_the_same_total_weight(model):
 
 def test_episode_weighting_needs_token_mean():
     with pytest.raises(ConfigError, match="token-mean"):
-        Learner(tiny_lm(V), LearnerConfig(segment_weighting="episode", aggregation="seq-mean-token-mean"))
+        Learner(
+            tiny_lm(V),
+            LearnerConfig(segment_weighting="episode", aggregation="seq-mean-token-mean"),
+        )
     with pytest.raises(ConfigError, match="segment_weighting"):
         Learner(tiny_lm(V), LearnerConfig(segment_weighting="stream"))
 
@@ -117,8 +135,13 @@ def test_sft_trains_a_chain_whose_last_stream_sampled_nothing(model):
     other streams and skips it (its own micro-batch would have a loss with no gradient)."""
     from taurl.train.sft import sft_step
 
-    parts = [_stream(model, "c", [5, 6, 7], [[10, 11], [12, 13]], 1.0), _stream(model, "c", [5, 9, 7], [], 1.0)]
+    parts = [
+        _stream(model, "c", [5, 6, 7], [[10, 11], [12, 13]], 1.0),
+        _stream(model, "c", [5, 9, 7], [], 1.0),
+    ]
     chain = validate_trajectory(join_streams(parts, ["compaction"]))
     m = copy.deepcopy(model)
-    out = sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-3), [chain], pad_id=0, micro_batch_tokens=4)
+    out = sft_step(
+        m, torch.optim.AdamW(m.parameters(), lr=1e-3), [chain], pad_id=0, micro_batch_tokens=4
+    )
     assert out["sft/skipped"] == 0.0 and out["sft/action_tokens"] == 4.0

@@ -34,8 +34,12 @@ def _traj(model, name: str, actions: list[list[int]], reward: float) -> Trajecto
     lp = sequence_logprobs(model, ids).tolist()
     segments, turns, pos = [], [], 0
     for kind, s in segs:
-        segments.append(Segment(kind, tuple(s), tuple(lp[pos:pos + len(s)]) if kind == "action" else None,
-                                0 if kind == "action" else None))
+        segments.append(
+            Segment(
+                kind, tuple(s), tuple(lp[pos : pos + len(s)]) if kind == "action" else None,
+                0 if kind == "action" else None,
+            )
+        )
         pos += len(s)
     action_idx = [i for i, (k, _) in enumerate(segs) if k == "action"]
     for t, si in enumerate(action_idx):
@@ -61,7 +65,10 @@ def _moved(before: list[torch.Tensor], m: torch.nn.Module) -> bool:
 
 def test_warmup_updates_train_only_the_critic(tmp_path):
     policy = _model()
-    batch = [_traj(policy, "s", [[10, 11], [30, 31]], 1.0), _traj(policy, "f", [[20, 21], [30, 31]], 0.0)]
+    batch = [
+        _traj(policy, "s", [[10, 11], [30, 31]], 1.0),
+        _traj(policy, "f", [[20, 21], [30, 31]], 0.0),
+    ]
     cfg = LearnerConfig(estimator="gae", estimator_options={"gamma": 0.95}, lr=1e-2, critic_lr=1e-2,
                         critic_warmup_updates=2)
     learner = Learner(policy, cfg)
@@ -74,7 +81,8 @@ def test_warmup_updates_train_only_the_critic(tmp_path):
         assert stats["learn/vf_loss"] > 0
     assert learner.critic.updates == 2
     pol = _params(policy)
-    stats = learner.update(batch)  # the warm-up is over: a policy step on the fitted critic's advantages
+    # the warm-up is over: a policy step on the fitted critic's advantages
+    stats = learner.update(batch)
     assert "learn/critic_warmup" not in stats and stats["learn/skipped"] == 0.0
     assert _moved(pol, policy)
 
@@ -96,11 +104,17 @@ def test_warmup_needs_a_critic():
 
 def test_critic_epochs_sets_the_critics_steps_per_batch():
     policy = _model()
-    batch = [_traj(policy, "s", [[10, 11], [30, 31]], 1.0), _traj(policy, "f", [[20, 21], [30, 31]], 0.0)]
-    learner = Learner(policy, LearnerConfig(estimator="gae", critic_epochs=3, critic_warmup_updates=1))
+    batch = [
+        _traj(policy, "s", [[10, 11], [30, 31]], 1.0),
+        _traj(policy, "f", [[20, 21], [30, 31]], 0.0),
+    ]
+    learner = Learner(
+        policy, LearnerConfig(estimator="gae", critic_epochs=3, critic_warmup_updates=1)
+    )
     learner.update(batch)
     steps = {int(s["step"]) for s in learner.critic.optimizer.state.values()}
-    assert steps == {3}  # three AdamW steps of the critic on the one batch, the policy's epochs being 1
+    # three AdamW steps of the critic on the one batch, the policy's epochs being 1
+    assert steps == {3}
     assert LearnerConfig(estimator="gae").critic_config().epochs == 1  # 0: the policy's epochs
     with pytest.raises(ConfigError, match="critic_epochs"):
         Learner(_model(), LearnerConfig(estimator="gae", critic_epochs=-1))

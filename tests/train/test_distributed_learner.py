@@ -19,7 +19,8 @@ from test_learner_invalid import _model, _traj  # noqa: E402  (pytest puts this 
 from taurl.train.distributed.equivalence import run_pair
 from taurl.train.distributed.metrics import combine_sums
 from taurl.train.distributed.split import assign_micro_batches, slots
-from taurl.train.learner import LearnerConfig, micro_batches
+from taurl.train.learner import LearnerConfig
+from taurl.train.rows import micro_batches
 
 
 def test_the_split_balances_tokens_and_is_the_same_on_every_rank():

@@ -23,12 +23,17 @@ from taurl.train.learner import Learner
 
 # the miniature of tests/test_recipe.py (its first batch is known to have reward variance),
 # with the critic-based estimator
-MINI = dict(demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
-            task_options={"families": ["country_continent"], "split_by": "country"}, system_prompt="",
-            warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5, updates=3,
-            tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=1, max_turns=1, max_action_tokens=16,
-            max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3, temperature=0.5, eval_temperature=0.5)
-CFG = TrainConfig(**MINI, estimator="gae", estimator_options={"gamma": 0.95, "lam": 0.9}, critic_lr=1e-2)
+MINI = dict(
+    demos=48, expert_options={"p_skip_search": 1.0, "p_guess_right": 1.0},
+    task_options={"families": ["country_continent"], "split_by": "country"}, system_prompt="",
+    warmup_options={"steps": 10}, sft_batch_size=8, sft_epochs=8, sft_lr=3e-3, sft_warmup_steps=5,
+    updates=3, tasks_per_update=4, group_size=4, eval_tasks=3, eval_trials=1, max_turns=1,
+    max_action_tokens=16, max_episode_tokens=16, tokenizer_texts=3000, concurrency=16, lr=3e-3,
+    temperature=0.5, eval_temperature=0.5,
+)
+CFG = TrainConfig(
+    **MINI, estimator="gae", estimator_options={"gamma": 0.95, "lam": 0.9}, critic_lr=1e-2
+)
 
 
 class Crash(Exception):
@@ -68,7 +73,10 @@ def test_gae_trains_saves_and_restores_its_critic(tmp_path):
     assert not (run.checkpoint(2) / CRITIC_DIR / "optimizer.pt").exists()  # kept only in the newest
     assert (run.checkpoint(3) / CRITIC_DIR / "optimizer.pt").exists()
     c2, c3 = _critic(run, 2), _critic(run, 3)
-    assert any(not torch.equal(p, q) for p, q in zip(c2.model.parameters(), c3.model.parameters(), strict=True))
+    assert any(
+        not torch.equal(p, q)
+        for p, q in zip(c2.model.parameters(), c3.model.parameters(), strict=True)
+    )
 
     # resume: the learner restores v3's critic (weights and optimizer) rather than a fresh one
     policy, tok = load_policy(run.checkpoint(3))
@@ -82,7 +90,8 @@ def test_gae_trains_saves_and_restores_its_critic(tmp_path):
 
     summary = train(CFG, str(run_dir), progress=False)
     assert summary["train"]["updates"] == 3 and summary["train"]["estimator"] == "gae"
-    assert run.versions() == [0, 1, 3, 4]  # retention (keep_checkpoints 2) dropped v2 once v4 was saved
+    # retention (keep_checkpoints 2) dropped v2 once v4 was saved
+    assert run.versions() == [0, 1, 3, 4]
     rl = [json.loads(x) for x in run.metrics.read_text().splitlines()]
     assert [r["update"] for r in rl if r["phase"] == "rl"] == [1, 2, 3]
     assert np.isfinite([r["learn/vf_loss"] for r in rl if r["phase"] == "rl"]).all()

@@ -17,7 +17,8 @@ from transformers import Qwen2ForCausalLM
 from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ContractError
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.train.learner import Learner, LearnerConfig, sft_step
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.sft import sft_step
 
 V = 64
 
@@ -31,13 +32,26 @@ def _traj(model, name: str, prompt: list[int], action: list[int], reward: float,
     """A one-turn episode whose behaviour logprobs are the model's own (on-policy)."""
     lp = sequence_logprobs(model, prompt + action)[len(prompt):].tolist()
     return Trajectory(
-        episode_id=name, run_id="r", task_id=group, group_id=group, split="train", env_name="toy-v0",
-        env_version="0", seed=0,
+        episode_id=name,
+        run_id="r",
+        task_id=group,
+        group_id=group,
+        split="train",
+        env_name="toy-v0",
+        env_version="0",
+        seed=0,
         segments=(Segment("prompt", tuple(prompt)), Segment("action", tuple(action), tuple(lp), 0)),
-        turns=(Turn(0, "a", {"kind": "answer"}, "", 1, None, "eos", error="tool failed" if invalid else None),),
+        turns=(
+            Turn(
+                0, "a", {"kind": "answer"}, "", 1, None, "eos",
+                error="tool failed" if invalid else None,
+            ),
+        ),
         messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
-        terminated=not invalid, truncated=invalid,
-        stop_reason=StopReason.ERROR if invalid else StopReason.ANSWERED, reward=reward,
+        terminated=not invalid,
+        truncated=invalid,
+        stop_reason=StopReason.ERROR if invalid else StopReason.ANSWERED,
+        reward=reward,
     )
 
 
@@ -64,11 +78,14 @@ def test_an_invalid_sample_contributes_no_gradient_and_is_counted():
     assert not c.valid and a.valid and b.valid
     with_invalid, m = _updated(model, [a, b, c])
     without, m0 = _updated(model, [a, b])
-    assert _same(with_invalid, without)  # bit for bit: c reached neither the loss nor the statistics
+    # bit for bit: c reached neither the loss nor the statistics
+    assert _same(with_invalid, without)
     assert m["learn/invalid_samples_dropped"] == 1.0 and m0["learn/invalid_samples_dropped"] == 0.0
     assert m["learn/rows"] == 2.0
     # the check can fail: the same episode marked valid does change the update
-    c_valid = dataclasses.replace(c, stop_reason=StopReason.ANSWERED, terminated=True, truncated=False)
+    c_valid = dataclasses.replace(
+        c, stop_reason=StopReason.ANSWERED, terminated=True, truncated=False
+    )
     assert not _same(_updated(model, [a, b, c_valid])[0], without)
 
 
@@ -81,7 +98,9 @@ def test_a_tool_failure_is_not_a_zero_reward_rollout_of_its_group():
     assert m["learn/skipped"] == 1.0 and m["learn/invalid_samples_dropped"] == 1.0
     assert _same(after, model)
     # had the failure counted as reward 0, the group would have pushed a and b1 up
-    c_valid = dataclasses.replace(c, stop_reason=StopReason.ANSWERED, terminated=True, truncated=False)
+    c_valid = dataclasses.replace(
+        c, stop_reason=StopReason.ANSWERED, terminated=True, truncated=False
+    )
     assert _updated(model, [a, b1, c_valid])[1]["learn/skipped"] == 0.0
 
 
@@ -115,10 +134,15 @@ def test_sft_step_skips_records_without_an_action_token():
     a batch of only such records takes no step instead of failing in backward()."""
     model = _model()
     a, _, _ = _batch(model)
-    empty = dataclasses.replace(a, episode_id="e", segments=a.segments[:1], turns=(), terminated=False,
-                                truncated=True, stop_reason=StopReason.CONTEXT_FULL)
+    empty = dataclasses.replace(
+        a, episode_id="e", segments=a.segments[:1], turns=(), terminated=False, truncated=True,
+        stop_reason=StopReason.CONTEXT_FULL,
+    )
     m = copy.deepcopy(model)
-    assert sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [empty], pad_id=0)["sft/skipped"] == 1.0
+    assert (
+        sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [empty], pad_id=0)["sft/skipped"]
+        == 1.0
+    )
     assert _same(m, model)
     m1, m2 = copy.deepcopy(model), copy.deepcopy(model)
     sft_step(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), [a, empty], pad_id=0)
@@ -133,4 +157,7 @@ def test_a_demonstration_in_the_rl_batch_is_refused_not_read_as_logprob_zero():
     with pytest.raises(ContractError, match="behaviour_without_policy"):
         Learner(copy.deepcopy(model), LearnerConfig()).update([demo, b])
     m = copy.deepcopy(model)  # SFT on it is fine: no ratio is formed
-    assert sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [demo], pad_id=0)["sft/skipped"] == 0.0
+    assert (
+        sft_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2), [demo], pad_id=0)["sft/skipped"]
+        == 0.0
+    )

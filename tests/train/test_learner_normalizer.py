@@ -19,7 +19,8 @@ from test_learner_invalid import _model, _traj  # noqa: E402  (pytest puts this 
 
 from taurl.errors import ConfigError
 from taurl.recipe.config import TrainConfig
-from taurl.train.learner import Learner, LearnerConfig, micro_batches
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.rows import micro_batches
 
 
 def _batch(model):
@@ -32,13 +33,17 @@ def _batch(model):
 
 def _grads(model, reference, trajs, micro_batch_tokens, **cfg):
     m = copy.deepcopy(model)
-    config = LearnerConfig(lr=1e-9, grad_clip=1e9, micro_batch_tokens=micro_batch_tokens,
-                           aggregation="seq-mean-token-sum-norm", kl_coef=0.5, kl_kind="k2", entropy_coef=0.1, **cfg)
+    config = LearnerConfig(
+        lr=1e-9, grad_clip=1e9, micro_batch_tokens=micro_batch_tokens,
+        aggregation="seq-mean-token-sum-norm", kl_coef=0.5, kl_kind="k2", entropy_coef=0.1, **cfg,
+    )
     stats = Learner(m, config, reference=copy.deepcopy(reference)).update(trajs)
     return [p.grad.clone() for p in m.parameters()], stats
 
 
-@pytest.mark.parametrize("cfg", [{"norm_constant": 16.0}, {"objective_options": {"norm_constant": 16.0}}])
+@pytest.mark.parametrize(
+    "cfg", [{"norm_constant": 16.0}, {"objective_options": {"norm_constant": 16.0}}]
+)
 def test_the_gradient_of_a_batch_does_not_depend_on_its_length_buckets(cfg):
     model = _model()
     reference = copy.deepcopy(model)

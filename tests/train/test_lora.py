@@ -22,10 +22,12 @@ from taurl.data.runs import RunDir
 from taurl.data.trajectory import Segment, StopReason, Trajectory, Turn
 from taurl.errors import ConfigError
 from taurl.policy.engine import LocalEngine
+from taurl.policy.files import save_policy
 from taurl.policy.logprobs import sequence_logprobs
-from taurl.policy.model import load_policy, save_policy
+from taurl.policy.model import load_policy
 from taurl.policy.tokenizer import build_tokenizer
-from taurl.recipe.config import TrainConfig, load_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.validate import load_config
 from taurl.train import lora
 from taurl.train.checkpoint import load_optimizer_state, save_checkpoint
 from taurl.train.learner import Learner, LearnerConfig
@@ -38,15 +40,29 @@ OPTS = lora.LoraOptions(rank=4, alpha=8.0)
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer(["Lyon is a city in France.", "Which country is Porto in?"] * 20, vocab_size=300)
+    return build_tokenizer(
+        ["Lyon is a city in France.", "Which country is Porto in?"] * 20, vocab_size=300
+    )
 
 
 def _base(arch: str, tok):
-    ids = {"vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "bos_token_id": tok.pad_token_id,
-           "eos_token_id": tok.eos_token_id}
-    shape = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "intermediate_size": 64, "max_position_embeddings": 256}
-    config = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](**shape, **ids, tie_word_embeddings=False)
+    ids = {
+        "vocab_size": len(tok),
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.pad_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    shape = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 256,
+    }
+    config = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch](
+        **shape, **ids, tie_word_embeddings=False
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config).eval()
@@ -55,16 +71,29 @@ def _base(arch: str, tok):
 def _traj(model, name: str, action: list[int], reward: float, prompt=(5, 6, 7, 8)) -> Trajectory:
     lp = sequence_logprobs(model, [*prompt, *action])[len(prompt):].tolist()
     return Trajectory(
-        episode_id=name, run_id="r", task_id="g", group_id="g", split="train", env_name="toy-v0", env_version="0",
-        seed=0, segments=(Segment("prompt", tuple(prompt)), Segment("action", tuple(action), tuple(lp), 0)),
+        episode_id=name,
+        run_id="r",
+        task_id="g",
+        group_id="g",
+        split="train",
+        env_name="toy-v0",
+        env_version="0",
+        seed=0,
+        segments=(Segment("prompt", tuple(prompt)), Segment("action", tuple(action), tuple(lp), 0)),
         turns=(Turn(0, "a", {"kind": "answer"}, "", 1, None, "eos"),),
         messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
-        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward)
+        terminated=True,
+        truncated=False,
+        stop_reason=StopReason.ANSWERED,
+        reward=reward,
+    )
 
 
 def _batch(model, shift: int = 0) -> list[Trajectory]:
-    return [_traj(model, f"e{shift}-{i}", [10 + i + shift, 20 + i, 30 + shift, 40 + i], float(i % 2))
-            for i in range(4)]
+    return [
+        _traj(model, f"e{shift}-{i}", [10 + i + shift, 20 + i, 30 + shift, 40 + i], float(i % 2))
+        for i in range(4)
+    ]
 
 
 def _trained(arch: str, tok, updates: int = 3, **cfg):
@@ -77,7 +106,8 @@ def _trained(arch: str, tok, updates: int = 3, **cfg):
 
 
 def _run_with_adapter(tmp_path, arch: str, tok):
-    """checkpoints/v1: the base (full); checkpoints/v2: the trained adapter, as the recipe writes them."""
+    """checkpoints/v1: the base (full); checkpoints/v2: the trained adapter, as the
+    recipe writes them."""
     run = RunDir.create(str(tmp_path / "run"))
     base = _base(arch, tok)
     save_checkpoint(run, 1, base, tok, None, phase="sft")
@@ -94,7 +124,9 @@ def test_merged_weights_serve_the_unmerged_forward(arch, tok, tmp_path):
     model.eval()
     unmerged = sequence_logprobs(model, ids)
     base = sequence_logprobs(_base(arch, tok), ids)
-    assert float((unmerged - base).abs().max()) > 1e-3, "the adapter did not move the policy: the test is void"
+    assert float((unmerged - base).abs().max()) > 1e-3, (
+        "the adapter did not move the policy: the test is void"
+    )
 
     merged, _ = load_policy(run.checkpoint(2))  # what evaluation and `make_engine` load
     assert not lora.is_lora(merged) and type(merged).__name__.lower().startswith(arch)
@@ -110,7 +142,9 @@ def test_checkpoint_holds_the_adapter_and_what_rebuilds_the_policy(tok, tmp_path
     run, model, _ = _run_with_adapter(tmp_path, "llama", tok)
     ckpt = run.checkpoint(2)
     files = {p.name for p in ckpt.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "taurl.json"} <= files
+    assert {
+        "adapter_config.json", "adapter_model.safetensors", "config.json", "taurl.json",
+    } <= files
     assert "model.safetensors" not in files and "README.md" not in files
     meta = json.loads((ckpt / "taurl.json").read_text())["lora"]
     assert meta["base"] == "../v1" and len(meta["base_sha256"]) == 64 and meta["rank"] == OPTS.rank
@@ -169,13 +203,13 @@ def test_kl_reference_is_the_base_with_adapters_off_and_no_second_copy(tok):
 
 
 def _rows(trajs, tok):
-    from taurl.train.learner import make_rows
+    from taurl.train.rows import make_rows
 
     return make_rows(trajs, None, tok.pad_token_id)
 
 
 def learner_free_logprobs(model, rows):
-    from taurl.train.learner import action_logprobs
+    from taurl.train.rows import action_logprobs
 
     with torch.no_grad():
         return action_logprobs(model, rows)[0]
@@ -194,7 +228,9 @@ def test_resume_restores_adapters_and_optimizer_bitwise(tok, tmp_path, one_threa
     first = lora.attach(_base("qwen2", tok), OPTS, seed=0)
     lf = Learner(first, cfg, pad_id=tok.pad_token_id)
     lf.update(b1, version=0)
-    save_checkpoint(run, 2, first, tok, lf.optimizer, phase="rl", lora=lora.checkpoint_meta(run, 1, OPTS))
+    save_checkpoint(
+        run, 2, first, tok, lf.optimizer, phase="rl", lora=lora.checkpoint_meta(run, 1, OPTS)
+    )
 
     resumed, _ = lora.rl_policy(run, 2, 1, OPTS, seed=0)
     lr_ = Learner(resumed, cfg, pad_id=tok.pad_token_id)
@@ -212,7 +248,10 @@ def test_resume_restores_adapters_and_optimizer_bitwise(tok, tmp_path, one_threa
 
 def test_bad_lora_options_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError) as e:
-        load_config(TrainConfig, {"lora": {"rank": 0, "alpha": -1, "dropout": 1.5, "targets": [], "size": 3}})
+        load_config(
+            TrainConfig,
+            {"lora": {"rank": 0, "alpha": -1, "dropout": 1.5, "targets": [], "size": 3}},
+        )
     text = str(e.value)
     for part in ("lora.rank", "lora.alpha", "lora.dropout", "lora.targets", "unknown option"):
         assert part in text
@@ -233,7 +272,8 @@ def test_export_merged_is_a_plain_hf_directory(tok, tmp_path):
 
     run, model, _ = _run_with_adapter(tmp_path, "llama", tok)
     out = tmp_path / "exported"
-    assert main(["export", "--merged", str(run.root), str(out)]) == 0  # RUN: its newest checkpoint, v2
+    # RUN: its newest checkpoint, v2
+    assert main(["export", "--merged", str(run.root), str(out)]) == 0
     assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
     plain = AutoModelForCausalLM.from_pretrained(out).eval()  # no taurl, no peft involved
     assert type(plain).__name__ == "LlamaForCausalLM"
@@ -257,8 +297,16 @@ def lora_run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("lora-recipe")
     train(TrainConfig(**{**MINI, "updates": 1}), str(tmp / "sft"), progress=False)
-    cfg = {**MINI, "model": str(tmp / "sft" / "checkpoints" / "v1"), "sft": "none", "warmup_options": {},
-           "expert_options": {}, "lora": {"rank": 8, "alpha": 16}, "kl_coef": 0.05, "lr": 1e-2}
+    cfg = {
+        **MINI,
+        "model": str(tmp / "sft" / "checkpoints" / "v1"),
+        "sft": "none",
+        "warmup_options": {},
+        "expert_options": {},
+        "lora": {"rank": 8, "alpha": 16},
+        "kl_coef": 0.05,
+        "lr": 1e-2,
+    }
     summary = train(TrainConfig(**cfg), str(tmp / "run"), progress=False)
     return RunDir(tmp / "run"), summary
 
@@ -270,8 +318,13 @@ def test_recipe_trains_adapters_serves_them_merged_and_evaluates(lora_run):
     assert run.versions() == [0, 1, 2, 3] and summary["train"]["updates"] == 2
     assert (run.checkpoint(1) / "model.safetensors").is_file()  # the SFT policy, full: the RL base
     for v in (2, 3):
-        assert lora_files(run.checkpoint(v)) and not (run.checkpoint(v) / "model.safetensors").exists()
-    assert not (run.checkpoint(2) / "optimizer.pt").exists() and (run.checkpoint(3) / "optimizer.pt").is_file()
+        assert (
+            lora_files(run.checkpoint(v)) and not (run.checkpoint(v) / "model.safetensors").exists()
+        )
+    assert (
+        not (run.checkpoint(2) / "optimizer.pt").exists()
+        and (run.checkpoint(3) / "optimizer.pt").is_file()
+    )
     rows = [r for r in map(json.loads, run.metrics.read_text().splitlines()) if r["phase"] == "rl"]
     assert [r["update"] for r in rows] == [1, 2]
     assert rows[0]["learn/skipped"] == 0.0, "no reward variance in update 1: the test is void"
@@ -293,7 +346,11 @@ def test_merged_export_gives_the_runs_recorded_logprobs(lora_run, tmp_path):
     export_merged(run.root, tmp_path / "final")
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
     with Ledger(run.ledger) as ledger:
-        sampled = [t for t in ledger.query(min_version=3) if t.policy_versions and set(t.policy_versions) == {3}]
+        sampled = [
+            t
+            for t in ledger.query(min_version=3)
+            if t.policy_versions and set(t.policy_versions) == {3}
+        ]
     assert sampled, "no episode of the final version in the ledger"
     temp = summary["config"]["eval_temperature"]
     worst = 0.0
@@ -305,7 +362,9 @@ def test_merged_export_gives_the_runs_recorded_logprobs(lora_run, tmp_path):
 
 
 def lora_files(path) -> bool:
-    return (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+    return (path / "adapter_config.json").is_file() and (
+        path / "adapter_model.safetensors"
+    ).is_file()
 
 
 def test_a_reloading_server_gets_a_merged_copy_outside_the_checkpoint(tok, tmp_path):

@@ -1,10 +1,11 @@
 """`lr_warmup_steps`: the RL learner's linear learning-rate warm-up.
 
 Why it exists: AdamW's bias-corrected first step moves every parameter with a gradient by
-≈ lr (lr · g / |g|), whatever the gradient's size (docs/experiments/long-credit.md, "Why one update breaks the
-greedy policy"). With a warm-up of k steps, step n moves them by ≈ lr · n / k. A tiny Qwen2
-policy and two real records (a success and a failure of one task) measure that directly;
-the count comes from AdamW's own state, so a resumed learner continues the warm-up.
+≈ lr (lr · g / |g|), whatever the gradient's size (docs/experiments/long-credit.md, "Why
+one update breaks the greedy policy"). With a warm-up of k steps, step n moves them by
+≈ lr · n / k. A tiny Qwen2 policy and two real records (a success and a failure of one
+task) measure that directly; the count comes from AdamW's own state, so a resumed learner
+continues the warm-up.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 from tests.train.test_critic_warmup import _model, _traj
 
 from taurl.errors import ConfigError
-from taurl.train.learner import Learner, LearnerConfig, optimizer_steps, warmup_lr
+from taurl.train.learner import Learner, LearnerConfig
+from taurl.train.optim import optimizer_steps, warmup_lr
 
 LR = 1e-3
 
@@ -34,8 +36,10 @@ def _update(learner, batch) -> tuple[dict, float]:
     """One update's stats and the largest change of any weight it made."""
     before = [p.detach().clone() for p in learner.model.parameters()]
     stats = learner.update(batch, version=0)
-    return stats, max(float((p.detach() - b).abs().max()) for p, b in zip(learner.model.parameters(), before,
-                                                                          strict=True))
+    return stats, max(
+        float((p.detach() - b).abs().max())
+        for p, b in zip(learner.model.parameters(), before, strict=True)
+    )
 
 
 @pytest.mark.parametrize("warmup", [0, 4])
@@ -49,7 +53,8 @@ def test_each_step_moves_the_weights_by_its_warmed_up_lr(warmup):
         expect = warmup_lr(LR, n, warmup)
         assert stats["learn/lr"] == pytest.approx(expect)
         assert optimizer_steps(learner.optimizer) == n
-        if n == 1:  # AdamW's first step: lr · g/|g| per weight, so the largest move is the lr itself
+        # AdamW's first step: lr · g/|g| per weight, so the largest move is the lr itself
+        if n == 1:
             assert moved == pytest.approx(expect, rel=0.01)
         else:
             assert moved <= expect * 1.01
@@ -65,7 +70,8 @@ def test_a_resumed_learner_continues_the_warmup_from_the_optimizer_state():
     first.update(batch, version=0)
     resumed = Learner(model, cfg, pad_id=0)
     assert optimizer_steps(resumed.optimizer) == 0
-    resumed.optimizer.load_state_dict(first.optimizer.state_dict())  # what load_optimizer_state does
+    # what load_optimizer_state does
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
     assert resumed.update(batch, version=0)["learn/lr"] == pytest.approx(7.5e-4)  # step 3 of 4
 
 

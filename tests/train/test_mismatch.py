@@ -23,7 +23,8 @@ def test_hand_computed_mismatch():
     # ratios 1, e^0.5 = 1.649 (outside [0.8, 1.2]), e^-0.2 = 0.819 (inside)
     assert m.clip_share == pytest.approx(1 / 3)
     assert m.as_stats()["mismatch/abs_max"] == pytest.approx(0.5)
-    alarms = m.alarms(abs_mean_max=0.1, abs_max_max=1.0)  # the mean passes 0.1, the max stays under 1
+    # the mean passes 0.1, the max stays under 1
+    alarms = m.alarms(abs_mean_max=0.1, abs_max_max=1.0)
     assert len(alarms) == 1 and "mean" in alarms[0]
 
 

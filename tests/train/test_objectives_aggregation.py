@@ -17,8 +17,11 @@ def test_modes_by_hand():
     assert aggregate(V, M, "token-mean").item() == pytest.approx(7 / 3)  # (1 + 2 + 4) / 3
     assert aggregate(V, M, "seq-mean-token-mean").item() == pytest.approx(2.75)  # (1.5 + 4) / 2
     assert aggregate(V, M, "seq-mean-token-sum").item() == pytest.approx(3.5)  # (3 + 4) / 2
-    assert aggregate(V, M, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 6)  # 7 / (2 · L=3)
-    assert aggregate(V, M, "seq-mean-token-sum-norm", norm_constant=10).item() == pytest.approx(0.35)
+    # 7 / (2 · L=3)
+    assert aggregate(V, M, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 6)
+    assert aggregate(V, M, "seq-mean-token-sum-norm", norm_constant=10).item() == pytest.approx(
+        0.35
+    )
 
 
 def test_one_trajectory_over_several_rows_is_normalized_once():
@@ -32,7 +35,9 @@ def test_one_trajectory_over_several_rows_is_normalized_once():
 def test_denominator_override_for_micro_batches():
     # two micro-batches with a global token count sum to the full-batch token mean
     full = aggregate(V, M, "token-mean")
-    parts = aggregate(V[:1], M[:1], "token-mean", denominator=3) + aggregate(V[1:], M[1:], "token-mean", denominator=3)
+    parts = aggregate(V[:1], M[:1], "token-mean", denominator=3) + aggregate(
+        V[1:], M[1:], "token-mean", denominator=3
+    )
     assert parts.item() == pytest.approx(full.item())
 
 

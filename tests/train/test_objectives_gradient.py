@@ -38,14 +38,25 @@ def tiny_qwen() -> Qwen2ForCausalLM:
 
 def trajectory() -> Trajectory:
     """prompt 5 | action 4 | observation 6 | action 3 | template 1 (all ids < 64)."""
-    segs = (Segment("prompt", (1, 2, 3, 4, 5)), Segment("action", (20, 21, 22, 23), (-1.0,) * 4, 0),
-            Segment("observation", (40, 41, 42, 43, 44, 45)), Segment("action", (24, 25, 26), (-1.0,) * 3, 0),
-            Segment("template", (6,)))
-    turns = (Turn(0, "q", {"kind": "search"}, "obs", 1, 2, "stop"), Turn(1, "a", {"kind": "answer"}, "", 3, None, "stop"))
-    return validate_trajectory(Trajectory(
-        episode_id="e", run_id="r", task_id="t", group_id="t", split="train", env_name="search-v0",
-        env_version="1", seed=0, segments=segs, turns=turns, messages=({"role": "user", "content": "x"},),
-        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=1.0))
+    segs = (
+        Segment("prompt", (1, 2, 3, 4, 5)),
+        Segment("action", (20, 21, 22, 23), (-1.0,) * 4, 0),
+        Segment("observation", (40, 41, 42, 43, 44, 45)),
+        Segment("action", (24, 25, 26), (-1.0,) * 3, 0),
+        Segment("template", (6,)),
+    )
+    turns = (
+        Turn(0, "q", {"kind": "search"}, "obs", 1, 2, "stop"),
+        Turn(1, "a", {"kind": "answer"}, "", 3, None, "stop"),
+    )
+    return validate_trajectory(
+        Trajectory(
+            episode_id="e", run_id="r", task_id="t", group_id="t", split="train",
+            env_name="search-v0", env_version="1", seed=0, segments=segs, turns=turns,
+            messages=({"role": "user", "content": "x"},), terminated=True, truncated=False,
+            stop_reason=StopReason.ANSWERED, reward=1.0,
+        )
+    )
 
 
 TRAJ = trajectory()
@@ -81,13 +92,17 @@ def logits() -> torch.Tensor:
         return tiny_qwen()(IDS).logits.float()
 
 
-@pytest.mark.parametrize("name", ["ppo", "dual_clip_ppo", "gspo", "decoupled_ppo", "sft", "kl_k3", "entropy", "dpo"])
+@pytest.mark.parametrize(
+    "name", ["ppo", "dual_clip_ppo", "gspo", "decoupled_ppo", "sft", "kl_k3", "entropy", "dpo"]
+)
 def test_gradient_only_on_logits_that_score_action_tokens(logits, name):
     leaf = logits.clone().requires_grad_()
     loss = objectives(leaf)[name]
     (grad,) = torch.autograd.grad(loss, leaf)
     assert torch.all(grad[0, ~SCORES_ACTION] == 0), "a mask-0 token's logits got a gradient"
-    assert torch.all(grad[0, SCORES_ACTION].abs().sum(-1) > 0), "an action token's logits got no gradient"
+    assert torch.all(grad[0, SCORES_ACTION].abs().sum(-1) > 0), (
+        "an action token's logits got no gradient"
+    )
     # perturbing the logits that score prompt / observation / template tokens changes nothing
     noisy = logits.clone()
     noisy[0, ~SCORES_ACTION] += 5.0 * torch.randn_like(noisy[0, ~SCORES_ACTION])

@@ -22,7 +22,9 @@ LN = math.log
 def one(ratio: float, adv: float, **kw):
     """PPO loss of a single token with the given ratio and advantage, and d loss / d logp."""
     logp = torch.tensor([[LN(ratio)]], requires_grad=True)
-    loss, metrics = ppo_clip_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), **kw)
+    loss, metrics = ppo_clip_loss(
+        logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), **kw
+    )
     loss.backward()
     return loss.item(), logp.grad.item(), metrics
 
@@ -36,7 +38,9 @@ def test_clipped_surrogate_by_hand():
     assert loss == pytest.approx(0.8) and grad == 0.0 and m["learn/clip_frac_low"] == 1.0
     # ρ = 1.1, A = +1: inside the range, -ρA; d/dlogp (-A·e^logp) = -ρA = -1.1
     loss, grad, m = one(1.1, 1.0)
-    assert loss == pytest.approx(-1.1) and grad == pytest.approx(-1.1) and m["learn/clip_frac"] == 0.0
+    assert (
+        loss == pytest.approx(-1.1) and grad == pytest.approx(-1.1) and m["learn/clip_frac"] == 0.0
+    )
     # ρ = 0.5, A = +1: the pessimistic (unclipped) term -0.5 is the max -> gradient flows (-0.5)
     loss, grad, _ = one(0.5, 1.0)
     assert loss == pytest.approx(-0.5) and grad == pytest.approx(-0.5)
@@ -53,7 +57,9 @@ def test_dual_clip_bounds_negative_advantages():
     # ρ = 3.5, A = -1: PPO max(3.5, 1.2) = 3.5; dual clip c = 3 -> min(3.5, 3) = 3, no gradient
     assert one(3.5, -1.0)[0] == pytest.approx(3.5)
     logp = torch.tensor([[LN(3.5), LN(3.5)]], requires_grad=True)
-    loss, m = dual_clip_ppo_loss(logp, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), dual_clip=3.0)
+    loss, m = dual_clip_ppo_loss(
+        logp, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), dual_clip=3.0
+    )
     # token 2 (A = +1, ρ = 3.5) is clipped high at -1.2; token-mean of (3, -1.2) = 0.9
     assert loss.item() == pytest.approx(0.9) and m["learn/dual_clip_frac"] == 0.5
     with pytest.raises(ConfigError, match="dual_clip"):
@@ -69,7 +75,12 @@ def test_masked_garbage_never_reaches_loss_or_gradient():
         logp.grad = None
         loss, _ = fn(logp, old, adv, mask)
         loss.backward()
-        assert torch.isfinite(loss) and logp.grad[0, 1] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
+        assert (
+            torch.isfinite(loss)
+            and logp.grad[0, 1] == 0
+            and logp.grad[0, 2] == 0
+            and logp.grad[0, 0] != 0
+        )
 
 
 def ref_ppo(logp, old, adv, mask, lo, hi):
@@ -88,8 +99,9 @@ def test_ppo_matches_loop_on_random_inputs():
     logp, old = -torch.rand(5, 8, generator=g), -torch.rand(5, 8, generator=g)
     adv, mask = torch.randn(5, 8, generator=g), torch.rand(5, 8, generator=g) < 0.6
     loss, _ = ppo_clip_loss(logp, old, adv, mask, eps_low=0.1, eps_high=0.3)
-    assert loss.item() == pytest.approx(ref_ppo(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.1, 0.3),
-                                        rel=1e-5)
+    assert loss.item() == pytest.approx(
+        ref_ppo(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.1, 0.3), rel=1e-5
+    )
 
 
 # --- GSPO ------------------------------------------------------------------------------
@@ -102,7 +114,11 @@ def test_gspo_sequence_ratio_by_hand():
     # paper's ε (3e-4, 4e-4): clipped at 1.0004 -> loss -1.0004, no gradient
     loss, m = gspo_loss(logp, old, adv, mask)
     loss.backward()
-    assert loss.item() == pytest.approx(-1.0004) and torch.all(logp.grad == 0) and m["learn/clip_frac"] == 1.0
+    assert (
+        loss.item() == pytest.approx(-1.0004)
+        and torch.all(logp.grad == 0)
+        and m["learn/clip_frac"] == 1.0
+    )
     # wide ε: loss -s; gradient of the sequence form -A·exp(mean log ρ) is -s/|y| per token
     logp.grad = None
     loss, _ = gspo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.2)
@@ -115,10 +131,14 @@ def test_gspo_sequence_ratio_by_hand():
 def test_gspo_pools_rows_of_one_trajectory():
     # two rows of one trajectory: log-ratios 0.2 and -0.1 -> one ratio exp(0.05) for both rows
     logp = torch.tensor([[0.2], [-0.1]])
-    loss, _ = gspo_loss(logp, torch.zeros(2, 1), torch.ones(2, 1), torch.ones(2, 1), eps_low=0.2, eps_high=0.2,
-                        traj_index=torch.tensor([0, 0]))
+    loss, _ = gspo_loss(
+        logp, torch.zeros(2, 1), torch.ones(2, 1), torch.ones(2, 1), eps_low=0.2, eps_high=0.2,
+        traj_index=torch.tensor([0, 0]),
+    )
     assert loss.item() == pytest.approx(-math.exp(0.05), rel=1e-6)
-    per_row, _ = gspo_loss(logp, torch.zeros(2, 1), torch.ones(2, 1), torch.ones(2, 1), eps_low=0.2, eps_high=0.2)
+    per_row, _ = gspo_loss(
+        logp, torch.zeros(2, 1), torch.ones(2, 1), torch.ones(2, 1), eps_low=0.2, eps_high=0.2
+    )
     # per row: exp(0.2) = 1.221 is clipped to 1.2, exp(-0.1) = 0.905 is not
     assert per_row.item() == pytest.approx(-(1.2 + math.exp(-0.1)) / 2, rel=1e-6)
 
@@ -129,14 +149,20 @@ def test_gspo_pools_rows_of_one_trajectory():
 def test_decoupled_equals_ppo_when_behaviour_is_proximal():
     g = torch.Generator().manual_seed(1)
     logp = (-torch.rand(3, 6, generator=g)).requires_grad_()
-    old, adv, mask = -torch.rand(3, 6, generator=g), torch.randn(3, 6, generator=g), torch.rand(3, 6, generator=g) < 0.7
+    old, adv, mask = (
+        -torch.rand(3, 6, generator=g),
+        torch.randn(3, 6, generator=g),
+        torch.rand(3, 6, generator=g) < 0.7,
+    )
     a, _ = ppo_clip_loss(logp, old, adv, mask)
     (ga,) = torch.autograd.grad(a, logp)
     b, m = decoupled_ppo_loss(logp, old, adv, mask, behaviour_logprobs=old)
     (gb,) = torch.autograd.grad(b, logp)
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(ga, gb)
-    assert m["learn/is_weight_mean"] == pytest.approx(1.0) and m["learn/behaviour_kl"] == pytest.approx(0.0)
+    assert m["learn/is_weight_mean"] == pytest.approx(1.0) and m[
+        "learn/behaviour_kl"
+    ] == pytest.approx(0.0)
 
 
 def test_importance_weight_levels_and_modes_by_hand():
@@ -152,8 +178,10 @@ def test_importance_weight_levels_and_modes_by_hand():
     assert w(level="sequence") == pytest.approx([2.0, 2.0, 0])  # 1.5² = 2.25, truncated at 2
     assert w(level="sequence", cap=3.0) == pytest.approx([2.25, 2.25, 0])
     assert w(level="geometric") == pytest.approx([1.5, 1.5, 0])  # sqrt(2.25)
-    assert w(level="sequence", mode="mask") == pytest.approx([0, 0, 0])  # 2.25 > 2: whole sequence dropped
-    assert w(level="token", mode="mask", floor=1.6, cap=4.0) == pytest.approx([0, 0, 0])  # below the floor
+    # 2.25 > 2: whole sequence dropped
+    assert w(level="sequence", mode="mask") == pytest.approx([0, 0, 0])
+    # below the floor
+    assert w(level="token", mode="mask", floor=1.6, cap=4.0) == pytest.approx([0, 0, 0])
     assert w(level="token", mode="truncate", cap=1.2) == pytest.approx([1.2, 1.2, 0])
     _, m = importance_weights(prox, behav, mask, level="sequence")
     assert m["learn/is_bounded_frac"] == 1.0

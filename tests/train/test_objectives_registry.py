@@ -27,7 +27,11 @@ def test_every_objective_runs_by_name_and_cites_its_source(name):
     old, adv = -torch.rand(2, 6, generator=g), torch.randn(2, 6, generator=g)
     mask = torch.tensor([[0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 0]])
     family = objective_family(name)
-    fn = make_objective(name, aggregation="seq-mean-token-mean") if family != "preference" else make_objective(name)
+    fn = (
+        make_objective(name, aggregation="seq-mean-token-mean")
+        if family != "preference"
+        else make_objective(name)
+    )
     if family == "policy_gradient":
         extra = {"behaviour_logprobs": old - 0.1} if name == "decoupled_ppo" else {}
         loss, metrics = fn(logp, old, adv, mask, **extra)

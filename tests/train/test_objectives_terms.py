@@ -63,7 +63,9 @@ def test_entropy_and_bonus():
     h = sequence_entropy(logits)
     assert h[0].tolist() == pytest.approx([0.0, math.log(4), math.log(4)])
     loss, m = entropy_bonus(h, torch.tensor([[0, 1, 1]]), coef=0.01)
-    assert loss.item() == pytest.approx(-0.01 * math.log(4)) and m["learn/entropy"] == pytest.approx(math.log(4))
+    assert loss.item() == pytest.approx(-0.01 * math.log(4)) and m[
+        "learn/entropy"
+    ] == pytest.approx(math.log(4))
 
 
 def test_sequence_logprobs_align_with_tokens():
@@ -80,13 +82,16 @@ def test_sequence_logprobs_align_with_tokens():
 def test_dpo_by_hand():
     # chosen: Σ action logp = -1 vs ref -2 -> +1; rejected: -3 vs -2 -> -1; Δ = 2, β = 0.5 -> βΔ = 1
     # loss = -log σ(1) = 0.313262; d loss / d chosen logp = -β σ(-1) = -0.5 · 0.268941 = -0.134471
-    c = torch.tensor([[-0.5, -0.5, -99.0]], requires_grad=True)  # third token: an observation, masked
+    # third token: an observation, masked
+    c = torch.tensor([[-0.5, -0.5, -99.0]], requires_grad=True)
     c_ref, c_mask = torch.tensor([[-1.0, -1.0, 0.0]]), torch.tensor([[1, 1, 0]])
     r, r_ref, r_mask = torch.tensor([[-3.0]]), torch.tensor([[-2.0]]), torch.tensor([[1]])
     loss, m = dpo_loss(c, c_ref, c_mask, r, r_ref, r_mask, beta=0.5)
     loss.backward()
     assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-1))))
-    torch.testing.assert_close(c.grad, torch.tensor([[-0.134471, -0.134471, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        c.grad, torch.tensor([[-0.134471, -0.134471, 0.0]]), atol=1e-6, rtol=0
+    )
     assert m["learn/dpo_reward_acc"] == 1.0 and m["learn/dpo_margin"] == pytest.approx(2.0)
     # label smoothing ε = 0.1: -(0.9 log σ(1) + 0.1 log σ(-1))
     smooth, _ = dpo_loss(c, c_ref, c_mask, r, r_ref, r_mask, beta=0.5, label_smoothing=0.1)
@@ -98,19 +103,29 @@ def test_sft_is_nll_of_action_tokens():
     logp = torch.tensor([[-1.0, -3.0, -100.0], [-2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     loss, m = sft_loss(logp, mask)
-    assert loss.item() == pytest.approx(2.0) and m["learn/sft_nll"] == pytest.approx(2.0)  # (1 + 3 + 2) / 3
-    assert sft_loss(logp, mask, aggregation="seq-mean-token-mean")[0].item() == pytest.approx(2.0)  # (2 + 2) / 2
+    # (1 + 3 + 2) / 3
+    assert loss.item() == pytest.approx(2.0) and m["learn/sft_nll"] == pytest.approx(2.0)
+    # (2 + 2) / 2
+    assert sft_loss(logp, mask, aggregation="seq-mean-token-mean")[0].item() == pytest.approx(2.0)
 
 
 def test_value_loss_clipping_by_hand():
     # V = 0.5, V_old = 0.3, R = 1, ε = 0.1: (0.5 - 1)² = 0.25; clipped V = 0.4 -> (0.4 - 1)² = 0.36
     # loss = ½ max(0.25, 0.36) = 0.18; gradient 0 (the clipped branch does not depend on V beyond ε)
     v = torch.tensor([[0.5, 7.0]], requires_grad=True)
-    loss, m = value_loss(v, torch.tensor([[0.3, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[1, 0]]), clip=0.1)
+    loss, m = value_loss(
+        v, torch.tensor([[0.3, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[1, 0]]), clip=0.1
+    )
     loss.backward()
-    assert loss.item() == pytest.approx(0.18) and m["learn/vf_clip_frac"] == 1.0 and v.grad.tolist() == [[0.0, 0.0]]
+    assert (
+        loss.item() == pytest.approx(0.18)
+        and m["learn/vf_clip_frac"] == 1.0
+        and v.grad.tolist() == [[0.0, 0.0]]
+    )
     # unclipped: ½ (0.5 - 1)² = 0.125, gradient V - R = -0.5
     v.grad = None
-    loss, _ = value_loss(v, torch.tensor([[0.3, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[1, 0]]), clip=None)
+    loss, _ = value_loss(
+        v, torch.tensor([[0.3, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[1, 0]]), clip=None
+    )
     loss.backward()
     assert loss.item() == pytest.approx(0.125) and v.grad.tolist() == [[-0.5, 0.0]]

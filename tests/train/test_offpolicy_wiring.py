@@ -29,15 +29,21 @@ def _model() -> Qwen2ForCausalLM:
 def _traj(name: str, actions: list[tuple[list[int], list[float], int]], reward: float = 0.0,
           prompt: tuple[int, ...] = (5, 6, 7)) -> Trajectory:
     """An episode whose turns are (action ids, behaviour logprobs, version), observation-free."""
-    segs = [Segment("prompt", prompt)] + [Segment("action", tuple(a), tuple(lp), v) for a, lp, v in actions]
+    segs = [Segment("prompt", prompt)] + [
+        Segment("action", tuple(a), tuple(lp), v) for a, lp, v in actions
+    ]
     turns = tuple(Turn(i, "a", {"kind": "answer"}, "", 1, None, "eos") for i in range(len(actions)))
-    return Trajectory(episode_id=name, run_id="r", task_id="t", group_id="g", split="train", env_name="toy-v0",
-                      env_version="0", seed=0, segments=tuple(segs), turns=turns,
-                      messages=({"role": "user", "content": "q"},), terminated=True, truncated=False,
-                      stop_reason=StopReason.ANSWERED, reward=reward)
+    return Trajectory(
+        episode_id=name, run_id="r", task_id="t", group_id="g", split="train", env_name="toy-v0",
+        env_version="0", seed=0, segments=tuple(segs), turns=turns,
+        messages=({"role": "user", "content": "q"},), terminated=True, truncated=False,
+        stop_reason=StopReason.ANSWERED, reward=reward,
+    )
 
 
-def _on_policy(model, name: str, action: list[int], reward: float, shift: float = 0.0, version: int = 0):
+def _on_policy(
+    model, name: str, action: list[int], reward: float, shift: float = 0.0, version: int = 0
+):
     """One-turn episode whose behaviour logprobs are the model's own, minus `shift` (a stale μ)."""
     prompt = [5, 6, 7]
     lp = sequence_logprobs(model, prompt + action)[len(prompt):].tolist()
@@ -63,7 +69,10 @@ def test_staleness_of_hand_made_trajectories():
 
 def test_learner_reports_staleness_against_its_version():
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, version=2), _on_policy(model, "b", [20, 21], 0.0, version=0)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12], 1.0, version=2),
+        _on_policy(model, "b", [20, 21], 0.0, version=0),
+    ]
     stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update(batch, version=3)
     assert (stats["learn/staleness_mean"], stats["learn/staleness_max"]) == (2.0, 3.0)
     # without a version: the newest one in the batch (the synchronous pipeline's)
@@ -82,7 +91,10 @@ def test_on_policy_decoupled_update_is_the_ppo_update():
     # μ = π_prox (behaviour logprobs are the model's own): w = 1, nothing bounded, no KL,
     # and the step is PPO's to float precision
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12, 13], 1.0), _on_policy(model, "b", [20, 21, 22], 0.0)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12, 13], 1.0),
+        _on_policy(model, "b", [20, 21, 22], 0.0),
+    ]
     m_ppo, m_dec = copy.deepcopy(model), copy.deepcopy(model)
     s_ppo = Learner(m_ppo, LearnerConfig(lr=1e-2)).update(batch)
     s_dec = Learner(m_dec, _decoupled()).update(batch)
@@ -100,7 +112,10 @@ def test_bounded_fraction_is_positive_exactly_when_weights_exceed_the_cap(shift,
     # μ recorded lower than π_prox by `shift` nats on every token: w = e^shift;
     # e^0.5 = 1.65 > cap 1.5 (all truncated), e^0.2 = 1.22 < 1.5 (none)
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, shift), _on_policy(model, "b", [20, 21], 0.0, shift)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12], 1.0, shift),
+        _on_policy(model, "b", [20, 21], 0.0, shift),
+    ]
     stats = Learner(copy.deepcopy(model), _decoupled(is_cap=1.5)).update(batch)
     assert stats["learn/is_bounded_frac"] == (pytest.approx(1.0) if bounded else 0.0)
     assert stats["learn/is_weight_mean"] == pytest.approx(min(math.exp(shift), 1.5), rel=1e-4)
@@ -114,7 +129,10 @@ def test_bounded_fraction_is_positive_exactly_when_weights_exceed_the_cap(shift,
 def test_masked_weights_drop_the_tokens_from_the_gradient():
     # every weight above the cap is masked: no token has a gradient, the policy does not move
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, 1.0), _on_policy(model, "b", [20, 21], 0.0, 1.0)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12], 1.0, 1.0),
+        _on_policy(model, "b", [20, 21], 0.0, 1.0),
+    ]
     m = copy.deepcopy(model)
     stats = Learner(m, _decoupled(is_mode="mask", is_cap=2.0)).update(batch)
     assert stats["learn/is_bounded_frac"] == pytest.approx(1.0) and stats["learn/grad_norm"] == 0.0
@@ -124,10 +142,15 @@ def test_masked_weights_drop_the_tokens_from_the_gradient():
 def test_sequence_level_weights_through_the_learner():
     # per-token w = e^0.1 on 3 tokens: sequence level e^0.3 = 1.35 > cap 1.3, geometric e^0.1 < 1.3
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, 0.1), _on_policy(model, "b", [20, 21, 22], 0.0, 0.1)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12], 1.0, 0.1),
+        _on_policy(model, "b", [20, 21, 22], 0.0, 0.1),
+    ]
     seq = Learner(copy.deepcopy(model), _decoupled(is_level="sequence", is_cap=1.3)).update(batch)
     geo = Learner(copy.deepcopy(model), _decoupled(is_level="geometric", is_cap=1.3)).update(batch)
-    assert seq["learn/is_bounded_frac"] == pytest.approx(1.0) and geo["learn/is_bounded_frac"] == 0.0
+    assert (
+        seq["learn/is_bounded_frac"] == pytest.approx(1.0) and geo["learn/is_bounded_frac"] == 0.0
+    )
     assert geo["learn/is_weight_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
 
 
@@ -151,12 +174,20 @@ def test_train_config_reports_importance_option_problems_together():
     cfg = dataclasses.replace(TrainConfig(), objective="decoupled_ppo",
                               objective_options={"is_level": "seq", "is_cap": -1.0})
     problems = cfg.learner_config().problems()
-    assert any("is_level" in p for p in problems) and any("is_cap must be > 0" in p for p in problems)
+    assert any("is_level" in p for p in problems) and any(
+        "is_cap must be > 0" in p for p in problems
+    )
 
 
-@pytest.mark.parametrize("opts", [{}, {"is_level": "token", "is_mode": "truncate", "is_cap": 2.0},
-                                  {"is_level": "sequence", "is_mode": "mask", "is_floor": 0.5, "is_cap": 2},
-                                  {"is_level": "geometric", "is_cap": 1.5}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"is_level": "token", "is_mode": "truncate", "is_cap": 2.0},
+        {"is_level": "sequence", "is_mode": "mask", "is_floor": 0.5, "is_cap": 2},
+        {"is_level": "geometric", "is_cap": 1.5},
+    ],
+)
 def test_the_documented_options_are_accepted(opts):
     assert _decoupled(**opts).problems() == []
 
@@ -167,7 +198,10 @@ def test_proximal_policy_costs_no_extra_forward_and_is_the_pre_update_policy(epo
     # is that policy, so decoupled PPO runs exactly as many forwards as PPO, and every
     # epoch's ratio is taken against the same pre-update logprobs
     model = _model()
-    batch = [_on_policy(model, "a", [10, 11, 12], 1.0, 0.3), _on_policy(model, "b", [20, 21], 0.0, 0.3)]
+    batch = [
+        _on_policy(model, "a", [10, 11, 12], 1.0, 0.3),
+        _on_policy(model, "b", [20, 21], 0.0, 0.3),
+    ]
     before = [sequence_logprobs(model, [5, 6, 7] + a)[3:] for a in ([10, 11, 12], [20, 21])]
     counts = {}
     for objective in ("ppo", "decoupled_ppo"):
@@ -187,7 +221,8 @@ def test_proximal_policy_costs_no_extra_forward_and_is_the_pre_update_policy(epo
         counts[objective] = len(calls)
         if objective == "decoupled_ppo":
             assert len(olds) == epochs  # one micro-batch per epoch
-            for old in olds:  # rows sorted by length: "b" (2 actions) may come first; match by length
+            # rows sorted by length: "b" (2 actions) may come first; match by length
+            for old in olds:
                 for ref in before:
                     n = len(ref)
                     rows = [row[row != 0][:n] for row in old if int((row != 0).sum()) == n]
@@ -203,7 +238,9 @@ def test_mismatch_counts_only_rows_sampled_by_the_learners_own_version():
     stale = _on_policy(model, "b", [20, 21], 0.0, shift=0.5, version=2)
     lp = sequence_logprobs(model, [5, 6, 7, 30, 31])[3:].tolist()
     resumed = _traj("c", [([30], [lp[0] - 0.5], 2), ([31], [lp[1]], 3)], 0.0)
-    stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update([fresh, stale, resumed], version=3)
+    stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update(
+        [fresh, stale, resumed], version=3
+    )
     assert stats["mismatch/abs_max"] < 1e-4 and stats["mismatch/tokens"] == 3
     # every row older than the learner (the batch's newest is 2, the learner is at 3): none is fresh
     stats = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-3)).update([stale, stale], version=3)

@@ -35,7 +35,9 @@ def _model() -> Qwen2ForCausalLM:
     return tiny_lm(V, max_positions=256)
 
 
-def _traj(model, name: str, actions: list[list[int]], reward: float, group: str = "t1") -> Trajectory:
+def _traj(
+    model, name: str, actions: list[list[int]], reward: float, group: str = "t1"
+) -> Trajectory:
     """An episode of `actions`, an observation after each but the last; behaviour logprobs
     are `model`'s own in context (on-policy), as the engine records them."""
     segs: list[tuple[str, list[int]]] = [("prompt", PROMPT)]
@@ -53,13 +55,28 @@ def _traj(model, name: str, actions: list[list[int]], reward: float, group: str 
     action_idx = [i for i, (k, _) in enumerate(segs) if k == "action"]
     for t, si in enumerate(action_idx):
         obs = si + 1 if si + 1 < len(segs) else None
-        turns.append(Turn(t, "a", {"kind": "search" if t < len(actions) - 1 else "answer"},
-                          "o" if obs else "", si, obs, "stop", env_reward=reward if obs is None else 0.0))
+        turns.append(
+            Turn(
+                t, "a", {"kind": "search" if t < len(actions) - 1 else "answer"},
+                "o" if obs else "", si, obs, "stop", env_reward=reward if obs is None else 0.0,
+            )
+        )
     return Trajectory(
-        episode_id=name, run_id="r", task_id=group, group_id=group, split="train", env_name="toy-v0",
-        env_version="0", seed=0, segments=tuple(segments), turns=tuple(turns),
+        episode_id=name,
+        run_id="r",
+        task_id=group,
+        group_id=group,
+        split="train",
+        env_name="toy-v0",
+        env_version="0",
+        seed=0,
+        segments=tuple(segments),
+        turns=tuple(turns),
         messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
-        terminated=True, truncated=False, stop_reason=StopReason.ANSWERED, reward=reward,
+        terminated=True,
+        truncated=False,
+        stop_reason=StopReason.ANSWERED,
+        reward=reward,
         reward_components={"outcome": reward},
     )
 
@@ -77,7 +94,8 @@ def scored():
         "padded": _traj(policy, "p", [GOOD, GOOD, GOOD, GOOD, GOOD, GOOD, END], 1.0),  # repetition
         "noop": _traj(policy, "n", [GOOD, [2], [2], [2], END], 1.0),  # no-op steps
         "failure": failure,
-        "failed_imitation": _traj(policy, "fi", [GOOD] * 8 + [BAD, END], 0.0),  # looks like success, fails
+        # looks like success, fails
+        "failed_imitation": _traj(policy, "fi", [GOOD] * 8 + [BAD, END], 0.0),
     }
     trajs = list(variants.values())
     batch = TurnBatch.from_trajectories(trajs)

@@ -24,11 +24,7 @@ pytest.importorskip("ray", reason="ray is not installed: pip install 'taurl[ray]
 from taurl.errors import Error  # noqa: E402
 from taurl.train.distributed.equivalence import run_pair  # noqa: E402
 from taurl.train.distributed.pool import RankDied, RankPool  # noqa: E402
-from taurl.train.distributed.ray_ranks import (  # noqa: E402
-    RayRankOptions,
-    RayRankPool,
-    ray_options_problems,
-)
+from taurl.train.distributed.ray_ranks import RayRankOptions, RayRankPool  # noqa: E402
 from taurl.train.learner import LearnerConfig  # noqa: E402
 
 
@@ -103,12 +99,20 @@ def test_a_placement_the_cluster_cannot_hold_is_refused_with_what_it_has(ray_clu
     opts = RayRankOptions(bundle={"CPU": 1, "learner": 1}, ready_timeout_s=2)
     with pytest.raises(Error, match=r"could not place 2 learner ranks .*'learner': 1"):
         RayRankPool.start(2, "cpu", opts)
-    assert ray_options_problems({"placement": "pack", "bundle": {"CPU": -1}, "nodes": 2}) == [
-        "unknown train.ray key 'nodes' (it takes placement, bundle, ready_timeout_s)",
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.validate import option_problems
+    from taurl.train.distributed.strategy import RayPlacement
+
+    assert option_problems("train.ray", RayPlacement, {"placement": "pack", "nodes": 2}) == [
+        "train.ray: unknown option 'nodes' (options: placement, bundle, "
+        "ready_timeout_s)"]
+    assert option_problems("train.ray", RayPlacement,
+                           {"placement": "pack", "bundle": {"CPU": -1}}) == [
         "train.ray.placement must be one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD "
         "(got 'pack')",
         "train.ray.bundle must map resource names to amounts >= 0, e.g. {CPU: 1, learner: 1} "
         "(got {'CPU': -1})"]
+    assert TrainConfig(train={"ray": {"ready_timeout_s": 5}}).train.ray.ready_timeout_s == 5
 
 
 def test_the_train_section_takes_the_launcher_and_names_its_problems():
@@ -140,7 +144,9 @@ def test_the_train_section_takes_the_launcher_and_names_its_problems():
 def test_backend_options_resources_place_the_rollout_workers_and_are_checked():
     from taurl.scale import backend_problems
 
-    assert backend_problems("ray", {"workers": 2, "resources": {"engines": 1}}, engine="local") == []
+    assert (
+        backend_problems("ray", {"workers": 2, "resources": {"engines": 1}}, engine="local") == []
+    )
     assert backend_problems("ray", {"resources": {"engines": 0}}, engine="local") == [
         "backend_options resources must map Ray resource names to amounts > 0, e.g. "
         "{engines: 1} (got {'engines': 0})"]

@@ -14,7 +14,8 @@ from tests.train._tiny_lm import tiny_lm
 from taurl.train.rows import Rows, action_logprobs
 from taurl.train.token_logprobs import gathered_logprobs
 
-TOL = 1e-6  # relative to max(1, |value|): fp32 carries 7 digits, so a logprob of -20 is known to ~2e-6
+# relative to max(1, |value|): fp32 carries 7 digits, so a logprob of -20 is known to ~2e-6
+TOL = 1e-6
 
 
 def _close(a, b, tol=TOL) -> bool:
@@ -39,7 +40,9 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_plain_log_softmax(chun
     ((lp_ref * weights).sum() + ent_ref.sum()).backward()
 
     b = base.clone().requires_grad_(True)
-    lp, ent = gathered_logprobs(b, targets, temperature, entropy=True, entropy_grad=True, chunk_rows=chunk)
+    lp, ent = gathered_logprobs(
+        b, targets, temperature, entropy=True, entropy_grad=True, chunk_rows=chunk
+    )
     ((lp * weights).sum() + ent.sum()).backward()
 
     assert lp.dtype == torch.float32 and lp.shape == (50,)
@@ -60,7 +63,8 @@ def test_entropy_without_grad_carries_no_graph_and_bf16_logits_are_read_in_fp32(
 
 
 def test_action_logprobs_equal_a_full_forward():
-    """The learner's gathered logprobs at action positions are those of the full (B, L, V) forward."""
+    """The learner's gathered logprobs at action positions are those of the full
+    (B, L, V) forward."""
     model = tiny_lm(64)
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(2, 64, (3, 20), generator=g)

@@ -53,7 +53,12 @@ def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
 
 
 def field_default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    """A field's default as the file writes it (a typed option's record: its mapping, {})."""
+    from taurl.recipe.typed import is_record, record_mapping
+
+    factory: Any = f.default_factory
+    value = f.default if f.default is not dataclasses.MISSING else factory()
+    return record_mapping(value) if is_record(f) else value
 
 
 def _rows(cls: type) -> list[tuple[str, str, dataclasses.Field, str, Any]]:
@@ -82,12 +87,31 @@ def options_table(cls: type) -> str:
     rows = []
     for place, flag, f, doc, _ in _rows(cls):
         old = f"; was `{was[place]}`" if place in was else ""
-        if where := f.metadata.get("options"):  # a typed mapping: its class declares the keys
-            doc += f" (keys, types and defaults: `{where.replace(':', '.')}`)"
+        if where := f.metadata.get("options"):  # a typed option: its class declares the keys
+            name = where if isinstance(where, str) else f"{where.__module__}:{where.__qualname__}"
+            doc += f" (keys, types and defaults: `{name.replace(':', '.')}`)"
         flag = "--" + rename.get(flag, flag).replace("_", "-")
         rows.append(f"| `{place}` (`{flag}`{old}) | `{json.dumps(field_default(f))}` | "
                     f"{doc.replace('|', '/')} |")
+        if where:
+            rows += _key_rows(place, f)
     return "\n".join(["| option in the file (flag) | default | meaning |", "|---|---|---|", *rows])
+
+
+def _key_rows(place: str, f: dataclasses.Field) -> list[str]:
+    """A row per key of a typed option (`taurl.recipe.options.typed`): its default and its
+    comment in the option class, the one place they are written."""
+    from taurl.recipe.typed import option_class
+
+    cls = option_class(f)
+    docs = field_docs(cls)
+    out = []
+    for key in dataclasses.fields(cls):
+        default = field_default(key)
+        default = list(default) if isinstance(default, tuple) else default
+        out.append(f"| `{place}.{key.name}` (a key of `{place}`) | `{json.dumps(default)}` | "
+                   f"{docs.get(key.name, '').replace('|', '/')} |")
+    return out
 
 
 def add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:

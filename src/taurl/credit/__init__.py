@@ -64,8 +64,10 @@ from taurl.credit.tokens import (
 
 __all__ = [
     "ESTIMATORS", "Credit", "Selection", "TurnBatch", "broadcast_to_tokens", "compute_advantages",
-    "discounted_returns", "discounted_turn_returns", "dr_grpo", "estimator_names", "estimator_problems", "gae", "gae_turns",
-    "get_estimator", "gigpo", "gigpo_components", "grpo", "grpo_batch_std", "make_estimator", "needs_values", "orm",
+    "discounted_returns", "discounted_turn_returns", "dr_grpo", "estimator_names",
+    "estimator_problems", "gae", "gae_turns",
+    "get_estimator", "gigpo", "gigpo_components", "grpo", "grpo_batch_std", "make_estimator",
+    "needs_values", "orm",
     "overlong_filter", "padded_token_turn_index", "preference_pairs", "reinforce_pp",
     "reinforce_pp_baseline", "rejection_sampling", "rloo", "salt", "score_turns", "segment_grpo",
     "shape_process_rewards", "stable_hash", "token_turn_index", "top_std_groups", "turn_spans",

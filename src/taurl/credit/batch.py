@@ -40,7 +40,8 @@ _ROW_LABELS = ("roles", "match_ids", "env_names")  # optional per-row labels (mu
 
 def stable_hash(text: str) -> int:
     """A 64-bit hash of `text` that is the same in every process (Python's `hash` is salted)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little",
+                          signed=True)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class TurnBatch:
     def build(cls, rewards: Any, group: Any, *, num_turns: Any = None, turn_mask: Any = None,
               step_rewards: Any = None, process_rewards: Any = None, state_hash: Any = None,
               action_hash: Any = None, segment_id: Any = None, truncated: Any = None,
-              values: Any = None, bootstrap_values: Any = None, max_turns: int | None = None) -> TurnBatch:
+              values: Any = None, bootstrap_values: Any = None,
+              max_turns: int | None = None) -> TurnBatch:
         """Build from plain arrays; anything not given gets its neutral default.
 
         `group` may hold any labels (ints, strings); they are renumbered 0..G-1 in sorted
@@ -178,7 +180,8 @@ class TurnBatch:
         n = rewards.shape[0]
         labels, dense = np.unique(np.asarray(group).reshape(-1), return_inverse=True)
         if turn_mask is None:
-            nt = np.full(n, max_turns or 1) if num_turns is None else np.asarray(num_turns, dtype=np.int64)
+            nt = (np.full(n, max_turns or 1) if num_turns is None
+                  else np.asarray(num_turns, dtype=np.int64))
             t = int(max_turns if max_turns is not None else (nt.max() if n else 0))
             if n and (nt.max() > t or nt.min() < 0):
                 raise ContractError("batch_turns", f"num_turns must be in [0, max_turns={t}], got "
@@ -192,17 +195,20 @@ class TurnBatch:
             step_rewards=_arr(step_rewards, shape, np.float64, 0.0),
             process_rewards=_arr(process_rewards, shape, np.float64, 0.0),
             state_hash=distinct if state_hash is None else _arr(state_hash, shape, np.int64, 0),
-            action_hash=-1 - distinct if action_hash is None else _arr(action_hash, shape, np.int64, 0),
+            action_hash=(-1 - distinct if action_hash is None
+                         else _arr(action_hash, shape, np.int64, 0)),
             segment_id=_arr(segment_id, shape, np.int64, 0),
             truncated=_arr(truncated, (n,), bool, False),
             values=None if values is None else _arr(values, shape, np.float64, 0.0),
-            bootstrap_values=None if bootstrap_values is None else _arr(bootstrap_values, (n,), np.float64, 0.0),
+            bootstrap_values=(None if bootstrap_values is None
+                              else _arr(bootstrap_values, (n,), np.float64, 0.0)),
             group_names=tuple(str(x) for x in labels),
         )
 
     @classmethod
     def from_trajectories(cls, trajs: Sequence[Trajectory], *, state: str = "observation",
-                          subgoal_key: str = SUBGOAL_KEY, max_turns: int | None = None) -> TurnBatch:
+                          subgoal_key: str = SUBGOAL_KEY,
+                          max_turns: int | None = None) -> TurnBatch:
         """Build the per-turn view of finished trajectories (see `_rows` for each field).
 
         state: "observation" — the state of turn t is the text the agent saw last before
@@ -218,13 +224,15 @@ class TurnBatch:
         out first with `drop_invalid`.
         """
         if state not in ("observation", "history"):
-            raise ContractError("batch_state", f"state must be 'observation' or 'history', got {state!r}")
+            raise ContractError("batch_state", "state must be 'observation' or 'history', got "
+                                               f"{state!r}")
         if not trajs:
             raise ContractError("batch_empty", "no trajectories to build a batch from")
         t_max = max(len(tr.turns) for tr in trajs) if max_turns is None else max_turns
         longest = max(len(tr.turns) for tr in trajs)
         if longest > t_max:
-            raise ContractError("batch_turns", f"a trajectory has {longest} turns but max_turns={t_max}; raise max_turns")
+            raise ContractError("batch_turns", f"a trajectory has {longest} turns but "
+                                               f"max_turns={t_max}; raise max_turns")
         rows = [_rows(tr, t_max, state, subgoal_key) for tr in trajs]
         labels, dense = np.unique([tr.group_id for tr in trajs], return_inverse=True)
         return cls(
@@ -324,10 +332,12 @@ def _arr(x: Any, shape: tuple[int, ...], dtype: Any, fill: Any) -> np.ndarray:
 def _check(b: TurnBatch) -> None:
     """Validate shapes, dtypes and masks once, where the batch is made; freeze the arrays."""
     if b.turn_mask.ndim != 2:
-        raise ContractError("batch_shape", f"turn_mask must be (N, T), got shape {b.turn_mask.shape}")
+        raise ContractError("batch_shape", "turn_mask must be (N, T), got shape "
+                                           f"{b.turn_mask.shape}")
     n, t = b.turn_mask.shape
     expect = {"rewards": (n,), "group": (n,), "truncated": (n,), "step_rewards": (n, t),
-              "process_rewards": (n, t), "state_hash": (n, t), "action_hash": (n, t), "segment_id": (n, t)}
+              "process_rewards": (n, t), "state_hash": (n, t), "action_hash": (n, t),
+              "segment_id": (n, t)}
     if b.values is not None:
         expect["values"] = (n, t)
     if b.bootstrap_values is not None:
@@ -336,26 +346,34 @@ def _check(b: TurnBatch) -> None:
         arr = getattr(b, name)
         if not isinstance(arr, np.ndarray) or arr.shape != shape:
             got = getattr(arr, "shape", type(arr).__name__)
-            raise ContractError("batch_shape", f"{name} must have shape {shape} (N={n}, T={t}), got {got}")
+            raise ContractError("batch_shape", f"{name} must have shape {shape} (N={n}, T={t}), "
+                                               f"got {got}")
     if b.turn_mask.dtype != bool or b.truncated.dtype != bool:
-        raise ContractError("batch_dtype", "turn_mask and truncated must be bool arrays; use TurnBatch.build")
+        raise ContractError("batch_dtype", "turn_mask and truncated must be bool arrays; use "
+                                           "TurnBatch.build")
     for name in ("group", "state_hash", "action_hash", "segment_id"):
         if getattr(b, name).dtype != np.int64:
-            raise ContractError("batch_dtype", f"{name} must be int64; use TurnBatch.build to convert")
+            raise ContractError("batch_dtype", f"{name} must be int64; use TurnBatch.build to "
+                                               "convert")
     if n and (b.group.min() < 0):
-        raise ContractError("batch_group", "group ids must be >= 0; use TurnBatch.build to renumber labels")
+        raise ContractError("batch_group", "group ids must be >= 0; use TurnBatch.build to "
+                                           "renumber labels")
     if t > 1 and np.any(b.turn_mask[:, 1:] & ~b.turn_mask[:, :-1]):
-        raise ContractError("batch_mask", "each row of turn_mask must be a prefix (turns 0..n-1 real, then padding)")
+        raise ContractError("batch_mask", "each row of turn_mask must be a prefix (turns 0..n-1 "
+                                          "real, then padding)")
     optional = tuple(k for k in ("values", "bootstrap_values") if getattr(b, k) is not None)
     for name in ("rewards", "step_rewards", "process_rewards") + optional:
         if not np.all(np.isfinite(getattr(b, name))):
-            raise ContractError("batch_finite", f"{name} has NaN or inf; fix the reward or value source")
+            raise ContractError("batch_finite", f"{name} has NaN or inf; fix the reward or value "
+                                                "source")
     if t > 1 and np.any(np.diff(b.segment_id, axis=1)[b.turn_mask[:, 1:]] < 0):
         raise ContractError("batch_segments", "segment_id must not decrease along a trajectory")
     if b.state_text is not None:
         counts = b.turn_mask.sum(axis=1)
-        if len(b.state_text) != n or any(len(s) != c for s, c in zip(b.state_text, counts, strict=True)):
-            raise ContractError("batch_shape", "state_text must hold one text per real turn of each row")
+        if len(b.state_text) != n or any(len(s) != c
+                                         for s, c in zip(b.state_text, counts, strict=True)):
+            raise ContractError("batch_shape", "state_text must hold one text per real turn of "
+                                               "each row")
     for name in ("episode_ids", *_ROW_LABELS):
         labels = getattr(b, name)
         if labels and len(labels) != n:

@@ -46,7 +46,8 @@ def gae_turns(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95, normal
     """
     if batch.values is None:
         raise ConfigError("estimator 'gae' needs value estimates: build the batch with values=... "
-                          "(batch.replace(values=critic_values)), or pick a critic-free estimator such as 'grpo'")
+                          "(batch.replace(values=critic_values)), or pick a critic-free estimator "
+                          "such as 'grpo'")
     adv, ret = gae(batch.turn_rewards(), batch.values, batch.turn_mask, gamma=gamma, lam=lam,
                    last_values=bootstrap_last_values(batch))
     if normalize:

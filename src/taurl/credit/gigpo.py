@@ -86,8 +86,8 @@ def similar_state_ids(state_text: Sequence[Sequence[str]], group: np.ndarray, ma
     return out
 
 
-def gigpo_components(batch: TurnBatch, *, gamma: float = 0.95, scale: str = "std", eps: float = 1e-6,
-                     anchor: str = "exact", similarity_threshold: float = 0.9,
+def gigpo_components(batch: TurnBatch, *, gamma: float = 0.95, scale: str = "std",
+                     eps: float = 1e-6, anchor: str = "exact", similarity_threshold: float = 0.9,
                      ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """The episode part A^E (N, T) and the step part A^S (N, T) of GiGPO, and their stats."""
     check_positive("eps", eps)
@@ -97,7 +97,8 @@ def gigpo_components(batch: TurnBatch, *, gamma: float = 0.95, scale: str = "std
         if batch.state_text is None:
             raise ConfigError("GiGPO anchor='similarity' needs state texts: build the batch with "
                               "TurnBatch.from_trajectories, or use anchor='exact'")
-        state = similar_state_ids(batch.state_text, batch.group, batch.turn_mask, threshold=similarity_threshold)
+        state = similar_state_ids(batch.state_text, batch.group, batch.turn_mask,
+                                  threshold=similarity_threshold)
     else:
         raise ConfigError(f"GiGPO anchor must be 'exact' or 'similarity', got {anchor!r}")
     ep, st = normalize_in_groups(batch.scores, batch.group, batch.num_groups, scale=scale, eps=eps)
@@ -132,5 +133,6 @@ def gigpo(batch: TurnBatch, *, omega: float = 1.0, gamma: float = 0.95, scale: s
     a_e, a_s, stats = gigpo_components(batch, gamma=gamma, scale=scale, eps=eps, anchor=anchor,
                                        similarity_threshold=similarity_threshold)
     adv = np.where(batch.turn_mask, a_e + omega * a_s, 0.0)
-    stats["learn/adv_step_abs_mean"] = float(np.abs(a_s[batch.turn_mask]).mean()) if batch.turn_mask.any() else 0.0
+    stats["learn/adv_step_abs_mean"] = (float(np.abs(a_s[batch.turn_mask]).mean())
+                                        if batch.turn_mask.any() else 0.0)
     return Credit(advantages=adv, stats={**stats, **advantage_stats(adv, batch.turn_mask)})

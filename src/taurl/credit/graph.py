@@ -77,12 +77,14 @@ def state_action_nodes(batch: TurnBatch) -> tuple[np.ndarray, int, np.ndarray, i
     return nodes, num_nodes, parents, num_parents
 
 
-def _node_means(score_per_turn: np.ndarray, ids: np.ndarray, num: int) -> tuple[np.ndarray, np.ndarray]:
+def _node_means(score_per_turn: np.ndarray, ids: np.ndarray,
+                num: int) -> tuple[np.ndarray, np.ndarray]:
     count = np.bincount(ids, minlength=num).astype(np.float64)
     return np.bincount(ids, weights=score_per_turn, minlength=num) / np.maximum(count, 1.0), count
 
 
-def salt(batch: TurnBatch, *, merge: str = "prefix", scale: str = "std", eps: float = 1e-6) -> Credit:
+def salt(batch: TurnBatch, *, merge: str = "prefix", scale: str = "std",
+         eps: float = 1e-6) -> Credit:
     """Step advantage from the trajectory graph (formula in the module docstring)."""
     check_positive("eps", eps)
     if scale not in ("std", "none"):
@@ -98,7 +100,8 @@ def salt(batch: TurnBatch, *, merge: str = "prefix", scale: str = "std", eps: fl
         q_turn = np.zeros(mask.shape)
         q_turn[mask] = q[nodes[mask]]
         # the parent of step t is step t-1 of the same path; of step 0, the group root
-        v_turn = np.concatenate([st.mean[batch.group][:, None], q_turn[:, :-1]], axis=1)[:, : mask.shape[1]]
+        v_turn = np.concatenate([st.mean[batch.group][:, None], q_turn[:, :-1]],
+                                axis=1)[:, : mask.shape[1]]
         adv[mask] = (q_turn - v_turn)[mask]
     elif merge == "state":
         nodes, num, parents, num_parents = state_action_nodes(batch)

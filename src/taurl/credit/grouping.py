@@ -108,7 +108,8 @@ def advantage_stats(adv: np.ndarray, mask: np.ndarray) -> dict[str, float]:
     """Mean, std, |max| and zero fraction of the advantages on real turns."""
     a = adv[mask]
     if a.size == 0:
-        return {"learn/adv_mean": 0.0, "learn/adv_std": 0.0, "learn/adv_abs_max": 0.0, "learn/adv_zero_frac": 0.0}
+        return {"learn/adv_mean": 0.0, "learn/adv_std": 0.0, "learn/adv_abs_max": 0.0,
+                "learn/adv_zero_frac": 0.0}
     return {
         "learn/adv_mean": float(a.mean()),
         "learn/adv_std": float(a.std()),

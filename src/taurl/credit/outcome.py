@@ -24,9 +24,11 @@ from taurl.credit.grouping import (
 from taurl.credit.returns import discounted_returns
 
 
-def _credit(adv: np.ndarray, batch: TurnBatch, stats: dict[str, float], returns: np.ndarray | None = None) -> Credit:
+def _credit(adv: np.ndarray, batch: TurnBatch, stats: dict[str, float],
+            returns: np.ndarray | None = None) -> Credit:
     adv = np.where(batch.turn_mask, adv, 0.0)
-    return Credit(advantages=adv, stats={**stats, **advantage_stats(adv, batch.turn_mask)}, returns=returns)
+    return Credit(advantages=adv, stats={**stats, **advantage_stats(adv, batch.turn_mask)},
+                  returns=returns)
 
 
 def discounted_turn_returns(batch: TurnBatch, *, gamma: float = 1.0) -> Credit:
@@ -82,7 +84,8 @@ def grpo_batch_std(batch: TurnBatch, *, eps: float = 1e-6) -> Credit:
     centered, st = normalize_in_groups(batch.scores, batch.group, batch.num_groups, scale="none")
     std = float(batch.scores.std()) if batch.scores.size else 0.0
     adv = centered / (std + eps) if std > 0 else np.zeros_like(centered)
-    return _credit(broadcast_rows(adv, batch.turn_mask), batch, {**group_counts(st), "learn/batch_score_std": std})
+    return _credit(broadcast_rows(adv, batch.turn_mask), batch,
+                   {**group_counts(st), "learn/batch_score_std": std})
 
 
 def rloo(batch: TurnBatch) -> Credit:

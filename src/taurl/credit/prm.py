@@ -45,25 +45,29 @@ from taurl.credit.grouping import (
 from taurl.errors import ConfigError, ContractError
 
 
-def implicit_step_rewards(log_ratio: np.ndarray, turn_mask: np.ndarray, *, beta: float) -> np.ndarray:
+def implicit_step_rewards(log_ratio: np.ndarray, turn_mask: np.ndarray, *,
+                          beta: float) -> np.ndarray:
     """q = β · log_ratio (N, T) on real turns, 0 on padding (iStar / PRIME, module docstring).
 
     log_ratio: (N, T) per-turn sums of log π_φ − log π_old over each turn's action tokens
     (`taurl.credit.tokens.turn_sums`).
 
-    >>> implicit_step_rewards(np.array([[2.0, -1.0, 9.0]]), np.array([[True, True, False]]), beta=0.5)
+    >>> implicit_step_rewards(np.array([[2.0, -1.0, 9.0]]), np.array([[True, True, False]]),
+    ...                       beta=0.5)
     array([[ 1. , -0.5,  0. ]])
     """
     check_positive("beta", beta)
     log_ratio = np.asarray(log_ratio, dtype=np.float64)
     if log_ratio.shape != turn_mask.shape:
-        raise ContractError("prm_shape", f"log ratios must be (N, T) = {turn_mask.shape}, got {log_ratio.shape}")
+        raise ContractError("prm_shape", f"log ratios must be (N, T) = {turn_mask.shape}, got "
+                                         f"{log_ratio.shape}")
     if not np.all(np.isfinite(log_ratio[turn_mask])):
         raise ContractError("prm_finite", "the step scorer produced NaN or inf log-ratios")
     return np.where(turn_mask, beta * log_ratio, 0.0)
 
 
-def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, weight: float, clip: float,
+def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, weight: float,
+                            clip: float,
                             center: bool = True) -> tuple[np.ndarray, dict[str, float]]:
     """p = clip(w · q, −c, c) − its per-episode mean over real turns (module docstring).
 
@@ -91,19 +95,24 @@ def episode_neutral_shaping(step_rewards: np.ndarray, turn_mask: np.ndarray, *, 
         shaped = clipped
     real = bool(turn_mask.any())
     stats = {
-        "learn/prm_step_reward_mean": float(raw[turn_mask].mean() / weight) if real and weight else 0.0,
+        "learn/prm_step_reward_mean": (float(raw[turn_mask].mean() / weight) if real and weight
+                                       else 0.0),
         "learn/prm_shaping_abs_per_turn": float(np.abs(shaped[turn_mask]).mean()) if real else 0.0,
-        "learn/prm_shaping_sum_abs_max": float(np.abs(shaped.sum(axis=1)).max()) if shaped.size else 0.0,
-        "learn/prm_clip_frac": float((raw[turn_mask] != clipped[turn_mask]).mean()) if real else 0.0,
+        "learn/prm_shaping_sum_abs_max": (float(np.abs(shaped.sum(axis=1)).max()) if shaped.size
+                                          else 0.0),
+        "learn/prm_clip_frac": (float((raw[turn_mask] != clipped[turn_mask]).mean()) if real
+                                else 0.0),
     }
     return shaped, stats
 
 
-def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none", eps: float = 1e-6) -> Credit:
+def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none",
+          eps: float = 1e-6) -> Credit:
     """A_{i,t} = A^E_i + α · A^S_{i,t}: GRPO on the episode plus iStar's step term.
 
         A^E_i     = (S_i − mean_g S) / (std_g S + eps)                 (GRPO on the outcome)
-        A^S_{i,t} = (p_{i,t} − mean_g p) [/ (std_g p + eps)]           over every real turn of group g
+        A^S_{i,t} = (p_{i,t} − mean_g p) [/ (std_g p + eps)]           over every real turn of
+                                                                       group g
 
     Source: iStar, arXiv 2509.19199, Eq. 6–8 (episode- and step-level advantages, summed).
     p = ``batch.process_rewards`` (the step scorer's shaping; without one A^S = 0 and this
@@ -124,8 +133,12 @@ def istar(batch: TurnBatch, *, alpha: float = 1.0, scale: str = "none", eps: flo
     mask = batch.turn_mask
     a_s = np.zeros(mask.shape)
     turn_group = np.broadcast_to(batch.group[:, None], mask.shape)[mask]
-    a_s[mask], _ = normalize_in_groups(batch.process_rewards[mask], turn_group, batch.num_groups, scale=scale,
-                                       eps=eps)
+    a_s[mask], _ = normalize_in_groups(
+        batch.process_rewards[mask], turn_group, batch.num_groups, scale=scale, eps=eps
+    )
     adv = np.where(mask, broadcast_rows(ep, mask) + alpha * a_s, 0.0)
-    stats = {**group_counts(st), "learn/adv_step_abs_mean": float(np.abs(a_s[mask]).mean()) if mask.any() else 0.0}
+    stats = {
+        **group_counts(st),
+        "learn/adv_step_abs_mean": float(np.abs(a_s[mask]).mean()) if mask.any() else 0.0,
+    }
     return Credit(advantages=adv, stats={**stats, **advantage_stats(adv, mask)})

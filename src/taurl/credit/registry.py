@@ -75,13 +75,15 @@ def lookup(table: Mapping[str, T], name: str, what: str) -> T:
     return table[name]
 
 
-def check_config(fn: Callable[..., Any], config: Mapping[str, Any], what: str, positional: int) -> None:
+def check_config(fn: Callable[..., Any], config: Mapping[str, Any], what: str,
+                 positional: int) -> None:
     """Raise one ConfigError listing every key of `config` that `fn` does not take.
 
     positional: how many leading parameters are data (the batch, tensors), not config.
     """
     params = list(inspect.signature(fn).parameters)[positional:]
-    problems = [f"{what} has no option {k!r}.{did_you_mean(k, params)} Options: {', '.join(params) or 'none'}"
+    problems = [f"{what} has no option {k!r}.{did_you_mean(k, params)} Options: "
+                f"{', '.join(params) or 'none'}"
                 for k in config if k not in params]
     if problems:
         raise ConfigError(problems)
@@ -122,7 +124,8 @@ def probe_batch() -> TurnBatch:
 
     b = TurnBatch.build([1.0, 0.0, 0.0, 0.0], ["a", "a", "b", "b"], num_turns=[2, 1, 2, 2],
                         step_rewards=[[0.0, 0.0], [0.0, 0.0], [0.1, 0.0], [0.0, 0.0]],
-                        state_hash=[[1, 2], [1, 0], [1, 3], [1, 3]], truncated=[False, False, True, False],
+                        state_hash=[[1, 2], [1, 0], [1, 3], [1, 3]],
+                        truncated=[False, False, True, False],
                         values=np.zeros((4, 2)), bootstrap_values=np.zeros(4))
     return b.replace(state_text=(("s", "t"), ("s",), ("s", "u"), ("s", "u")))
 

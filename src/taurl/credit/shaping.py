@@ -51,16 +51,20 @@ def shape_process_rewards(batch: TurnBatch, scores: np.ndarray, *, weight: float
         raise ConfigError(f"shaping clip must be > 0, got {clip!r}")
     scores = np.asarray(scores, dtype=np.float64)
     if scores.shape != batch.turn_mask.shape:
-        raise ContractError("shaping_shape", f"scores must be (N, T) = {batch.turn_mask.shape}, got {scores.shape}")
+        raise ContractError("shaping_shape", f"scores must be (N, T) = {batch.turn_mask.shape}, "
+                                             f"got {scores.shape}")
     mask = batch.turn_mask
     if not np.all(np.isfinite(scores[mask])):
-        raise ContractError("shaping_finite", "a process scorer returned NaN or inf; fix the scorer")
+        raise ContractError("shaping_finite",
+                            "a process scorer returned NaN or inf; fix the scorer")
     raw = np.where(mask, weight * scores, 0.0)
     shaped = np.clip(raw, -clip, clip)
     real = shaped[mask]
     stats = {
         "learn/shaping_mean": float(real.mean()) if real.size else 0.0,
-        "learn/shaping_abs_per_traj": float(np.abs(shaped).sum(axis=1).mean()) if mask.shape[0] else 0.0,
+        "learn/shaping_abs_per_traj": float(np.abs(shaped).sum(axis=1).mean())
+        if mask.shape[0]
+        else 0.0,
         "learn/shaping_clip_frac": float((raw[mask] != real).mean()) if real.size else 0.0,
     }
     return batch.replace(process_rewards=shaped), stats

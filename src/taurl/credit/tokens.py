@@ -28,7 +28,8 @@ def turn_spans(traj: Trajectory) -> np.ndarray:
     reads V(s_t)).
     """
     starts = np.cumsum([0] + [len(s.token_ids) for s in traj.segments])
-    return np.array([[starts[t.action_segment], starts[_action_end(traj, t.action_segment)]] for t in traj.turns],
+    return np.array([[starts[t.action_segment],
+                      starts[_action_end(traj, t.action_segment)]] for t in traj.turns],
                     dtype=np.int64).reshape(-1, 2)
 
 
@@ -45,7 +46,8 @@ def _continues(traj: Trajectory, i: int) -> bool:
     """Segment `i` is a later piece of the action before it: an action right after an
     action, sampled by a newer policy version (a partial rollout's split)."""
     seg, prev = traj.segments[i], traj.segments[i - 1] if i > 0 else None
-    return (seg.kind == "action" and prev is not None and prev.kind == "action" and seg.policy_version is not None
+    return (seg.kind == "action" and prev is not None and prev.kind == "action"
+            and seg.policy_version is not None
             and prev.policy_version is not None and seg.policy_version > prev.policy_version)
 
 
@@ -64,7 +66,8 @@ def token_turn_index(traj: Trajectory) -> np.ndarray:
         if k < 0 and _continues(traj, i):  # a later piece of the same action
             k = per_segment[i - 1]
         if k < 0 and seg.token_ids:
-            raise ContractError("untracked_action", f"episode {traj.episode_id}: action segment {i} belongs to no "
+            raise ContractError("untracked_action", f"episode {traj.episode_id}: action segment "
+                                                    f"{i} belongs to no "
                                 "turn; record a Turn for every model action")
         per_segment[i] = k
     return np.repeat(per_segment, [len(seg.token_ids) for seg in traj.segments])
@@ -77,7 +80,8 @@ def padded_token_turn_index(trajs: Sequence[Trajectory], length: int | None = No
     out = np.full((len(rows), width), -1, dtype=np.int64)
     for i, r in enumerate(rows):
         if r.size > width:
-            raise ContractError("token_length", f"trajectory {i} has {r.size} tokens, more than length={width}")
+            raise ContractError("token_length", f"trajectory {i} has {r.size} tokens, more than "
+                                                f"length={width}")
         out[i, : r.size] = r
     return out
 
@@ -96,12 +100,15 @@ def broadcast_to_tokens(advantages: np.ndarray, turn_index: np.ndarray) -> np.nd
     else:
         idx2 = idx
     if adv.shape[0] != idx2.shape[0]:
-        raise ContractError("token_broadcast", f"{adv.shape[0]} rows of advantages for {idx2.shape[0]} rows of tokens")
+        raise ContractError("token_broadcast", f"{adv.shape[0]} rows of advantages for "
+                                               f"{idx2.shape[0]} rows of tokens")
     if idx2.size and idx2.min() < -1:
-        raise ContractError("token_broadcast", "turn indexes are >= 0 for action tokens and -1 elsewhere; "
+        raise ContractError("token_broadcast", "turn indexes are >= 0 for action tokens and -1 "
+                                               "elsewhere; "
                             "build them with token_turn_index")
     if idx2.size and idx2.max() >= adv.shape[1]:
-        raise ContractError("token_broadcast", f"a token belongs to turn {int(idx2.max())} but advantages have "
+        raise ContractError("token_broadcast", f"a token belongs to turn {int(idx2.max())} but "
+                                               "advantages have "
                             f"{adv.shape[1]} turns; build both from the same trajectories")
     # a zero column appended at the end: index −1 (not an action token) picks it, in one pass
     padded = np.concatenate([adv, np.zeros((adv.shape[0], 1))], axis=1)

@@ -26,12 +26,15 @@ class DiskWriteError(Error, OSError):
 
 
 def write_error(what: str | Path, e: Exception) -> DiskWriteError:
-    """The user-facing error for an OSError (or a writer's own I/O error, e.g. safetensors') while writing `what`."""
-    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+    """The user-facing error for an OSError (or a writer's own I/O error, e.g. safetensors') while
+    writing `what`."""
+    full = getattr(e, "errno", None) in (errno.ENOSPC,
+                                         errno.EDQUOT) or "No space left on device" in str(e)
     why = "the disk is full" if full else (getattr(e, "strerror", None) or str(e))
-    return DiskWriteError(f"cannot write {what}: {why} ({type(e).__name__}: {e}); nothing half-written was kept. "
-                          "Free space (or choose another --run-dir) and run the same command again: "
-                          "the run resumes from its last complete checkpoint")
+    return DiskWriteError(f"cannot write {what}: {why} ({type(e).__name__}: {e}); nothing "
+                          "half-written was kept. Free space (or choose another --run-dir) and run "
+                          "the same command again: the run resumes from its last complete "
+                          "checkpoint")
 
 
 def fsync_path(path: str | Path) -> None:
@@ -117,7 +120,8 @@ def clean_leftovers(parent: Path) -> list[str]:
         if p.name.endswith(".old") and p.is_dir() and not (orig := parent / p.name[1:-4]).exists():
             p.rename(orig)
             continue
-        if ".tmp-" in p.name or p.name.endswith((".old", ".deleting", ".partial")) or ".old-" in p.name:
+        if (".tmp-" in p.name or p.name.endswith((".old", ".deleting", ".partial"))
+            or ".old-" in p.name):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
             removed.append(p.name)
     if removed:

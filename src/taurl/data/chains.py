@@ -63,7 +63,8 @@ def stream_views(traj: Trajectory) -> list[Trajectory]:
         turns = tuple(_rebased(traj.turns[k], a, b) for k in owned[j])
         reason = traj.stream_starts[j - 1].reason if j else ""
         views.append(dataclasses.replace(
-            traj, segments=traj.segments[a:b], turns=turns, messages=traj.messages[msg[j]:msg[j + 1]],
+            traj, segments=traj.segments[a:b], turns=turns,
+            messages=traj.messages[msg[j]:msg[j + 1]],
             stream_starts=(), metadata={**traj.metadata, "stream": j, "stream_reason": reason}))
     return views
 
@@ -82,19 +83,23 @@ def join_streams(parts: Sequence[Trajectory], reasons: Sequence[str], **changes)
     are renumbered across the chain.
     """
     if not parts or any(p.stream_starts for p in parts) or len(reasons) != len(parts) - 1:
-        raise ContractError("stream_start", f"join_streams takes one-stream records and one reason per later "
+        raise ContractError("stream_start", "join_streams takes one-stream records and one reason "
+                                            "per later "
                             f"stream: {len(parts)} records, {len(reasons)} reasons")
     segments, messages, turns, starts = [], [], [], []
     for k, p in enumerate(parts):
         if k:
-            starts.append(StreamStart(segment=len(segments), message=len(messages), reason=reasons[k - 1]))
+            starts.append(StreamStart(segment=len(segments), message=len(messages),
+                                      reason=reasons[k - 1]))
         base = len(segments)
         for t in p.turns:
             o = t.observation_segment
-            turns.append(dataclasses.replace(t, index=len(turns), action_segment=t.action_segment + base,
+            turns.append(dataclasses.replace(t, index=len(turns),
+                                             action_segment=t.action_segment + base,
                                              observation_segment=None if o is None else o + base))
         segments.extend(p.segments)
         messages.extend(p.messages)
     timings = {k: sum(p.timings.get(k, 0.0) for p in parts) for k in parts[-1].timings}
-    return dataclasses.replace(parts[-1], segments=tuple(segments), turns=tuple(turns), messages=tuple(messages),
+    return dataclasses.replace(parts[-1], segments=tuple(segments), turns=tuple(turns),
+                               messages=tuple(messages),
                                stream_starts=tuple(starts), timings=timings, **changes)

@@ -63,23 +63,31 @@ EXPORT_FIELDS: dict[str, str] = {
     "seed": "int64: the seed the environment was reset with",
     # outcome
     "reward": "float64: total reward = sum of reward_components when they are given",
-    "reward_components": "string (JSON object name -> float); a JSON object in JSONL: each reward layer separately",
+    "reward_components": "string (JSON object name -> float); a JSON object in JSONL: each reward "
+                         "layer separately",
     "verifier_version": "string: version of the verifier that scored the episode ('' if unscored)",
     "terminated": "bool: the task reached a terminal state (exactly one of terminated/truncated)",
     "truncated": "bool: the episode was cut off from outside (a budget, an error)",
-    "stop_reason": "string: why it stopped, a snake_case name: the loop's own (taurl.data.trajectory.StopReason) or the env's (its kind is terminated/truncated)",
+    "stop_reason": "string: why it stopped, a snake_case name: the loop's own "
+                   "(taurl.data.trajectory.StopReason) or the env's (its kind is "
+                   "terminated/truncated)",
     "valid": "bool: valid-sample flag; false when an error, not the agent, ended the episode",
-    "source": "string: who produced the actions: 'policy' (sampled; logprobs and versions given) or e.g. 'expert' (none)",
-    "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset about its world (corpus fingerprint, map seed, snapshot id)",
+    "source": "string: who produced the actions: 'policy' (sampled; logprobs and versions given) "
+              "or e.g. 'expert' (none)",
+    "provenance": "string (JSON object); a JSON object in JSONL: what the env reported at reset "
+                  "about its world (corpus fingerprint, map seed, snapshot id)",
     # flat arrays, each of length num_tokens
-    "token_ids": "list<int32>: the whole token stream, segments concatenated (a chain's streams one after the other: split them at stream_starts)",
+    "token_ids": "list<int32>: the whole token stream, segments concatenated (a chain's streams "
+                 "one after the other: split them at stream_starts)",
     "action_mask": ("list<int8>: 1 on ids the policy sampled, 0 on prompt/observation/template "
                     "ids (loss_mask: which of them are trained on)"),
     "loss_mask": ("list<int8>: the ids a loss trains on: action_mask with 0 on a summary "
                   "recorded as untrained (rollout.compaction summary: masked; its turn's "
                   "action.trained is false)"),
-    "logprobs": "list<float32>, null when source is not 'policy': behaviour logprob of each sampled id, 0.0 where action_mask is 0",
-    "token_versions": "list<int32>: policy version that sampled each id, -1 where no policy did (action_mask 0, or source not 'policy')",
+    "logprobs": "list<float32>, null when source is not 'policy': behaviour logprob of each "
+                "sampled id, 0.0 where action_mask is 0",
+    "token_versions": "list<int32>: policy version that sampled each id, -1 where no policy did "
+                      "(action_mask 0, or source not 'policy')",
     "policy_versions": "list<int32>: sorted distinct policy versions of the action segments",
     # counts
     "num_tokens": "int32: length of token_ids",
@@ -88,15 +96,22 @@ EXPORT_FIELDS: dict[str, str] = {
     "num_tool_calls": "int32: turns with a tool receipt",
     "num_invalid_actions": "int32: turns whose action could not be parsed or was not allowed",
     "num_errors": "int32: turns with an environment or tool failure",
-    "num_streams": "int32: token streams in the episode's chain (1 unless the context was compacted or history rewritten)",
+    "num_streams": "int32: token streams in the episode's chain (1 unless the context was "
+                   "compacted or history rewritten)",
     # the nested record
-    "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream by segment (logprobs/policy_version null off actions and when source is not 'policy')",
-    "turns": "JSONL only, list of Turn objects: action/observation text, parsed action, tool receipt, timings",
+    "segments": "JSONL only, list of {kind, token_ids, logprobs, policy_version}: the token stream "
+                "by segment (logprobs/policy_version null off actions and when source is not "
+                "'policy')",
+    "turns": "JSONL only, list of Turn objects: action/observation text, parsed action, tool "
+             "receipt, timings",
     "messages": "JSONL only, list of chat messages: the chat the token stream renders",
-    "stream_starts": "JSONL only, list of {segment, message, reason}: where each token stream after the first begins (its prompt segment, its first message) and why ('compaction', 'template_rewrite', 'agent_rewrite')",
+    "stream_starts": "JSONL only, list of {segment, message, reason}: where each token stream "
+                     "after the first begins (its prompt segment, its first message) and why "
+                     "('compaction', 'template_rewrite', 'agent_rewrite')",
     "timings": "JSONL only, object name -> seconds",
     "metadata": "JSONL only, object: free-form, JSON-able",
-    "record": "Parquet only, string: JSON of the full Trajectory.to_dict() (Trajectory.from_dict rebuilds it)",
+    "record": "Parquet only, string: JSON of the full Trajectory.to_dict() (Trajectory.from_dict "
+              "rebuilds it)",
 }
 
 FLAT_ARRAYS = ("token_ids", "action_mask", "loss_mask", "logprobs", "token_versions")
@@ -120,7 +135,8 @@ def export_row(traj: Trajectory) -> dict[str, Any]:
     d = traj.to_dict()
     row: dict[str, Any] = {k: d[k] for k in (
         "episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version", "seed",
-        "reward", "reward_components", "verifier_version", "terminated", "truncated", "stop_reason")}
+        "reward", "reward_components", "verifier_version", "terminated", "truncated",
+        "stop_reason")}
     row.update(valid=traj.valid, source=d["source"], provenance=d["provenance"])
     # no behaviour policy, no behaviour logprobs: null, never a placeholder that reads as one
     logprobs = traj.logprobs if traj.has_behaviour_policy else None
@@ -186,37 +202,45 @@ def check_export_fields(d: dict[str, Any], traj: Trajectory) -> list[ContractErr
     flat = {k: d[k] for k in FLAT_ARRAYS if k in d}
     if "logprobs" in flat and (flat["logprobs"] is None) != (not traj.has_behaviour_policy):
         want = "null (no policy sampled its actions)" if not traj.has_behaviour_policy else "a list"
-        return [ContractError("flat_values_mismatch", f"logprobs is {type(flat['logprobs']).__name__} but the "
+        return [ContractError("flat_values_mismatch", "logprobs is "
+                                                      f"{type(flat['logprobs']).__name__} but the "
                               f"record's source is {traj.source!r}, so it must be {want}")]
     if flat.get("logprobs", ()) is None:
         del flat["logprobs"]
     for k, v in flat.items():
         if not isinstance(v, list):
-            return [ContractError("schema", f"flat field {k!r} must be a list, got {type(v).__name__}")]
+            return [ContractError("schema", f"flat field {k!r} must be a list, got "
+                                            f"{type(v).__name__}")]
     n = traj.num_tokens
     lengths = {k: len(v) for k, v in flat.items()}
     if any(n_k != n for n_k in lengths.values()):
         # element checks mean nothing when positions do not line up
         return [ContractError("flat_length_mismatch",
-                              f"flat arrays have lengths {lengths} but the segments hold {n} tokens; "
-                              "write them from the same segments (taurl.data.export.export_row) or leave them out")]
+                              f"flat arrays have lengths {lengths} but the segments hold {n} "
+                              "tokens; write them from the same segments "
+                              "(taurl.data.export.export_row) or leave them out")]
     errs: list[ContractError] = []
-    if "action_mask" in flat and (i := _ints_equal(flat["action_mask"], traj.action_mask)) is not None:
+    if ("action_mask" in flat
+        and (i := _ints_equal(flat["action_mask"], traj.action_mask)) is not None):
         errs.append(ContractError("mask_mismatch",
-                                  f"action_mask[{i}] is {flat['action_mask'][i]!r} but the segment kinds give "
-                                  f"{traj.action_mask[i]}; the mask must be 1 exactly on action tokens"))
+                                  f"action_mask[{i}] is {flat['action_mask'][i]!r} but the segment "
+                                  f"kinds give {traj.action_mask[i]}; the mask must be 1 exactly "
+                                  "on action tokens"))
     if "loss_mask" in flat and (i := _ints_equal(flat["loss_mask"], loss_mask(traj))) is not None:
         errs.append(ContractError(
             "mask_mismatch", f"loss_mask[{i}] is {flat['loss_mask'][i]!r} but the record gives "
             f"{loss_mask(traj)[i]}: action_mask with 0 on turns recorded as untrained"))
-    checks = (("token_ids", _ints_equal, traj.token_ids), ("token_versions", _ints_equal, traj.token_versions),
+    checks = (("token_ids", _ints_equal, traj.token_ids),
+              ("token_versions", _ints_equal, traj.token_versions),
               ("logprobs", _floats_close, traj.logprobs))
     for k, cmp, want in checks:
         if k in flat and (i := cmp(flat[k], want)) is not None:
             errs.append(ContractError("flat_values_mismatch",
-                                      f"{k}[{i}] is {flat[k][i]!r} but the segments give {want[i]!r}"))
+                                      f"{k}[{i}] is {flat[k][i]!r} but the segments give "
+                                      f"{want[i]!r}"))
     want_derived: dict[str, Any] = {k: getattr(traj, k) for k in COUNTS if k != "num_turns"}
-    want_derived.update(num_turns=len(traj.turns), valid=traj.valid, policy_versions=traj.policy_versions)
+    want_derived.update(num_turns=len(traj.turns), valid=traj.valid,
+                        policy_versions=traj.policy_versions)
     for k, want in want_derived.items():
         if k in d and (type(d[k]) is not type(want) or d[k] != want
                        or (isinstance(want, list) and _ints_equal(d[k], want) is not None)):
@@ -269,7 +293,8 @@ def parquet_schema() -> Any:
     import pyarrow as pa  # imported here: the ledger itself needs only the stdlib
 
     s, i32 = pa.string(), pa.int32()
-    fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name", "env_version")]
+    fields = [(k, s) for k in ("episode_id", "run_id", "task_id", "group_id", "split", "env_name",
+                               "env_version")]
     fields += [("seed", pa.int64()), ("reward", pa.float64()), ("reward_components", s),
                ("verifier_version", s), ("terminated", pa.bool_()), ("truncated", pa.bool_()),
                ("stop_reason", s), ("valid", pa.bool_()), ("source", s), ("provenance", s),

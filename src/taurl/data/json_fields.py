@@ -70,5 +70,6 @@ def _num_map(d: dict, key: str, where: str) -> dict[str, float]:
     m = _opt(d, key, dict, {}, where)
     for k, v in m.items():
         if not isinstance(k, str) or not _is(v, _NUM):
-            raise ContractError("schema", f"{where}: {key} maps names to numbers; got {k!r}: {type(v).__name__}")
+            raise ContractError("schema", f"{where}: {key} maps names to numbers; got {k!r}: "
+                                          f"{type(v).__name__}")
     return {k: float(v) for k, v in m.items()}

@@ -34,15 +34,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from taurl.data.admission import (  # noqa: F401  (SCHEMA_VERSION, RULES: re-exported)
+from taurl.data.admission import (
     _INSERT,
     _SCHEMA,
     _TRIGGERS,
-    RULES,
     SCHEMA_VERSION,
     _admit,
     _ident,
-    _json_problem,
     _row,
     _safe_text,
 )
@@ -96,19 +94,22 @@ class Rejection:
 
 
 class LedgerWriteError(Error, OSError):
-    """The ledger could not commit (disk full, read-only file system): nothing of the batch was stored."""
+    """The ledger could not commit (disk full, read-only file system): nothing of the batch was
+    stored."""
 
     def __init__(self, path: str, e: Exception, opening: bool = False):
         what = ("(is its disk full or read-only?); the ledger file was not changed" if opening else
-                "; nothing of this batch was stored (the transaction was rolled back, earlier episodes are intact)")
-        super().__init__(f"cannot {'open' if opening else 'write to'} the ledger {path}: {e}{' ' if opening else ''}"
-                         f"{what}. Free space and run the same command again: the run resumes and re-samples only "
-                         "the missing episodes")
+                "; nothing of this batch was stored (the transaction was rolled back, earlier "
+                "episodes are intact)")
+        super().__init__(f"cannot {'open' if opening else 'write to'} the ledger {path}: "
+                         f"{e}{' ' if opening else ''}{what}. Free space and run the same command "
+                         "again: the run resumes and re-samples only the missing episodes")
 
 
 def _rollback(c: sqlite3.Connection) -> None:
     if c.in_transaction:
-        with contextlib.suppress(sqlite3.Error):  # the journal undoes the transaction at the next open anyway
+        with contextlib.suppress(sqlite3.Error):
+            # the journal undoes the transaction at the next open anyway
             c.execute("ROLLBACK")
 
 
@@ -128,12 +129,14 @@ class Ledger:
             self.path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
         try:
             self._init_schema()
-        except sqlite3.OperationalError as e:  # the file is fine; its disk is full, read-only or failing
+        except sqlite3.OperationalError as e:
+            # the file is fine; its disk is full, read-only or failing
             self.close()
             raise LedgerWriteError(self.path, e, opening=True) from None
         except sqlite3.DatabaseError as e:
             self.close()
-            raise Error(f"{self.path} is not a usable taurl ledger ({e}); give a new path or a ledger file") from None
+            raise Error(f"{self.path} is not a usable taurl ledger ({e}); give a new path or a "
+                        "ledger file") from None
 
     def _init_schema(self) -> None:
         c = self._db()
@@ -141,7 +144,8 @@ class Ledger:
         c.execute("PRAGMA synchronous=NORMAL")
         version = c.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
-            raise sqlite3.DatabaseError(f"schema version {version}, this taurl reads {SCHEMA_VERSION}")
+            raise sqlite3.DatabaseError(f"schema version {version}, this taurl reads "
+                                        f"{SCHEMA_VERSION}")
         c.executescript(_SCHEMA + _TRIGGERS.format(t="trajectories", key="episode_id")
                         + _TRIGGERS.format(t="rejections", key="seq"))
         c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -195,7 +199,8 @@ class Ledger:
             except ContractError as e:
                 checked.append(e)
             except RecursionError:  # from any of the walks over a pathologically deep record
-                checked.append(ContractError("not_json", "the record is nested too deeply to store"))
+                checked.append(ContractError("not_json",
+                                             "the record is nested too deeply to store"))
         accepted: list[str] = []
         rejected: list[Rejected] = []
         with self._lock:
@@ -211,9 +216,11 @@ class Ledger:
                         rej = Rejected(i, _ident(item, "episode_id"), res.rule, res.detail)
                         rejected.append(rej)
                         errors.append(res)
-                        c.execute("INSERT INTO rejections (created_at, episode_id, run_id, rule, detail) "
-                                  "VALUES (?, ?, ?, ?, ?)", (now, rej.episode_id, _ident(item, "run_id"),
-                                                             res.rule, _safe_text(res.detail[:_DETAIL_MAX])))
+                        c.execute("INSERT INTO rejections (created_at, episode_id, run_id, rule, "
+                                  "detail) VALUES (?, ?, ?, ?, ?)",
+                                  (now, rej.episode_id, _ident(item, "run_id"),
+                                                             res.rule,
+                                                             _safe_text(res.detail[:_DETAIL_MAX])))
                     else:
                         accepted.append(res)
                 c.execute("COMMIT")
@@ -229,7 +236,8 @@ class Ledger:
     def _insert(c: sqlite3.Connection, checked: tuple[Trajectory, str], seen: set[str],
                 now: float) -> str | ContractError:
         traj, record = checked
-        dup = ContractError("duplicate_episode", f"episode_id {traj.episode_id!r} is already stored; "
+        dup = ContractError("duplicate_episode", f"episode_id {traj.episode_id!r} is already "
+                                                 "stored; "
                             "episode ids are unique (use a fresh uuid per episode)")
         if traj.episode_id in seen:
             return dup
@@ -247,7 +255,8 @@ class Ledger:
             row = self._db().execute("SELECT record FROM trajectories WHERE episode_id = ?",
                                      (episode_id,)).fetchone()
         if row is None:
-            raise UnknownEpisodeError(f"no trajectory with episode_id {episode_id!r} in {self.path}")
+            raise UnknownEpisodeError(f"no trajectory with episode_id {episode_id!r} in "
+                                      f"{self.path}")
         return Trajectory.from_dict(json.loads(row[0]))
 
     def __contains__(self, episode_id: object) -> bool:
@@ -288,7 +297,8 @@ class Ledger:
         Filters: see `query`. The lock is held only while a page is read, so other threads
         may append meanwhile; rows they append may appear at the end of the stream.
         """
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 0):
             raise ConfigError(f"limit must be a non-negative integer or None, got {limit!r}")
         conds, params = self._where(**filters)
         last, left = 0, limit
@@ -326,17 +336,20 @@ class Ledger:
     def count(self, **filters: Any) -> int:
         """How many stored trajectories match (filters as in `query`, without limit)."""
         conds, params = self._where(**filters)
-        sql = "SELECT COUNT(*) FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds else "")
+        sql = "SELECT COUNT(*) FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds
+                                                     else "")
         with self._lock:
             return self._db().execute(sql, params).fetchone()[0]
 
     def episode_ids(self, *, limit: int | None = None, **filters: Any) -> list[str]:
         """The matching episode ids in insertion order."""
         conds, params = self._where(**filters)
-        sql = ("SELECT episode_id FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds else "")
+        sql = ("SELECT episode_id FROM trajectories" + (" WHERE " + " AND ".join(conds) if conds
+                                                        else "")
                + " ORDER BY seq" + (" LIMIT ?" if limit is not None else ""))
         with self._lock:
-            rows = self._db().execute(sql, [*params, *([limit] if limit is not None else [])]).fetchall()
+            rows = self._db().execute(
+                sql, [*params, *([limit] if limit is not None else [])]).fetchall()
         return [r[0] for r in rows]
 
     def rejections(self, *, run_id: str | None = None, rule: str | None = None) -> list[Rejection]:
@@ -363,11 +376,13 @@ class Ledger:
             c = self._db()
             n, mean, valid, term, trunc, toks, atoks, turns = c.execute(
                 "SELECT COUNT(*), AVG(reward), SUM(valid), SUM(terminated), SUM(truncated), "
-                f"SUM(num_tokens), SUM(num_action_tokens), SUM(num_turns) FROM trajectories {where}",
+                "SUM(num_tokens), SUM(num_action_tokens), SUM(num_turns) FROM trajectories "
+                f"{where}",
                 params).fetchone()
             reasons = c.execute(f"SELECT stop_reason, COUNT(*) FROM trajectories {where} "
                                 "GROUP BY stop_reason ORDER BY stop_reason", params).fetchall()
-            rules = c.execute(f"SELECT rule, COUNT(*) FROM rejections {where} GROUP BY rule ORDER BY rule",
+            rules = c.execute(f"SELECT rule, COUNT(*) FROM rejections {where} GROUP BY rule ORDER "
+                              "BY rule",
                               params).fetchall()
         return {
             "episodes": n, "valid": valid or 0, "terminated": term or 0, "truncated": trunc or 0,

@@ -7,7 +7,8 @@
       checkpoints/v<N>/    policy version N in Hugging Face format, tokenizer included
       state.json           the recipe's resumable progress (written atomically)
       evals/<tag>.json     each evaluation's figures (written atomically)
-      promotions.jsonl     promotion decisions, one JSON object per line (`current`: the version made current)
+      promotions.jsonl     promotion decisions, one JSON object per line (`current`: the
+                           version made current)
       exports/             trajectory exports (JSONL / Parquet)
       report.html          plots and holdout results (training runs)
       summary.json         the final figures (training runs)
@@ -34,7 +35,8 @@ class RunDir:
     def create(cls, root: str | Path, exist_ok: bool = True) -> RunDir:
         path = Path(root)
         if path.exists() and not exist_ok and any(path.iterdir()):
-            raise Error(f"run directory {path} already exists and is not empty; pick another --run-dir")
+            raise Error(f"run directory {path} already exists and is not empty; pick another "
+                        "--run-dir")
         path.mkdir(parents=True, exist_ok=True)
         return cls(path)
 
@@ -109,10 +111,12 @@ class RunDir:
             if isinstance(cur, int) and not isinstance(cur, bool) and cur >= 0:
                 out.add(cur)
                 base = rec.get("baseline")  # the version a rollback of this promotion returns to
-                if rec.get("decision") == "promoted" and isinstance(base, int) and not isinstance(base, bool):
+                if (rec.get("decision") == "promoted" and isinstance(base, int)
+                    and not isinstance(base, bool)):
                     out.add(base)
             else:
-                log.warning("%s line %d has no integer 'current' version; skipped", self.promotions, n)
+                log.warning("%s line %d has no integer 'current' version; skipped", self.promotions,
+                            n)
         return out
 
     def clean(self) -> list[str]:
@@ -123,8 +127,9 @@ class RunDir:
         """
         from taurl.data.atomic import clean_leftovers
 
-        removed = [f"{d}/{n}" for d in ("checkpoints", "evals", ".") for n in clean_leftovers(self.root / d)]
+        removed = [f"{d}/{n}" for d in ("checkpoints", "evals", ".")
+                   for n in clean_leftovers(self.root / d)]
         if removed:
-            log.info("removed %d leftover(s) of an interrupted run in %s: %s", len(removed), self.root,
-                     ", ".join(removed))
+            log.info("removed %d leftover(s) of an interrupted run in %s: %s", len(removed),
+                     self.root, ", ".join(removed))
         return removed

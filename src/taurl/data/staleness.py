@@ -40,8 +40,9 @@ def episode_age(traj: Trajectory, version: int) -> int | None:
         return None
     age = version - versions[0]
     if age < 0:
-        raise Error(f"episode {traj.episode_id} was sampled by version {versions[0]}, newer than the "
-                    f"learner's version {version}: the batch belongs to another run or the version is wrong")
+        raise Error(f"episode {traj.episode_id} was sampled by version {versions[0]}, newer than "
+                    f"the learner's version {version}: the batch belongs to another run or the "
+                    "version is wrong")
     return age
 
 
@@ -62,4 +63,5 @@ def staleness_stats(trajs: Sequence[Trajectory], version: int) -> Staleness:
     ages = [a for t in trajs if (a := episode_age(t, version)) is not None]
     if not ages:
         return Staleness(0.0, 0.0, 0.0, 0)
-    return Staleness(sum(ages) / len(ages), float(nearest_rank(ages, 0.95)), float(max(ages)), len(ages))
+    return Staleness(sum(ages) / len(ages), float(nearest_rank(ages, 0.95)), float(max(ages)),
+                     len(ages))

@@ -45,7 +45,8 @@ class StopReason(str, metaclass=_Reasons):
     CONTEXT_FULL: ClassVar[StopReason]  # the next turn would not fit in the model's context
     TOOL_BUDGET: ClassVar[StopReason]  # the tool-call budget ran out
     ERROR: ClassVar[StopReason]  # the env or a tool failed in a way the episode cannot survive
-    ABORTED: ClassVar[StopReason]  # the engine aborted the action (pause "abort"); its partial ids are kept
+    # the engine aborted the action (pause "abort"); its partial ids are kept
+    ABORTED: ClassVar[StopReason]
     LOOP: ClassVar[tuple[StopReason, ...]]  # the eight above, in this order
     _KIND: ClassVar[dict[str, str]] = {}
 
@@ -53,8 +54,10 @@ class StopReason(str, metaclass=_Reasons):
         if isinstance(name, StopReason):
             return name
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
-            raise ContractError("stop_reason_name", f"stop_reason {name!r} is not a snake_case name "
-                                "(lowercase letters, digits and '_', starting with a letter, at most 64)")
+            raise ContractError("stop_reason_name", f"stop_reason {name!r} is not a snake_case "
+                                                    "name "
+                                "(lowercase letters, digits and '_', starting with a letter, at "
+                                "most 64)")
         loop = cls.__dict__.get("_interned", {})
         return loop[name] if name in loop else super().__new__(cls, name)
 
@@ -80,7 +83,8 @@ class StopReason(str, metaclass=_Reasons):
 def _define_loop_reasons() -> None:
     reasons = (("ANSWERED", "answered", "termination"), ("NO_ANSWER", "no_answer", "termination"),
                ("MAX_TURNS", "max_turns", "truncation"), ("MAX_TOKENS", "max_tokens", "truncation"),
-               ("CONTEXT_FULL", "context_full", "truncation"), ("TOOL_BUDGET", "tool_budget", "truncation"),
+               ("CONTEXT_FULL", "context_full", "truncation"),
+               ("TOOL_BUDGET", "tool_budget", "truncation"),
                ("ERROR", "error", "truncation"), ("ABORTED", "aborted", "truncation"))
     interned = {}
     for attr, name, kind in reasons:

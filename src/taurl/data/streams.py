@@ -15,7 +15,8 @@ from typing import Any
 from taurl.data.json_fields import _is
 from taurl.data.stop_reason import NAME_PATTERN
 
-STREAM_REASONS = ("compaction", "template_rewrite", "agent_rewrite")  # the ones taurl writes; the set is open
+# the ones taurl writes; the set is open
+STREAM_REASONS = ("compaction", "template_rewrite", "agent_rewrite")
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,24 @@ def stream_problems(traj: Any) -> list[str]:
     seg, msg = 0, 0
     for k, s in enumerate(traj.stream_starts):
         where = f"stream_starts[{k}]"
-        if not (_is(s.segment, int) and _is(s.message, int)) or not (seg < s.segment < len(traj.segments)
-                                                                     and msg < s.message <= len(traj.messages)):
-            out.append(f"{where}: segment {s.segment!r} / message {s.message!r} must come after the previous "
-                       f"stream's ({seg} / {msg}) and inside the record")
+        if not (_is(s.segment, int) and _is(s.message, int)) or not (
+                seg < s.segment < len(traj.segments) and msg < s.message <= len(traj.messages)):
+            out.append(f"{where}: segment {s.segment!r} / message {s.message!r} must come after "
+                       f"the previous stream's ({seg} / {msg}) and inside the record")
             continue
         if traj.segments[s.segment].kind != "prompt":
-            out.append(f"{where}: segment {s.segment} is {traj.segments[s.segment].kind!r}; a stream starts "
-                       "with its prompt")
+            out.append(f"{where}: segment {s.segment} is {traj.segments[s.segment].kind!r}; a "
+                       "stream starts with its prompt")
         if not isinstance(s.reason, str) or not NAME_PATTERN.match(s.reason):
-            out.append(f"{where}: reason {s.reason!r} must be a snake_case name ('compaction', ...)")
+            out.append(
+                f"{where}: reason {s.reason!r} must be a snake_case name ('compaction', ...)"
+            )
         seg, msg = s.segment, s.message
     starts = {s.segment for s in traj.stream_starts}
     extra = [i for i, s in enumerate(traj.segments) if i and s.kind == "prompt" and i not in starts]
     if extra:
-        out.append(f"prompt segment(s) {extra} begin no stream; a new prompt starts a new stream, which "
-                   "stream_starts records (segment, message, reason)")
+        out.append(
+            f"prompt segment(s) {extra} begin no stream; a new prompt starts a new stream, "
+            "which stream_starts records (segment, message, reason)"
+        )
     return out

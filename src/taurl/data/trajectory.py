@@ -55,10 +55,11 @@ and written by the JSONL export.
 from __future__ import annotations
 
 import math
-from dataclasses import _asdict_inner, dataclass, field, fields  # type: ignore[attr-defined]
+from dataclasses import dataclass, field
 from typing import Any
 
 from taurl.data.json_fields import _NUM, _fields, _is, _num_map, _spec
+from taurl.data.plain import plain_asdict
 from taurl.data.stop_reason import NAME_PATTERN, StopReason
 from taurl.data.streams import StreamStart, stream_problems
 from taurl.errors import ContractError
@@ -194,7 +195,8 @@ class Trajectory:
         behaviour logprob. Anything that forms an importance ratio reads `behaviour_logprobs`."""
         out: list[float] = []
         for s in self.segments:
-            out.extend(s.logprobs if s.kind == "action" and s.logprobs else [0.0] * len(s.token_ids))
+            out.extend(s.logprobs if s.kind == "action" and s.logprobs
+                       else [0.0] * len(s.token_ids))
         return out
 
     @property
@@ -203,15 +205,19 @@ class Trajectory:
         "behaviour_without_policy") for one no policy sampled (an expert demonstration):
         its actions have no behaviour logprob, so it must never enter a PPO/IS ratio."""
         if not self.has_behaviour_policy:
-            raise ContractError("behaviour_without_policy", f"episode {self.episode_id!r} has source "
-                                f"{self.source!r}: no policy sampled its actions, so it has no behaviour "
-                                "logprobs; train on it with SFT, or leave it out of the RL batch")
+            raise ContractError("behaviour_without_policy", f"episode {self.episode_id!r} has "
+                                                            "source "
+                                f"{self.source!r}: no policy sampled its actions, so it has no "
+                                "behaviour logprobs; train on it with SFT, or leave it out of the "
+                                "RL batch")
         top_p = (self.metadata.get("sampling") or {}).get("top_p", 1.0)
         if isinstance(top_p, (int, float)) and top_p < 1:
-            raise ContractError("behaviour_top_p", f"episode {self.episode_id!r} was sampled with top_p={top_p:g}: "
-                                "its tokens came from the renormalized nucleus, its stored logprobs are the full "
-                                "distribution's, so an importance ratio over them is biased; sample RL rollouts "
-                                "with top_p 1 (temperature still applies), or train on this record with SFT")
+            raise ContractError("behaviour_top_p", f"episode {self.episode_id!r} was sampled with "
+                                                   f"top_p={top_p:g}: "
+                                "its tokens came from the renormalized nucleus, its stored "
+                                "logprobs are the full distribution's, so an importance ratio over "
+                                "them is biased; sample RL rollouts with top_p 1 (temperature "
+                                "still applies), or train on this record with SFT")
         return self.logprobs
 
     @property
@@ -227,7 +233,8 @@ class Trajectory:
     @property
     def policy_versions(self) -> list[int]:
         """Sorted distinct versions that produced this trajectory's actions."""
-        return sorted({s.policy_version for s in self.segments if s.kind == "action" and s.policy_version is not None})
+        return sorted({s.policy_version for s in self.segments
+                       if s.kind == "action" and s.policy_version is not None})
 
     @property
     def num_tokens(self) -> int:
@@ -262,38 +269,14 @@ class Trajectory:
     # -- JSON form -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = plain_asdict(self)
-        d["stop_reason"] = str.__str__(self.stop_reason) if isinstance(self.stop_reason, str) else self.stop_reason
+        d["stop_reason"] = (str.__str__(self.stop_reason) if isinstance(self.stop_reason, str)
+                            else self.stop_reason)
         return d
 
     @classmethod
     def from_dict(cls, d: Any) -> Trajectory:
         """Build from the JSON form; raises ContractError(rule="schema") on bad structure."""
         return _from_dict(d)
-
-
-_ATOMIC = frozenset({int, float, str, bool, type(None)})
-
-
-def plain_asdict(obj: Any) -> Any:
-    """`dataclasses.asdict(obj)`, equal value for value and type for type, without its
-    per-leaf deepcopy calls (the ledger converts every record once or twice on the rollout
-    hot path: ~1 ms per episode of ~80 tokens, most of it asdict walking token ids).
-
-    Exact built-in containers of atomic leaves are copied in one C-level pass; every other
-    type (subclasses, namedtuples, arbitrary objects) goes through asdict's own code.
-    """
-    t = type(obj)
-    if t in _ATOMIC:
-        return obj
-    if t is tuple or t is list:
-        if _ATOMIC.issuperset(map(type, obj)):
-            return t(obj)
-        return t(plain_asdict(v) for v in obj)
-    if t is dict:
-        return {plain_asdict(k): plain_asdict(v) for k, v in obj.items()}
-    if hasattr(t, "__dataclass_fields__") and not isinstance(obj, type):
-        return {f.name: plain_asdict(getattr(obj, f.name)) for f in fields(obj)}
-    return _asdict_inner(obj, dict)
 
 
 # ---------------------------------------------------------------------------------------
@@ -311,17 +294,20 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
 
     for name in ("episode_id", "task_id", "group_id", "split", "env_name", "env_version"):
         if not getattr(traj, name):
-            bad("missing_identity", f"{name} is empty; every trajectory names its episode, task, group, split and env")
+            bad("missing_identity", f"{name} is empty; every trajectory names its episode, task, "
+                                    "group, split and env")
     if not _is(traj.seed, int) or not -(2**63) <= traj.seed < 2**63:
         bad("seed_range", f"seed {traj.seed!r} must be an integer that fits in int64")
     policy = traj.source == POLICY_SOURCE
     if not isinstance(traj.source, str) or not NAME_PATTERN.match(traj.source):
-        bad("source_name", f"source {traj.source!r} must be {POLICY_SOURCE!r} or another snake_case name "
+        bad("source_name", f"source {traj.source!r} must be {POLICY_SOURCE!r} or another "
+                           "snake_case name "
             "('expert', 'scripted', ...) saying who produced the actions")
     if not traj.segments:
         bad("empty_trajectory", "a trajectory has no segments")
     elif traj.segments[0].kind != "prompt":
-        bad("prompt_first", f"the first segment is {traj.segments[0].kind!r}; it must be the prompt")
+        bad("prompt_first",
+            f"the first segment is {traj.segments[0].kind!r}; it must be the prompt")
     for i, s in enumerate(traj.segments):
         where = f"segment {i} ({s.kind})"
         if s.kind not in SEGMENT_KINDS:
@@ -333,38 +319,50 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
             bad("token_range", f"{where}: token ids must be integers in [0, 2**31)")
         if s.kind == "action" and not policy:
             if s.logprobs is not None or s.policy_version is not None:
-                bad("behaviour_without_policy", f"{where}: source is {traj.source!r}, so no policy sampled these "
+                bad("behaviour_without_policy", f"{where}: source is {traj.source!r}, so no policy "
+                                                "sampled these "
                     "ids; a logprob or policy version here would be made up — leave both None")
         elif s.kind == "action":
             if s.logprobs is None or len(s.logprobs) != len(s.token_ids):
                 n = None if s.logprobs is None else len(s.logprobs)
-                bad("logprobs_length", f"{where}: {len(s.token_ids)} ids but {n} logprobs (a record no policy "
+                bad("logprobs_length", f"{where}: {len(s.token_ids)} ids but {n} logprobs (a "
+                                       "record no policy "
                     "sampled says so with source='expert' or another name, and carries none)")
             elif any((not math.isfinite(x)) or x > 1e-6 for x in s.logprobs):
                 bad("logprob_range", f"{where}: logprobs must be finite and <= 0")
             if s.policy_version is None:
-                bad("action_without_version", f"{where}: every action segment records the policy version that sampled it")
+                bad("action_without_version", f"{where}: every action segment records the policy "
+                                              "version that sampled it")
             elif not _is(s.policy_version, int) or not 0 <= s.policy_version <= INT32_MAX:
                 # -1 means "no version" in the flat `token_versions` view, so versions are >= 0
-                bad("version_range", f"{where}: policy_version {s.policy_version!r} must be an integer in [0, 2**31)")
+                bad("version_range", f"{where}: policy_version {s.policy_version!r} must be an "
+                                     "integer in [0, 2**31)")
         elif s.logprobs is not None or s.policy_version is not None:
-            bad("non_action_logprobs", f"{where}: only action segments carry logprobs and a policy version")
+            bad("non_action_logprobs", f"{where}: only action segments carry logprobs and a policy "
+                                       "version")
     errs.extend(ContractError("stream_start", d) for d in stream_problems(traj))
     for t in traj.turns:
-        if not 0 <= t.action_segment < len(traj.segments) or traj.segments[t.action_segment].kind != "action":
-            bad("turn_segment", f"turn {t.index}: action_segment {t.action_segment} is not an action segment")
+        if (not 0 <= t.action_segment < len(traj.segments)
+            or traj.segments[t.action_segment].kind != "action"):
+            bad("turn_segment", f"turn {t.index}: action_segment {t.action_segment} is not an "
+                                "action segment")
         o = t.observation_segment
-        if o is not None and (not 0 <= o < len(traj.segments) or traj.segments[o].kind != "observation"):
-            bad("turn_segment", f"turn {t.index}: observation_segment {o} is not an observation segment")
+        if o is not None and (not 0 <= o < len(traj.segments)
+                              or traj.segments[o].kind != "observation"):
+            bad("turn_segment", f"turn {t.index}: observation_segment {o} is not an observation "
+                                "segment")
     reason = traj.stop_reason
     if reason is None:
         bad("missing_stop_reason", "a finished episode records why it stopped")
     elif not isinstance(reason, StopReason):  # __post_init__ converts every well-formed name
-        bad("stop_reason_name", f"stop_reason {reason!r} is not a snake_case name (e.g. 'answered', 'goal')")
+        bad("stop_reason_name", f"stop_reason {reason!r} is not a snake_case name (e.g. "
+                                "'answered', 'goal')")
     elif traj.terminated == traj.truncated:
-        bad("termination_flags", f"exactly one of terminated/truncated must be true (got {traj.terminated}/{traj.truncated})")
+        bad("termination_flags", "exactly one of terminated/truncated must be true (got "
+                                 f"{traj.terminated}/{traj.truncated})")
     elif reason.kind is not None and traj.terminated != reason.is_termination:
-        bad("termination_flags", f"stop_reason {reason.value!r} is one of the loop's {reason.kind}s "
+        bad("termination_flags", f"stop_reason {reason.value!r} is one of the loop's "
+                                 f"{reason.kind}s "
             f"but terminated={traj.terminated}; an env's own reason needs its own name")
     if not math.isfinite(traj.reward):
         bad("reward_finite", f"reward {traj.reward} is not finite")
@@ -373,7 +371,8 @@ def check_trajectory(traj: Trajectory) -> list[ContractError]:
         if not math.isclose(total, traj.reward, rel_tol=1e-6, abs_tol=1e-6):
             bad("reward_components_sum", f"reward {traj.reward} != sum of components {total}")
         if not traj.verifier_version:
-            bad("missing_verifier_version", "a reward from a verifier records the verifier's version")
+            bad("missing_verifier_version", "a reward from a verifier records the verifier's "
+                                            "version")
     return errs
 
 
@@ -439,7 +438,8 @@ def _from_dict_checked(d: Any) -> Trajectory:
         if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
             raise ContractError("schema", f"message {i} must be a JSON object with string keys")
     kw["messages"] = tuple(kw["messages"])
-    # stop_reason: a well-formed name becomes a StopReason in __post_init__; check_trajectory names the rest
+    # stop_reason: a well-formed name becomes a StopReason in __post_init__; check_trajectory names
+    # the rest
     kw["stop_reason"] = kw.get("stop_reason")
     kw["reward"] = float(kw["reward"])
     kw["reward_components"] = _num_map(d, "reward_components", where)

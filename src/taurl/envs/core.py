@@ -135,7 +135,8 @@ def episode_env(make_env: Callable[[], Env]) -> Iterator[Env]:
 
 
 def task_request_problems(split: str, splits: Sequence[str], families: Iterable[str] | None,
-                          known_families: Iterable[str], n: int | None, *, n_may_be_none: bool = False
+                          known_families: Iterable[str], n: int | None, *,
+                          n_may_be_none: bool = False
                           ) -> tuple[list[str], list[str]]:
     """A task source's argument check: (the requested family names, in order and without
     repeats — all of them for None; the problems, each saying how to fix it)."""
@@ -153,5 +154,6 @@ def task_request_problems(split: str, splits: Sequence[str], families: Iterable[
         problems.append("families is empty; pass None for all of them")
     bad_n = isinstance(n, bool) or not isinstance(n, int) or n < 0
     if bad_n and not (n is None and n_may_be_none):
-        problems.append(f"n must be {'None or ' if n_may_be_none else ''}an integer >= 0, got {n!r}")
+        problems.append(f"n must be {'None or ' if n_may_be_none else ''}an integer >= 0, got "
+                        f"{n!r}")
     return names, problems

@@ -50,15 +50,16 @@ from taurl.tools.specs import ToolSpec
 NAME = "openenv-v0"  # registered as ``openenv``
 VERSION = "1"
 PACKAGE = "openenv-core"
-OPTIONS = ("url", "app", "env_id", "observation_key", "scopes", "gate_scopes", "max_calls", "reset_kwargs",
-           "max_turns", "timeout_s")
+OPTIONS = ("url", "app", "env_id", "observation_key", "scopes", "gate_scopes", "max_calls",
+           "reset_kwargs", "max_turns", "timeout_s")
 
 
 def _client(url: str, timeout_s: float) -> Any:
     try:
         from openenv.core import GenericEnvClient
     except ImportError as e:
-        raise ConfigError(f"env openenv needs the openenv-core package ({e}); pip install 'taurl[ecosystem]'") from e
+        raise ConfigError(f"env openenv needs the openenv-core package ({e}); pip install "
+                          "'taurl[ecosystem]'") from e
     return GenericEnvClient(base_url=url, message_timeout_s=timeout_s)
 
 
@@ -68,7 +69,8 @@ def observation_text(obs: dict[str, Any], key: str | None) -> str:
     if key:
         return str(obs.get(key, ""))
     strings = [v for k, v in obs.items() if isinstance(v, str) and v]
-    return strings[0] if len(strings) == 1 else json.dumps({k: v for k, v in obs.items() if k != "tools"}, default=str)
+    return (strings[0] if len(strings) == 1
+            else json.dumps({k: v for k, v in obs.items() if k != "tools"}, default=str))
 
 
 class Session:
@@ -95,7 +97,8 @@ class Session:
     async def acall(self, what: str, *args: Any, **kwargs: Any) -> Any:
         from taurl.tools.executor import _background_loop
 
-        fut = asyncio.run_coroutine_threadsafe(self._call(what, *args, **kwargs), _background_loop())
+        fut = asyncio.run_coroutine_threadsafe(self._call(what, *args, **kwargs),
+                                               _background_loop())
         return await asyncio.wrap_future(fut)
 
     def close(self) -> None:
@@ -133,11 +136,12 @@ def resolve(env_config: dict[str, Any], *, replay: bool = False) -> dict[str, An
     process named (`_CONFIGURED`), else ConfigError."""
     unknown = sorted(set(env_config) - set(OPTIONS))
     if unknown:
-        raise ConfigError(f"env openenv has no option(s) {unknown}; its options: {', '.join(OPTIONS)}")
+        raise ConfigError(f"env openenv has no option(s) {unknown}; its options: "
+                          f"{', '.join(OPTIONS)}")
     if bool(env_config.get("url")) == bool(env_config.get("app")):
-        raise ConfigError("env openenv needs exactly one of env_config 'url' (a running OpenEnv server, e.g. "
-                          "http://127.0.0.1:8000) or 'app' (a 'module:attr' FastAPI app from openenv's create_app, "
-                          "which the adapter starts)")
+        raise ConfigError("env openenv needs exactly one of env_config 'url' (a running OpenEnv "
+                          "server, e.g. http://127.0.0.1:8000) or 'app' (a 'module:attr' FastAPI "
+                          "app from openenv's create_app, which the adapter starts)")
     if not replay:
         _CONFIGURED.add(_target(env_config))
     elif _target(env_config) not in _CONFIGURED:
@@ -148,10 +152,12 @@ def resolve(env_config: dict[str, Any], *, replay: bool = False) -> dict[str, An
                           "config the run was trained with (its env_config names the same app or "
                           "url), or check where the ledger came from")
     url = env_config.get("url") or server_url(env_config["app"])
-    return {**env_config, "url": url, "env_id": env_config.get("env_id") or env_config.get("app") or url}
+    return {**env_config, "url": url,
+            "env_id": env_config.get("env_id") or env_config.get("app") or url}
 
 
-def openenv_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | None = None) -> list[Task]:
+def openenv_tasks(split: str, n: int, seed: int = 0, *,
+                  env_config: dict[str, Any] | None = None) -> list[Task]:
     """`n` reset seeds of `split` (module docstring), each with the server's first observation."""
     cfg = resolve(env_config or {})
     session = Session(cfg["url"], float(cfg.get("timeout_s", 30.0)))
@@ -164,7 +170,8 @@ def openenv_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, An
             if split_of(f"openenv-seed:{s}", (0.8, 0.1, 0.1)) != split:
                 continue
             result = session.call("reset", seed=s, **cfg.get("reset_kwargs", {}))
-            out.append(Task(task_id=f"seed-{s}", prompt=observation_text(result.observation, cfg.get("observation_key")),
+            out.append(Task(task_id=f"seed-{s}",
+                            prompt=observation_text(result.observation, cfg.get("observation_key")),
                             answers=(), split=split, env=NAME, metadata={"reset_seed": s}))
     finally:
         session.close()
@@ -193,15 +200,19 @@ class OpenEnvEnv:
         schema = self._tool_schemas()
         scopes = cfg.get("scopes", {})
         self.specs = [ToolSpec(name=t["name"], description=t.get("description", ""),
-                               parameters=t["parameters"], fn=self._caller(t["name"]), is_async=True,
+                               parameters=t["parameters"], fn=self._caller(t["name"]),
+                               is_async=True,
                                scopes=frozenset(scopes.get(t["name"], ["read"]))) for t in schema]
         self.toolbox = ToolBox(self.specs, parser="hermes")
         self.tools = self.toolbox.declarations
-        self.gate_config = GateConfig(scopes=frozenset(cfg.get("gate_scopes", ["read", "write", "execute"])),
+        self.gate_config = GateConfig(scopes=frozenset(cfg.get("gate_scopes",
+                                                               ["read", "write", "execute"])),
                                       max_calls=int(cfg.get("max_calls", 64)))
         self.verifier_version = f"openenv-core {package_version(PACKAGE)} replay"
-        self.provenance = {"package": PACKAGE, "version": package_version(PACKAGE), "env_id": cfg["env_id"],
-                           "mcp": self._mcp, "env_config": dict(env_config)}  # (the verifier's replay)
+        self.provenance = {"package": PACKAGE, "version": package_version(PACKAGE),
+                           "env_id": cfg["env_id"],
+                           # (the verifier's replay)
+                           "mcp": self._mcp, "env_config": dict(env_config)}
         self._task: Task | None = None
         self._done, self._turn = True, 0
         self._last: Any = None  # the last StepResult of this step (reward, done)
@@ -216,46 +227,56 @@ class OpenEnvEnv:
         self.session.call("reset", seed=0)
         try:
             listing = self.session.call("step", {"type": "list_tools"})
-            tools = listing.observation.get("tools") if isinstance(listing.observation, dict) else None
+            tools = listing.observation.get("tools") if isinstance(listing.observation,
+                                                                   dict) else None
         except RuntimeError:  # a typed-action env refuses the MCP action (a validation error)
             tools = None
         self._mcp = bool(tools)
         if tools:
             return [{"name": t["name"], "description": t.get("description", ""),
-                     "parameters": t.get("input_schema") or t.get("inputSchema") or {"type": "object", "properties": {}}}
+                     "parameters": (t.get("input_schema") or t.get("inputSchema")
+                                    or {"type": "object", "properties": {}})}
                     for t in tools]
         import httpx
 
-        action = httpx.get(self.cfg["url"].rstrip("/") + "/schema", timeout=10).json().get("action", {})
-        params = {"type": "object", "properties": {k: v for k, v in action.get("properties", {}).items()
+        action = httpx.get(self.cfg["url"].rstrip("/") + "/schema",
+                           timeout=10).json().get("action", {})
+        params = {"type": "object",
+                  "properties": {k: v for k, v in action.get("properties", {}).items()
                                                    if k != "metadata"},
                   "required": [r for r in action.get("required", []) if r != "metadata"]}
-        return [{"name": "step", "description": action.get("description", "Take one action in the environment."),
+        return [{"name": "step", "description": action.get("description", "Take one action in the "
+                                                                          "environment."),
                  "parameters": params}]
 
     def _caller(self, tool: str) -> Any:
         async def call(**arguments: Any) -> str:
-            action = {"type": "call_tool", "tool_name": tool, "arguments": arguments} if self._mcp else arguments
+            action = {"type": "call_tool", "tool_name": tool,
+                      "arguments": arguments} if self._mcp else arguments
             self._last = result = await self.session.acall("step", action)
             obs = result.observation if isinstance(result.observation, dict) else {}
             if obs.get("error"):
-                raise RuntimeError(str(obs["error"].get("message", obs["error"])) if isinstance(obs["error"], dict)
+                raise RuntimeError(str(obs["error"].get("message", obs["error"]))
+                                   if isinstance(obs["error"], dict)
                                    else str(obs["error"]))
             if self._mcp and isinstance(obs.get("result"), dict):
                 content = obs["result"].get("content") or []
-                return "\n".join(str(c.get("text", c)) for c in content) or json.dumps(obs["result"].get("data"))
+                return "\n".join(str(c.get("text", c))
+                                 for c in content) or json.dumps(obs["result"].get("data"))
             return observation_text(obs, self.cfg.get("observation_key"))
         return call
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name or "reset_seed" not in task.metadata:
-            raise ConfigError(f"task {task.task_id!r} is not an OpenEnv task; make tasks with env openenv's task source")
+            raise ConfigError(f"task {task.task_id!r} is not an OpenEnv task; make tasks with env "
+                              "openenv's task source")
         s = task.metadata["reset_seed"]
         result = self.session.call("reset", seed=s, **self.cfg.get("reset_kwargs", {}))
         self._gate = Gate(self.specs, self.gate_config, None)
         self._task, self._done, self._turn, self._last = task, bool(result.done), 0, None
         prov = {**self.provenance, "seed": s, "episode_seed": seed}
-        return "", {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
+        return "", {"task_id": task.task_id, "seed": seed, "env": self.name,
+                    "env_version": self.version,
                     "verifier_version": self.verifier_version, "provenance": prov}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -263,14 +284,17 @@ class OpenEnvEnv:
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
-            raise ResetNeeded("OpenEnvEnv.step called before reset() or after the episode ended; call reset(task) first")
+            raise ResetNeeded("OpenEnvEnv.step called before reset() or after the episode ended; "
+                              "call reset(task) first")
         self._turn, self._last = self._turn + 1, None
         t0 = time.perf_counter()
         out = await self.toolbox.step(action, self._gate)
         info: dict[str, Any] = {"action": {"kind": "tool_call" if out.call else "invalid",
-                                           **({"tool": out.call.name, "arguments": out.call.arguments}
+                                           **({"tool": out.call.name,
+                                               "arguments": out.call.arguments}
                                               if out.call else {})},
-                                "invalid": out.invalid, "turn": self._turn, "latency_s": time.perf_counter() - t0}
+                                "invalid": out.invalid, "turn": self._turn,
+                                "latency_s": time.perf_counter() - t0}
         if out.receipt is not None:
             info["receipt"] = out.receipt
         if out.error:
@@ -279,7 +303,8 @@ class OpenEnvEnv:
         terminated = bool(self._last is not None and self._last.done)
         truncated = not terminated and self._turn >= self.max_turns
         if terminated or truncated:
-            info.update(stop_reason="done" if terminated else "max_turns", reward_components={"outcome": reward},
+            info.update(stop_reason="done" if terminated else "max_turns",
+                        reward_components={"outcome": reward},
                         verifier_version=self.verifier_version)
             self._done = True
             await self.session.aclose()  # the episode is over: its session too

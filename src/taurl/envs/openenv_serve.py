@@ -58,8 +58,10 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=default))
 
 
-def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: dict[str, Any] | None = None,
-             split: str = "train", n_tasks: int = 256, task_seed: int = 0, max_sessions: int = 64) -> Any:
+def make_app(name: str, env_config: dict[str, Any] | None = None,
+             task_options: dict[str, Any] | None = None,
+             split: str = "train", n_tasks: int = 256, task_seed: int = 0,
+             max_sessions: int = 64) -> Any:
     """The FastAPI app (openenv's `create_app`) serving env `name` (module docstring)."""
     from openenv.core.env_server import Environment, State, create_app
 
@@ -67,7 +69,8 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
 
     Act, Obs = _types()
     env_config, task_options = dict(env_config or {}), dict(task_options or {})
-    tasks = envs.make_tasks(name, split, n=n_tasks, seed=task_seed, env_config=env_config, **task_options)
+    tasks = envs.make_tasks(name, split, n=n_tasks, seed=task_seed, env_config=env_config,
+                            **task_options)
     if not tasks:
         raise ConfigError(f"env {name!r} has no {split!r} tasks to serve")
     by_id = {t.task_id: t for t in tasks}
@@ -82,8 +85,8 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
             self._state = State(episode_id="", step_count=0)
             self._draw = random.Random()  # reset without seed or task_id: a task at random
 
-        def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-                  **kwargs: Any) -> Any:
+        def reset(self, seed: int | None = None, episode_id: str | None = None,
+                  task_id: str | None = None, **kwargs: Any) -> Any:
             if task_id is not None and task_id not in by_id:
                 raise ValueError(f"task_id {task_id!r} is not among the served {split} tasks")
             if task_id is not None:
@@ -93,13 +96,14 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
             _, info = self.env.reset(task, seed)
             self._state = State(episode_id=episode_id or task.task_id, step_count=0)
             return Obs(text=task.prompt, task_id=task.task_id, system_prompt=self.env.system_prompt,
-                       tools=_jsonable(self.env.tools), stop=list(self.env.stop), info=_jsonable(info),
-                       done=False, reward=0.0)
+                       tools=_jsonable(self.env.tools), stop=list(self.env.stop),
+                       info=_jsonable(info), done=False, reward=0.0)
 
         def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
             obs, reward, terminated, truncated, info = self.env.step(action.text)
             self._state.step_count += 1
-            return Obs(text=obs, info=_jsonable(info), done=bool(terminated or truncated), reward=float(reward))
+            return Obs(text=obs, info=_jsonable(info), done=bool(terminated or truncated),
+                       reward=float(reward))
 
         @property
         def state(self) -> Any:
@@ -112,7 +116,8 @@ def make_app(name: str, env_config: dict[str, Any] | None = None, task_options: 
 
 
 def add_serve_env_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve-env", help="serve a taurl env as an OpenEnv server (for other trainers)",
+    p = sub.add_parser("serve-env", help="serve a taurl env as an OpenEnv server (for other "
+                                         "trainers)",
                        description=__doc__.split("\n\n", 1)[0])
     p.add_argument("name", metavar="NAME", help="a registered env (taurl envs)")
     p.add_argument("--env-config", default="{}", help="the env's options, JSON")
@@ -130,7 +135,8 @@ def run_serve_env_command(args: argparse.Namespace) -> int:
         env_config, task_options = json.loads(args.env_config), json.loads(args.task_options)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--env-config / --task-options must be JSON objects: {e}") from e
-    app = make_app(args.name, env_config, task_options, args.split, args.tasks, args.seed, args.max_sessions)
+    app = make_app(args.name, env_config, task_options, args.split, args.tasks, args.seed,
+                   args.max_sessions)
     import uvicorn
 
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -49,7 +49,8 @@ def _healthy(url: str) -> bool:
 def server_url(app: str) -> str:
     """The URL of the running server of `app` ("module:attr"), started if need be."""
     if ":" not in app:
-        raise ConfigError(f"env_config app {app!r} must be 'module:attr', e.g. 'my_env.server.app:app'")
+        raise ConfigError(f"env_config app {app!r} must be 'module:attr', e.g. "
+                          "'my_env.server.app:app'")
     with _LOCK:
         if app in _SERVERS and _SERVERS[app][0].poll() is None:
             return _SERVERS[app][1]
@@ -67,7 +68,8 @@ def server_url(app: str) -> str:
                 _stop(proc)
                 log.seek(0)
                 tail = log.read().decode(errors="replace")[-1500:]
-                raise ConfigError(f"the OpenEnv server {app!r} did not start (exit {proc.poll()}): {tail}")
+                raise ConfigError(f"the OpenEnv server {app!r} did not start (exit {proc.poll()}): "
+                                  f"{tail}")
             time.sleep(0.2)
         _SERVERS[app] = (proc, url)
         return url

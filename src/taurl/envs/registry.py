@@ -36,7 +36,8 @@ _LOADED_ENTRY_POINTS = [False]
 
 
 def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | str | None = None, *,
-             expert: Expert | str | None = None, verifier: Callable[[], Verifier] | str | None = None,
+             expert: Expert | str | None = None,
+             verifier: Callable[[], Verifier] | str | None = None,
              policy_hooks: Any = None, tool_expert: Expert | str | None = None) -> None:
     """Register `factory` under `name` (``family-vN``) with its optional plug points.
 
@@ -55,7 +56,8 @@ def register(name: str, factory: Callable[..., Env] | str, tasks: TaskSource | s
         raise ConfigError(f"environment {name!r} is already registered (by {_SPECS[name].source}); "
                           f"{_SOURCE[-1]} registers it again: give your env another name (e.g. "
                           f"'{name.rsplit('-v', 1)[0]}-mine-v0'), or register it once")
-    _SPECS[name] = EnvSpec(name=name, factory=factory, tasks=tasks, expert=expert, verifier=verifier,
+    _SPECS[name] = EnvSpec(name=name, factory=factory, tasks=tasks, expert=expert,
+                           verifier=verifier,
                            policy_hooks=policy_hooks, tool_expert=tool_expert, source=_SOURCE[-1])
 
 
@@ -70,9 +72,10 @@ def _check(name: str) -> None:
     if name not in _SPECS:
         close = difflib.get_close_matches(name, _SPECS, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise UnknownEnvError(f"no environment named {name!r}.{hint} Registered: {', '.join(sorted(_SPECS))}. "
-                              "An env of your own: `--import your.module` (a module that calls "
-                              "taurl.envs.register) or a `taurl.envs` entry point of an installed package")
+        raise UnknownEnvError(f"no environment named {name!r}.{hint} Registered: "
+                              f"{', '.join(sorted(_SPECS))}. An env of your own: `--import "
+                              "your.module` (a module that calls taurl.envs.register) or a "
+                              "`taurl.envs` entry point of an installed package")
 
 
 _LAZY = ("factory", "tasks", "expert", "verifier", "policy_hooks", "tool_expert")
@@ -114,16 +117,19 @@ def task_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     """What is wrong with `options` for env `name`'s task source (empty when all is well)."""
     s = spec(name)
     if s.tasks is None:
-        return [f"environment {name!r} has no registered task source; give `tasks: FILE.jsonl` instead"]
+        return [f"environment {name!r} has no registered task source; give `tasks: FILE.jsonl` "
+                "instead"]
     fixed = {"split", "n", "seed", "env_config"}
-    problems = [f"task option {o!r} is not an option: it is make_tasks' own argument" for o in sorted(set(options) & fixed)]
+    problems = [f"task option {o!r} is not an option: it is make_tasks' own argument"
+                for o in sorted(set(options) & fixed)]
     return problems + signature_problems(s.tasks, options, f"{name}'s task source", "option", fixed)
 
 
 def expert_option_problems(name: str, options: dict[str, Any]) -> list[str]:
     s = spec(name)
     if s.expert is None:
-        return [f"environment {name!r} has no expert; use sft: none, sft: rejection or sft_data: FILE"] if options else []
+        return [f"environment {name!r} has no expert; use sft: none, sft: rejection or sft_data: "
+                "FILE"] if options else []
     return signature_problems(s.expert, options, f"{name}'s expert", "option", {"task", "rng"})
 
 
@@ -142,19 +148,21 @@ def signature_problems(fn: Callable[..., Any], options: dict[str, Any], owner: s
     for o in sorted(set(options) - set(params) - fixed):
         close = difflib.get_close_matches(o, accepted, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        out.append(f"{owner} has no {what} {o!r}{hint}; its options: {', '.join(accepted) or 'none'}")
+        out.append(f"{owner} has no {what} {o!r}{hint}; its options: "
+                   f"{', '.join(accepted) or 'none'}")
     return out
 
 
-def make_tasks(name: str, split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | None = None,
-               **options: Any) -> list[Task]:
+def make_tasks(name: str, split: str, n: int, seed: int = 0, *,
+               env_config: dict[str, Any] | None = None, **options: Any) -> list[Task]:
     """`n` tasks of `split` from the env's registered task source, with its `options`.
 
     A task source that declares an ``env_config`` parameter also gets the env's options (an
     adapter whose tasks depend on them: reasoning-gym's ``dataset``, an OpenEnv server)."""
     s = spec(name)
     if s.tasks is None:
-        raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks yourself")
+        raise UnknownEnvError(f"environment {name!r} has no registered task source; pass tasks "
+                              "yourself")
     if problems := task_option_problems(name, options):
         raise ConfigError(problems)
     if wants_env_config(s.tasks):
@@ -203,8 +211,8 @@ def _import_failure(mod: str, e: Exception) -> str:
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     if isinstance(e, SyntaxError) and e.filename:
         where = f" at {e.filename}:{e.lineno}"
-    return (f"--import {mod}: importing it raised {type(e).__name__}: {e}{where}. The module was found; "
-            "fix that error (a missing dependency: install it into this venv)")
+    return (f"--import {mod}: importing it raised {type(e).__name__}: {e}{where}. The module was "
+            "found; fix that error (a missing dependency: install it into this venv)")
 
 
 def load_entry_points() -> list[str]:

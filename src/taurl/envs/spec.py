@@ -56,9 +56,12 @@ class PolicyHooks(Protocol):
 
     tokenizer_texts(env, train_tasks, **task_options) -> list[str]: texts the default BPE
         tokenizer is trained on (training split only: held-out text must stay unseen).
-    warmup(model, tokenizer, train_tasks, *, seed, lr, grad_clip, log, probe_tasks, **options)
-        -> dict[str, float]: a pre-SFT warm-up (search-v0's copy warm-up) on the
-        demonstration tasks, with the config's ``warmup_options``; returns metrics.
+    warmup(model, tokenizer, train_tasks, *, seed, lr, grad_clip, log, probe_tasks,
+           copy_phase, **options) -> dict[str, float]: a pre-SFT warm-up (search-v0's copy
+        warm-up) on the demonstration tasks, with the config's ``warmup_options``; returns
+        metrics. ``copy_phase`` is the trainer's copy phase
+        (`taurl.train.copy_warmup.copy_warmup_phase`), passed in by the recipe so that an
+        env never imports the training stage above it.
     """
 
 
@@ -67,7 +70,8 @@ class EnvSpec:
     """One registered environment and its optional plug points (module docstring)."""
 
     name: str
-    factory: Callable[..., Env]  # (a "module:attr" string until `registry.spec` imports it; so the others)
+    # (a "module:attr" string until `registry.spec` imports it; so the others)
+    factory: Callable[..., Env]
     tasks: TaskSource | None = None
     expert: Expert | None = None
     verifier: Callable[[], Verifier] | None = None  # makes a fresh instance per evaluation

@@ -79,7 +79,8 @@ def read_task_file(path: str | Path, env: str) -> TaskFile:
             continue
         seen.add(row["task_id"])
         by_split[row["split"]].append(Task(task_id=row["task_id"], prompt=row["prompt"],
-                                           answers=tuple(row.get("answers", [])), split=row["split"],
+                                           answers=tuple(row.get("answers", [])),
+                                           split=row["split"],
                                            env=env, metadata=dict(row.get("metadata", {}))))
     return TaskFile(str(path), by_split, problems)
 
@@ -101,7 +102,8 @@ class TaskPlan:
 
 
 def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demos: int, n_rl: int,
-               n_eval: int, seed: int, eval_seed: int, env_config: dict[str, Any] | None = None) -> TaskPlan:
+               n_eval: int, seed: int, eval_seed: int,
+               env_config: dict[str, Any] | None = None) -> TaskPlan:
     """Draw the plan from the task file (when given) or the env's task source (which gets
     `env_config` too when it asks for it: `taurl.envs.registry.make_tasks`)."""
     if task_file:
@@ -110,7 +112,8 @@ def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demo
         random.Random(seed).shuffle(pools["train"])
         for s in ("validation", "holdout"):
             random.Random(eval_seed).shuffle(pools[s])
-        train, validation, holdout = pools["train"], pools["validation"][:n_eval], pools["holdout"][:n_eval]
+        train, validation, holdout = (pools["train"], pools["validation"][:n_eval],
+                                      pools["holdout"][:n_eval])
         skipped = len(tf.problems)
     else:
         source = {"env_config": env_config, **task_options}
@@ -120,11 +123,12 @@ def plan_tasks(env: str, *, task_file: str, task_options: dict[str, Any], n_demo
         skipped = 0
     problems = []
     if len(train) < n_demos + n_rl:
-        problems.append(f"{len(train)} training tasks, but demos + updates x tasks_per_update needs "
-                        f"{n_demos + n_rl}: lower them, or give more tasks")
+        problems.append(f"{len(train)} training tasks, but demos + updates x tasks_per_update "
+                        f"needs {n_demos + n_rl}: lower them, or give more tasks")
     for name, ts in (("validation", validation), ("holdout", holdout)):
         if not ts:
-            problems.append(f"no {name} tasks: the task source (or file) must provide a {name!r} split")
+            problems.append(f"no {name} tasks: the task source (or file) must provide a {name!r} "
+                            "split")
     if problems:
         raise ConfigError(problems)
     leaked = {t.task_id for t in train} & {t.task_id for t in validation + holdout}

@@ -50,7 +50,8 @@ PACKAGE = "verifiers"
 OPTIONS = ("env_id", "env_args", "max_turns")
 _LOADED: dict[str, Any] = {}
 # verifiers' stop conditions that are budgets, not the task's end (taurl: truncated)
-TRUNCATING = ("max_turns_reached", "prompt_too_long", "max_total_completion_tokens_reached", "has_error")
+TRUNCATING = ("max_turns_reached", "prompt_too_long", "max_total_completion_tokens_reached",
+              "has_error")
 
 
 # The (env_id, env_args) that a config of this process named. A replay verifier reads them
@@ -64,11 +65,13 @@ def load(env_config: dict[str, Any], *, replay: bool = False) -> Any:
     config comes from a record, so it must be one a config of this process named."""
     unknown = sorted(set(env_config) - set(OPTIONS))
     if unknown:
-        raise ConfigError(f"env verifiers has no option(s) {unknown}; its options: {', '.join(OPTIONS)}")
+        raise ConfigError(f"env verifiers has no option(s) {unknown}; its options: "
+                          f"{', '.join(OPTIONS)}")
     env_id = env_config.get("env_id")
     if not isinstance(env_id, str) or not env_id:
-        raise ConfigError("env verifiers needs env_config 'env_id', an installed verifiers environment "
-                          "(a module exporting load_environment), e.g. {\"env_id\": \"my-env\"}")
+        raise ConfigError("env verifiers needs env_config 'env_id', an installed verifiers "
+                          "environment (a module exporting load_environment), e.g. {\"env_id\": "
+                          "\"my-env\"}")
     key = json.dumps([env_id, env_config.get("env_args", {})], sort_keys=True, default=str)
     if not replay:
         _CONFIGURED.add(key)
@@ -82,11 +85,13 @@ def load(env_config: dict[str, Any], *, replay: bool = False) -> Any:
         try:
             import verifiers as vf
         except ImportError as e:
-            raise ConfigError(f"env verifiers needs the verifiers package ({e}); pip install 'taurl[ecosystem]'") from e
+            raise ConfigError(f"env verifiers needs the verifiers package ({e}); pip install "
+                              "'taurl[ecosystem]'") from e
         try:
             _LOADED[key] = vf.load_environment(env_id, **env_config.get("env_args", {}))
         except (ImportError, AttributeError, TypeError, ValueError) as e:
-            raise ConfigError(f"verifiers could not load environment {env_id!r}: {type(e).__name__}: {e}") from e
+            raise ConfigError(f"verifiers could not load environment {env_id!r}: "
+                              f"{type(e).__name__}: {e}") from e
     return _LOADED[key]
 
 
@@ -100,7 +105,8 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def verifiers_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | None = None) -> list[Task]:
+def verifiers_tasks(split: str, n: int, seed: int = 0, *,
+                    env_config: dict[str, Any] | None = None) -> list[Task]:
     """Up to `n` rows of `split` (module docstring); training rows repeat when `n` asks for more."""
     env = load(env_config or {})
     rows = [dict(r) for r in env.get_dataset()]
@@ -108,8 +114,10 @@ def verifiers_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, 
         evals = [dict(r) for r in env.get_eval_dataset()]
         held = {_row_key(r) for r in evals}
         pools = {"train": [r for r in rows if _row_key(r) not in held],
-                 "validation": [r for r in evals if split_of(_row_key(r), (0.0, 0.5, 0.5)) == "validation"],
-                 "holdout": [r for r in evals if split_of(_row_key(r), (0.0, 0.5, 0.5)) == "holdout"]}
+                 "validation": [r for r in evals
+                                if split_of(_row_key(r), (0.0, 0.5, 0.5)) == "validation"],
+                 "holdout": [r for r in evals
+                             if split_of(_row_key(r), (0.0, 0.5, 0.5)) == "holdout"]}
     else:
         pools = {s: [r for r in rows if split_of(_row_key(r), (0.8, 0.1, 0.1)) == s]
                  for s in ("train", "validation", "holdout")}
@@ -122,8 +130,10 @@ def verifiers_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, 
         prompt = row.get("prompt") or []
         users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         key = hashlib.blake2b(_row_key(row).encode(), digest_size=8).hexdigest()
-        out.append(Task(task_id=f"{env_config['env_id']}-{key}", prompt=_text(users[-1]["content"]) if users else "",
-                        answers=(str(row["answer"]),) if row.get("answer") not in (None, "") else (), split=split,
+        out.append(Task(task_id=f"{env_config['env_id']}-{key}",
+                        prompt=_text(users[-1]["content"]) if users else "",
+                        answers=(str(row["answer"]),
+                                 ) if row.get("answer") not in (None, "") else (), split=split,
                         env=NAME, metadata={"row": json.loads(json.dumps(row, default=str))}))
     return out
 
@@ -143,33 +153,41 @@ class VerifiersEnv:
         self.env_config, self.max_turns = env_config, max_turns
         self.kind = ("single_turn" if isinstance(self.venv, vf.SingleTurnEnv) else
                      "tool" if isinstance(self.venv, vf.ToolEnv) else "multi_turn")
-        self.tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+        self.tools = [{"type": "function",
+                       "function": {"name": t.name, "description": t.description or "",
                                                         "parameters": t.parameters}}
                       for t in (getattr(self.venv, "tool_defs", None) or [])]
         self.system_prompt = getattr(self.venv, "system_prompt", None) or ""
         self.verifier_version = f"verifiers {package_version(PACKAGE)} rubric"
         self.provenance = {"package": PACKAGE, "version": package_version(PACKAGE),
-                           "env_id": env_config.get("env_id"), "env_args": env_config.get("env_args", {}),
+                           "env_id": env_config.get("env_id"),
+                           "env_args": env_config.get("env_args", {}),
                            "kind": self.kind, "env_class": type(self.venv).__name__}
         self._state: Any = None
         self._done, self._turn = True, 0
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name or "row" not in task.metadata:
-            raise ConfigError(f"task {task.task_id!r} is not a verifiers task; make tasks with env verifiers' task source")
-        client = self.vf.ClientConfig(api_base_url="http://127.0.0.1:9/v1")  # never called: taurl samples
-        self._state = run_blocking(self.venv.init_state(dict(task.metadata["row"]), client, "taurl"))
+            raise ConfigError(f"task {task.task_id!r} is not a verifiers task; make tasks with env "
+                              "verifiers' task source")
+        # never called: taurl samples
+        client = self.vf.ClientConfig(api_base_url="http://127.0.0.1:9/v1")
+        self._state = run_blocking(self.venv.init_state(dict(task.metadata["row"]), client,
+                                                        "taurl"))
         self._messages = list(self._state["prompt"])
         self._done, self._turn = False, 0
-        return "", {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
-                    "verifier_version": self.verifier_version, "provenance": {**self.provenance, "seed": seed}}
+        return "", {"task_id": task.task_id, "seed": seed, "env": self.name,
+                    "env_version": self.version, "verifier_version": self.verifier_version,
+                    "provenance": {**self.provenance, "seed": seed}}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         return run_blocking(self.astep_on_tools_loop(action))
 
-    async def astep_on_tools_loop(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def astep_on_tools_loop(self, action: str) -> tuple[str, float, bool, bool,
+                                                              dict[str, Any]]:
         if self._state is None or self._done:
-            raise ResetNeeded("VerifiersEnv.step called before reset() or after the episode ended; call reset(task) first")
+            raise ResetNeeded("VerifiersEnv.step called before reset() or after the episode ended; "
+                              "call reset(task) first")
         self._turn += 1
         vf = self.vf
         parsed = parse_hermes(action) if self.tools else None
@@ -180,11 +198,14 @@ class VerifiersEnv:
             for i, c in enumerate(calls)] or None)
         before = list(self._messages)
         self._messages.append(msg)
-        self._state["trajectory"].append({"prompt": before, "completion": [msg], "is_truncated": False})
+        self._state["trajectory"].append({"prompt": before, "completion": [msg],
+                                          "is_truncated": False})
         info: dict[str, Any] = {"action": {"kind": "tool_call" if calls else "answer",
-                                           **({"calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}
+                                           **({"calls": [{"name": c.name,
+                                                          "arguments": c.arguments} for c in calls]}
                                               if calls else {"answer": action})},
-                                "invalid": parsed is not None and parsed.kind in ("malformed", "too_long"),
+                                "invalid": (parsed is not None
+                                            and parsed.kind in ("malformed", "too_long")),
                                 "turn": self._turn}
         obs, role = "", "tool"
         # verifiers' own order: the stop conditions look at the new message first, then the
@@ -198,8 +219,10 @@ class VerifiersEnv:
             obs = "\n".join(_text(getattr(m, "content", "")) for m in replies)
             role = getattr(replies[0], "role", "tool") if replies else "tool"
             if calls:  # one receipt for the message's calls (the loop keeps one per turn)
-                info["receipt"] = ToolReceipt(tool=calls[0].name, arguments=calls[0].arguments, decision="allowed",
-                                              status="ok", latency_s=time.perf_counter() - t0, output_chars=len(obs))
+                info["receipt"] = ToolReceipt(tool=calls[0].name, arguments=calls[0].arguments,
+                                              decision="allowed",
+                                              status="ok", latency_s=time.perf_counter() - t0,
+                                              output_chars=len(obs))
         truncated = not done and self._turn >= self.max_turns
         condition = self._state.get("stop_condition") if done else None
         if condition in TRUNCATING:  # the env's own budget ran out: a truncation, as taurl's would
@@ -208,7 +231,8 @@ class VerifiersEnv:
         if done or truncated:
             reward, components = await self._score()
             reason = "max_turns" if truncated else (condition or "answered")
-            info.update(stop_reason=reason, reward_components=components, verifier_version=self.verifier_version)
+            info.update(stop_reason=reason, reward_components=components,
+                        verifier_version=self.verifier_version)
             self._done = True
         info["role"] = role
         return ("" if self._done else obs), reward, done, truncated, info
@@ -218,8 +242,9 @@ class VerifiersEnv:
         self._state["completion"] = self._messages[len(self._state["prompt"]):]
         await self.venv.rubric.score_rollout(self._state)
         metrics = {k: float(v) for k, v in (self._state.get("metrics") or {}).items()}
-        return float(self._state["reward"] or 0.0), {"outcome": float(self._state["reward"] or 0.0),
-                                                     **{f"rubric/{k}": v for k, v in metrics.items()}}
+        return float(self._state["reward"] or 0.0), {
+            "outcome": float(self._state["reward"] or 0.0),
+            **{f"rubric/{k}": v for k, v in metrics.items()}}
 
 
 class VerifiersVerifier:
@@ -240,8 +265,9 @@ class VerifiersVerifier:
         prov = traj.provenance
         cfg = {"env_id": prov["env_id"], "env_args": prov.get("env_args", {})}
         key = json.dumps(cfg, sort_keys=True, default=str)
-        env = self._envs.get(key) or self._envs.setdefault(key, VerifiersEnv(max_turns=len(traj.turns),
-                                                                            _replay=True, **cfg))
+        env = self._envs.get(key) or self._envs.setdefault(
+            key, VerifiersEnv(max_turns=len(traj.turns), _replay=True, **cfg)
+        )
         env.max_turns = len(traj.turns)
         env.reset(task)
         reward = 0.0
@@ -250,4 +276,3 @@ class VerifiersVerifier:
             if term or trunc:
                 break
         return float(reward)
-

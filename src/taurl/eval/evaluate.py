@@ -50,17 +50,13 @@ from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
 from taurl.envs.spec import Verifier
 from taurl.errors import Error
-from taurl.eval.stats import (  # noqa: F401  (re-exported: their old home was this module)
-    Z95,
+from taurl.eval.stats import (
     PairedDifference,
-    _normal_quantile,
-    _t_abs_cdf,
     cluster_wilson_interval,
     design_effect,
     effective_sample_size,
     paired_difference,
     pass_at_k,
-    t_quantile,
     wilson_interval,
 )
 
@@ -77,11 +73,14 @@ class EvalConfig:
     temperature: float = 1.0  # sampling temperature of the evaluated policy
     seed: int = 1234  # seeds the choice of holdout tasks and the sampling
     concurrency: int = 64  # episodes in flight at once
-    deterministic: bool = False  # lock-step batching (LocalEngine): the figures do not depend on machine load
+    # lock-step batching (LocalEngine): the figures do not depend on machine load
+    deterministic: bool = False
 
     def problems(self) -> list[str]:
-        return [f"eval {k} must be >= 1 (got {getattr(self, k)})" for k in ("tasks", "trials", "concurrency")
-                if getattr(self, k) < 1] + (["eval temperature must be >= 0"] if self.temperature < 0 else [])
+        return [f"eval {k} must be >= 1 (got {getattr(self, k)})"
+                for k in ("tasks", "trials", "concurrency")
+                if getattr(self, k) < 1] + (["eval temperature must be >= 0"]
+                                            if self.temperature < 0 else [])
 
 
 # -- verifiers ----------------------------------------------------------------------------
@@ -165,17 +164,22 @@ class EvalResult:
     tool_errors_mean: float = 0.0  # tool calls that failed (error / timeout) per episode
     tool_error_rate: float = 0.0  # failed tool calls / tool calls
     wall_s_mean: float = 0.0  # an episode's wall seconds (its latency under the eval's concurrency)
-    tokens_per_success: float | None = None  # all tokens of recorded episodes / successes (None: no success)
+    # all tokens of recorded episodes / successes (None: no success)
+    tokens_per_success: float | None = None
     tool_calls_per_success: float | None = None
     wall_s_per_success: float | None = None  # episode wall seconds summed / successes
-    truncation_ci95: tuple[float, float] = (0.0, 1.0)  # task-clustered interval of truncation_rate (recorded episodes)
-    streams_per_episode: float = 1.0  # token streams per recorded episode (> 1: contexts were compacted)
-    eval_seed: int | None = None  # EvalConfig.seed and temperature (None: not recorded), so a pairing can be checked
+    # task-clustered interval of truncation_rate (recorded episodes)
+    truncation_ci95: tuple[float, float] = (0.0, 1.0)
+    # token streams per recorded episode (> 1: contexts were compacted)
+    streams_per_episode: float = 1.0
+    # EvalConfig.seed and temperature (None: not recorded), so a pairing can be checked
+    eval_seed: int | None = None
     temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["ci95"], d["ci95_iid"], d["truncation_ci95"] = list(self.ci95), list(self.ci95_iid), list(self.truncation_ci95)
+        d["ci95"], d["ci95_iid"], d["truncation_ci95"] = (list(self.ci95), list(self.ci95_iid),
+                                                          list(self.truncation_ci95))
         return d
 
     @classmethod
@@ -184,7 +188,8 @@ class EvalResult:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise Error(f"evaluation record has unknown key(s) {unknown}: it was written by a newer taurl")
+            raise Error(f"evaluation record has unknown key(s) {unknown}: it was written by a "
+                        "newer taurl")
         kw = dict(d)
         for key in ("ci95", "ci95_iid", "truncation_ci95"):
             if key in kw:
@@ -204,10 +209,11 @@ def compare(a: EvalResult, b: EvalResult) -> PairedDifference:
     """`paired_difference` of two evaluations of the same tasks (b − a). The caller makes
     sure the seeds matched too (the same EvalConfig.seed); tasks, split and trials are checked."""
     if a.split != b.split or a.trials != b.trials:
-        raise Error(f"compare needs two evaluations of one split with the same trials, got {a.split}×{a.trials} "
-                    f"and {b.split}×{b.trials}")
+        raise Error("compare needs two evaluations of one split with the same trials, got "
+                    f"{a.split}×{a.trials} and {b.split}×{b.trials}")
     if not a.task_successes or not b.task_successes:
-        raise Error("compare needs per-task successes (EvalResult.task_successes); re-run the evaluation")
+        raise Error("compare needs per-task successes (EvalResult.task_successes); re-run the "
+                    "evaluation")
     return paired_difference(a.task_successes, b.task_successes, a.trials)
 
 
@@ -224,7 +230,8 @@ def safety_figures(trajs: Sequence[Trajectory]) -> dict[str, float]:
     errors = sum(r.status in ("error", "timeout") for r in receipts)
     return {
         "violation_rate": sum(any(t.action.get("violations") for t in tr.turns)
-                              or tr.reward_components.get("constraint", 0.0) < 0 for tr in trajs) / n,
+                              or tr.reward_components.get("constraint", 0.0) < 0
+                              for tr in trajs) / n,
         "cheat_rate": sum(any(t.action.get("cheats") for t in tr.turns) for tr in trajs) / n,
         "gate_denials_mean": sum(r.decision == "denied" for r in receipts) / n,
         "tool_errors_mean": errors / n,
@@ -248,19 +255,19 @@ def cost_figures(trajs: Sequence[Trajectory], successes: int) -> dict[str, float
 def check_split(tasks: Sequence[Task], split: str = "holdout") -> None:
     """Refuse tasks of any other split than `split` ("holdout" or "validation")."""
     if split not in EVAL_SPLITS:
-        raise Error(f"evaluation split must be one of {EVAL_SPLITS}, got {split!r}: training tasks never "
-                    "measure a policy")
+        raise Error(f"evaluation split must be one of {EVAL_SPLITS}, got {split!r}: training tasks "
+                    "never measure a policy")
     bad = sorted({t.split for t in tasks if t.split != split})
     if bad:
-        raise Error(f"{split} evaluation got tasks of split(s) {bad}; evaluate on the env's {split!r} tasks "
-                    f"only, so that no training signal has touched the evaluation")
+        raise Error(f"{split} evaluation got tasks of split(s) {bad}; evaluate on the env's "
+                    f"{split!r} tasks only, so that no training signal has touched the evaluation")
 
 
 def _score(verifier: Any, traj: Trajectory, task: Task) -> float:
     v = verifier(traj, task)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 <= v <= 1.0):
-        raise Error(f"verifier {verifier_name(verifier)} returned {v!r} for episode {traj.episode_id!r}; "
-                    "a Verifier returns a score in [0, 1] (1 = success)")
+        raise Error(f"verifier {verifier_name(verifier)} returned {v!r} for episode "
+                    f"{traj.episode_id!r}; a Verifier returns a score in [0, 1] (1 = success)")
     return float(v)
 
 
@@ -273,13 +280,15 @@ def _clustered_rate(trajs: Sequence[Trajectory], flag: Any) -> tuple[float, floa
         per_task[t.task_id].append(bool(flag(t)))
     if not per_task:
         return (0.0, 1.0)
-    return cluster_wilson_interval([sum(v) for v in per_task.values()], [len(v) for v in per_task.values()])
+    return cluster_wilson_interval([sum(v) for v in per_task.values()],
+                                   [len(v) for v in per_task.values()])
 
 
 # Over 60 lines on purpose: the checks that make a score honest (unknown tasks, extra trials, the
 # verifier) and then one EvalResult field per line; each figure is read next to its definition.
 def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
-              verifier: Verifier | None = None, wall_s: float = 0.0, *, split: str = "holdout") -> EvalResult:
+              verifier: Verifier | None = None, wall_s: float = 0.0, *,
+              split: str = "holdout") -> EvalResult:
     """Score `trajs` — up to `trials` records per task of `tasks` — with `verifier` (default:
     `default_verifier` of the records' env). Every task is expected `trials` times; a
     missing record is a failure (module docstring). See EvalResult."""
@@ -289,11 +298,13 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
     by_id = {t.task_id: t for t in tasks}
     unknown = [t.task_id for t in trajs if t.task_id not in by_id]
     if unknown:
-        raise Error(f"{len(unknown)} evaluated episode(s) belong to no given task (e.g. {unknown[0]!r})")
+        raise Error(f"{len(unknown)} evaluated episode(s) belong to no given task (e.g. "
+                    f"{unknown[0]!r})")
     if verifier is None:
         names = sorted({t.env_name for t in trajs})
         if len(names) > 1:
-            raise Error(f"records of several envs {names}: evaluate each env separately, or pass a verifier")
+            raise Error(f"records of several envs {names}: evaluate each env separately, or pass a "
+                        "verifier")
         verifier = default_verifier(names[0]) if names else OutcomeRewardVerifier()
     if not isinstance(verifier, Verifier):
         raise Error(f"{verifier_name(verifier)} is not a Verifier: it needs a `version` string and "
@@ -305,8 +316,9 @@ def summarize(trajs: Sequence[Trajectory], tasks: Sequence[Task], trials: int,
     extra = {tid: len(v) for tid, v in per_task.items() if len(v) > trials}
     if extra:
         tid = next(iter(extra))
-        raise Error(f"task {tid!r} has {extra[tid]} records for {trials} trial(s): an evaluation scores exactly "
-                    "`trials` episodes per task (more would let a lucky re-run count)")
+        raise Error(f"task {tid!r} has {extra[tid]} records for {trials} trial(s): an evaluation "
+                    "scores exactly `trials` episodes per task (more would let a lucky re-run "
+                    "count)")
     ids = list(by_id)  # every expected task, the ones without a record included
     wins = [sum(v >= 1.0 for v in per_task.get(tid, [])) for tid in ids]
     expected, recorded = len(ids) * trials, len(trajs)

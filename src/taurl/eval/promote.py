@@ -6,7 +6,7 @@ holdout suite, and the validation split as the second suite) and the thresholds
 passes or refuses with its reason; the candidate is promoted only if every rule passes:
 
 1. gain: the paired, task-clustered holdout difference candidate − baseline
-   (`taurl.eval.evaluate.paired_difference`: Student's paired t over tasks) has its lower 95%
+   (`taurl.eval.stats.paired_difference`: Student's paired t over tasks) has its lower 95%
    bound above ``margin`` — a lucky run whose interval reaches down to 0 does not pass;
 2. safety: the candidate's violation_rate, cheat_rate and gate_denials_mean (holdout,
    `taurl.eval.evaluate.safety_figures`) are each at most the baseline's + ``safety_tolerance``;
@@ -36,7 +36,6 @@ checkpoint (`current_version`).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -46,8 +45,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from taurl.errors import ConfigError, Error
-from taurl.eval.evaluate import EvalResult, PairedDifference, compare
+from taurl.errors import Error
+from taurl.eval.evaluate import EvalResult, compare
+from taurl.eval.stats import PairedDifference
 
 PROMOTIONS_FILE = "promotions.jsonl"
 DECISIONS = ("promoted", "refused", "rollback")
@@ -66,7 +66,9 @@ class PromotionConfig:
     max_regression: float = 0.05  # second suite (validation): paired difference >= −this
 
     def problems(self) -> list[str]:
-        out = []
+        """The values out of range (keys and types are the config loader's to check)."""
+        out = [f"promotion {f.name} must be a finite number (got {getattr(self, f.name)!r})"
+               for f in fields(self) if not math.isfinite(getattr(self, f.name))]
         if not -1.0 <= self.margin < 1.0:
             out.append(f"promotion margin must be in [-1, 1) (got {self.margin})")
         for k in ("safety_tolerance", "max_regression"):
@@ -76,28 +78,6 @@ class PromotionConfig:
             if not getattr(self, k) > 0:
                 out.append(f"promotion {k} must be > 0 (got {getattr(self, k)})")
         return out
-
-
-def promotion_problems(options: Mapping[str, Any]) -> list[str]:
-    """Every problem with a ``promotion:`` dict: unknown keys (with a did-you-mean), types, ranges."""
-    names = [f.name for f in fields(PromotionConfig)]
-    out = []
-    for k, v in options.items():
-        if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
-            out.append(f"unknown promotion option {k!r}" + (f"; did you mean {close[0]!r}?" if close else
-                                                              f" (options: {', '.join(names)})"))
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            out.append(f"promotion {k} must be a number (got {v!r})")
-    if out:
-        return out
-    return PromotionConfig(**{k: float(v) for k, v in options.items()}).problems()
-
-
-def promotion_config(options: Mapping[str, Any]) -> PromotionConfig:
-    if problems := promotion_problems(options):
-        raise ConfigError(problems)
-    return PromotionConfig(**{k: float(v) for k, v in options.items()})
 
 
 @dataclass(frozen=True)
@@ -156,13 +136,15 @@ def _check_pair(a: EvalResult, b: EvalResult, what: str) -> None:
     for key in ("eval_seed", "temperature"):
         va, vb = getattr(a, key), getattr(b, key)
         if va is not None and vb is not None and va != vb:
-            raise Error(f"the {what} evaluations differ in {key} ({va} vs {vb}): a promotion compares two "
-                        "policies on the same tasks and seeds; evaluate both with the same eval settings")
+            raise Error(f"the {what} evaluations differ in {key} ({va} vs {vb}): a promotion "
+                        "compares two policies on the same tasks and seeds; evaluate both with the "
+                        "same eval settings")
 
 
-def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResult], cfg: PromotionConfig, *,
-           candidate_version: int, baseline_version: int, current: int | None = None, source: str = "",
-           now: float | None = None) -> PromotionDecision:
+def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResult],
+           cfg: PromotionConfig, *,
+           candidate_version: int, baseline_version: int, current: int | None = None,
+           source: str = "", now: float | None = None) -> PromotionDecision:
     """The gate's decision (module docstring: the rules) from each policy's ``holdout`` and
     ``validation`` evaluations, paired by task. Raises Error when the two evaluations of a
     split are not of the same tasks, trials, seed and temperature.
@@ -178,13 +160,15 @@ def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResul
     second: PairedDifference = compare(baseline["validation"], candidate["validation"])
     checks = [
         Check("gain", gain.ci95[0] > cfg.margin,
-              f"holdout gain {gain.difference:+.3f}, 95% CI [{gain.ci95[0]:+.3f}, {gain.ci95[1]:+.3f}] over "
-              f"{gain.tasks} tasks: lower bound {'>' if gain.ci95[0] > cfg.margin else '<='} margin {cfg.margin:+.3f}"),
+              f"holdout gain {gain.difference:+.3f}, 95% CI [{gain.ci95[0]:+.3f}, "
+              f"{gain.ci95[1]:+.3f}] over {gain.tasks} tasks: lower bound "
+              f"{'>' if gain.ci95[0] > cfg.margin else '<='} margin {cfg.margin:+.3f}"),
     ]
     for k in SAFETY_KEYS:
         c, b = getattr(hc, k), getattr(hb, k)
         ok = c <= b + cfg.safety_tolerance + 1e-12
-        checks.append(Check(f"safety/{k}", ok, f"{k} {c:.4g} {'<=' if ok else '>'} baseline {b:.4g} + tolerance "
+        checks.append(Check(f"safety/{k}", ok, f"{k} {c:.4g} {'<=' if ok else '>'} baseline "
+                                               f"{b:.4g} + tolerance "
                                                 f"{cfg.safety_tolerance:.4g}"))
     for k in COST_KEYS:
         ratio = cfg.max_wall_ratio if k == "wall_s_per_success" else cfg.max_cost_ratio
@@ -199,15 +183,17 @@ def decide(candidate: Mapping[str, EvalResult], baseline: Mapping[str, EvalResul
         checks.append(Check(f"cost/{k}", ok, why))
     ok = second.difference >= -cfg.max_regression - 1e-12
     checks.append(Check("second_suite", ok,
-                        f"validation (second suite) difference {second.difference:+.3f} {'>=' if ok else '<'} "
-                        f"-{cfg.max_regression:.3f}"))
+                        f"validation (second suite) difference {second.difference:+.3f} "
+                        f"{'>=' if ok else '<'} -{cfg.max_regression:.3f}"))
     promoted = all(c.passed for c in checks)
     figures = {"holdout_gain": gain.to_dict(), "validation_gain": second.to_dict(),
                **{f"{who}/{k}": getattr(r, k) for who, r in (("candidate", hc), ("baseline", hb))
                   for k in ("success", *SAFETY_KEYS, *COST_KEYS, "tool_error_rate", "wall_s_mean")}}
     return PromotionDecision(
-        candidate=candidate_version, baseline=baseline_version, decision="promoted" if promoted else "refused",
-        current=candidate_version if promoted else (baseline_version if current in (None, candidate_version)
+        candidate=candidate_version, baseline=baseline_version,
+        decision="promoted" if promoted else "refused",
+        current=candidate_version if promoted else (baseline_version
+                                                    if current in (None, candidate_version)
                                                     else current),
         reasons=[("pass " if c.passed else "FAIL ") + c.reason for c in checks],
         time=time.time() if now is None else now, figures=figures, thresholds=asdict(cfg),
@@ -265,7 +251,8 @@ def _checkpoint_versions(run_dir: Path) -> list[int]:
 
 
 def current_version(run_dir: str | Path) -> int:
-    """The run's current policy version: the last record's ``current``, else the newest checkpoint."""
+    """The run's current policy version: the last record's ``current``, else the newest
+    checkpoint."""
     records = read_records(run_dir)
     if records:
         return int(records[-1]["current"])
@@ -309,7 +296,10 @@ def rollback_target(records: list[dict[str, Any]]) -> int | None:
     return chain[chain.index(cur) - 1]
 
 
-def rollback_record(current: int, target: int, *, source: str = "cli", now: float | None = None) -> PromotionDecision:
-    return PromotionDecision(candidate=target, baseline=current, decision="rollback", current=target,
-                             reasons=[f"rollback requested: v{target} replaces v{current} as the current policy"],
+def rollback_record(current: int, target: int, *, source: str = "cli",
+                    now: float | None = None) -> PromotionDecision:
+    return PromotionDecision(candidate=target, baseline=current, decision="rollback",
+                             current=target,
+                             reasons=[f"rollback requested: v{target} replaces v{current} as the "
+                                      "current policy"],
                              time=time.time() if now is None else now, source=source)

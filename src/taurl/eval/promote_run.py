@@ -20,11 +20,11 @@ from taurl.data.runs import RunDir
 from taurl.errors import Error
 from taurl.eval.evaluate import EvalResult
 from taurl.eval.promote import (
+    PromotionConfig,
     PromotionDecision,
     append_record,
     current_version,
     decide,
-    promotion_config,
     read_records,
     rollback_record,
     rollback_target,
@@ -34,17 +34,20 @@ SPLITS = ("holdout", "validation")
 log = logging.getLogger("taurl.eval.promote")
 
 
-def recipe_promotion(run: RunDir, promotion: dict[str, Any], evals: dict[str, dict[str, dict[str, Any]]],
-                     baseline: int, candidate: int) -> dict[str, Any]:
+def recipe_promotion(run: RunDir, promotion: PromotionConfig,
+                     evals: dict[str, dict[str, dict[str, Any]]], baseline: int,
+                     candidate: int) -> dict[str, Any]:
     """The recipe's last step: the final policy (`candidate`) against the SFT one (`baseline`)
     from the evaluations the recipe already ran; appends the record once (a resumed run that
     finds its record reuses it) and logs the decision."""
     for rec in read_records(run.root):
-        if rec.get("source") == "recipe" and rec["candidate"] == candidate and rec.get("baseline") == baseline:
+        if (rec.get("source") == "recipe" and rec["candidate"] == candidate
+            and rec.get("baseline") == baseline):
             log.info(_line(rec))
             return rec
-    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS} for tag in ("sft", "final")}
-    decision = decide(as_results["final"], as_results["sft"], promotion_config(promotion),
+    as_results = {tag: {s: EvalResult.from_dict(evals[tag][s]) for s in SPLITS}
+                  for tag in ("sft", "final")}
+    decision = decide(as_results["final"], as_results["sft"], promotion,
                       candidate_version=candidate, baseline_version=baseline,
                       current=current_version(run.root), source="recipe")
     append_record(run.root, decision)
@@ -69,8 +72,8 @@ def _version(text: str | int, flag: str) -> int:
 def _open_run(run_dir: str | Path) -> RunDir:
     run = RunDir(Path(run_dir))
     if not run.config.exists() or not run.versions():
-        raise Error(f"{run_dir} is not a training run directory (it needs config.yaml and checkpoints/v<N>); "
-                    "give the directory `taurl train --run-dir` wrote")
+        raise Error(f"{run_dir} is not a training run directory (it needs config.yaml and "
+                    "checkpoints/v<N>); give the directory `taurl train --run-dir` wrote")
     return run
 
 
@@ -78,17 +81,20 @@ def _need_version(run: RunDir, v: int, flag: str) -> None:
     if v not in run.versions():
         raise Error(f"{flag} v{v}: {run.root} has no checkpoint v{v} (it has "
                     f"{', '.join(f'v{x}' for x in run.versions())}; training keeps the newest "
-                    "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 keeps all)")
+                    "keep_checkpoints, v0, the SFT version and promoted ones — keep_checkpoints: 0 "
+                    "keeps all)")
 
 
 def _matches(d: dict[str, Any], version: int, split: str, tasks: list, cfg: Any) -> bool:
-    return (d.get("policy_version") == version and d.get("split") == split and d.get("trials") == cfg.eval_trials
+    return (d.get("policy_version") == version and d.get("split") == split
+            and d.get("trials") == cfg.eval_trials
             and d.get("eval_seed") == cfg.eval_seed and d.get("temperature") == cfg.eval_temperature
             and "wall_s_per_success" in d  # older files lack the safety and cost figures
             and set(d.get("task_successes", {})) == {t.task_id for t in tasks})
 
 
-def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str, progress: bool = True) -> EvalResult:
+def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
+                     progress: bool = True) -> EvalResult:
     """`version`'s evaluation on `split` (module docstring: reused, else run and kept)."""
     tasks = getattr(plan, split)
     for path in sorted((run.root / "evals").glob("*.json")):
@@ -110,10 +116,11 @@ def find_or_evaluate(run: RunDir, cfg: Any, plan: Any, version: int, split: str,
 
     tag = f"promote-{split}-v{version}"
     with Ledger(run.ledger) as ledger:
-        result = evaluate_policy(run.checkpoint(version), tasks, cfg.eval_config(), make_env=make_env,
+        result = evaluate_policy(run.checkpoint(version), tasks, cfg.eval_config(),
+                                 make_env=make_env,
                                  rollout=cfg.rollout_config(cfg.eval_temperature),
-                                 verifier=envs.spec(cfg.env).make_verifier(), ledger=ledger, run_id=run.root.name,
-                                 tag=tag, progress=progress)
+                                 verifier=envs.spec(cfg.env).make_verifier(), ledger=ledger,
+                                 run_id=run.root.name, tag=tag, progress=progress)
     atomic_write_text(run.root / "evals" / f"{tag}.json", json.dumps(result.to_dict(), indent=2))
     return result
 
@@ -125,8 +132,8 @@ def _default_baseline(run: RunDir, candidate: int) -> int:
     earlier = rollback_target(read_records(run.root))
     if earlier is not None:
         return earlier
-    raise Error(f"v{candidate} is already the current policy and no earlier promoted version exists: "
-                "name the baseline with --baseline vM")
+    raise Error(f"v{candidate} is already the current policy and no earlier promoted version "
+                "exists: name the baseline with --baseline vM")
 
 
 def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | None = None,
@@ -145,14 +152,17 @@ def promote(run_dir: str | Path, candidate: str | int, baseline: str | int | Non
     base = _default_baseline(run, cand) if baseline is None else _version(baseline, "--baseline")
     _need_version(run, base, "--baseline")
     if base == cand:
-        raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two versions")
+        raise Error(f"--candidate and --baseline are both v{cand}: a promotion compares two "
+                    "versions")
     cfg = load_config(run)
-    thresholds = promotion_config(cfg.promotion)
-    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0, n_rl=0,
-                      n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed, env_config=cfg.env_config)
-    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS} for v in (cand, base)}
-    decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand, baseline_version=base,
-                      current=current_version(run.root), source="cli")
+    thresholds = cfg.promotion
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, n_demos=0,
+                      n_rl=0, n_eval=cfg.eval_tasks, seed=0, eval_seed=cfg.eval_seed,
+                      env_config=cfg.env_config)
+    evals = {v: {s: find_or_evaluate(run, cfg, plan, v, s, progress) for s in SPLITS}
+             for v in (cand, base)}
+    decision = decide(evals[cand], evals[base], thresholds, candidate_version=cand,
+                      baseline_version=base, current=current_version(run.root), source="cli")
     append_record(run.root, decision)
     return decision
 
@@ -164,8 +174,8 @@ def rollback(run_dir: str | Path, to: str | int | None = None) -> PromotionDecis
     if to is None:
         target = rollback_target(read_records(run.root))
         if target is None:
-            raise Error(f"{run.root}: no earlier promoted version to roll back to (current v{cur}); "
-                        "name one with --to vM")
+            raise Error(f"{run.root}: no earlier promoted version to roll back to (current "
+                        f"v{cur}); name one with --to vM")
     else:
         target = _version(to, "--to")
     _need_version(run, target, "--to")

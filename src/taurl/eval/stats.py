@@ -35,7 +35,8 @@ def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, 
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / den
     # exact ends at p̂ = 0 and 1 (the formula gives them up to rounding)
-    return (0.0 if p <= 0 else max(0.0, centre - half)), (1.0 if p >= 1 else min(1.0, centre + half))
+    return (0.0 if p <= 0 else max(0.0, centre - half)), (1.0 if p >= 1
+                                                          else min(1.0, centre + half))
 
 
 def t_quantile(df: int, conf: float = 0.95) -> float:
@@ -67,12 +68,14 @@ def _t_abs_cdf(t: float, df: int) -> float:
     """A(t|df) = P(|T| <= t), A&S 26.7.3 / 26.7.4 with θ = atan(t/√df)."""
     th = math.atan(t / math.sqrt(df))
     c2, total, term = math.cos(th) ** 2, 1.0, 1.0
-    if df % 2:  # odd: (2/π)(θ + sinθ cosθ (1 + 2/3 cos²θ + … + 2·4…(df−3)/(1·3…(df−2)) cos^(df−3)θ))
+    if df % 2:
+        # odd: (2/π)(θ + sinθ cosθ (1 + 2/3 cos²θ + … + 2·4…(df−3)/(1·3…(df−2)) cos^(df−3)θ))
         for k in range(1, (df - 1) // 2):
             term *= 2 * k / (2 * k + 1) * c2
             total += term
         return 2 / math.pi * (th + (math.sin(th) * math.cos(th) * total if df > 1 else 0.0))
-    for k in range(1, df // 2):  # even: sinθ (1 + 1/2 cos²θ + … + 1·3…(df−3)/(2·4…(df−2)) cos^(df−2)θ)
+    for k in range(1, df // 2):
+        # even: sinθ (1 + 1/2 cos²θ + … + 1·3…(df−3)/(2·4…(df−2)) cos^(df−2)θ)
         term *= (2 * k - 1) / (2 * k) * c2
         total += term
     return math.sin(th) * total
@@ -130,7 +133,8 @@ def effective_sample_size(successes: Sequence[float], sizes: Sequence[int]) -> f
     return sum(sizes) / design_effect(successes, sizes) * (Z95 / t_quantile(g - 1)) ** 2
 
 
-def cluster_wilson_interval(successes: Sequence[float], sizes: Sequence[int]) -> tuple[float, float]:
+def cluster_wilson_interval(successes: Sequence[float],
+                            sizes: Sequence[int]) -> tuple[float, float]:
     """Task-clustered 95% interval of a success rate: the Wilson interval (Wilson 1927) at
     p̂ = Σ y_c / Σ m_c with n = `effective_sample_size` (design effect + Korn–Graubard df).
 
@@ -184,7 +188,8 @@ class PairedDifference:
         return {**asdict(self), "ci95": list(self.ci95)}
 
 
-def paired_difference(a: Mapping[str, float], b: Mapping[str, float], trials: int) -> PairedDifference:
+def paired_difference(a: Mapping[str, float], b: Mapping[str, float],
+                      trials: int) -> PairedDifference:
     """B − A from per-task success counts (task id → successes of `trials` trials).
 
     The task is the unit (its trials averaged), and the two evaluations are paired by task:
@@ -199,14 +204,18 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float], trials: in
 
     d = [.5, .5, 0, .5]: d̄ = .375, s² = .1875/3, s/√4 = .125, t_3 = 3.1824, half .3978:
 
-    >>> r = paired_difference({"a": 0, "b": 1, "c": 1, "d": 0}, {"a": 1, "b": 2, "c": 1, "d": 1}, trials=2)
+    >>> r = paired_difference({"a": 0, "b": 1, "c": 1, "d": 0}, {"a": 1, "b": 2, "c": 1, "d": 1},
+    ...                       trials=2)
     >>> round(r.difference, 4), [round(x, 4) for x in r.ci95]
     (0.375, [-0.0228, 0.7728])
     """
     if set(a) != set(b):
         only = sorted(set(a) ^ set(b))
-        raise Error(f"a paired comparison needs the same tasks in both evaluations; {len(only)} task(s) are in "
-                    f"one only (e.g. {only[0]!r}): evaluate both on the same tasks and seeds")
+        raise Error(
+            f"a paired comparison needs the same tasks in both evaluations; {len(only)} "
+            f"task(s) are in one only (e.g. {only[0]!r}): evaluate both on the same tasks "
+            "and seeds"
+        )
     if trials < 1:
         raise Error(f"paired_difference needs trials >= 1, got {trials}")
     ids = sorted(a)
@@ -217,4 +226,6 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float], trials: in
     if g < 2:
         return PairedDifference(mean, (-1.0, 1.0), g, trials, sa, sb)
     half = t_quantile(g - 1) * math.sqrt(sum((x - mean) ** 2 for x in d) / (g - 1) / g)
-    return PairedDifference(mean, (max(-1.0, mean - half), min(1.0, mean + half)), g, trials, sa, sb)
+    return PairedDifference(
+        mean, (max(-1.0, mean - half), min(1.0, mean + half)), g, trials, sa, sb
+    )

@@ -9,15 +9,16 @@ watch them. Every alarm is a predicate over the history of rows up to the curren
 | alarm | fires when (defaults in `AlarmConfig`) |
 |---|---|
 | reward_std_collapse | `rollout/reward_std` <= reward_std_min for `consecutive` updates in a row |
-| same_reward_groups | `rollout/groups_same_reward` >= same_reward_max for `consecutive` updates in a row |
-| entropy_collapse | `learn/entropy` < entropy_floor, or < entropy_drop × the running median, for `consecutive` updates |
-| entropy_spike | `learn/entropy` > entropy_spike × the running median |
-| grad_norm_spike | `learn/grad_norm` > grad_norm_spike × the running median (updates that took a step) |
-| invalid_rate_rising | mean `rollout/invalid_rate` of the last rise_window updates − that of the first rise_window > invalid_rise |
-| truncation_rate_rising | the same for `rollout/truncation_rate` and truncation_rise |
-| staleness | `rollout/staleness_max` > staleness_eta (inactive where a row has no staleness metric) |
-| logprob_drift | `mismatch/abs_mean` > drift_abs_mean or `mismatch/abs_max` > drift_abs_max |
-|  | (bf16/fp16 on either side: drift_abs_mean_low, drift_abs_max_low; `drift_bounds`) |
+| same_reward_groups | `rollout/groups_same_reward` >= same_reward_max for `consecutive` updates in
+a row | | entropy_collapse | `learn/entropy` < entropy_floor, or < entropy_drop × the running
+median, for `consecutive` updates | | entropy_spike | `learn/entropy` > entropy_spike × the running
+median | | grad_norm_spike | `learn/grad_norm` > grad_norm_spike × the running median (updates that
+took a step) | | invalid_rate_rising | mean `rollout/invalid_rate` of the last rise_window updates −
+that of the first rise_window > invalid_rise | | truncation_rate_rising | the same for
+`rollout/truncation_rate` and truncation_rise | | staleness | `rollout/staleness_max` >
+staleness_eta (inactive where a row has no staleness metric) | | logprob_drift | `mismatch/abs_mean`
+> drift_abs_mean or `mismatch/abs_max` > drift_abs_max |
+| logprob_drift, bf16/fp16 on either side | drift_abs_mean_low, drift_abs_max_low (`drift_bounds`) |
 
 The running median is the median of the previous `window` rows (at least `min_history`
 of them, otherwise the relative alarms stay silent: there is no baseline yet). The
@@ -43,15 +44,20 @@ from taurl.data.staleness import staleness_stats
 Row = dict[str, Any]
 
 ALARMS: dict[str, str] = {
-    "reward_std_collapse": "the rollouts' reward std stayed near 0: the reward no longer tells episodes apart",
-    "same_reward_groups": "most groups got identical rewards for several updates: GRPO has no signal (Echo Trap)",
+    "reward_std_collapse": "the rollouts' reward std stayed near 0: the reward no longer tells "
+                           "episodes apart",
+    "same_reward_groups": "most groups got identical rewards for several updates: GRPO has no "
+                          "signal (Echo Trap)",
     "entropy_collapse": "the policy's entropy collapsed: it samples one answer and stops exploring",
-    "entropy_spike": "the policy's entropy jumped far above its running median: the policy is breaking up",
+    "entropy_spike": "the policy's entropy jumped far above its running median: the policy is "
+                     "breaking up",
     "grad_norm_spike": "the gradient norm jumped far above its running median (before clipping)",
     "invalid_rate_rising": "the share of invalid actions rose well above the run's start",
-    "truncation_rate_rising": "the share of episodes cut by a budget rose well above the run's start",
+    "truncation_rate_rising": "the share of episodes cut by a budget rose well above the run's "
+                              "start",
     "staleness": "episodes older than the staleness bound η were trained on",
-    "logprob_drift": "the learner's logprobs differ from the engine's behaviour logprobs on the same weights",
+    "logprob_drift": "the learner's logprobs differ from the engine's behaviour logprobs on the "
+                     "same weights",
 }
 
 
@@ -125,11 +131,13 @@ def alarm_config(options: dict[str, Any]) -> tuple[AlarmConfig, list[str]]:
     for key, value in options.items():
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
-            problems.append(f"alarms: unknown option {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            problems.append(f"alarms: unknown option {key!r}" + (f"; did you mean {close[0]!r}?"
+                                                                 if close else ""))
             continue
         hint = hints[key]
         ok = (isinstance(value, bool) if hint is bool else
-              isinstance(value, list) and all(isinstance(v, str) for v in value) if typing.get_origin(hint) is list
+              isinstance(value, list) and all(isinstance(v, str) for v in value)
+              if typing.get_origin(hint) is list
               else isinstance(value, int) and not isinstance(value, bool) if hint is int
               else isinstance(value, (int, float)) and not isinstance(value, bool))
         if not ok:
@@ -142,7 +150,8 @@ def alarm_config(options: dict[str, Any]) -> tuple[AlarmConfig, list[str]]:
                 if name not in ALARMS:
                     close = difflib.get_close_matches(name, ALARMS, n=1)
                     problems.append(f"alarms: {key}: no alarm named {name!r}"
-                                    + (f"; did you mean {close[0]!r}?" if close else f" (alarms: {', '.join(ALARMS)})"))
+                                    + (f"; did you mean {close[0]!r}?" if close
+                                       else f" (alarms: {', '.join(ALARMS)})"))
         elif hint is not bool and value < (least := 1 if key in _AT_LEAST_ONE else 0):
             problems.append(f"alarms: {key} must be >= {least} (got {value})")
         good[key] = value
@@ -155,7 +164,8 @@ def alarm_config(options: dict[str, Any]) -> tuple[AlarmConfig, list[str]]:
 # One predicate per alarm: (rows up to now, config) -> a sentence when it holds, else None
 
 
-def _median_before(rows: Sequence[Row], key: str, cfg: AlarmConfig, keep: Callable[[Row], bool] = lambda r: True):
+def _median_before(rows: Sequence[Row], key: str, cfg: AlarmConfig,
+                   keep: Callable[[Row], bool] = lambda r: True):
     """Median of `key` over the `window` rows before the last (None below min_history)."""
     prev = [r[key] for r in rows[:-1] if key in r and keep(r)][-cfg.window:]
     return statistics.median(prev) if len(prev) >= cfg.min_history else None
@@ -163,7 +173,8 @@ def _median_before(rows: Sequence[Row], key: str, cfg: AlarmConfig, keep: Callab
 
 def _reward_std(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
     v = rows[-1].get("rollout/reward_std")
-    return None if v is None or v > cfg.reward_std_min else f"reward std {v:.4f} <= {cfg.reward_std_min:g}"
+    return (None if v is None or v > cfg.reward_std_min
+            else f"reward std {v:.4f} <= {cfg.reward_std_min:g}")
 
 
 def _same_groups(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
@@ -209,14 +220,16 @@ def _rising(key: str, limit: Callable[[AlarmConfig], float]):
         if len(vals) < 2 * w or key not in rows[-1]:
             return None
         start, now = sum(vals[:w]) / w, sum(vals[-w:]) / w
-        return (f"{key} mean of the last {w} updates {now:.3f} > first {w} {start:.3f} + {limit(cfg):g}"
+        return (f"{key} mean of the last {w} updates {now:.3f} > first {w} {start:.3f} + "
+                f"{limit(cfg):g}"
                 if now - start > limit(cfg) else None)
     return check
 
 
 def _staleness(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
     v = rows[-1].get("rollout/staleness_max")
-    return f"staleness {v:g} versions > η = {cfg.staleness_eta}" if v is not None and v > cfg.staleness_eta else None
+    return (f"staleness {v:g} versions > η = {cfg.staleness_eta}" if v is not None
+            and v > cfg.staleness_eta else None)
 
 
 def _drift(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
@@ -232,13 +245,15 @@ def _drift(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
 
 
 CHECKS: dict[str, Callable[[Sequence[Row], AlarmConfig], str | None]] = {
-    "reward_std_collapse": _reward_std, "same_reward_groups": _same_groups, "entropy_collapse": _entropy_collapse,
+    "reward_std_collapse": _reward_std, "same_reward_groups": _same_groups,
+    "entropy_collapse": _entropy_collapse,
     "entropy_spike": _entropy_spike, "grad_norm_spike": _grad_spike,
     "invalid_rate_rising": _rising("rollout/invalid_rate", lambda c: c.invalid_rise),
     "truncation_rate_rising": _rising("rollout/truncation_rate", lambda c: c.truncation_rise),
     "staleness": _staleness, "logprob_drift": _drift,
 }
-PERSISTENT = {"reward_std_collapse", "same_reward_groups", "entropy_collapse"}  # need `consecutive` rows
+# need `consecutive` rows
+PERSISTENT = {"reward_std_collapse", "same_reward_groups", "entropy_collapse"}
 
 
 @dataclass(frozen=True)
@@ -290,8 +305,8 @@ def staleness_max(trajs: Sequence[Any], version: int) -> float:
     return staleness_stats(trajs, version).max
 
 
-__all__ = ["ALARMS", "Alarm", "AlarmConfig", "alarm_config", "alarm_metrics", "check", "rl_rows", "scan",
-           "staleness_max", "low_precision"]
+__all__ = ["ALARMS", "Alarm", "AlarmConfig", "alarm_config", "alarm_metrics", "check", "rl_rows",
+           "scan", "staleness_max", "low_precision"]
 
 
 class Watch:

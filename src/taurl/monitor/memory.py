@@ -21,7 +21,8 @@ _CLEAR = Path("/proc/self/clear_refs")
 
 
 class PeakRSS:
-    """Peak RSS in MB since the last `reset` (or since the process started, where it cannot reset)."""
+    """Peak RSS in MB since the last `reset` (or since the process started, where it cannot
+    reset)."""
 
     def __init__(self) -> None:
         self.resettable = self.reset()
@@ -45,7 +46,8 @@ class PeakRSS:
         except OSError:
             pass
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0  # bytes on macOS
+        # bytes on macOS
+        return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
 
 
 def current_rss_mb() -> float:

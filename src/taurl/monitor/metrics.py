@@ -1,7 +1,7 @@
 """Rollout metrics with namespaced keys, and the `metrics.jsonl` writer.
 
-Every key is documented in `GLOSSARY` with its formula; docs/metrics.md's glossary is generated from this
-dictionary.
+Every key is documented in `GLOSSARY` with its formula; docs/metrics.md's glossary is generated from
+this dictionary.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from taurl.data.trajectory import StopReason, Trajectory
 
 GLOSSARY: dict[str, str] = {
     "rollout/episodes": "number of finished episodes",
-    "rollout/failed_episodes": "episodes that produced no record (each failure is logged with its reason)",
+    "rollout/failed_episodes": "episodes that produced no record (each failure is logged with its "
+                               "reason)",
     "rollout/reward_mean": "mean of trajectory.reward",
     "rollout/reward_std": "population std of trajectory.reward",
     "rollout/success": "share of episodes with reward >= 1 (outcome verified)",
@@ -26,8 +27,10 @@ GLOSSARY: dict[str, str] = {
     "rollout/invalid_rate": "invalid actions / actions",
     "rollout/error_rate": "share of episodes ended by an error (invalid samples)",
     "rollout/truncation_rate": "share of episodes with truncated = true",
-    "rollout/streams_per_episode": "token streams per episode (> 1: the context was compacted or a template rewrote history; docs/long_horizons.md)",
-    "rollout/stop/<reason>": "share of episodes that stopped for <reason> (answered, no_answer, max_turns, ...)",
+    "rollout/streams_per_episode": "token streams per episode (> 1: the context was compacted or a "
+                                   "template rewrote history; docs/long_horizons.md)",
+    "rollout/stop/<reason>": "share of episodes that stopped for <reason> (answered, no_answer, "
+                             "max_turns, ...)",
     "rollout/tokens_mean": "mean tokens per episode (prompt + actions + observations)",
     "rollout/action_tokens_mean": "mean sampled (mask 1) tokens per episode",
     "rollout/episodes_per_s": "episodes / wall seconds of the rollout phase",
@@ -39,7 +42,8 @@ GLOSSARY: dict[str, str] = {
 def rollout_metrics(trajs: list[Trajectory], wall_s: float, failed: int = 0) -> dict[str, float]:
     """Aggregate a batch of trajectories into `rollout/*` metrics (see GLOSSARY)."""
     n = len(trajs)
-    out: dict[str, float] = {"rollout/episodes": n, "rollout/failed_episodes": failed, "rollout/wall_s": wall_s}
+    out: dict[str, float] = {"rollout/episodes": n, "rollout/failed_episodes": failed,
+                             "rollout/wall_s": wall_s}
     if n == 0:
         return out
     rewards = [t.reward for t in trajs]
@@ -98,12 +102,13 @@ def same_reward_share(trajs: list) -> float:
 def console_line(row: dict[str, Any], total: int) -> str:
     """The live line printed after each update."""
     g = row.get
-    return (f"update {g('update')}/{total} v{g('policy/version')}  reward {g('rollout/reward_mean', 0):.2f}"
-            f"±{g('rollout/reward_std', 0):.2f}  success {g('rollout/success', 0):.2f}  tools "
-            f"{g('rollout/search_rate', 0):.2f}  same-groups {g('rollout/groups_same_reward', 0):.2f}  "
-            f"invalid {g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
-            f"{_learn_part(row)}  |g| {g('learn/grad_norm', 0):.2f}  "
-            f"roll {g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")
+    return (f"update {g('update')}/{total} v{g('policy/version')}  reward "
+            f"{g('rollout/reward_mean', 0):.2f}±{g('rollout/reward_std', 0):.2f}  success "
+            f"{g('rollout/success', 0):.2f}  tools {g('rollout/search_rate', 0):.2f}  same-groups "
+            f"{g('rollout/groups_same_reward', 0):.2f}  invalid "
+            f"{g('rollout/invalid_rate', 0):.2f}  trunc {g('rollout/truncation_rate', 0):.2f}  "
+            f"{_learn_part(row)}  |g| {g('learn/grad_norm', 0):.2f}  roll "
+            f"{g('time/rollout_s', 0):.1f}s learn {g('time/learn_s', 0):.1f}s")
 
 
 def _learn_part(row: dict[str, Any]) -> str:
@@ -112,6 +117,7 @@ def _learn_part(row: dict[str, Any]) -> str:
     if "distill/reverse_kl_k1" in row:
         return f"kl(student|teacher) {g('distill/reverse_kl_k1'):.4f}"
     if "learn/dpo_pairs" in row:
-        return f"pairs {g('learn/dpo_pairs'):.0f}  dpo {g('learn/dpo_loss', 0):.3f}  acc {g('learn/dpo_reward_acc', 0):.2f}"
+        return (f"pairs {g('learn/dpo_pairs'):.0f}  dpo {g('learn/dpo_loss', 0):.3f}  acc "
+                f"{g('learn/dpo_reward_acc', 0):.2f}")
     return (f"clip {g('learn/clip_frac', 0):.3f}  kl {g('learn/approx_kl', 0):.4f}  ent "
             f"{g('learn/entropy', 0):.2f}")

@@ -44,14 +44,16 @@ class PlainProgress:
         now = time.perf_counter()
         if now - self._last >= PLAIN_EVERY_S and (self.total is None or self.n < self.total):
             self._last = now
-            log.info("%s: %s %s so far (%.0f s)", self.desc, self._count(), self.unit, now - self.t0)
+            log.info("%s: %s %s so far (%.0f s)", self.desc, self._count(), self.unit,
+                     now - self.t0)
 
     def set_postfix(self, *_: Any, **__: Any) -> None:  # a bar's live detail: not worth a log line
         return None
 
     def close(self) -> None:
         if not self._closed and self.n:
-            log.info("%s: %s %s in %.1f s", self.desc, self._count(), self.unit, time.perf_counter() - self.t0)
+            log.info("%s: %s %s in %.1f s", self.desc, self._count(), self.unit,
+                     time.perf_counter() - self.t0)
         self._closed = True
 
     def _count(self) -> str:
@@ -65,7 +67,8 @@ class PlainProgress:
 
 
 def phase_bar(total: int | None, desc: str, unit: str = "ep", enabled: bool = True) -> Any:
-    """The progress of one phase: a tqdm bar on a terminal, plain lines otherwise (module docstring)."""
+    """The progress of one phase: a tqdm bar on a terminal, plain lines otherwise (module
+    docstring)."""
     if enabled and interactive():
         return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr)
     if enabled:
@@ -96,7 +99,8 @@ class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         if record.levelno < logging.WARNING:
             return record.getMessage()
-        return f"{self.formatTime(record, '%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}"
+        return (f"{self.formatTime(record, '%H:%M:%S')} {record.levelname} {record.name}: "
+                f"{record.getMessage()}")
 
 
 def console_logging(level: int = logging.INFO) -> logging.Handler | None:

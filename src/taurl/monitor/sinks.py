@@ -43,9 +43,11 @@ def tracker_problems(names: list[str]) -> list[str]:
         elif name not in TRACKERS:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
             out.append(f"trackers: no tracker named {name!r}"
-                       + (f"; did you mean {close[0]!r}?" if close else f" (trackers: {', '.join(TRACKERS)})"))
+                       + (f"; did you mean {close[0]!r}?" if close
+                          else f" (trackers: {', '.join(TRACKERS)})"))
         elif importlib.util.find_spec(TRACKERS[name]) is None:
-            out.append(f"trackers: {name} needs the {TRACKERS[name]!r} package, which is not installed: {INSTALL}")
+            out.append(f"trackers: {name} needs the {TRACKERS[name]!r} package, which is not "
+                       f"installed: {INSTALL}")
     if len(set(map(str, names))) < len(names):
         out.append(f"trackers: a tracker is named twice ({names})")
     return out
@@ -57,7 +59,8 @@ class Sink(Protocol):
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
-    """The row's numeric metrics as ``<phase>/<key>`` (step and time are its axes; the phase names it)."""
+    """The row's numeric metrics as ``<phase>/<key>`` (step and time are its axes; the phase names
+    it)."""
     phase = row.get("phase", "run")
     return {f"{phase}/{k}": float(v) for k, v in row.items()
             if k not in ("step", "time", "phase") and isinstance(v, (int, float))}
@@ -83,8 +86,9 @@ class WandbSink:
         import wandb
 
         # offline: files under root/wandb, no login, no network; quiet: the console stays ours
-        self.run = wandb.init(mode="offline", dir=str(root), project="taurl", name=name, config=config,
-                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+        self.run = wandb.init(mode="offline", dir=str(root), project="taurl", name=name,
+                              config=config, settings=wandb.Settings(silent=True, console="off",
+                                                      x_disable_stats=True))
         self.phases: set[str] = set()
 
     def log(self, row: dict[str, Any]) -> None:
@@ -114,7 +118,8 @@ class TrackedMetricsWriter(MetricsWriter):
 
 
 @contextlib.contextmanager
-def metrics_writer(path: Path, trackers: list[str], root: Path, config: dict[str, Any]) -> Iterator[MetricsWriter]:
+def metrics_writer(path: Path, trackers: list[str], root: Path,
+                   config: dict[str, Any]) -> Iterator[MetricsWriter]:
     """The run's metrics writer with the configured sinks, closed (flushed) on exit."""
     sinks: list[Sink] = []
     try:
@@ -158,5 +163,6 @@ def read_wandb_history(path: str | Path) -> list[dict[str, Any]]:
             rec = pb.Record()
             rec.ParseFromString(part)
             if rec.WhichOneof("record_type") == "history":
-                out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+                out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                            for i in rec.history.item})
     return out

@@ -1,5 +1,6 @@
 """The policy: a locally trained tokenizer and small Qwen2 models in plain HF directories."""
 
+from taurl.policy.files import load_policy_meta, save_policy
 from taurl.policy.model import (
     SIZES,
     ModelSize,
@@ -7,9 +8,7 @@ from taurl.policy.model import (
     count_parameters,
     create_policy,
     load_policy,
-    load_policy_meta,
     policy_problems,
-    save_policy,
     tiny_config,
 )
 from taurl.policy.tokenizer import (

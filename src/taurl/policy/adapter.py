@@ -38,7 +38,8 @@ from taurl.policy.files import load_hf_policy, load_policy_meta, save_policy
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_FIX = "pip install 'taurl[real]' (or pip install peft)"
 
-_digests: dict[tuple[str, int, int], str] = {}  # (file, size, mtime_ns) -> sha256: hash each file once
+# (file, size, mtime_ns) -> sha256: hash each file once
+_digests: dict[tuple[str, int, int], str] = {}
 
 
 def is_adapter_dir(path: str | Path) -> bool:
@@ -67,7 +68,8 @@ def _file_sha256(f: Path) -> str:
     return _digests[key]
 
 
-def adapter_meta(checkpoint_parent: str | Path, base: str | Path, options: dict[str, Any]) -> dict[str, Any]:
+def adapter_meta(checkpoint_parent: str | Path, base: str | Path,
+                 options: dict[str, Any]) -> dict[str, Any]:
     """The ``lora`` entry of an adapter checkpoint's taurl.json: the base relative to the
     checkpoint's directory (written into `checkpoint_parent`), its digest and the options."""
     rel = os.path.relpath(Path(base).resolve(), Path(checkpoint_parent).resolve())
@@ -96,11 +98,13 @@ def adapter_problems(path: str | Path) -> list[str]:
         return e.problems
     if not base.is_dir():
         return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is gone; an adapter "
-                "checkpoint needs its base (keep the run's SFT checkpoint, or export with --merged)"]
+                "checkpoint needs its base (keep the run's SFT checkpoint, or export with "
+                "--merged)"]
     want = load_policy_meta(path)["lora"].get("base_sha256")
     if want and weights_sha256(base) != want:
-        return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is not the one it was trained on "
-                "(its weights' sha256 differs); restore that base or retrain the adapter"]
+        return [f"the base model of adapter {str(path)!r} ({str(base)!r}) is not the one it was "
+                "trained on (its weights' sha256 differs); restore that base or retrain the "
+                "adapter"]
     return []
 
 
@@ -128,7 +132,8 @@ def check_served_version(path: str | Path, version: int) -> None:
                           "samples would carry the wrong version)")
 
 
-def load_merged(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
+def load_merged(path: str | Path, device: str | torch.device = "cpu", *,
+                dtype: torch.dtype = torch.float32,
                 chat_template: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of adapter checkpoint `path`: its base with the adapter merged in.
 

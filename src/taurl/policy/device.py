@@ -26,14 +26,15 @@ def device_problems(device: str, dtype: str) -> list[str]:
         return [f"device must be auto, cpu, cuda or cuda:N (got {device!r})"]
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            out.append(f"device {device}: no CUDA device is available here (torch.cuda.is_available() is False); "
-                       "use device: cpu, or auto (CUDA when there is one)")
+            out.append(f"device {device}: no CUDA device is available here "
+                       "(torch.cuda.is_available() is False); use device: cpu, or auto (CUDA when "
+                       "there is one)")
         elif ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
-            out.append(f"device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
-                       f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
+            out.append(f"device {device}: this machine has {torch.cuda.device_count()} CUDA "
+                       f"device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     if dtype not in DTYPES:
-        out.append(f"torch_dtype must be one of {', '.join(DTYPES)} (got {dtype!r}); float16 is not offered: "
-                   "its range needs loss scaling, which the learner does not do")
+        out.append(f"torch_dtype must be one of {', '.join(DTYPES)} (got {dtype!r}); float16 is "
+                   "not offered: its range needs loss scaling, which the learner does not do")
     elif dtype == "bfloat16" and not out and resolve_device(device).type == "cuda" \
             and not torch.cuda.is_bf16_supported():
         out.append("torch_dtype bfloat16: this CUDA device does not support bfloat16; use float32")

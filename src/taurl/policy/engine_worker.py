@@ -57,7 +57,8 @@ class BatchWorker:
             self._serve_loop()
         finally:  # whatever ended the loop, no caller may wait forever
             with self._lock:
-                stranded = [r for _, _, r in self._pending] if self._worker is threading.current_thread() else []
+                stranded = ([r for _, _, r in self._pending]
+                            if self._worker is threading.current_thread() else [])
                 if stranded:
                     self._pending.clear()
                     self._worker = None
@@ -121,7 +122,8 @@ class BatchWorker:
                         batch, kv = self._drop(batch, kv, done)
             except Exception as e:  # fail every request in flight, never hang a caller
                 for r in batch + admitted:
-                    self._resolve(r, exc=EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+                    self._resolve(r, exc=EngineError(
+                        f"engine step failed: {type(e).__name__}: {e}"))
                 batch, kv = [], None
 
     def _prefill(self, reqs: list[_Request]) -> tuple[BatchKV, torch.Tensor, list[_Request]]:
@@ -165,7 +167,8 @@ class BatchWorker:
         chunks: list[list[int]] = []
         real = 0  # real new tokens of the last chunk
         for i in order:  # a chunk's first row is its longest: every row is padded to it
-            if chunks and (len(chunks[-1]) + 1) * new[chunks[-1][0]] <= (1 + PREFILL_PAD_WASTE) * (real + new[i]):
+            if (chunks and (len(chunks[-1]) + 1) * new[chunks[-1][0]]
+                    <= (1 + PREFILL_PAD_WASTE) * (real + new[i])):
                 chunks[-1].append(i)
                 real += new[i]
             else:
@@ -173,14 +176,16 @@ class BatchWorker:
                 real = new[i]
         kv, logits = None, []
         for c in chunks:
-            part, lg = self._prefill_rows([reqs[i] for i in c], [prefixes[i] for i in c], [starts[i] for i in c])
+            part, lg = self._prefill_rows([reqs[i] for i in c], [prefixes[i] for i in c],
+                                          [starts[i] for i in c])
             kv = part if kv is None else kv.merge(part)
             logits.append(lg)
         self.stats["prefill_tokens"] += sum(new)
         self.stats["prefix_tokens_reused"] += sum(starts)
         return kv, torch.cat(logits), [i for c in chunks for i in c]
 
-    def _prefill_rows(self, reqs: list[_Request], prefixes: list, starts: list[int]) -> tuple[BatchKV, torch.Tensor]:
+    def _prefill_rows(self, reqs: list[_Request], prefixes: list,
+                      starts: list[int]) -> tuple[BatchKV, torch.Tensor]:
         """One forward over `reqs` (their cached prefixes given).
 
         Layout per row: [padding][reused prefix][padding][new tokens]; the mask hides the
@@ -200,7 +205,8 @@ class BatchWorker:
         if past is None:
             kv = BatchKV.empty(mask, [len(r.prompt) for r in reqs])
         else:
-            kv = BatchKV(past.cache, torch.cat([past.mask, mask], dim=1), [len(r.prompt) for r in reqs])
+            kv = BatchKV(past.cache, torch.cat([past.mask, mask], dim=1),
+                         [len(r.prompt) for r in reqs])
         out = self.model(input_ids=ids, attention_mask=kv.mask, position_ids=positions,
                          use_cache=True, **self._last_only, **{self._cache_kw: kv.cache})
         kv.zero_padding()
@@ -213,7 +219,8 @@ class BatchWorker:
         mask = kv.extend_mask()
         if self._slim is not None and self._slim_checked:
             logits = self._slim(ids, positions[:, 0], mask, kv.cache)
-        elif self._slim is not None:  # the first decode step: the model's forward on a copy checks it
+        elif self._slim is not None:
+            # the first decode step: the model's forward on a copy checks it
             trial = kv.clone()
             ref = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, **{self._cache_kw: trial.cache}).logits[:, -1, :]
@@ -226,8 +233,9 @@ class BatchWorker:
             if not self._check_slim(exact, ref):
                 logits, kv.cache = ref, trial.cache
             else:  # what the packed GEMMs' rounding moved the served step from the forward's
-                self.stats["slim_max_dlogp"] = float((torch.log_softmax(logits.float(), -1)
-                                                      - torch.log_softmax(ref.float(), -1)).abs().max())
+                self.stats["slim_max_dlogp"] = float(
+                    (torch.log_softmax(logits.float(), -1)
+                     - torch.log_softmax(ref.float(), -1)).abs().max())
         else:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 use_cache=True, **{self._cache_kw: kv.cache}).logits[:, -1, :]
@@ -250,9 +258,11 @@ class BatchWorker:
 
     def _sample_and_finish(self, reqs: list[_Request], logits: torch.Tensor) -> list[int]:
         """Sample one token per row, append it, return the rows that are finished."""
-        temps = torch.tensor([r.sampling.temperature for r in reqs], device=logits.device).unsqueeze(-1)
+        temps = torch.tensor([r.sampling.temperature for r in reqs],
+                             device=logits.device).unsqueeze(-1)
         greedy = temps.squeeze(-1) == 0
-        logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps, torch.ones_like(temps)), dim=-1)
+        logprobs_all = torch.log_softmax(logits / torch.where(temps > 0, temps,
+                                                              torch.ones_like(temps)), dim=-1)
         tokens = sample_tokens(logprobs_all, [r.sampling.top_p for r in reqs],
                                [r.generator or self._generator for r in reqs],
                                top_k=[r.sampling.top_k for r in reqs])
@@ -297,7 +307,8 @@ class BatchWorker:
         order = kv.remove(done)  # in place; the last rows take the finished rows' places
         return [batch[i] for i in order], kv
 
-    def _resolve(self, r: _Request, reason: str = "", matched: Any = None, exc: Exception | None = None) -> None:
+    def _resolve(self, r: _Request, reason: str = "", matched: Any = None,
+                 exc: Exception | None = None) -> None:
         if r.future.done():
             return
         if exc is not None:

@@ -37,16 +37,22 @@ def export_merged(run_or_ckpt: str | Path, out: str | Path) -> tuple[Path, dict[
     Refused before anything is written when `out` exists and is not empty, or the source
     cannot be loaded (an adapter whose base is gone or changed, no peft installed).
     """
-    from taurl.policy.model import load_policy, load_policy_meta, policy_problems, save_policy
+    from taurl.policy.files import load_policy_meta, save_policy
+    from taurl.policy.model import load_policy, policy_problems
 
     src = source_checkpoint(run_or_ckpt)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise Error(f"{str(out)!r} exists and is not an empty directory; export into a new directory")
+        raise Error(f"{str(out)!r} exists and is not an empty directory; export into a new "
+                    "directory")
     if problems := policy_problems(src):
         raise Error(f"cannot export {str(src)!r}: " + "; ".join(problems))
     model, tok = load_policy(src)
-    meta = {k: v for k, v in load_policy_meta(src).items() if k not in ("lora", "metrics_row", "taurl_version")}
+    meta = {
+        k: v
+        for k, v in load_policy_meta(src).items()
+        if k not in ("lora", "metrics_row", "taurl_version")
+    }
     meta["exported_from"] = str(src.resolve())
     meta["merged_adapter"] = (src / "adapter_config.json").is_file()
     save_policy(model, tok, out, meta)

@@ -13,7 +13,8 @@ from taurl.policy.protocol import Engine
 # engine_options of engine "local", the one list the run config and `make_engine` both check:
 # `replicas` is make_engine's (N engines behind a router), the rest LocalEngine's keywords
 LOCAL_ENGINE_OPTIONS = ("max_batch_size", "prefix_cache_tokens", "slim_decode", "replicas")
-LOCAL_ENGINE_RUN_KEYS = ("seed", "max_context", "deterministic")  # LocalEngine's too, set by a run from its own keys
+# LocalEngine's too, set by a run from its own keys
+LOCAL_ENGINE_RUN_KEYS = ("seed", "max_context", "deterministic")
 
 
 def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, version: int,
@@ -39,14 +40,17 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
             raise EngineError(f"engine_options replicas must be an integer >= 1, got {replicas!r}")
         if isinstance(urls, (list, tuple)):
             if kind != "vllm" or replicas != 1:
-                raise EngineError("engine_options url as a list is for engine 'vllm', without replicas")
+                raise EngineError("engine_options url as a list is for engine 'vllm', without "
+                                  "replicas")
             per = [{**options, "url": u} for u in urls]
         else:
             per = [dict(options) for _ in range(replicas)]
             for i, o in enumerate(per):  # servers taurl starts: one cache and log directory each
-                if isinstance(o.get("server_options"), dict) and o["server_options"].get("cache_dir"):
-                    o["server_options"] = {**o["server_options"],
-                                           "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
+                if isinstance(o.get("server_options"),
+                              dict) and o["server_options"].get("cache_dir"):
+                    o["server_options"] = {
+                        **o["server_options"],
+                        "cache_dir": str(Path(o["server_options"]["cache_dir"]) / f"r{i}")}
         engines: list[Engine] = []
         try:
             for o in per:
@@ -60,8 +64,10 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
         from taurl.policy.local_engine import LocalEngine
         from taurl.policy.model import load_policy
 
-        # the recipe's `device` / `torch_dtype` (taurl.policy.device); not engine_options of the user's
-        model, _ = load_policy(checkpoint_dir, options.pop("device", "cpu"), dtype=options.pop("dtype", torch.float32))
+        # the recipe's `device` / `torch_dtype` (taurl.policy.device); not engine_options of the
+        # user's
+        model, _ = load_policy(checkpoint_dir, options.pop("device", "cpu"),
+                               dtype=options.pop("dtype", torch.float32))
         allowed = set(LOCAL_ENGINE_OPTIONS + LOCAL_ENGINE_RUN_KEYS)
         if unknown := sorted(set(options) - allowed):
             raise EngineError(f"unknown engine_options {unknown} for engine 'local'; "
@@ -74,7 +80,8 @@ def make_engine(kind: str, checkpoint_dir: str | Path, tokenizer: Any, *, versio
     raise EngineError(f"unknown engine {kind!r}; choose 'local' or 'vllm'")
 
 
-def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: int, group_size: int) -> int:
+def async_engine_rows(concurrency: int, tasks_per_update: int, overprovision: int,
+                      group_size: int) -> int:
     """The local engine's default ``max_batch_size`` under ``schedule: async``: one batch's
     worth of rows, (tasks_per_update + overprovision) · group_size, at most `concurrency`.
     Concurrency admits (η + 1) batches at once; decoding one batch's rows, oldest group first

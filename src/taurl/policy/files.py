@@ -70,9 +70,11 @@ def save_policy(
     try:
         with quiet_hf():
             model.save_pretrained(tmp)
-            if hasattr(model, "get_base_model"):  # peft adapters alone (taurl.policy.adapter): plus the architecture
+            if hasattr(model, "get_base_model"):
+                # peft adapters alone (taurl.policy.adapter): plus the architecture
                 model.get_base_model().config.save_pretrained(tmp)
-                (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, for the hub
+                # peft's model-card template, for the hub
+                (tmp / "README.md").unlink(missing_ok=True)
             save_tokenizer(tokenizer, tmp)
         (tmp / META_FILE).write_text(meta_text + "\n", encoding="utf-8")
         _swap_in(tmp, path)
@@ -128,9 +130,11 @@ def hf_policy_problems(path: str | Path, *, chat_template: str | None = None) ->
 
         kind = config.get("model_type")
         if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            why = " (it needs remote code, which taurl never runs)" if config.get("auto_map") else ""
-            out.append(f"{where!r}: model_type {kind!r} is not a causal LM that AutoModelForCausalLM "
-                       f"builds{why}; use a decoder-only model (e.g. qwen2, llama, gpt2, gpt_neox)")
+            why = (" (it needs remote code, which taurl never runs)" if config.get("auto_map")
+                   else "")
+            out.append(f"{where!r}: model_type {kind!r} is not a causal LM that "
+                       f"AutoModelForCausalLM builds{why}; use a decoder-only model (e.g. qwen2, "
+                       "llama, gpt2, gpt_neox)")
     if not _any_file(path, _WEIGHT_FILES):
         out.append(f"{where!r} holds no weights ({' / '.join(_WEIGHT_FILES[::2])}); "
                    "save them with model.save_pretrained(DIR)")
@@ -163,19 +167,23 @@ def _any_file(path: Path, names: Iterable[str]) -> bool:
 
 def _has_chat_template(path: Path, tok_cfg: dict[str, Any]) -> bool:
     # transformers 5 writes chat_template.jinja; older versions a key or chat_template.json
-    return bool(tok_cfg.get("chat_template")) or _any_file(path, ("chat_template.jinja", "chat_template.json"))
+    return (bool(tok_cfg.get("chat_template"))
+            or _any_file(path, ("chat_template.jinja", "chat_template.json")))
 
 
 def load_hf_policy(
-    path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32,
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    *,
+    dtype: torch.dtype = torch.float32,
     chat_template: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) from any local HF causal-LM directory; model in eval mode.
 
     Any architecture ``AutoModelForCausalLM`` builds (Qwen2, Llama, GPT-2, GPT-NeoX, …), not
     only taurl's own. A LoRA adapter checkpoint loads as its base with the adapter merged
-    in (`taurl.policy.adapter.load_merged`). `chat_template`: a Jinja template, or ``"chatml"`` for taurl's
-    `CHAT_TEMPLATE`, used when the tokenizer has none (or to replace its own). A tokenizer
+    in (`taurl.policy.adapter.load_merged`). `chat_template`: a Jinja template, or ``"chatml"`` for
+    taurl's `CHAT_TEMPLATE`, used when the tokenizer has none (or to replace its own). A tokenizer
     without a pad token pads with its end token (padding is always masked, so any id works).
     """
     path = Path(path)
@@ -185,7 +193,9 @@ def load_hf_policy(
     if chat_template is not None:
         tokenizer.chat_template = CHAT_TEMPLATE if chat_template == "chatml" else chat_template
     if not tokenizer.chat_template:  # the files said otherwise; trust what loaded
-        raise ConfigError(f"the tokenizer in {str(path)!r} has no chat template; {CHAT_TEMPLATE_FIX}")
+        raise ConfigError(
+            f"the tokenizer in {str(path)!r} has no chat template; {CHAT_TEMPLATE_FIX}"
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     with quiet_hf():

@@ -35,7 +35,8 @@ class Response:
 
 
 async def request(method: str, url: str, payload: Any = None, *, timeout_s: float = 60.0,
-                  connect_timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> Response:
+                  connect_timeout_s: float = 5.0,
+                  headers: dict[str, str] | None = None) -> Response:
     """Send one request and return its response; raise `HTTPError` on any transport failure.
 
     A status >= 400 is returned, not raised: the caller knows what each status means.
@@ -48,9 +49,11 @@ async def request(method: str, url: str, payload: Any = None, *, timeout_s: floa
     if parts.query:
         path += "?" + parts.query
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), connect_timeout_s)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                connect_timeout_s)
     except (OSError, asyncio.TimeoutError) as e:
-        raise HTTPError(f"cannot connect to {host}:{port} ({type(e).__name__}: {e})", sent=False) from e
+        raise HTTPError(f"cannot connect to {host}:{port} ({type(e).__name__}: {e})",
+                        sent=False) from e
     data = b"" if payload is None else json.dumps(payload).encode()
     head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
             "Accept: application/json", f"Content-Length: {len(data)}"]
@@ -64,8 +67,8 @@ async def request(method: str, url: str, payload: Any = None, *, timeout_s: floa
     except asyncio.TimeoutError as e:
         raise HTTPError(f"{method} {url} got no answer within {timeout_s:g} s", sent=True) from e
     except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-        raise HTTPError(f"{method} {url} failed after sending ({type(e).__name__}: {e}); the server "
-                        "closed the connection or died", sent=True) from e
+        raise HTTPError(f"{method} {url} failed after sending ({type(e).__name__}: {e}); the "
+                        "server closed the connection or died", sent=True) from e
     finally:
         writer.close()
     text = body.decode("utf-8", errors="replace")

@@ -45,8 +45,10 @@ class GrowLayer(DynamicLayer):
         if not self.is_initialized:
             self.device = key_states.device
             self.is_initialized = True
-            self.keys = key_states.new_empty((b, key_states.shape[1], max(2 * n, 16), key_states.shape[-1]))
-            self.values = value_states.new_empty((b, value_states.shape[1], self.keys.shape[2], value_states.shape[-1]))
+            self.keys = key_states.new_empty((b, key_states.shape[1], max(2 * n, 16),
+                                              key_states.shape[-1]))
+            self.values = value_states.new_empty((b, value_states.shape[1], self.keys.shape[2],
+                                                  value_states.shape[-1]))
             self.rows = b
         if b != self.rows:
             raise ValueError(f"{b} rows of keys for a cache of {self.rows} rows")
@@ -200,7 +202,8 @@ class BatchKV:
         return out
 
     @classmethod
-    def from_prefixes(cls, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None]) -> BatchKV | None:
+    def from_prefixes(cls, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None]
+                      ) -> BatchKV | None:
         """A batch cache holding each row's cached prefix, left-padded (None: no prefix)."""
         widths = [0 if p is None else p[0][0].shape[2] for p in prefixes]
         width = max(widths)
@@ -211,7 +214,8 @@ class BatchKV:
         for li in range(len(template)):
             ks, vs = [], []
             for p in prefixes:
-                k, v = p[li] if p is not None else (template[li][0][:, :, :0], template[li][1][:, :, :0])
+                k, v = p[li] if p is not None else (template[li][0][:, :, :0],
+                                                    template[li][1][:, :, :0])
                 ks.append(_left_pad(k, width, dim=2))
                 vs.append(_left_pad(v, width, dim=2))
             layers.append(GrowLayer.from_tensors(torch.cat(ks), torch.cat(vs)))
@@ -222,7 +226,8 @@ class BatchKV:
 
     def clone(self) -> BatchKV:
         """An independent copy (keys, values, mask, lengths) that writes do not share."""
-        layers = [GrowLayer.from_tensors(*(t.clone() for t in layer.used())) for layer in self.cache.layers]
+        layers = [GrowLayer.from_tensors(*(t.clone() for t in layer.used()))
+                  for layer in self.cache.layers]
         return BatchKV(Cache(layers=layers), self.mask.clone(), list(self.lengths))
 
     def select(self, rows: list[int]) -> BatchKV:

@@ -63,8 +63,10 @@ class LocalEngine(BatchWorker):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int = 0,
                  max_batch_size: int = 64, seed: int = 0, max_context: int | None = None,
-                 prefix_cache_tokens: int = 65536, slim_decode: bool = True, deterministic: bool = False):
-        self.model = model.eval()  # no dropout: the behaviour logprobs are those of the plain forward
+                 prefix_cache_tokens: int = 65536, slim_decode: bool = True,
+                 deterministic: bool = False):
+        # no dropout: the behaviour logprobs are those of the plain forward
+        self.model = model.eval()
         self.tokenizer = tokenizer
         # inputs follow the model (cpu, cuda, ...); sampling draws its uniforms on the CPU so a
         # seeded request samples the same ids on any device
@@ -74,12 +76,15 @@ class LocalEngine(BatchWorker):
         cfg = model.config
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._max_context = max_context or int(getattr(cfg, "max_position_embeddings", 2048))
-        eos = tokenizer.eos_token_id if tokenizer is not None else getattr(cfg, "eos_token_id", None)
+        eos = (tokenizer.eos_token_id if tokenizer is not None
+               else getattr(cfg, "eos_token_id", None))
         self.eos_ids = _ids(eos)
         # a chat model may end its turn with a token other than the tokenizer's EOS (Llama 3's
         # <|eot_id|>): its generation config lists every end id, and HF generate stops at each
-        self.eos_ids |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
-        self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0) if tokenizer is not None else 0
+        self.eos_ids |= _ids(getattr(getattr(model, "generation_config", None), "eos_token_id",
+                                     None))
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", None)
+                          or 0) if tokenizer is not None else 0
         self._generator = torch.Generator().manual_seed(seed)
         # transformers renamed `past_key_values` to `cache`; use whichever forward takes
         params = inspect.signature(model.forward).parameters
@@ -130,14 +135,16 @@ class LocalEngine(BatchWorker):
             raise EngineError(f"prompt_ids must be in [0, {self._vocab_size}) for this model; "
                               "was the prompt encoded with the model's own tokenizer?")
         if len(prompt) >= self._max_context:
-            raise EngineError(f"prompt has {len(prompt)} tokens; the model's context is {self._max_context}")
+            raise EngineError(f"prompt has {len(prompt)} tokens; the model's context is "
+                              f"{self._max_context}")
         loop = asyncio.get_running_loop()
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         req = _Request(prompt, sampling, loop.create_future(), loop, gen, time.perf_counter())
         req.max_new = min(sampling.max_tokens, self._max_context - len(prompt))
         # the queue's order: by arrival, or in deterministic mode by content (arrival only
         # breaks ties between identical requests, whose samples are identical too)
-        order = ((sampling.seed if sampling.seed is not None else -1, tuple(prompt), next(self._arrivals))
+        order = ((sampling.seed if sampling.seed is not None else -1, tuple(prompt),
+                  next(self._arrivals))
                  if self.deterministic else (next(self._arrivals),))
         with self._lock:
             heapq.heappush(self._pending, (sampling.priority, order, req))
@@ -153,7 +160,8 @@ class LocalEngine(BatchWorker):
         that every step waits for (until each `leave`s). A collector joins before its
         episodes start and leaves a slot the moment it has no episode left to run."""
         if not self.deterministic:
-            raise EngineError("join/leave are the deterministic mode's; build the engine with deterministic=True")
+            raise EngineError("join/leave are the deterministic mode's; build the engine with "
+                              "deterministic=True")
         with self._lock:
             self._members += slots
         self._wake.set()
@@ -192,6 +200,7 @@ class LocalEngine(BatchWorker):
         prefix cache (keys/values of the current weights) and the slim decoder's fused and
         packed weight copies (about one copy of the weights). Called between rounds only
         (no request in flight); a request that comes first rebuilds them itself."""
+        self._idle.wait(timeout=60)  # the worker stores a finished row's prefix after it returns
         with self._lock:
             self._prefixes.clear()
             if self._slim is not None:
@@ -276,7 +285,8 @@ def _read_state_dict(path: Path, model: torch.nn.Module) -> dict[str, torch.Tens
         # embed_out is lm_head in transformers 5): let transformers apply its own key mapping
         from taurl.policy.model import load_policy
 
-        state = load_policy(path, device="cpu", dtype=next(model.parameters()).dtype)[0].state_dict()
+        state = load_policy(path, device="cpu",
+                            dtype=next(model.parameters()).dtype)[0].state_dict()
         missing, unexpected = set(own) - set(state), set(state) - set(own)
     if missing or unexpected:
         raise EngineError(f"the checkpoint at {str(path)!r} does not fit the served model: "

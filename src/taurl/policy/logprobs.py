@@ -9,7 +9,8 @@ import torch
 from taurl.policy.logits import sequence_logprobs as logprobs_from_logits
 
 
-def sequence_logprobs(model: torch.nn.Module, token_ids: Sequence[int], temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(model: torch.nn.Module, token_ids: Sequence[int],
+                      temperature: float = 1.0) -> torch.Tensor:
     """log π(x_t | x_<t) for t = 1..n-1 of one sequence, shape (n,), entry 0 is 0.
 
     π = softmax(logits / temperature), the quantity the engine records as the behaviour

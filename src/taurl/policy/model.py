@@ -33,13 +33,9 @@ from transformers import (
 )
 
 from taurl.errors import ConfigError
-from taurl.policy.files import (  # noqa: F401  (re-exported: their old home was this module)
-    CHAT_TEMPLATE_FIX,
-    META_FILE,
+from taurl.policy.files import (
     hf_policy_problems,
     load_hf_policy,
-    load_policy_meta,
-    quiet_hf,
     save_policy,
 )
 from taurl.policy.tokenizer import (
@@ -162,10 +158,12 @@ def policy_problems(path: str | Path, *, chat_template: str | None = None) -> li
     checks of `taurl.policy.files.hf_policy_problems`, and for a LoRA checkpoint
     (`taurl.policy.adapter`) those of the adapter and of its base."""
     path = Path(path)
-    if path.is_dir() and (path / "adapter_config.json").is_file():  # a LoRA checkpoint: its base must load
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        # a LoRA checkpoint: its base must load
         from taurl.policy.adapter import adapter_base, adapter_problems
 
-        return adapter_problems(path) or policy_problems(adapter_base(path), chat_template=chat_template)
+        return adapter_problems(path) or policy_problems(adapter_base(path),
+                                                         chat_template=chat_template)
     return hf_policy_problems(path, chat_template=chat_template)
 
 
@@ -180,7 +178,8 @@ def load_policy(
     its base with the adapter merged in (`taurl.policy.adapter.load_merged`).
     """
     path = Path(path)
-    if (path / "adapter_config.json").is_file():  # a LoRA checkpoint (taurl.policy.adapter): served merged
+    if (path / "adapter_config.json").is_file():
+        # a LoRA checkpoint (taurl.policy.adapter): served merged
         from taurl.policy.adapter import load_merged
 
         return load_merged(path, device, dtype=dtype, chat_template=chat_template)

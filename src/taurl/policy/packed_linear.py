@@ -53,7 +53,8 @@ class Proj:
         weight = linears[0].weight if len(linears) == 1 else torch.cat([m.weight for m in linears])
         bias = None
         if any(m.bias is not None for m in linears):
-            bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+            bias = torch.cat([m.bias if m.bias is not None
+                              else m.weight.new_zeros(m.weight.shape[0])
                               for m in linears])
         weight, bias = weight.detach(), None if bias is None else bias.detach()
         if not (pack and can_pack(weight)):

@@ -24,7 +24,8 @@ from pathlib import Path
 from taurl.errors import EngineError
 from taurl.policy.protocol import Engine, EngineHealth, Generation, SamplingParams
 
-routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("taurl_routing_key", default=None)
+routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("taurl_routing_key",
+                                                                         default=None)
 
 
 class EngineRouter:
@@ -76,12 +77,14 @@ class EngineRouter:
             self._in_flight[i] -= 1
 
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
-        results = await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in self.engines),
+        results = await asyncio.gather(*(e.load_weights(checkpoint_dir, version)
+                                         for e in self.engines),
                                        return_exceptions=True)
         if failed := [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]:
             i, err = failed[0]
-            raise EngineError(f"{len(failed)} of {len(self.engines)} engines failed to load version {version} "
-                              f"(engine {i}: {err}); the fleet would serve two versions, so the update stops")
+            raise EngineError(f"{len(failed)} of {len(self.engines)} engines failed to load "
+                              f"version {version} (engine {i}: {err}); the fleet would serve two "
+                              "versions, so the update stops")
         self._sticky.clear()  # the prefix caches were dropped with the old weights
 
     async def pause(self, mode: str = "wait") -> None:

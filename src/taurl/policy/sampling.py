@@ -21,7 +21,11 @@ def sample_tokens(logprobs: torch.Tensor, top_p: Sequence[float],
         logprobs = _keep_top_k(logprobs, top_k)
     probs = logprobs.exp()
     # CPU generators (device-independent draws), moved to where the probabilities are
-    u = torch.cat([torch.rand(1, generator=g) for g in generators]).unsqueeze(-1).to(probs.device, probs.dtype)
+    u = (
+        torch.cat([torch.rand(1, generator=g) for g in generators])
+        .unsqueeze(-1)
+        .to(probs.device, probs.dtype)
+    )
     if all(p >= 1.0 for p in top_p):  # no nucleus: skip the sort (the common case)
         cum = probs.cumsum(-1)
         return torch.searchsorted(cum, u * cum[:, -1:]).clamp(max=probs.shape[-1] - 1).squeeze(-1)

@@ -25,8 +25,8 @@ SmolLM2-135M's 30 layers that rounding grew past `TOLERANCE`, and the check drop
 
 It covers the architectures whose decoder layer is exactly that (Qwen2, Llama, Mistral:
 `SUPPORTED`), with full attention in every layer, up to `MAX_PARAMS`; `for_model` returns
-None for anything else, and the engine keeps the model's own forward. It is also verified, not trusted: the
-engine's first decode step runs both and keeps the slim path only if the logprobs agree
+None for anything else, and the engine keeps the model's own forward. It is also verified, not
+trusted: the engine's first decode step runs both and keeps the slim path only if the logprobs agree
 (`agrees`), because a transformers release may change a layer's computation.
 """
 
@@ -61,7 +61,8 @@ class SlimDecoder:
 
     def __init__(self, model: torch.nn.Module, packed: bool = True):
         inner = model.model
-        self.pack = packed  # oneDNN-packed GEMMs for batches of 2+ rows (taurl.policy.packed_linear)
+        # oneDNN-packed GEMMs for batches of 2+ rows (taurl.policy.packed_linear)
+        self.pack = packed
         cfg = model.config
         self.layers = list(inner.layers)
         self.embed = inner.embed_tokens
@@ -84,16 +85,19 @@ class SlimDecoder:
         if sum(p.numel() for p in model.parameters()) > MAX_PARAMS:
             return None  # compute-bound: little to gain, and the fused copies would cost memory
         inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner.rotary_emb, "inv_freq"):
+        if (inner is None or not hasattr(inner, "rotary_emb")
+            or not hasattr(inner.rotary_emb, "inv_freq")):
             return None
-        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
+        if any(t != "full_attention"
+               for t in (getattr(cfg, "layer_types", None) or ["full_attention"])):
             return None  # sliding-window layers mask differently
         if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None):
             return None
         needed = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
         if not all(all(hasattr(layer, n) for n in needed) for layer in inner.layers):
             return None
-        if not all(hasattr(layer.mlp, n) for layer in inner.layers for n in ("gate_proj", "up_proj", "down_proj")):
+        if not all(hasattr(layer.mlp, n) for layer in inner.layers
+                   for n in ("gate_proj", "up_proj", "down_proj")):
             return None
         return cls(model, packed)
 
@@ -103,8 +107,10 @@ class SlimDecoder:
         self.projs = []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            self.projs.append((Proj.of([a.q_proj, a.k_proj, a.v_proj], self.pack), Proj.of([a.o_proj], self.pack),
-                               Proj.of([mlp.gate_proj, mlp.up_proj], self.pack),  # Llama's mlp_bias: biased
+            self.projs.append((Proj.of([a.q_proj, a.k_proj, a.v_proj], self.pack),
+                               Proj.of([a.o_proj], self.pack),
+                               # Llama's mlp_bias: biased
+                               Proj.of([mlp.gate_proj, mlp.up_proj], self.pack),
                                Proj.of([mlp.down_proj], self.pack)))
         self.head = Proj.of([self.lm_head], self.pack)
 
@@ -125,7 +131,8 @@ class SlimDecoder:
         own = exact or b == 1
         x = self.embed(ids)  # (B, 1, hidden)
         inv = self.rotary.inv_freq.to(x.device)
-        freqs = positions.to(inv.dtype)[:, None] * inv[None, :]  # (B, D/2), fp32 as the model's rotary
+        # (B, D/2), fp32 as the model's rotary
+        freqs = positions.to(inv.dtype)[:, None] * inv[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         scaling = float(getattr(self.rotary, "attention_scaling", 1.0))
         cos = (emb.cos() * scaling).to(x.dtype)[:, None, None, :]  # (B, 1, 1, D)
@@ -142,7 +149,8 @@ class SlimDecoder:
             a, mlp = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             hs = F.rms_norm(x, n1.weight.shape, n1.weight, n1.variance_epsilon)
-            qkv = torch.cat([a.q_proj(hs), a.k_proj(hs), a.v_proj(hs)], dim=-1) if own else qkv_p(hs)
+            qkv = torch.cat([a.q_proj(hs), a.k_proj(hs), a.v_proj(hs)],
+                            dim=-1) if own else qkv_p(hs)
             qkv = qkv.view(b, h + 2 * kvh, d)
             qk = qkv[:, :h + kvh, None, :]  # (B, h + kvh, 1, D): rotated together
             qk = qk * cos + _rotate_half(qk) * sin
@@ -155,14 +163,16 @@ class SlimDecoder:
             # `enable_gqa` computes the same attention in another order; over SmolLM2's 30
             # layers that rounding grew past `TOLERANCE` and the check dropped the slim path
             if bias is None:  # no padding: transformers drops the mask and runs SDPA's own GQA
-                o = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, enable_gqa=kvh != h)
+                o = F.scaled_dot_product_attention(q, keys, values, scale=self.scale,
+                                                   enable_gqa=kvh != h)
             else:
                 o = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh, d), keys, values,
                                                    attn_mask=bias, scale=self.scale)
             o = o.reshape(b, 1, h * d)
             x = x + (a.o_proj(o) if own else o_p(o))
             hs = F.rms_norm(x, n2.weight.shape, n2.weight, n2.variance_epsilon)
-            gate, up = (mlp.gate_proj(hs), mlp.up_proj(hs)) if own else gate_up_p(hs).chunk(2, dim=-1)
+            gate, up = (mlp.gate_proj(hs),
+                        mlp.up_proj(hs)) if own else gate_up_p(hs).chunk(2, dim=-1)
             act = mlp.act_fn(gate) * up
             x = x + (mlp.down_proj(act) if own else down_p(act))
         x = self.norm(x)
@@ -174,8 +184,12 @@ def _rotate_half(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
 
 
-def agrees(slim_logits: torch.Tensor, model_logits: torch.Tensor, tolerance: float = TOLERANCE) -> float | None:
+def agrees(slim_logits: torch.Tensor, model_logits: torch.Tensor,
+           tolerance: float = TOLERANCE) -> float | None:
     """max |Δ log-softmax| when within `tolerance` (the slim path may serve), else None."""
-    diff = float((torch.log_softmax(slim_logits.float(), -1) - torch.log_softmax(model_logits.float(), -1))
-                 .abs().max())
+    diff = float(
+        (torch.log_softmax(slim_logits.float(), -1) - torch.log_softmax(model_logits.float(), -1))
+        .abs()
+        .max()
+    )
     return diff if diff <= tolerance else None

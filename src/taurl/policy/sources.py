@@ -1,4 +1,5 @@
-"""Where a policy comes from: `model:` names a local HF directory, a GGUF file, a registry model or a hub id.
+"""Where a policy comes from: `model:` names a local HF directory, a GGUF file, a registry model or
+a hub id.
 
 =============  =====================================================================================
 kind           what `model:` holds, and what taurl does with it
@@ -40,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -49,6 +49,7 @@ from typing import Any
 
 from taurl.errors import ConfigError
 from taurl.policy import parts
+from taurl.policy.hub import hub_problems, hub_snapshot
 from taurl.policy.parts import PartedModel
 
 SOURCE_FILE = "taurl_source.json"  # provenance, and the mark of a directory taurl wrote
@@ -152,7 +153,7 @@ def model_problems(spec: str, home: Path | None = None) -> list[str]:
         return _gguf_extra_problems()
     if kind == "registry":
         return _registry_problems(spec, home)
-    return _hub_problems(spec)
+    return hub_problems(spec)
 
 
 def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
@@ -162,7 +163,8 @@ def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
     kind = source_kind(spec, home)
     if kind == "dir":
         path = Path(spec).expanduser().resolve()
-        return ModelSource("dir", spec, path, {**_recorded(path), "weights_sha256": weights_sha256(path)})
+        return ModelSource("dir", spec, path,
+                           {**_recorded(path), "weights_sha256": weights_sha256(path)})
     if kind == "cache":
         path = (home or models_home()) / spec
         return ModelSource("cache", spec, path, _recorded(path))
@@ -171,8 +173,9 @@ def resolve_model(spec: str, *, home: Path | None = None) -> ModelSource:
     elif kind == "registry":
         path = _import_registry(spec, home)
     else:
-        path = _hub_snapshot(spec)
-        return ModelSource("hub", spec, path, {"hub_id": spec, "weights_sha256": weights_sha256(path)})
+        path = hub_snapshot(spec)
+        return ModelSource("hub", spec, path,
+                           {"hub_id": spec, "weights_sha256": weights_sha256(path)})
     return ModelSource(kind, spec, path, _recorded(path))
 
 
@@ -192,7 +195,8 @@ def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None 
         raise ConfigError(why)
     template = _template_text(chat_template) if chat_template else None
     file = Path(file).expanduser().resolve()
-    if problems := ([] if file.is_file() else [f"GGUF file {str(file)!r} does not exist"]) + _gguf_extra_problems():
+    if problems := ([] if file.is_file()
+                    else [f"GGUF file {str(file)!r} does not exist"]) + _gguf_extra_problems():
         raise ConfigError(problems)
     home = home or models_home()
     sha = file_sha256(file)
@@ -205,8 +209,9 @@ def import_gguf(file: str | Path, *, name: str | None = None, home: Path | None 
     if done.get("gguf_sha256") == sha and (target / "config.json").is_file():
         return target
     if done and done.get("gguf_sha256") != sha:
-        raise ConfigError(f"{str(target)!r} was converted from another file (sha256 {done.get('gguf_sha256')}); "
-                          f"import {str(file)!r} under another name (taurl models import FILE --name NEW)")
+        raise ConfigError(f"{str(target)!r} was converted from another file (sha256 "
+                          f"{done.get('gguf_sha256')}); import {str(file)!r} under another name "
+                          "(taurl models import FILE --name NEW)")
     if not done and (target.exists() or target.is_symlink()):
         raise ConfigError(f"{str(target)!r} exists and taurl did not write it (no {SOURCE_FILE}); "
                           "taurl leaves it alone: import under another name (--name NEW)")
@@ -228,14 +233,19 @@ def _convert(file: Path, target: Path, record: dict[str, Any], template: str | N
     tok = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     if template is not None:
         tok.chat_template = template
-    gguf_model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32).eval()
+    gguf_model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name,
+                                                      dtype=torch.float32).eval()
     vocab = gguf_model.get_input_embeddings().num_embeddings
-    if len(tok) > vocab:  # transformers' GGUF tokenizer reader added tokens the model has no rows for
-        raise ConfigError(f"converting {str(file)!r}: its tokenizer loads with {len(tok)} tokens but the model has "
-                          f"{vocab} embedding rows; this GGUF's vocabulary is incomplete for transformers")
+    if len(tok) > vocab:
+        # transformers' GGUF tokenizer reader added tokens the model has no rows for
+        raise ConfigError(f"converting {str(file)!r}: its tokenizer loads with {len(tok)} tokens "
+                          f"but the model has {vocab} embedding rows; this GGUF's vocabulary is "
+                          "incomplete for transformers")
     config = gguf_model.config.to_dict()
-    config.pop("quantization_config", None)  # the weights are float now; this entry blocks save_pretrained
-    plain = AutoModelForCausalLM.from_config(type(gguf_model.config).from_dict(config), dtype=torch.float32)
+    # the weights are float now; this entry blocks save_pretrained
+    config.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(type(gguf_model.config).from_dict(config),
+                                             dtype=torch.float32)
     plain.load_state_dict(gguf_model.state_dict(), strict=True)
     plain.generation_config = gguf_model.generation_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -247,14 +257,17 @@ def _convert(file: Path, target: Path, record: dict[str, Any], template: str | N
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
         diff = logit_difference(gguf_model, reloaded, tok)
         if diff > LOGIT_TOLERANCE:
-            raise ConfigError(f"converting {str(file)!r}: the saved directory's logits differ from the GGUF load's "
-                              f"by {diff:.3g} (> {LOGIT_TOLERANCE}); this GGUF architecture does not convert cleanly")
+            raise ConfigError(f"converting {str(file)!r}: the saved directory's logits differ from "
+                              f"the GGUF load's by {diff:.3g} (> {LOGIT_TOLERANCE}); this GGUF "
+                              "architecture does not convert cleanly")
         record = {**record, "max_abs_logit_diff": diff, "architecture": type(reloaded).__name__,
                   "parameters": sum(p.numel() for p in reloaded.parameters()),
-                  "transformers": transformers.__version__, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                  "transformers": transformers.__version__,
+                  "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                         time.gmtime()),
                   "convert_seconds": round(time.perf_counter() - t0, 1)}
-        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n",
+                                       encoding="utf-8")
         if _taurl_wrote(target):  # an unfinished conversion of the same file: taurl's to replace
             shutil.rmtree(target)
         tmp.rename(target)  # fails on anything else there: nothing taurl did not write is removed
@@ -280,7 +293,8 @@ def _template_text(chat_template: str) -> str:
     if chat_template in CHAT_TEMPLATES:
         return CHAT_TEMPLATES[chat_template]
     if not Path(chat_template).is_file():
-        raise ConfigError(f"chat_template {chat_template!r} is neither one of {sorted(CHAT_TEMPLATES)} nor a .jinja file")
+        raise ConfigError(f"chat_template {chat_template!r} is neither one of "
+                          f"{sorted(CHAT_TEMPLATES)} nor a .jinja file")
     return Path(chat_template).read_text(encoding="utf-8")
 
 
@@ -328,8 +342,8 @@ def _registry_problems(name: str, home: Path | None = None) -> list[str]:
             return []
         return parts.part_problems(name, entry) or _gguf_extra_problems()
     if importlib.util.find_spec(entry.module) is None:
-        return [f"model {name!r} comes from the package {entry.package}=={entry.version}, which is not installed: "
-                f"{EXTRA_HINT}"]
+        return [f"model {name!r} comes from the package {entry.package}=={entry.version}, which is "
+                f"not installed: {EXTRA_HINT}"]
     spec = importlib.util.find_spec(entry.module)
     file = Path(spec.origin).parent / entry.file  # type: ignore[union-attr, arg-type]
     if not file.is_file():
@@ -340,50 +354,8 @@ def _registry_problems(name: str, home: Path | None = None) -> list[str]:
 
 def _gguf_extra_problems() -> list[str]:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    return [f"reading a GGUF file needs the packages {' and '.join(missing)}: {EXTRA_HINT}"] if missing else []
-
-
-def _hub_problems(hub_id: str) -> list[str]:
-    if _hub_cached(hub_id) is not None:
-        return []
-    hint = f" (if you meant a local directory: {hub_id!r} does not exist)"
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
-            os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return [f"model {hub_id!r} is a Hugging Face hub id, it is not in the local HF cache and the hub is "
-                "switched off here (HF_HUB_OFFLINE); download it where the hub is reachable and give its directory, "
-                "or use a GGUF file or a registry model (`taurl models list`)" + hint]
-    if not _hub_reachable():
-        return [f"model {hub_id!r} is a Hugging Face hub id, it is not in the local HF cache and huggingface.co "
-                "cannot be reached from here (3 s timeout); give a local directory, a GGUF file or a registry model "
-                "(`taurl models list`)" + hint]
-    return []
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _hub_cached(hub_id: str) -> Path | None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(hub_id, local_files_only=True))
-    except Exception:  # any miss (not cached, incomplete): the caller says what to do
-        return None
-
-
-def _hub_snapshot(hub_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    cached = _hub_cached(hub_id)
-    if cached is not None:
-        return cached
-    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
-    return Path(snapshot_download(hub_id, allow_patterns=patterns, etag_timeout=5))
+    return ([f"reading a GGUF file needs the packages {' and '.join(missing)}: {EXTRA_HINT}"]
+            if missing else [])
 
 
 def _recorded(path: Path) -> dict[str, Any]:
@@ -404,16 +376,19 @@ def file_sha256(path: Path) -> str:
 
 def weights_sha256(path: Path) -> str | None:
     """sha256 over a directory's weight files (sorted by name); None when it has none."""
-    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin")
+                   and p.is_file())
     if not files:
         return None
     if len(files) == 1:
         return file_sha256(files[0])
-    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n"
+                                  for f in files).encode()).hexdigest()
 
 
 def list_models(home: Path | None = None) -> list[dict[str, Any]]:
-    """Registry names (installed or not, converted or not) and every converted directory in the cache."""
+    """Registry names (installed or not, converted or not) and every converted directory in the
+    cache."""
     home = home or models_home()
     rows = []
     for name, entry in REGISTRY.items():
@@ -441,8 +416,9 @@ def model_info(name: str, home: Path | None = None) -> dict[str, Any]:
         extra = f"; convert it with `taurl models import {name}`" if name in REGISTRY else ""
         raise ConfigError(f"no model {name!r} in {str(home)!r} (and no such directory){extra}; "
                           "`taurl models list` shows what there is")
-    config = json.loads((path / "config.json").read_text(encoding="utf-8")) if (path / "config.json").is_file() else {}
-    keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size", "tie_word_embeddings",
-            "max_position_embeddings")
+    config = (json.loads((path / "config.json").read_text(encoding="utf-8"))
+              if (path / "config.json").is_file() else {})
+    keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size",
+            "tie_word_embeddings", "max_position_embeddings")
     return {"name": name, "path": str(path.resolve()), "source": _recorded(path),
             "config": {k: config[k] for k in keys if k in config}}

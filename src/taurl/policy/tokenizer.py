@@ -26,8 +26,8 @@ silently different ids. With the same pipeline, ``PreTrainedTokenizerFast``,
 We still pin ``"tokenizer_class": "PreTrainedTokenizerFast"`` for model types that honour it.
 
 The chat template follows Qwen2.5's (Hermes tool calls) with two departures that keep
-renderings append-only, which token-exact trajectories need (docs/design.md#token-exact): no default system
-prompt is invented, and each ``tool`` message is its own ``user`` turn (Qwen2.5 merges runs
+renderings append-only, which token-exact trajectories need (docs/design.md#token-exact): no default
+system prompt is invented, and each ``tool`` message is its own ``user`` turn (Qwen2.5 merges runs
 of tool messages into one turn, so adding a second tool result would rewrite the first's end).
 """
 
@@ -150,7 +150,7 @@ _COMPACT_TOOLS = r"""{%- if tools %}
         {{- ')' + (': ' + f.description if f.description else '') }}
     {%- endfor %}
     {{- '\n</tools><|im_end|>\n' }}
-"""
+"""  # noqa: E501 (a chat template's text is saved with every tokenizer: it stays as it is)
 CHAT_TEMPLATE_COMPACT = _TOOLS_BLOCK.sub(lambda _: _COMPACT_TOOLS, CHAT_TEMPLATE, count=1)
 CHAT_TEMPLATES = {"chatml": CHAT_TEMPLATE, "chatml-compact": CHAT_TEMPLATE_COMPACT}
 
@@ -213,7 +213,9 @@ def build_tokenizer(
     # in training gives it merges, so a rendered prompt costs words, not bytes.
     scaffold = [_scaffold_text(CHAT_TEMPLATES[chat_template])] * _SCAFFOLD_WEIGHT
     tok.train_from_iterator(_without_special_tokens([*texts, *scaffold]), trainer=trainer)
-    return wrap_tokenizer(tok, model_max_length=model_max_length, chat_template=CHAT_TEMPLATES[chat_template])
+    return wrap_tokenizer(
+        tok, model_max_length=model_max_length, chat_template=CHAT_TEMPLATES[chat_template]
+    )
 
 
 def _without_special_tokens(texts: Iterable[str]) -> Iterable[str]:
@@ -240,7 +242,10 @@ def _scaffold_text(chat_template: str = CHAT_TEMPLATE) -> str:
 
 
 def wrap_tokenizer(
-    tok: Tokenizer, *, model_max_length: int = DEFAULT_MODEL_MAX_LENGTH, chat_template: str = CHAT_TEMPLATE
+    tok: Tokenizer,
+    *,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
     """Wrap a raw `tokenizers.Tokenizer` holding SPECIAL_TOKENS as a transformers tokenizer."""
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]

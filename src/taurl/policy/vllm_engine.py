@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from taurl.errors import EngineError
+from taurl.policy.coroutines import run_coroutine
 from taurl.policy.http import HTTPError, Response, request
 from taurl.policy.protocol import EngineHealth, Generation, SamplingParams, check_pause_mode
 from taurl.policy.vllm_sync import WeightSync, _check_same_model, _short
@@ -86,8 +87,8 @@ class VLLMEngine(WeightSync):
     flight at once from this client. verify: "exact" | "change" | "none" (module
     docstring); probe_atol: the largest probe |logprob diff| from the new checkpoint's fp32
     forward; probe_noise: a smaller diff is float noise (fp32 servers: ~5e-7), never
-    staleness (reloading the same checkpoint is fine). A bf16 server: verify="change". server: a `VLLMServer` this engine owns (closed by
-    `close`; its exit is reported when requests fail).
+    staleness (reloading the same checkpoint is fine). A bf16 server: verify="change". server: a
+    `VLLMServer` this engine owns (closed by `close`; its exit is reported when requests fail).
     """
 
     def __init__(self, url: str, tokenizer: Any = None, *, version: int = 0,
@@ -142,7 +143,8 @@ class VLLMEngine(WeightSync):
         """
         from taurl.policy.adapter import serving_dir
 
-        checkpoint_dir = serving_dir(checkpoint_dir)  # a LoRA checkpoint: the server starts on its merged copy
+        # a LoRA checkpoint: the server starts on its merged copy
+        checkpoint_dir = serving_dir(checkpoint_dir)
         server = None
         if url is None:
             from taurl.policy.vllm_server import VLLMServer
@@ -170,13 +172,14 @@ class VLLMEngine(WeightSync):
 
     def connect(self, checkpoint_dir: str | Path) -> None:
         """Check the server serves a model shaped like `checkpoint_dir`, then load it."""
-        _run(self._connect(Path(checkpoint_dir)))
+        run_coroutine(self._connect(Path(checkpoint_dir)))
 
     async def _connect(self, checkpoint_dir: Path) -> None:
         models = await self._call("GET", "/v1/models")
         data = (models.body or {}).get("data") if isinstance(models.body, dict) else None
         if not data:
-            raise EngineError(f"the server at {self.url} lists no model at /v1/models: {models.body!r}")
+            raise EngineError(f"the server at {self.url} lists no model at /v1/models: "
+                              f"{models.body!r}")
         names = [m.get("id") for m in data]
         if self.model_name is None:
             if len(data) > 1:
@@ -212,7 +215,8 @@ class VLLMEngine(WeightSync):
         if not prompt:
             raise EngineError("prompt_ids is empty; render the prompt with the chat template first")
         if len(prompt) >= self.max_context:
-            raise EngineError(f"prompt has {len(prompt)} tokens; the server's context is {self.max_context}")
+            raise EngineError(f"prompt has {len(prompt)} tokens; the server's context is "
+                              f"{self.max_context}")
         t_submit = time.perf_counter()
         seed = sampling.seed if sampling.seed is not None else self._rng.randrange(2**31)
         while True:
@@ -264,7 +268,8 @@ class VLLMEngine(WeightSync):
 
     async def health(self) -> EngineHealth:
         try:
-            r = await request("GET", self.url + "/health", timeout_s=10, connect_timeout_s=self.connect_timeout_s)
+            r = await request("GET", self.url + "/health", timeout_s=10,
+                              connect_timeout_s=self.connect_timeout_s)
             ok, detail = r.status == 200, "" if r.status == 200 else f"/health answered {r.status}"
         except HTTPError as e:
             ok, detail = False, self._dead(str(e))
@@ -298,11 +303,13 @@ class VLLMEngine(WeightSync):
         t0 = time.perf_counter()
         while self._in_flight:
             await asyncio.sleep(0.002)
-            if time.perf_counter() - t0 > 0.05 and self._live:  # answers in transit had time to land
+            if time.perf_counter() - t0 > 0.05 and self._live:
+                # answers in transit had time to land
                 with self._lock:
                     stuck = sorted(self._live)
                     self._late.update(stuck)
-                await self._call("POST", "/abort_requests", {"request_ids": [f"cmpl-{r}-0" for r in stuck]}, 10)
+                await self._call("POST", "/abort_requests",
+                                 {"request_ids": [f"cmpl-{r}-0" for r in stuck]}, 10)
                 t0 = time.perf_counter()
 
     def _body(self, prompt: list[int], sampling: SamplingParams, seed: int, request_id: str,
@@ -314,7 +321,8 @@ class VLLMEngine(WeightSync):
                 "skip_special_tokens": False, "spaces_between_special_tokens": False,
                 "ignore_eos": ignore_eos, "request_id": request_id, "n": 1, "stream": False}
 
-    async def _complete(self, prompt: list[int], sampling: SamplingParams, *, ignore_eos: bool = False,
+    async def _complete(self, prompt: list[int], sampling: SamplingParams, *,
+                        ignore_eos: bool = False,
                         seed: int | None = None) -> tuple[dict[str, Any], bool]:
         """One completion choice, and whether `_drain` aborted it unsampled after a pause
         (then it must be sent again); retried on transport failures without a second sample."""
@@ -329,12 +337,14 @@ class VLLMEngine(WeightSync):
             with self._lock:
                 self._live.add(rid)
             try:
-                r = await request("POST", self.url + "/v1/completions", body, timeout_s=self.timeout_s,
+                r = await request("POST", self.url + "/v1/completions", body,
+                                  timeout_s=self.timeout_s,
                                   connect_timeout_s=self.connect_timeout_s)
             except HTTPError as e:
                 self._forget(rid)
                 if attempt == self.retries:
-                    raise EngineError(self._dead(f"completion failed after {attempt + 1} attempt(s): {e}")) from e
+                    raise EngineError(self._dead(f"completion failed after {attempt + 1} "
+                                                 f"attempt(s): {e}")) from e
                 self.stats["retries"] += 1
                 if e.sent:  # it may be running on the server: end it before sending it again
                     await self._abort_quietly(rid)
@@ -346,13 +356,15 @@ class VLLMEngine(WeightSync):
                 await asyncio.sleep(self.retry_wait_s * (attempt + 1))
                 continue
             if r.status >= 500:  # the engine behind the API server failed (or is shutting down)
-                raise EngineError(self._dead(f"/v1/completions answered {r.status}: {_short(r.body)}"))
+                raise EngineError(self._dead(f"/v1/completions answered {r.status}: "
+                                             f"{_short(r.body)}"))
             if r.status != 200:
                 raise EngineError(f"/v1/completions answered {r.status}: {_short(r.body)}")
             choices = r.body.get("choices") if isinstance(r.body, dict) else None
             if not choices:
                 raise EngineError(f"/v1/completions answered without choices: {_short(r.body)}")
-            late = aborted_late and choices[0].get("finish_reason") == "abort" and not choices[0].get("token_ids")
+            late = (aborted_late and choices[0].get("finish_reason") == "abort"
+                    and not choices[0].get("token_ids"))
             return choices[0], late
         raise AssertionError("unreachable")
 
@@ -367,24 +379,27 @@ class VLLMEngine(WeightSync):
     async def _abort_quietly(self, request_id: str) -> None:
         # vLLM names the engine request "cmpl-{request_id}-{choice}"
         try:
-            await request("POST", self.url + "/abort_requests", {"request_ids": [f"cmpl-{request_id}-0"]},
+            await request("POST", self.url + "/abort_requests",
+                          {"request_ids": [f"cmpl-{request_id}-0"]},
                           timeout_s=10, connect_timeout_s=self.connect_timeout_s)
             self.stats["aborted_on_retry"] += 1
         except HTTPError:
             pass  # the server is gone: nothing runs there any more
 
-    async def _call(self, method: str, path: str, payload: Any = None, timeout_s: float = 60.0) -> Response:
+    async def _call(self, method: str, path: str, payload: Any = None,
+                    timeout_s: float = 60.0) -> Response:
         try:
             return await request(method, self.url + path, payload, timeout_s=timeout_s,
                                  connect_timeout_s=self.connect_timeout_s)
         except HTTPError as e:
             raise EngineError(self._dead(str(e))) from e
 
-    async def _admin(self, method: str, path: str, payload: Any = None, timeout_s: float = 600.0) -> Any:
+    async def _admin(self, method: str, path: str, payload: Any = None,
+                     timeout_s: float = 600.0) -> Any:
         r = await self._call(method, path, payload, timeout_s)
         if r.status == 404:
-            raise EngineError(f"the server at {self.url} has no {path.split('?')[0]} route: start it "
-                              "with VLLM_SERVER_DEV_MODE=1 (taurl.policy.vllm_server does)")
+            raise EngineError(f"the server at {self.url} has no {path.split('?')[0]} route: start "
+                              "it with VLLM_SERVER_DEV_MODE=1 (taurl.policy.vllm_server does)")
         if r.status != 200:
             raise EngineError(f"{method} {path} answered {r.status}: {_short(r.body)}")
         return r.body
@@ -393,9 +408,11 @@ class VLLMEngine(WeightSync):
         if self.server is not None:
             code = self.server.exit_code()
             state = "is running" if code is None else f"exited with code {code}"
-            return f"{what}; the vLLM server taurl started {state}; its log ends:\n{self.server.log_tail()}"
+            return (f"{what}; the vLLM server taurl started {state}; its log "
+                    f"ends:\n{self.server.log_tail()}")
         return (f"{what}. No vLLM server answers at {self.url}: start one with "
-                "`python -m taurl.policy.vllm_server --model DIR` (docs/models-and-engines.md) or fix the url")
+                "`python -m taurl.policy.vllm_server --model DIR` (docs/models-and-engines.md) or "
+                "fix the url")
 
 def _finish(choice: dict[str, Any], sampling: SamplingParams) -> tuple[str, Any]:
     """taurl's finish reason from vLLM's (finish_reason, stop_reason)."""
@@ -411,28 +428,6 @@ def _finish(choice: dict[str, Any], sampling: SamplingParams) -> tuple[str, Any]
             return "eos", matched  # a generation-config end id
         return "stop", matched
     raise EngineError(f"the server ended a completion with finish_reason {reason!r}")
-
-
-def _run(coro: Any) -> Any:
-    """Run a coroutine to completion from sync code, inside a running loop or not."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = asyncio.run(coro)
-        except BaseException as e:  # re-raised in the caller's thread
-            out["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 __all__ = ["VLLMEngine", "TOP_P_REFUSED"]

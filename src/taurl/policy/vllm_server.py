@@ -58,8 +58,9 @@ def vllm_python(python: str | None = None) -> str:
     for c in candidates:
         if c and Path(c).is_file():
             return str(Path(c).absolute())  # not resolve(): a venv's python is a symlink
-    raise EngineError(f"no vLLM interpreter found (tried {[c for c in candidates if c]}); create the "
-                      "vLLM venv (`make vllm-venv`, docs/models-and-engines.md) or set $TAURL_VLLM_PYTHON")
+    raise EngineError(f"no vLLM interpreter found (tried {[c for c in candidates if c]}); create "
+                      "the vLLM venv (`make vllm-venv`, docs/models-and-engines.md) or set "
+                      "$TAURL_VLLM_PYTHON")
 
 
 class VLLMServer:
@@ -75,7 +76,8 @@ class VLLMServer:
         self.port = port or free_port()
         self.served_model_name = served_model_name
         self._own_cache = cache_dir is None
-        self.cache_dir = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="taurl-vllm-"))
+        self.cache_dir = (Path(cache_dir) if cache_dir
+                          else Path(tempfile.mkdtemp(prefix="taurl-vllm-")))
         self.kv_cache_gib = kv_cache_gib
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
@@ -139,8 +141,8 @@ class VLLMServer:
                 return self
             time.sleep(0.5)
         self.stop()
-        raise EngineError(f"the vLLM server did not answer /health within {self.startup_timeout_s:g} s:\n"
-                          f"{self.log_tail()}")
+        raise EngineError("the vLLM server did not answer /health within "
+                          f"{self.startup_timeout_s:g} s:\n{self.log_tail()}")
 
     def healthy(self) -> bool:
         try:
@@ -181,11 +183,14 @@ class VLLMServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m taurl.policy.vllm_server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m taurl.policy.vllm_server",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="an HF model directory (e.g. RUN/checkpoints/v1)")
-    p.add_argument("--python", help=f"the vLLM venv's python (default ${PYTHON_ENV} or .venv-vllm/bin/python)")
+    p.add_argument("--python", help=f"the vLLM venv's python (default ${PYTHON_ENV} or "
+                                    ".venv-vllm/bin/python)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--cache-dir", default=".taurl_cache/vllm", help="vLLM's caches and the server log")
+    p.add_argument("--cache-dir", default=".taurl_cache/vllm",
+                   help="vLLM's caches and the server log")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--compile", action="store_true", help="use torch.compile (slower start-up)")
@@ -195,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     server = VLLMServer(a.model, python=a.python, port=a.port, cache_dir=a.cache_dir,
                         kv_cache_gib=a.kv_cache_gib, max_model_len=a.max_model_len,
-                        enforce_eager=not a.compile, log_stats=a.log_stats, extra_args=tuple(a.extra))
+                        enforce_eager=not a.compile, log_stats=a.log_stats,
+                        extra_args=tuple(a.extra))
     print(" ".join(server.command()), file=sys.stderr)
     server.start()
     print(f"serving {server.model} as {server.served_model_name!r} at {server.url} "

@@ -31,8 +31,9 @@ class WeightSync:
         # a LoRA checkpoint holds an adapter: the server reloads its merged copy
         checkpoint_dir = await asyncio.to_thread(serving_dir, checkpoint_dir)
         if not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("*.safetensors")):
-            raise EngineError(f"no *.safetensors weights in {str(checkpoint_dir)!r}; pass a checkpoint "
-                              "directory written by save_pretrained (e.g. RUN/checkpoints/vN)")
+            raise EngineError(f"no *.safetensors weights in {str(checkpoint_dir)!r}; pass a "
+                              "checkpoint directory written by save_pretrained (e.g. "
+                              "RUN/checkpoints/vN)")
         was_paused = self._paused
         if not was_paused:
             await self.pause("wait")
@@ -49,7 +50,8 @@ class WeightSync:
         await self._admin("POST", "/update_weight_version", {"new_version": str(version)})
         served = (await self._admin("GET", "/weight_info")).get("weight_version")
         if served != str(version):
-            raise EngineError(f"the server records weight version {served!r} after the update to {version}")
+            raise EngineError(f"the server records weight version {served!r} after the update to "
+                              f"{version}")
         self.stats["reload_s"] += time.perf_counter() - t0
         # the probe runs on the server, which must be resumed; the client still holds its own
         await self._admin("POST", "/resume")
@@ -87,18 +89,23 @@ class WeightSync:
             expected = await asyncio.to_thread(_local_logprobs, checkpoint_dir, prompt, ids)
             err_new = max((abs(a - b) for a, b in zip(lps, expected, strict=True)), default=0.0)
             if err_new > self.probe_atol:
-                raise EngineError(_stale(version, checkpoint_dir, f"its probe logprobs differ from a plain fp32 "
-                                         f"forward of the checkpoint by {err_new:.2e} (> {self.probe_atol:g})"))
+                raise EngineError(_stale(version, checkpoint_dir, "its probe logprobs differ from "
+                                                                  "a plain fp32 "
+                                         f"forward of the checkpoint by {err_new:.2e} (> "
+                                         f"{self.probe_atol:g})"))
             if prev is not None and prev["ids"] == ids and err_new > self.probe_noise:
                 # beyond float noise of the new policy, yet nearer the previous one: stale
                 err_old = max(abs(a - b) for a, b in zip(lps, prev["logprobs"], strict=True))
                 if err_old < err_new:
-                    raise EngineError(_stale(version, checkpoint_dir, "its probe is closer to the previous "
-                                             f"policy's ({err_old:.2e}) than to the new one's ({err_new:.2e})"))
+                    raise EngineError(_stale(version, checkpoint_dir, "its probe is closer to the "
+                                                                      "previous "
+                                             f"policy's ({err_old:.2e}) than to the new one's "
+                                             f"({err_new:.2e})"))
         elif self.verify == "change":
             digest = await asyncio.to_thread(_weights_digest, checkpoint_dir)
             if prev is not None and prev == probe and digest != self._weights_hash:
-                raise EngineError(_stale(version, checkpoint_dir, "its probe answer is the previous policy's, "
+                raise EngineError(_stale(version, checkpoint_dir, "its probe answer is the "
+                                                                  "previous policy's, "
                                          "bit for bit, though the weight files changed"))
             self._weights_hash = digest
         self._last_probe = probe
@@ -116,7 +123,7 @@ def _local_logprobs(path: Path, prompt: list[int], ids: list[int]) -> list[float
     import torch
     from transformers import AutoModelForCausalLM
 
-    from taurl.policy.model import quiet_hf
+    from taurl.policy.files import quiet_hf
 
     with quiet_hf():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -149,7 +156,8 @@ def _check_same_model(root: str | None, checkpoint_dir: Path, url: str) -> None:
     diff = {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
     if diff:
         raise EngineError(f"the server at {url} serves another model ({root}) than the checkpoint "
-                          f"{checkpoint_dir}: {diff} (served, wanted); start a server on this checkpoint")
+                          f"{checkpoint_dir}: {diff} (served, wanted); start a server on this "
+                          "checkpoint")
 
 
 def _short(body: Any, n: int = 300) -> str:

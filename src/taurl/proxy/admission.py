@@ -75,5 +75,5 @@ def checked_delay(seconds: float | None) -> float | None:
 def retry_after_headers(seconds: float) -> dict[str, str]:
     """``Retry-After`` in whole seconds (RFC 9110 §10.2.3 allows only integers, rounded up)
     and ``retry-after-ms`` (what the openai SDK reads first, exact); ``x-should-retry``."""
-    return {"Retry-After": str(max(1, math.ceil(seconds))), "retry-after-ms": str(round(seconds * 1000)),
-            "x-should-retry": "true"}
+    return {"Retry-After": str(max(1, math.ceil(seconds))),
+            "retry-after-ms": str(round(seconds * 1000)), "x-should-retry": "true"}

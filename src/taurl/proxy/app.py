@@ -89,7 +89,8 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         n = call.index + 1
         stream = bool(body.get("stream"))
         if api == "responses":
-            out = responses.reply(call, ep, f"resp_{eid}_{n}", conversation, body.get("max_output_tokens"))
+            out = responses.reply(call, ep, f"resp_{eid}_{n}", conversation,
+                                  body.get("max_output_tokens"))
             return sse(responses.events(out)) if stream else JSONResponse(out)
         if api == "messages":
             out = messages.reply(call, f"msg_{eid}_{n}")
@@ -107,26 +108,31 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         return handler
 
     async def models(request: Request) -> Any:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
+        return JSONResponse({"object": "list",
+                             "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "taurl"}]})
 
     async def search(request: Request) -> Any:
         try:
-            return JSONResponse(proxy.search(request.path_params["episode_id"], await read(request)))
+            return JSONResponse(proxy.search(request.path_params["episode_id"],
+                                             await read(request)))
         except ProxyError as e:
             return error(e)
 
     async def tools(request: Request) -> Any:
         try:
-            proxy.episode(request.path_params["episode_id"])  # an agent may list its tools before its first call
+            # an agent may list its tools before its first call
+            proxy.episode(request.path_params["episode_id"])
             if proxy.tools is None:
-                raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404, "not_found")
+                raise ProxyError("this proxy runs no tools (agent.tools is not set)", 404,
+                                 "not_found")
         except ProxyError as e:
             return error(e)
         return JSONResponse({"tools": proxy.tools.declarations})
 
     async def tool_call(request: Request) -> Any:
         try:
-            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"], await read(request)))
+            return JSONResponse(await proxy.tool_call(request.path_params["episode_id"],
+                                                      await read(request)))
         except ProxyError as e:
             return error(e)
 
@@ -138,7 +144,8 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
             if isinstance(r, bool) or not isinstance(r, (int, float)):
                 raise ProxyError("'reward' must be a number")
             comps = body.get("components") or {"outcome": float(r)}
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in comps.values()):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       for v in comps.values()):
                 raise ProxyError("'components' maps names to numbers")
             ep.reward, ep.reward_components = float(r), {str(k): float(v) for k, v in comps.items()}
         except ProxyError as e:
@@ -159,14 +166,15 @@ def build_app(proxy: Any, mcp_endpoint: Any = None) -> Any:
         return JSONResponse({"episode_id": ep.episode_id, "status": ep.status, "calls": ep.calls,
                              "malformed_calls": ep.capture.malformed_calls, "reward": ep.reward,
                              "chains": [{"reason": c.reason, "kind": c.kind, "segments": [
-                                 {"kind": s.kind, "token_ids": list(s.token_ids), "policy_version": s.policy_version}
+                                 {"kind": s.kind, "token_ids": list(s.token_ids),
+                                  "policy_version": s.policy_version}
                                  for s in c.segments]} for c in ep.capture.chains]})
 
     async def unknown(request: Request, exc: Exception) -> Any:
         status = getattr(exc, "status_code", 404)
         what = "no route" if status == 404 else f"{request.method} is not served at"
-        return error(ProxyError(f"{what} {request.url.path}; the proxy serves: {routes_served()}", status,
-                                "unknown_route"))
+        return error(ProxyError(f"{what} {request.url.path}; the proxy serves: {routes_served()}",
+                                status, "unknown_route"))
 
     mcp = [Route(P + "/mcp", mcp_endpoint)] if mcp_endpoint is not None else []
     return Starlette(routes=[

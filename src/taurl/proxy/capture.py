@@ -50,7 +50,8 @@ class Call:
 
     chain: int
     action_segment: int
-    observation_segment: int | None  # the delta that preceded this call's action (None: chain start)
+    # the delta that preceded this call's action (None: chain start)
+    observation_segment: int | None
     text: str  # the sampled text, decoded from the sampled ids
     content: str | None  # the OpenAI message content returned
     tool_calls: list[dict[str, Any]]  # OpenAI tool_calls returned ([] for none)
@@ -68,13 +69,15 @@ class Chain:
     """A token stream: segments, their text, the template view and the agent's view."""
 
     codec: ChatCodec
-    reason: str  # why this chain started: "first_call" or why the previous chain could not be extended
+    # why this chain started: "first_call" or why the previous chain could not be extended
+    reason: str
     kind: str = "chat"  # "chat" | "completion"
     segments: list[Segment] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     text: str = ""
     render_msgs: list[dict[str, Any]] = field(default_factory=list)  # what the template renders
-    wire: list[dict[str, Any]] = field(default_factory=list)  # normalized messages as the agent saw them
+    # normalized messages as the agent saw them
+    wire: list[dict[str, Any]] = field(default_factory=list)
     tools_key: str = ""
     open: bool = False  # the last message is our reply, not yet extended
     calls: list[Call] = field(default_factory=list)
@@ -84,7 +87,8 @@ class Chain:
 
     def append(self, kind: str, ids: list[int], logprobs: list[float] | None = None,
                version: int | None = None) -> int:
-        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
+        self.segments.append(Segment(kind, tuple(ids),
+                                     None if logprobs is None else tuple(logprobs), version))
         self.ids.extend(ids)
         self.text += self.codec.decode(ids)
         return len(self.segments) - 1
@@ -97,7 +101,8 @@ def normalize(msg: Any) -> dict[str, Any]:
         raise ProxyError("every message is a JSON object with a string 'role'")
     content = msg.get("content")
     if isinstance(content, list):  # content parts: the text ones, in order
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict)
+                          and p.get("type") == "text")
     out: dict[str, Any] = {"role": msg["role"], "content": content or ""}
     calls = []
     for c in msg.get("tool_calls") or []:
@@ -117,7 +122,8 @@ def template_message(m: dict[str, Any]) -> dict[str, Any]:
     """A normalized message as the chat template reads it."""
     out = {"role": m["role"], "content": m["content"]}
     if m.get("tool_calls"):
-        out["tool_calls"] = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        out["tool_calls"] = [{"type": "function",
+                              "function": {"name": c["name"], "arguments": c["arguments"]}}
                              for c in m["tool_calls"]]
     return out
 
@@ -140,8 +146,10 @@ class EpisodeCapture:
         self.tok = tokenizer
         self.episode_id = episode_id
         self.chains: list[Chain] = []
-        self.malformed_calls = 0  # sampled tool calls that did not parse (returned as plain content)
-        self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
+        # sampled tool calls that did not parse (returned as plain content)
+        self.malformed_calls = 0
+        self.eos_text = (tokenizer.decode([tokenizer.eos_token_id])
+                         if tokenizer.eos_token_id is not None else None)
 
     # -- chat -----------------------------------------------------------------------
     def chat_prompt(self, messages: list[Any], tools: list[dict] | None) -> tuple[int, int | None]:
@@ -172,13 +180,15 @@ class EpisodeCapture:
         self.chains.append(c)
         return len(self.chains) - 1, None
 
-    def chat_result(self, chain: int, obs: int | None, ids: list[int], logprobs: list[float], version: int,
+    def chat_result(self, chain: int, obs: int | None, ids: list[int], logprobs: list[float],
+                    version: int,
                     finish_reason: str, has_tools: bool, generate_s: float = 0.0) -> Call:
         """Append the sampled ids to `chain`; parse them into the OpenAI reply."""
         c = self.chains[chain]
         a = c.append("action", ids, logprobs, version)
         text = c.codec.decode(ids)
-        body = text[:-len(self.eos_text)] if finish_reason == "eos" and self.eos_text and text.endswith(self.eos_text) else text
+        body = (text[:-len(self.eos_text)] if finish_reason == "eos" and self.eos_text
+                and text.endswith(self.eos_text) else text)
         content, tool_calls, parse = body, [], "no_tools"
         if has_tools:
             res = parse_hermes(body)
@@ -203,9 +213,10 @@ class EpisodeCapture:
         return call
 
     def retract(self, chain: int, obs: int | None) -> None:
-        """Undo `chat_prompt`'s or `completion_prompt`'s (chain, obs) for a call that was refused before sampling: the
-        chain it started is dropped, the observation it appended removed, so the record ends
-        where the last sampled action did (as the built-in loop's does at a full context)."""
+        """Undo `chat_prompt`'s or `completion_prompt`'s (chain, obs) for a call that was refused
+        before sampling: the chain it started is dropped, the observation it appended removed, so
+        the record ends where the last sampled action did (as the built-in loop's does at a full
+        context)."""
         c = self.chains[chain]
         if obs is None:
             if chain == len(self.chains) - 1 and not c.calls:
@@ -224,7 +235,8 @@ class EpisodeCapture:
             raise ProxyError("'prompt' must be a non-empty string")
         for i in range(len(self.chains) - 1, -1, -1):
             c = self.chains[i]
-            if c.kind == "completion" and c.open and prompt.startswith(c.text) and len(prompt) > len(c.text):
+            if (c.kind == "completion" and c.open and prompt.startswith(c.text)
+                and len(prompt) > len(c.text)):
                 c._before_extension = (len(c.render_msgs), c.wire, len(c.text))
                 obs = c.append("observation", c.codec.encode(prompt[len(c.text):]))
                 c.open = False
@@ -235,8 +247,8 @@ class EpisodeCapture:
         self.chains.append(c)
         return len(self.chains) - 1, None
 
-    def completion_result(self, chain: int, obs: int | None, ids: list[int], logprobs: list[float], version: int,
-                          finish_reason: str, generate_s: float = 0.0) -> Call:
+    def completion_result(self, chain: int, obs: int | None, ids: list[int], logprobs: list[float],
+                          version: int, finish_reason: str, generate_s: float = 0.0) -> Call:
         c = self.chains[chain]
         a = c.append("action", ids, logprobs, version)
         text = c.codec.decode(ids)

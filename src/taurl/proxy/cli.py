@@ -22,19 +22,22 @@ from taurl.errors import ConfigError
 def add_proxy_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="serve a policy behind the OpenAI-compatible training proxy",
                        description=__doc__.split("\n\n", 1)[1].strip())
-    p.add_argument("model", metavar="MODEL", help="a local HF model directory (e.g. runs/demo/checkpoints/v1)")
+    p.add_argument("model", metavar="MODEL", help="a local HF model directory (e.g. "
+                                                  "runs/demo/checkpoints/v1)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--temperature", type=float, default=None,
                    help="force this sampling temperature on every call (default: the agent's)")
     p.add_argument("--max-tokens", type=int, default=256, help="cap on a call's max_tokens")
     p.add_argument("--max-calls", type=int, default=64, help="model calls per episode")
-    p.add_argument("--retriever", action="store_true", help="also serve search-v0's retriever per episode")
+    p.add_argument("--retriever", action="store_true", help="also serve search-v0's retriever per "
+                                                            "episode")
     p.add_argument("--mcp", metavar="CONFIG", default=None,
-                   help="a YAML/JSON file of MCP servers (mcp_servers, allow, scopes, ...) served per episode "
-                        "at /rollouts/<id>/mcp behind the host gate")
+                   help="a YAML/JSON file of MCP servers (mcp_servers, allow, scopes, ...) served "
+                        "per episode at /rollouts/<id>/mcp behind the host gate")
     p.add_argument("--seed", type=int, default=0,
-                   help="each episode samples with a seed derived from this and its id (distinct per episode)")
+                   help="each episode samples with a seed derived from this and its id (distinct "
+                        "per episode)")
 
 
 def mcp_tools(path: str) -> Any:
@@ -46,7 +49,8 @@ def mcp_tools(path: str) -> Any:
     try:
         d = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--mcp {path}: cannot read it ({e}); give a YAML or JSON file with mcp_servers") from None
+        raise ConfigError(f"--mcp {path}: cannot read it ({e}); give a YAML or JSON file with "
+                          "mcp_servers") from None
     if isinstance(d, list):  # a bare list of servers
         d = {"mcp_servers": d}
     try:
@@ -57,8 +61,9 @@ def mcp_tools(path: str) -> Any:
 
 def start_proxy(args: argparse.Namespace) -> Any:
     """The started `ProxyServer` the command serves (its checks first, before any model loads)."""
+    from taurl.policy.files import load_policy_meta
     from taurl.policy.local_engine import LocalEngine
-    from taurl.policy.model import load_policy, load_policy_meta, policy_problems
+    from taurl.policy.model import load_policy, policy_problems
     from taurl.proxy.server import ProxyLimits, ProxyServer
 
     if problems := policy_problems(args.model):
@@ -72,13 +77,15 @@ def start_proxy(args: argparse.Namespace) -> Any:
 
         retriever = shared_retriever()
     limits = ProxyLimits(max_calls=args.max_calls, max_action_tokens=args.max_tokens,
-                         max_context=model.config.max_position_embeddings, temperature=args.temperature)
-    proxy = ProxyServer(LocalEngine(model, tok, version=version), tok, limits=limits, retriever=retriever,
+                         max_context=model.config.max_position_embeddings,
+                         temperature=args.temperature)
+    proxy = ProxyServer(LocalEngine(model, tok, version=version), tok, limits=limits,
+                        retriever=retriever,
                         tools=tools, host=args.host, port=args.port, seed=args.seed,
                         open_on_call=True).start()  # each new id an episode: no runner opens them
     mcp = f", MCP at {proxy.url}/rollouts/<episode id>/mcp" if tools is not None else ""
-    print(f"serving {args.model} (policy version {version}) at {proxy.url}/rollouts/<episode id>/v1{mcp} "
-          "— Ctrl-C to stop", flush=True)
+    print(f"serving {args.model} (policy version {version}) at {proxy.url}/rollouts/<episode "
+          f"id>/v1{mcp} — Ctrl-C to stop", flush=True)
     return proxy
 
 

@@ -35,8 +35,10 @@ log = logging.getLogger("taurl.proxy")
 # Over 60 lines on purpose: starts the proxy, runs each agent episode through it and stores its
 # records, with its failure accounting; one body so the episode's life (open, run, capture,
 # close) reads in order.
-async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any], specs: Sequence[Any], *,
-                        agent: dict[str, Any] | AgentConfig, config: Any, ledger: Ledger, run_id: str,
+async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any],
+                        specs: Sequence[Any], *,
+                        agent: dict[str, Any] | AgentConfig, config: Any, ledger: Ledger,
+                        run_id: str,
                         concurrency: int = 64, bar: Any = None, on_stored: Callable | None = None,
                         admission: Any = None,
                         all_chains: bool = True, engine_for: Callable[[Any], Any] | None = None,
@@ -55,7 +57,8 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
         from taurl import envs
 
         verifier = envs.spec(env.name).make_verifier()
-    out = {e: [t] for e, t in stored_episodes(ledger, specs, None).items()}  # checked to be this run's
+    # checked to be this run's
+    out = {e: [t] for e, t in stored_episodes(ledger, specs, None).items()}
     reused = set(out)
     failed: list[str] = []
     sem = asyncio.Semaphore(concurrency)
@@ -65,14 +68,17 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
 
         tools = ProxyTools.from_config(agent.tools)
     proxy = ProxyServer(engine, tokenizer, limits=proxy_limits(agent, config), retriever=retriever,
-                        max_doc_chars=getattr(env, "max_doc_chars", 400), tools=tools, admission=admission)
+                        max_doc_chars=getattr(env, "max_doc_chars", 400), tools=tools,
+                        admission=admission)
 
     async def one(s: Any) -> None:
         async with sem:
             try:
-                trajs = await run_agent_episode(proxy, agent, fn, s, run_id=run_id, env_name=env.name,
+                trajs = await run_agent_episode(proxy, agent, fn, s, run_id=run_id,
+                                                env_name=env.name,
                                                 env_version=env.version, verifier=verifier,
-                                                engine=engine_for(s) if engine_for else None, source=source)
+                                                engine=engine_for(s) if engine_for else None,
+                                                source=source)
             except Exception as e:  # noqa: BLE001 — counted and logged, never fatal
                 failed.append(f"{s.episode_id}: {type(e).__name__}: {e}")
                 return
@@ -96,13 +102,17 @@ async def collect_agent(engine: Any, tokenizer: Any, make_env: Callable[[], Any]
     # no record from any episode run: the run stops with the first cause (taurl.rollout.runner)
     stats = close_round(specs, out, failed, reused, what="agent episode")
     finals = [out[s.episode_id][-1] for s in specs if s.episode_id in out]
-    stats = {**stats, "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
+    stats = {**stats,
+             "rollout/agent_errors": float(sum(t.stop_reason == StopReason.ERROR for t in finals)),
              "rollout/chains_per_episode": sum(t.num_streams for t in finals) / max(1, len(finals)),
-             "rollout/malformed_tool_calls": float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
+             "rollout/malformed_tool_calls":
+                 float(sum(t.metadata.get("malformed_calls", 0) for t in finals)),
              "rollout/agent_tool_errors": float(sum(t.num_errors for t in finals)),
              "rollout/throttled_calls": float(proxy.throttled),
-             "rollout/admission_waits": float(sum(t.metadata.get("admission_waits", 0) for t in finals)),
-             "rollout/admission_wait_s": float(sum(t.metadata.get("admission_wait_s", 0.0) for t in finals)),
+             "rollout/admission_waits":
+                 float(sum(t.metadata.get("admission_waits", 0) for t in finals)),
+             "rollout/admission_wait_s":
+                 float(sum(t.metadata.get("admission_wait_s", 0.0) for t in finals)),
              "time/agent_collect_s": time.perf_counter() - t0}
     if all_chains:
         return [t for s in specs if s.episode_id in out for t in out[s.episode_id]], stats

@@ -23,14 +23,16 @@ from taurl.rollout.episodes import EpisodeSpec
 
 
 def expert_replies(cfg: Any, tasks: list) -> list[list[str]]:
-    """The expert's reply texts for demonstration `i` of `tasks`, drawn from ``Random(f"{seed}:{i}")``."""
+    """The expert's reply texts for demonstration `i` of `tasks`, drawn from
+    ``Random(f"{seed}:{i}")``."""
     agent = AgentConfig.from_dict(cfg.agent)
     expert = load_callable(agent.expert) if agent.expert else envs.spec(cfg.env).tool_expert
     if expert is None:
-        raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert to "
-                          "\"module:function\" (task, rng, **expert_options) -> reply texts, or register "
-                          "the env with tool_expert=, or use sft: none")
-    return [expert(t, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options) for i, t in enumerate(tasks)]
+        raise ConfigError(f"{cfg.env} has no expert in the proxy's wire format: set agent.expert "
+                          "to \"module:function\" (task, rng, **expert_options) -> reply texts, or "
+                          "register the env with tool_expert=, or use sft: none")
+    return [expert(t, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options)
+            for i, t in enumerate(tasks)]
 
 
 def agent_tokenizer_texts(cfg: Any, tasks: list) -> list[str]:
@@ -51,16 +53,20 @@ def agent_demonstrations(r: Any) -> list:
     cfg, t0 = r.cfg, time.perf_counter()
     agent = AgentConfig.from_dict(cfg.agent)
     tok = load_tokenizer(r.run.checkpoint(0))
-    specs = [EpisodeSpec(f"demo-{i}", t, cfg.seed + i, f"demo:{t.task_id}") for i, t in enumerate(r.plan.demos)]
-    replies = dict(zip((s.episode_id for s in specs), expert_replies(cfg, r.plan.demos), strict=True))
+    specs = [EpisodeSpec(f"demo-{i}", t, cfg.seed + i, f"demo:{t.task_id}")
+             for i, t in enumerate(r.plan.demos)]
+    replies = dict(zip((s.episode_id for s in specs), expert_replies(cfg, r.plan.demos),
+                       strict=True))
     rollout = cfg.rollout_config()
     bar = r.bar(len(specs), "demos")
     trajs, stats = asyncio.run(collect_agent(
-        None, tok, r.make_env, specs, agent=agent, config=rollout, ledger=r.ledger, run_id=r.run.root.name,
-        concurrency=cfg.concurrency, bar=bar, source="expert",
+        None, tok, r.make_env, specs, agent=agent, config=rollout, ledger=r.ledger,
+        run_id=r.run.root.name, concurrency=cfg.concurrency, bar=bar, source="expert",
         engine_for=lambda s: ReplyEngine(tok, replies[s.episode_id], rollout.max_context)))
     bar.close()
     m = rollout_metrics(trajs, time.perf_counter() - t0) if trajs else {}
-    r.metrics.write(0, {"phase": "demos", **stats, **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
+    r.metrics.write(
+        0, {"phase": "demos", **stats, **{k.replace("rollout/", "demos/"): v for k, v in m.items()}}
+    )
     r.phase_done("demos", time.perf_counter() - t0)
     return [t for t in trajs if t.valid]

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from taurl.rollout.synth import ScriptedEngine
-from taurl.tools.parsers import tool_call_text  # noqa: F401  (re-exported: its old home)
 
 
 class ReplyEngine(ScriptedEngine):

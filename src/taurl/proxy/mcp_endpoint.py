@@ -59,11 +59,14 @@ def mcp_app(proxy: Any) -> tuple[Any, Any]:
         try:
             result = await proxy.tool_call(eid, call)
         except ProxyError as e:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=str(e))], is_error=True)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=str(e))],
+                                        is_error=True)
         receipt = result["receipt"]
         failed = receipt is None or receipt["status"] != "ok"
-        return types.CallToolResult(content=[types.TextContent(type="text", text=result["message"]["content"])],
-                                    is_error=failed)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=result["message"]["content"])],
+            is_error=failed,
+        )
 
     server = Server("taurl-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
     manager = StreamableHTTPSessionManager(server, stateless=True, json_response=True)

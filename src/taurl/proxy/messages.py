@@ -52,11 +52,14 @@ def to_chat(body: dict) -> dict:
         if not isinstance(blocks, list):
             raise ProxyError("a message's 'content' must be a string or a list of content blocks")
         out += _assistant(blocks) if m["role"] == "assistant" else _user(blocks)
-    tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
-                                               "parameters": t.get("input_schema") or {"type": "object"}}}
+    tools = [{"type": "function",
+              "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                               "parameters": (t.get("input_schema")
+                                                              or {"type": "object"})}}
              for t in body.get("tools") or []]
     stop = body.get("stop_sequences")
-    chat = {"messages": out, "tools": tools or None, "max_tokens": body.get("max_tokens"), "stop": stop,
+    chat = {"messages": out, "tools": tools or None, "max_tokens": body.get("max_tokens"),
+            "stop": stop,
             "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0)}
     return {k: v for k, v in chat.items() if v is not None}
 
@@ -72,7 +75,8 @@ def _text(blocks: Any) -> str:
 def _block_text(b: Any) -> str:
     kind = b.get("type") if isinstance(b, dict) else None
     if kind != "text":
-        raise ProxyError(f"content block {kind!r} is not served here: the proxy's policy reads text only")
+        raise ProxyError(f"content block {kind!r} is not served here: the proxy's policy reads "
+                         "text only")
     return b.get("text", "")
 
 
@@ -80,7 +84,8 @@ def _user(blocks: list) -> list[dict]:
     out: list[dict] = []
     for b in blocks:
         if isinstance(b, dict) and b.get("type") == "tool_result":
-            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""), "content": _text(b.get("content", ""))})
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
+                        "content": _text(b.get("content", ""))})
         elif out and out[-1]["role"] == "user":
             out[-1]["content"] += _block_text(b)
         else:
@@ -97,7 +102,8 @@ def _assistant(blocks: list) -> list[dict]:
             msg["content"] += f"<think>{b.get('thinking', '')}</think>"
         elif kind == "tool_use":
             calls.append({"id": b.get("id", ""), "type": "function",
-                          "function": {"name": b.get("name", ""), "arguments": b.get("input") or {}}})
+                          "function": {"name": b.get("name", ""),
+                                       "arguments": b.get("input") or {}}})
         else:
             msg["content"] += _block_text(b)
     if calls:
@@ -119,27 +125,35 @@ def reply(call: Call, rid: str) -> dict:
     stop = ("tool_use" if call.tool_calls else "stop_sequence" if call.stop_sequence is not None
             else "max_tokens" if call.finish_reason == "length" else "end_turn")
     matched = call.stop_sequence if stop == "stop_sequence" else None
-    return {"id": rid, "type": "message", "role": "assistant", "model": MODEL_NAME, "content": blocks,
-            "stop_reason": stop, "stop_sequence": matched,
+    return {"id": rid, "type": "message", "role": "assistant", "model": MODEL_NAME,
+            "content": blocks, "stop_reason": stop, "stop_sequence": matched,
             "usage": {"input_tokens": call.prompt_tokens, "output_tokens": call.sampled}}
 
 
 def events(message: dict) -> list[tuple[str, dict]]:
     """The streamed form of `message`: Anthropic's event sequence."""
-    start = {**message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 0}}
+    start = {**message, "content": [], "stop_reason": None,
+             "usage": {**message["usage"], "output_tokens": 0}}
     out = [("message_start", {"type": "message_start", "message": start})]
     for i, b in enumerate(message["content"]):
         if b["type"] == "text":
-            first, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": b["text"]}]
+            first, deltas = {"type": "text",
+                             "text": ""}, [{"type": "text_delta", "text": b["text"]}]
         elif b["type"] == "thinking":
             first = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": b["thinking"]}, {"type": "signature_delta", "signature": ""}]
+            deltas = [{"type": "thinking_delta", "thinking": b["thinking"]},
+                      {"type": "signature_delta", "signature": ""}]
         else:
-            first, deltas = {**b, "input": {}}, [{"type": "input_json_delta", "partial_json": json.dumps(b["input"])}]
-        out.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": first}))
-        out += [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}) for d in deltas]
+            first, deltas = ({**b, "input": {}},
+                             [{"type": "input_json_delta", "partial_json": json.dumps(b["input"])}])
+        out.append(("content_block_start",
+                    {"type": "content_block_start", "index": i, "content_block": first}))
+        out += [("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
+                for d in deltas]
         out.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    out.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": message["usage"]["output_tokens"]},
+    out.append(("message_delta",
+                {"type": "message_delta",
+                 "usage": {"output_tokens": message["usage"]["output_tokens"]},
                                   "delta": {"stop_reason": message["stop_reason"],
                                             "stop_sequence": message["stop_sequence"]}}))
     out.append(("message_stop", {"type": "message_stop"}))
@@ -147,4 +161,5 @@ def events(message: dict) -> list[tuple[str, dict]]:
 
 
 def error_body(e: ProxyError) -> dict:
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(e.status, "api_error"), "message": str(e)}}
+    return {"type": "error",
+            "error": {"type": _ERROR_TYPES.get(e.status, "api_error"), "message": str(e)}}

@@ -50,8 +50,9 @@ def to_chat(body: dict, ep: Any) -> tuple[dict, list[dict]]:
     prior: list[dict] = []
     if prev := body.get("previous_response_id"):
         if prev not in ep.responses:
-            raise ProxyError(f"previous_response_id {prev!r} names no response of episode {ep.episode_id!r} "
-                             f"(known: {sorted(ep.responses)[-3:]})", 400, "previous_response_not_found")
+            raise ProxyError(f"previous_response_id {prev!r} names no response of episode "
+                             f"{ep.episode_id!r} (known: {sorted(ep.responses)[-3:]})", 400,
+                             "previous_response_not_found")
         prior = list(ep.responses[prev])
     raw = body.get("input")
     items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
@@ -61,10 +62,11 @@ def to_chat(body: dict, ep: Any) -> tuple[dict, list[dict]]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ProxyError("'instructions' must be a string")
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + conversation
+    messages = ([{"role": "system", "content": instructions}] if instructions
+                else []) + conversation
     chat = {"messages": messages, "tools": chat_tools(body.get("tools")) or None,
-            "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature", 1.0),
-            "top_p": body.get("top_p", 1.0)}
+            "max_tokens": body.get("max_output_tokens"),
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0)}
     return {k: v for k, v in chat.items() if v is not None}, conversation
 
 
@@ -78,10 +80,13 @@ def chat_tools(tools: Any) -> list[dict]:
         kind = t.get("type") if isinstance(t, dict) else None
         if kind != "function" or not isinstance(t.get("name"), str):
             raise ProxyError(f"tool type {kind!r} is not served: the proxy serves function tools "
-                             "({'type': 'function', 'name', 'parameters'}) only", 400, "unsupported_tool")
-        fn = {"name": t["name"], **({"description": t["description"]} if t.get("description") else {}),
+                             "({'type': 'function', 'name', 'parameters'}) only", 400,
+                             "unsupported_tool")
+        fn = {"name": t["name"],
+              **({"description": t["description"]} if t.get("description") else {}),
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-        out.append({"type": "function", "function": fn})  # the chat form, keys in its order (rendered)
+        # the chat form, keys in its order (rendered)
+        out.append({"type": "function", "function": fn})
     return out
 
 
@@ -93,8 +98,10 @@ def _text(content: Any) -> str:
     out = []
     for p in content:
         kind = p.get("type") if isinstance(p, dict) else None
-        if kind not in ("input_text", "output_text", "text", "refusal", "reasoning_text", "summary_text"):
-            raise ProxyError(f"content part {kind!r} is not served: the proxy's policy reads text only")
+        if kind not in ("input_text", "output_text", "text", "refusal", "reasoning_text",
+                        "summary_text"):
+            raise ProxyError(f"content part {kind!r} is not served: the proxy's policy reads text "
+                             "only")
         out.append(p.get("text") or p.get("refusal") or "")
     return "".join(out)
 
@@ -118,7 +125,8 @@ def input_messages(items: list[Any]) -> list[dict]:
             raise ProxyError("every input item is a JSON object")
         kind = item.get("type", "message")
         if kind == "reasoning":
-            if item.get("content") is not None:  # ours carry their text; another model's (summary, encrypted) no text to render
+            if item.get("content") is not None:
+                # ours carry their text; another model's (summary, encrypted) no text to render
                 think.append(_text(item["content"]))
         elif kind == "message" and item.get("role") == "assistant":
             msg = assistant()
@@ -127,19 +135,22 @@ def input_messages(items: list[Any]) -> list[dict]:
                 msg = assistant()
             msg["content"] += _text(item.get("content", ""))
         elif kind == "function_call":
-            assistant()["tool_calls"].append({"id": item.get("call_id", ""), "type": "function", "function": {
+            assistant()["tool_calls"].append({"id": item.get("call_id", ""), "type": "function",
+                                              "function": {
                 "name": item.get("name", ""), "arguments": item.get("arguments", "{}")}})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": _text(item.get("output", ""))})
+            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+                        "content": _text(item.get("output", ""))})
         elif kind == "message":
             role = {"developer": "system"}.get(item.get("role"), item.get("role"))
             if role not in ("user", "system"):
-                raise ProxyError(f"input message role {item.get('role')!r} is not one of user, system, developer, "
-                                 "assistant")
+                raise ProxyError(f"input message role {item.get('role')!r} is not one of user, "
+                                 "system, developer, assistant")
             out.append({"role": role, "content": _text(item.get("content", ""))})
         else:
-            raise ProxyError(f"input item type {kind!r} is not served: the proxy takes message, function_call, "
-                             "function_call_output and reasoning items", 400, "unsupported_input_item")
+            raise ProxyError(f"input item type {kind!r} is not served: the proxy takes message, "
+                             "function_call, function_call_output and reasoning items", 400,
+                             "unsupported_input_item")
     if think:
         raise ProxyError("a reasoning item must be followed by the assistant output it preceded")
     for m in out:
@@ -162,18 +173,23 @@ def reply(call: Call, ep: Any, rid: str, conversation: list[dict], asked: Any = 
                        "content": [{"type": "reasoning_text", "text": m.group(1)}]})
         content = content[m.end():]
     if content or not call.tool_calls:
-        output.append({"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": "completed",
+        output.append({"type": "message", "id": f"msg_{rid}", "role": "assistant",
+                       "status": "completed",
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
-    output += [{"type": "function_call", "id": f"fc_{tc['id']}", "call_id": tc["id"], "status": "completed",
-                "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]} for tc in call.tool_calls]
-    cut = call.finish_reason == "length" and isinstance(asked, int) and call.sampled >= asked  # the agent's limit
+    output += [{"type": "function_call", "id": f"fc_{tc['id']}", "call_id": tc["id"],
+                "status": "completed",
+                "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
+               for tc in call.tool_calls]
+    # the agent's limit
+    cut = call.finish_reason == "length" and isinstance(asked, int) and call.sampled >= asked
     return {"id": rid, "object": "response", "created_at": int(time.time()), "model": MODEL_NAME,
             "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
             "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
             "usage": {"input_tokens": call.prompt_tokens, "output_tokens": call.sampled,
                       "total_tokens": call.prompt_tokens + call.sampled,
-                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+                      "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}}}
 
 
 def events(response: dict) -> list[tuple[str, dict]]:
@@ -189,21 +205,26 @@ def events(response: dict) -> list[tuple[str, dict]]:
     for i, item in enumerate(response["output"]):
         at = {"output_index": i, "item_id": item["id"]}
         if item["type"] == "message":
-            emit("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "content": []})
+            emit("response.output_item.added", output_index=i,
+                 item={**item, "status": "in_progress", "content": []})
             part, text = item["content"][0], item["content"][0]["text"]
             emit("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
             for j in range(0, len(text), 16):
-                emit("response.output_text.delta", **at, content_index=0, delta=text[j:j + 16], logprobs=[])
+                emit("response.output_text.delta", **at, content_index=0, delta=text[j:j + 16],
+                     logprobs=[])
             emit("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
             emit("response.content_part.done", **at, content_index=0, part=part)
         elif item["type"] == "function_call":
-            emit("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "arguments": ""})
+            emit("response.output_item.added", output_index=i,
+                 item={**item, "status": "in_progress", "arguments": ""})
             emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+            emit("response.function_call_arguments.done", **at, name=item["name"],
+                 arguments=item["arguments"])
         else:
             emit("response.output_item.added", output_index=i, item=item)
         emit("response.output_item.done", output_index=i, item=item)
-    emit("response.incomplete" if response["status"] == "incomplete" else "response.completed", response=response)
+    emit("response.incomplete" if response["status"] == "incomplete" else "response.completed",
+         response=response)
     return out
 
 

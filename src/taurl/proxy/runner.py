@@ -5,21 +5,23 @@
       command: [python, examples/openai_agent.py]     # a command line
       timeout_s: 60                          # an agent that hangs is stopped here
       max_calls: 8                           # model calls per episode
-      tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate (`taurl.proxy.tools`)
+      tools: {mcp_servers: [...], allow: [...]}   # tools taurl runs behind its gate
+                                                  # (`taurl.proxy.tools`)
 
 A callable is called as ``fn(task_prompt, base_url, retriever_url) -> answer`` in its own
 thread; an ``async def`` one is awaited on one event loop shared by every episode for the
 process's life (async frameworks keep clients bound to the loop they first ran on: the
-Agents SDK's shared HTTP client), so it must not block that loop. Either gets, for each it takes as an argument: ``anthropic_base_url=`` (the `anthropic`
-SDK's base URL, `taurl.proxy.messages`), and with `tools` set ``tools_url=`` and
-``mcp_url=`` (the episode's MCP endpoint, `taurl.proxy.mcp_endpoint`). A command
-runs with ``OPENAI_BASE_URL`` (the episode's), ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``,
-``ANTHROPIC_API_KEY``, ``TAURL_TASK``, ``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` and
-``TAURL_MCP_URL`` (with `tools`) and ``TAURL_EPISODE_ID`` in its environment and prints its answer on the last line of stdout. Either way the agent imports nothing from
-taurl. What the proxy captured becomes the episode's trajectory: one record whose token
-streams are its chains (`taurl.proxy.capture`; `taurl.data.streams`, each stream's reason the
-chain's), scored by ``POST /reward`` or else by the env's verifier reading
-the final answer; then the recipe's own credit, learner, ledger and evaluation take over.
+Agents SDK's shared HTTP client), so it must not block that loop. Either gets, for each it takes as
+an argument: ``anthropic_base_url=`` (the `anthropic` SDK's base URL, `taurl.proxy.messages`), and
+with `tools` set ``tools_url=`` and ``mcp_url=`` (the episode's MCP endpoint,
+`taurl.proxy.mcp_endpoint`). A command runs with ``OPENAI_BASE_URL`` (the episode's),
+``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``, ``TAURL_TASK``,
+``TAURL_RETRIEVER_URL``, ``TAURL_TOOLS_URL`` and ``TAURL_MCP_URL`` (with `tools`) and
+``TAURL_EPISODE_ID`` in its environment and prints its answer on the last line of stdout. Either way
+the agent imports nothing from taurl. What the proxy captured becomes the episode's trajectory: one
+record whose token streams are its chains (`taurl.proxy.capture`; `taurl.data.streams`, each
+stream's reason the chain's), scored by ``POST /reward`` or else by the env's verifier reading the
+final answer; then the recipe's own credit, learner, ledger and evaluation take over.
 
 With an admission policy (`taurl.proxy.admission`), the runner asks it before starting
 the agent and waits what it says (at most `ADMISSION_PATIENCE_S` in all; an episode not
@@ -78,9 +80,11 @@ class AgentConfig:
     command: tuple[str, ...] = ()  # argv of a command-line agent
     timeout_s: float = 120.0  # wall-clock limit of one episode
     max_calls: int = 8  # model calls per episode
-    expert: str = ""  # "module:function": expert replies for SFT demos (default: the env's, see experts.py)
+    # "module:function": expert replies for SFT demos (default: the env's, see experts.py)
+    expert: str = ""
     name: str = field(default="", compare=False)
-    tools: dict[str, Any] = field(default_factory=dict, compare=False)  # `taurl.proxy.tools` (mcp_servers, allow, ...)
+    # `taurl.proxy.tools` (mcp_servers, allow, ...)
+    tools: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> AgentConfig:
@@ -102,10 +106,12 @@ def agent_problems(d: Any) -> list[str]:
     if unknown := sorted(set(d) - known):
         out.append(f"agent: unknown key(s) {unknown}; known: {sorted(known)}")
     if bool(d.get("callable")) == bool(d.get("command")):
-        out.append("agent needs exactly one of 'callable' (\"file.py:function\") or 'command' (an argv list)")
+        out.append("agent needs exactly one of 'callable' (\"file.py:function\") or 'command' (an "
+                   "argv list)")
     c = d.get("callable")
     if c and (not isinstance(c, str) or ":" not in c):
-        out.append(f"agent.callable {c!r} must be \"path/to/file.py:function\" or \"module:function\"")
+        out.append(f"agent.callable {c!r} must be \"path/to/file.py:function\" or "
+                   "\"module:function\"")
     t = d.get("timeout_s", 1)
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
         out.append(f"agent.timeout_s must be a number > 0 (got {t!r})")
@@ -152,7 +158,9 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
         except BaseException as e:  # noqa: BLE001 — handed to the episode, which records it
             res, exc = None, e
         if not loop.is_closed():
-            loop.call_soon_threadsafe(lambda: fut.done() or (fut.set_exception(exc) if exc else fut.set_result(res)))
+            loop.call_soon_threadsafe(lambda: (fut.done()
+                                               or (fut.set_exception(exc) if exc
+                                                   else fut.set_result(res))))
 
     threading.Thread(target=run, daemon=True, name="taurl-agent").start()
     return await fut
@@ -175,13 +183,15 @@ def _agent_loop() -> asyncio.AbstractEventLoop:
 
 async def _on_agent_loop(coro: Any, timeout: float) -> Any:
     """Await `coro` on the agents' loop; at the timeout it is cancelled there."""
-    return await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _agent_loop())),
-                                  timeout)
+    return await asyncio.wait_for(
+        asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, _agent_loop())), timeout)
 
 
 async def _run_command(argv: Sequence[str], env: dict[str, str], timeout: float) -> str:
-    proc = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    proc = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **env},
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE,
+                                                start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
@@ -189,7 +199,8 @@ async def _run_command(argv: Sequence[str], env: dict[str, str], timeout: float)
         await proc.wait()
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"exit status {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}")
+        raise RuntimeError(f"exit status {proc.returncode}: "
+                           f"{err.decode(errors='replace').strip()[-300:]}")
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
@@ -208,12 +219,14 @@ async def run_agent(agent: AgentConfig, fn: Callable | None, proxy: ProxyServer,
             if inspect.iscoroutinefunction(fn):
                 answer = await _on_agent_loop(fn(prompt, base, retriever, **kw), agent.timeout_s)
             else:
-                answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever, **kw)), agent.timeout_s)
+                answer = await asyncio.wait_for(_in_thread(lambda: fn(prompt, base, retriever,
+                                                                      **kw)), agent.timeout_s)
         else:  # the command's own timeout kills its process group
             env = {"OPENAI_BASE_URL": base, "OPENAI_API_KEY": "taurl", "TAURL_TASK": prompt,
                    "ANTHROPIC_BASE_URL": urls["anthropic_base_url"], "ANTHROPIC_API_KEY": "taurl",
                    "TAURL_RETRIEVER_URL": retriever, "TAURL_EPISODE_ID": episode_id,
-                   **({"TAURL_TOOLS_URL": tools, "TAURL_MCP_URL": urls["mcp_url"]} if tools else {})}
+                   **({"TAURL_TOOLS_URL": tools, "TAURL_MCP_URL": urls["mcp_url"]} if tools
+                      else {})}
             answer = await _run_command(agent.command, env, agent.timeout_s)
         return (None if answer is None else str(answer)), None
     except asyncio.TimeoutError:
@@ -248,15 +261,19 @@ def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
         obs = nxt.observation_segment if nxt else None
         if call.tool_calls:
             fns = [tc["function"] for tc in call.tool_calls]
-            action = {"kind": "tool_call", "calls": [{"name": f["name"], "arguments": f["arguments"]} for f in fns]}
+            action = {"kind": "tool_call",
+                      "calls": [{"name": f["name"], "arguments": f["arguments"]} for f in fns]}
         elif call.parse in ("malformed", "too_long"):
             action = {"kind": "invalid", "parse": call.parse}
         else:
             action = {"kind": "answer", "answer": final_answer(call.content)}
-        mine = [r for n, r in receipts if n == call.index + 1]  # the tools run after this call, before the next
+        # the tools run after this call, before the next
+        mine = [r for n, r in receipts if n == call.index + 1]
         errors = [e for n, e in tool_errors if n == call.index + 1]
-        turns.append(Turn(index=j, action_text=call.text, action=action, error="; ".join(errors) or None,
-                          observation_text=chain.codec.decode(chain.segments[obs].token_ids) if obs is not None else "",
+        turns.append(Turn(index=j, action_text=call.text, action=action,
+                          error="; ".join(errors) or None,
+                          observation_text=(chain.codec.decode(chain.segments[obs].token_ids)
+                                            if obs is not None else ""),
                           action_segment=call.action_segment, observation_segment=obs,
                           finish_reason=call.finish_reason, invalid=action["kind"] == "invalid",
                           receipt=mine[0] if mine else None, generate_s=call.generate_s))
@@ -266,7 +283,8 @@ def _turns(chain: Chain, receipts: list, tool_errors: list) -> list[Turn]:
 # Over 60 lines on purpose: one trajectory per captured chain with the episode's reward, verdict
 # and stop reason decided once for all of them; split, those decisions would travel between
 # helpers.
-def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, env_name: str, env_version: str,
+def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, env_name: str,
+                    env_version: str,
                     verifier: Any, error: str | None, agent_name: str, answer: str | None,
                     source: str = POLICY_SOURCE, wall_s: float = 0.0) -> list[Trajectory]:
     """The episode's record: one token stream per chain (a chain of one when the agent only
@@ -284,7 +302,8 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
     out = []
     for k, chain in enumerate(chains):
         last = k == len(chains) - 1
-        segs = tuple(s if source == POLICY_SOURCE or s.kind != "action" else Segment(s.kind, s.token_ids)
+        segs = tuple(s if source == POLICY_SOURCE or s.kind != "action"
+                     else Segment(s.kind, s.token_ids)
                      for s in chain.segments)
         turns = _turns(chain, ep.receipts, ep.tool_errors)
         if ep.gate_stop is not None and last:  # the gate ended it
@@ -301,17 +320,20 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
             stop, terminated = StopReason.NO_ANSWER, True
         traj = Trajectory(
             episode_id=ep.episode_id, run_id=run_id, task_id=task.task_id,
-            group_id=group_id, split=task.split, env_name=env_name, env_version=env_version, seed=ep.seed,
+            group_id=group_id, split=task.split, env_name=env_name, env_version=env_version,
+            seed=ep.seed,
             segments=segs, turns=tuple(turns), messages=tuple(dict(m) for m in chain.render_msgs),
             terminated=terminated, truncated=not terminated, stop_reason=stop,
             timings={"wall_s": wall_s, "generate_s": sum(c.generate_s for c in chain.calls)},
-            metadata={"answers": list(task.answers), "error": error, "agent": agent_name, "agent_answer": answer,
-                      "agent_error": agent_error, "gate_stop": ep.gate_stop[2] if ep.gate_stop else None,
+            metadata={"answers": list(task.answers), "error": error, "agent": agent_name,
+                      "agent_answer": answer, "agent_error": agent_error,
+                      "gate_stop": ep.gate_stop[2] if ep.gate_stop else None,
                       "proxy_refusal": ep.refusal[1] if ep.refusal else None,
                       "throttled_calls": ep.throttled, "admission_waits": ep.admission_waits,
                       "admission_wait_s": ep.admission_wait_s,
                       "chains": len(chains), "malformed_calls": ep.capture.malformed_calls,
-                      "sampling": sampling_record(1.0 if ep.temperature is None else ep.temperature, ep.top_p),
+                      "sampling": sampling_record(1.0 if ep.temperature is None else ep.temperature,
+                                                  ep.top_p),
                       **{key: v for key, v in task.metadata.items() if key in ("family", "hops")}},
             source=source)
         out.append(traj)
@@ -325,14 +347,16 @@ def episode_records(ep: ProxyEpisode, *, task: Any, group_id: str, run_id: str, 
         comps, version = {"outcome": 0.0}, getattr(verifier, "version", "none")
     else:
         comps, version = {"outcome": float(verifier(out[-1], task))}, verifier.version
-    if ep.gate_stop is not None and ep.reward is None:  # the host gate's penalty (a forbidden tool, a budget)
+    if ep.gate_stop is not None and ep.reward is None:
+        # the host gate's penalty (a forbidden tool, a budget)
         comps["constraint"] = ep.gate_stop[1]
     # one reward for the episode, the outcome of its last chain's answer
-    return [replace(t, reward=sum(comps.values()), reward_components=comps, verifier_version=version) for t in out]
+    return [replace(t, reward=sum(comps.values()), reward_components=comps,
+                    verifier_version=version) for t in out]
 
 
-async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable | None, spec: Any, *,
-                            run_id: str, env_name: str, env_version: str, verifier: Any,
+async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable | None, spec: Any,
+                            *, run_id: str, env_name: str, env_version: str, verifier: Any,
                             engine: Any = None, source: str = POLICY_SOURCE) -> list[Trajectory]:
     """Open `spec`'s episode in the proxy, run the agent on its task, return its records."""
     t0 = time.perf_counter()
@@ -342,8 +366,10 @@ async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable
         answer, error = await run_agent(agent, fn, proxy, spec.episode_id, spec.task.prompt)
     finally:
         ep = proxy.pop(spec.episode_id)
-    records = episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id, env_name=env_name,
-                              env_version=env_version, verifier=verifier, error=error, agent_name=agent.name,
+    records = episode_records(ep, task=spec.task, group_id=spec.group_id, run_id=run_id,
+                              env_name=env_name,
+                              env_version=env_version, verifier=verifier, error=error,
+                              agent_name=agent.name,
                               answer=answer, source=source, wall_s=time.perf_counter() - t0)
     if not records:  # no call was sampled: nothing to record, and the cause is what the run reports
         raise EpisodeError(no_record_cause(ep, error))
@@ -351,11 +377,12 @@ async def run_agent_episode(proxy: ProxyServer, agent: AgentConfig, fn: Callable
 
 
 def no_record_cause(ep: ProxyEpisode, error: str | None) -> str:
-    """Why an episode left no record, the proxy's refusal first (the agent's error follows from it)."""
+    """Why an episode left no record, the proxy's refusal first (the agent's error follows from
+    it)."""
     if ep.refusal is not None:
         then = f" (then {error})" if error else ""
-        return (f"every model call was refused: {ep.refusal[1]}{then}; raise agent.max_calls or max_context, or "
-                "shorten the agent's prompt")
+        return (f"every model call was refused: {ep.refusal[1]}{then}; raise agent.max_calls or "
+                "max_context, or shorten the agent's prompt")
     if ep.engine_error:
         return ep.engine_error
     if error:
@@ -370,7 +397,8 @@ async def admitted(proxy: ProxyServer, ep: ProxyEpisode) -> None:
     waited = 0.0
     while (wait := proxy.admit(ep, ep.engine or proxy.engine)) is not None:
         if waited + wait > ADMISSION_PATIENCE_S:
-            raise Error(f"episode {ep.episode_id!r} was not admitted within {ADMISSION_PATIENCE_S:g} s")
+            raise Error(f"episode {ep.episode_id!r} was not admitted within "
+                        f"{ADMISSION_PATIENCE_S:g} s")
         ep.admission_waits += 1
         ep.admission_wait_s += wait
         waited += wait

@@ -66,8 +66,10 @@ class ProxyLimits:
     max_calls: int = 8  # model calls per episode; the next is refused (the episode is truncated)
     max_action_tokens: int = 96  # cap on a call's max_tokens
     max_context: int = 1536  # prompt + completion
-    temperature: float | None = 1.0  # forced on every call (training samples at the learner's T); None: the agent's
-    top_p: float | None = 1.0  # forced on every call (a nucleus would bias the learner's ratio); None: the agent's
+    # forced on every call (training samples at the learner's T); None: the agent's
+    temperature: float | None = 1.0
+    # forced on every call (a nucleus would bias the learner's ratio); None: the agent's
+    top_p: float | None = 1.0
 
 
 @dataclass
@@ -94,13 +96,16 @@ class ProxyEpisode:
     temperature: float | None = None  # the first call's sampling temperature
     top_p: float = 1.0  # the smallest top_p any call sampled with
     gate: Any = None  # the episode's host gate for `tools/call` (budgets per episode)
-    gate_stop: tuple[str, float, str] | None = None  # (stop reason, penalty, why): a refusal that truncated it
+    # (stop reason, penalty, why): a refusal that truncated it
+    gate_stop: tuple[str, float, str] | None = None
     tool_errors: list[tuple[int, str]] = field(default_factory=list)  # (turn_of, error): failures
-    admitted: bool = False  # the admission policy let the episode start (its first call, or the runner)
+    # the admission policy let the episode start (its first call, or the runner)
+    admitted: bool = False
     throttled: int = 0  # calls answered 429 (admission refused them)
     admission_waits: int = 0  # times the runner waited before starting the agent
     admission_wait_s: float = 0.0
-    responses: dict[str, list[dict]] = field(default_factory=dict)  # Responses API: id -> its conversation
+    # Responses API: id -> its conversation
+    responses: dict[str, list[dict]] = field(default_factory=dict)
 
 
 class ProxyServer:
@@ -116,7 +121,8 @@ class ProxyServer:
         self.admission = admission  # taurl.proxy.admission.Admission, or None: admit every call
         self.throttled = 0  # 429s answered, over all episodes
         self.host, self.port = host, port
-        self.seed = seed  # an episode a call opens samples with a seed of its own, derived from this and its id
+        # an episode a call opens samples with a seed of its own, derived from this and its id
+        self.seed = seed
         self.episodes: dict[str, ProxyEpisode] = {}
         # a call to an unknown id opens it (standalone `taurl proxy`), else 404 (module docstring)
         self.open_on_call = open_on_call
@@ -179,7 +185,8 @@ class ProxyServer:
             if episode_id in self.episodes:
                 raise Error(f"episode {episode_id!r} is already open in the proxy")
             self.closed.discard(episode_id)
-            ep = ProxyEpisode(episode_id, EpisodeCapture(self.tok, episode_id), seed=seed, engine=engine)
+            ep = ProxyEpisode(episode_id, EpisodeCapture(self.tok, episode_id), seed=seed,
+                              engine=engine)
             self.episodes[episode_id] = ep
             return ep
 
@@ -219,17 +226,20 @@ class ProxyServer:
         return ep
 
     # -- the model call -------------------------------------------------------------
-    def sampling(self, ep: ProxyEpisode, body: dict, prompt_len: int, engine: Any) -> SamplingParams:
+    def sampling(self, ep: ProxyEpisode, body: dict, prompt_len: int,
+                 engine: Any) -> SamplingParams:
         lim = self.limits
         room = min(lim.max_context, engine.max_context) - prompt_len
         if room < 1:
-            raise ProxyError(f"the conversation is {prompt_len} tokens; the context limit is {lim.max_context}",
+            raise ProxyError(f"the conversation is {prompt_len} tokens; the context limit is "
+                             f"{lim.max_context}",
                              400, "context_length_exceeded")
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or lim.max_action_tokens
         stop = body.get("stop") or ()
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         stop_ids, stop_strings = ep.capture.chains[-1].codec.split_stops(stop) if stop else ((), ())
-        temp = lim.temperature if lim.temperature is not None else float(body.get("temperature", 1.0))
+        temp = (lim.temperature if lim.temperature is not None
+                else float(body.get("temperature", 1.0)))
         top_p = lim.top_p if lim.top_p is not None else float(body.get("top_p", 1.0))
         ep.top_p = min(ep.top_p, top_p)  # the record says so (`Trajectory.behaviour_logprobs`)
         if ep.temperature is None:
@@ -265,11 +275,13 @@ class ProxyServer:
             ep.throttled += 1
             with self.lock:
                 self.throttled += 1
-            raise ProxyError(f"not admitted now (the pipeline's staleness bound); retry after {wait:.3g} s", 429,
+            raise ProxyError("not admitted now (the pipeline's staleness bound); retry after "
+                             f"{wait:.3g} s", 429,
                              "staleness_bound", retry_after_headers(wait))
         if ep.calls >= self.limits.max_calls:
             ep.budget_hit = True
-            raise self.refuse(ep, StopReason.MAX_TURNS, f"episode {episode_id!r} used its {self.limits.max_calls} "
+            raise self.refuse(ep, StopReason.MAX_TURNS, f"episode {episode_id!r} used its "
+                                                        f"{self.limits.max_calls} "
                               "model calls (agent.max_calls)", "budget_exceeded")
         tools = body.get("tools") or None
         if chat:
@@ -289,12 +301,15 @@ class ProxyServer:
         except Error as e:
             ep.engine_error = f"engine: {e}"
             raise ProxyError(f"the engine failed: {e}", 500, "engine_error") from None
-        ep.refusal = None  # the agent went on after a refused call (a shorter history): not truncated there
+        # the agent went on after a refused call (a shorter history): not truncated there
+        ep.refusal = None
         if chat:
-            call = ep.capture.chat_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
+            call = ep.capture.chat_result(chain, obs, gen.token_ids, gen.logprobs,
+                                          gen.policy_version,
                                           gen.finish_reason, tools is not None, gen.generate_s)
         else:
-            call = ep.capture.completion_result(chain, obs, gen.token_ids, gen.logprobs, gen.policy_version,
+            call = ep.capture.completion_result(chain, obs, gen.token_ids, gen.logprobs,
+                                                gen.policy_version,
                                                 gen.finish_reason, gen.generate_s)
         call.index, call.prompt_tokens = index, len(ids) - len(gen.token_ids)
         call.sampled = len(gen.token_ids)
@@ -327,7 +342,8 @@ class ProxyServer:
         receipt = ToolReceipt("search", {"query": query}, "allowed", "ok",
                               latency_s=time.perf_counter() - t0, output_chars=len(text))
         ep.receipts.append((self.turn_of(ep), receipt))
-        return {"text": text, "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
+        return {"text": text,
+                "results": [{"title": h.doc.title, "doc_id": h.doc.doc_id} for h in hits]}
 
 
     async def tool_call(self, episode_id: str, body: dict) -> dict:
@@ -350,4 +366,5 @@ class ProxyServer:
         if d is not None and not d.allowed and d.truncate:
             ep.gate_stop = (d.stop_reason, d.penalty, f"{d.rule}: {d.reason}")
             self.end(episode_id)
-        return {"message": gated.message, "receipt": receipt_json(gated), "episode_ended": ep.gate_stop is not None}
+        return {"message": gated.message, "receipt": receipt_json(gated),
+                "episode_ended": ep.gate_stop is not None}

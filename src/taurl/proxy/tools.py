@@ -63,7 +63,8 @@ class ProxyTools:
 
         allow = d.get("allow")
         gate = GateConfig(allow=frozenset(allow) if allow is not None else None,
-                          scopes=frozenset(d.get("scopes", ("read",))), max_calls=d.get("max_calls"),
+                          scopes=frozenset(d.get("scopes", ("read",))),
+                          max_calls=d.get("max_calls"),
                           max_wall_s=d.get("max_wall_s"), max_cost=d.get("max_cost"))
         return ProxyTools(ToolBox(mcp_tool_specs(d["mcp_servers"])), gate)
 
@@ -76,7 +77,8 @@ class ProxyTools:
         return Gate(list(self.toolbox.specs.values()), self.gate)
 
     async def call(self, tool_call: Any, gate: Gate) -> GatedCall:
-        return await call_gated(tool_call if isinstance(tool_call, Mapping) else {}, self.toolbox, gate)
+        return await call_gated(tool_call if isinstance(tool_call, Mapping) else {}, self.toolbox,
+                                gate)
 
 
 def tools_problems(d: Any) -> list[str]:
@@ -88,7 +90,8 @@ def tools_problems(d: Any) -> list[str]:
         out.append(f"agent.tools: unknown key(s) {unknown}; known: {list(TOOL_KEYS)}")
     servers = d.get("mcp_servers")
     if not isinstance(servers, list) or not servers:
-        out.append("agent.tools.mcp_servers must be a non-empty list of servers (name, and command or url)")
+        out.append("agent.tools.mcp_servers must be a non-empty list of servers (name, and command "
+                   "or url)")
     for key in ("allow", "scopes"):
         v = d.get(key)
         if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):

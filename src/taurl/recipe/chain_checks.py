@@ -23,10 +23,9 @@ from taurl.errors import ContractError
 def chain_sources(cfg: Any) -> list[str]:
     """What in `cfg` can make an episode a chain of token streams, in words (none: [])."""
     out = []
-    compaction = cfg.compaction if isinstance(cfg.compaction, dict) else {}
-    if (policy := compaction.get("policy", "none")) != "none":
-        out.append(f"rollout.compaction (policy {policy}) begins a new token stream when the "
-                   "context fills")
+    if cfg.compaction.on:
+        out.append(f"rollout.compaction (policy {cfg.compaction.policy}) begins a new token "
+                   "stream when the context fills")
     if cfg.agent:
         out.append("agent: (your agent through the proxy) begins a new token stream when it "
                    "rewrites its history")
@@ -41,9 +40,9 @@ def chain_problems(cfg: Any, stage: str) -> list[str]:
     episodes can be chains; `stage` is `taurl.recipe.stages.stage_name(cfg)`."""
     from taurl.credit.registry import needs_values
 
-    if stage == "dpo" and cfg.dpo.get("data"):  # offline: the episodes are the file's
-        chained = _chained_rows(cfg.dpo["data"])
-        return [f"rl.dpo.data {cfg.dpo['data']} holds episodes of several token streams "
+    if stage == "dpo" and cfg.dpo.data:  # offline: the episodes are the file's
+        chained = _chained_rows(cfg.dpo.data)
+        return [f"rl.dpo.data {cfg.dpo.data} holds episodes of several token streams "
                 f"({chained} rows, e.g. compacted ones); DPO compares one stream per episode: "
                 "give episodes sampled without compaction"] if chained else []
     learner = {"dpo": "rl.objective: dpo compares two episodes as one token stream each",

@@ -28,10 +28,12 @@ def engine_options(r: Any, seed: int) -> dict[str, Any]:
         device, dtype = r.placement()
         opts.update(device=device, dtype=dtype, deterministic=cfg.deterministic)
     own_rows = "max_batch_size" not in cfg.engine_options
-    if cfg.schedule.kind == "async" and cfg.engine.kind == "local" and own_rows:  # one batch of rows
+    if cfg.schedule.kind == "async" and cfg.engine.kind == "local" and own_rows:
+        # one batch of rows
         opts["max_batch_size"] = async_engine_rows(cfg.concurrency, cfg.tasks_per_update,
                                                    cfg.overprovision, cfg.group_size)
-    if cfg.engine.kind == "vllm" and "url" not in opts:  # a server of ours: caches and log in the run
+    if cfg.engine.kind == "vllm" and "url" not in opts:
+        # a server of ours: caches and log in the run
         opts.setdefault("server_options", {}).setdefault("cache_dir", str(r.run.root / "vllm"))
     return opts
 
@@ -53,5 +55,11 @@ def rollout_collector(r: Any, version: int, tok: Any, *, seed: int,
         return RayCollector.start(r, r.run.checkpoint(version), version, seed=seed)
     engine = make_engine(cfg.engine.kind, r.run.checkpoint(version), tok, version=version,
                          **engine_options(r, seed))
-    return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency,
-                          {"agent": cfg.agent})
+    if cfg.agent:  # the user's agent through the training proxy: the proxy's collector
+        from functools import partial
+
+        from taurl.proxy.collect import collect_agent
+
+        return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency,
+                              run=partial(collect_agent, agent=cfg.agent))
+    return LocalCollector(engine, tok, r.make_env, rollout, r.run.root.name, cfg.concurrency)

@@ -1,6 +1,7 @@
 """Typed run configurations: loaded from YAML, validated once, all problems reported together.
 
-Each field's comment is its documentation; `taurl COMMAND --help` and docs/reference/config.md list them.
+Each field's comment is its documentation; `taurl COMMAND --help` and
+docs/reference/config.md list them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from taurl.errors import ConfigError, UnknownEnvError
+from taurl.eval.promote import PromotionConfig
 from taurl.recipe.options import (
     SECTION_TYPES,
     EngineSection,
@@ -22,15 +24,16 @@ from taurl.recipe.options import (
     ScheduleSection,
     SFTSection,
     TrainSection,
+    typed,
 )
 from taurl.recipe.sections import build_config, flat_read
-from taurl.recipe.validate import (  # noqa: F401  (re-exported: their old home was this module)
-    check_config,
-    dump_config,
+from taurl.recipe.validate import (
     import_modules,
     load_config,
+    typed_option_problems,
 )
 from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episode-budget defaults
+from taurl.rollout.options import CompactionConfig
 from taurl.train.learner_config import LearnerNumerics
 
 
@@ -40,11 +43,15 @@ class RolloutRunConfig:
 
     env: str = "search-v0"  # registered environment name (taurl.envs.registered())
     env_config: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the env
-    model: str = ""  # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md); "" builds the default tiny policy
+    # a local HF model directory, a .gguf file, a registry name or a hub id (docs/models.md);
+    # "" builds the default tiny policy
+    model: str = ""
     model_size: str = "tiny"  # preset of the default policy when model == "": tiny | small
-    system_prompt: str | None = None  # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
+    # replace the env's system prompt ("" drops it; null: the checkpoint's, else the env's)
+    system_prompt: str | None = None
     split: str = "train"  # task split to sample: train | validation | holdout
-    task_options: dict[str, Any] = field(default_factory=dict)  # the env's task-source options (search-v0: families, split_by)
+    # the env's task-source options (search-v0: families, split_by)
+    task_options: dict[str, Any] = field(default_factory=dict)
     episodes: int = 64  # number of episodes (tasks x group_size)
     group_size: int = 1  # episodes per task (G, for group-relative credit)
     concurrency: int = 32  # episodes in flight at once (the engine batches them)
@@ -56,16 +63,16 @@ class RolloutRunConfig:
     max_episode_tokens: int = _Loop.max_episode_tokens  # sampled tokens per episode
     max_observation_tokens: int = _Loop.max_observation_tokens  # observation cut, in tokens
     max_context: int = _Loop.max_context  # prompt + actions + observations
-    compaction: dict[str, Any] = field(default_factory=dict)  # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...} (taurl.rollout.compaction)
+    # context management (policy: none | drop | truncate | summarize | env, trigger,
+    # keep_turns, ...; taurl.rollout.compaction)
+    compaction: CompactionConfig = typed(CompactionConfig)
     max_tool_calls: int | None = _Loop.max_tool_calls  # tool calls per episode (null: no budget)
 
     def rollout_config(self):
         return _rollout_config(self, temperature=self.temperature, top_p=self.top_p)
 
     def problems(self) -> list[str]:
-        from taurl.rollout.compaction import compaction_problems
-
-        out = compaction_problems(self.compaction)
+        out = typed_option_problems(self)  # compaction
         for name in ("episodes", "group_size", "concurrency", "max_turns", "max_action_tokens",
                      "max_episode_tokens", "max_observation_tokens", "max_context"):
             if getattr(self, name) < 1:
@@ -102,7 +109,7 @@ class RolloutRunConfig:
         """This config, with what `model`'s checkpoint recorded about its training (env
         options, task options, system prompt) filled in where this config leaves them unset,
         so a checkpoint is rolled out as it was trained."""
-        from taurl.policy.model import load_policy_meta
+        from taurl.policy.files import load_policy_meta
 
         recipe = load_policy_meta(self.model).get("recipe", {}) if self.model else {}
         if not recipe or recipe.get("env") != self.env:
@@ -113,7 +120,8 @@ class RolloutRunConfig:
         if not self.task_options and recipe.get("task_options"):
             changes["task_options"] = recipe["task_options"]
         if not self.env_config and recipe.get("env_config"):
-            changes["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "max_turns"}
+            changes["env_config"] = {k: v for k, v in recipe["env_config"].items()
+                                     if k != "max_turns"}
         return dataclasses.replace(self, **changes)
 
 
@@ -150,7 +158,7 @@ class TrainConfig:
     trackers: list[str] = field(default_factory=list)
     # promotion gate thresholds (docs/evaluation.md): margin, safety_tolerance, max_cost_ratio,
     # max_wall_ratio, max_regression
-    promotion: dict[str, Any] = field(default_factory=dict)
+    promotion: PromotionConfig = typed(PromotionConfig)
     reward: dict[str, Any] = field(default_factory=dict)  # {}: the env's | {kind: judge, ...}
     # your own agent through the proxy (docs/agents.md): callable | command, timeout_s, max_calls
     agent: dict[str, Any] = field(default_factory=dict)
@@ -182,7 +190,8 @@ class TrainConfig:
         the same for every batch —, the engine's dtype and the train section's numerics)."""
         from taurl.train.precision import engine_dtype
 
-        numerics = {f.name: getattr(self.train, f.name) for f in dataclasses.fields(LearnerNumerics)}
+        numerics = {f.name: getattr(self.train, f.name)
+                    for f in dataclasses.fields(LearnerNumerics)}
         return dataclasses.replace(self.rl, temperature=self.rollout.temperature,
                                    norm_constant=float(self.rollout.max_episode_tokens),
                                    engine_dtype=engine_dtype(self), **numerics)
@@ -207,49 +216,53 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every problem with this config, the env's options included, before any work."""
         from taurl.envs import registry
-        from taurl.eval.promote import promotion_problems
         from taurl.policy.factory import local_engine_option_problem
         from taurl.recipe.stages import stage_problems
-        from taurl.rollout.compaction import compaction_problems
 
         pg = self if self.rl.objective != "dpo" else dataclasses.replace(
             self, rl=dataclasses.replace(self.rl, objective="ppo", objective_options={}))
         out = (pg.learner_config().problems() + self.eval_config().problems() + stage_problems(self)
-               + compaction_problems(self.compaction)
-               + promotion_problems(self.promotion) + self.monitor_problems() + self.mixing_problems())
-        for name in ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
-                     "max_context", "concurrency", "sft_epochs", "sft_batch_size", "updates",
-                     "tasks_per_update"):
+               + self.monitor_problems() + self.mixing_problems())
+        for name in ("max_turns", "max_action_tokens", "max_episode_tokens",
+                     "max_observation_tokens", "max_context", "concurrency", "sft_epochs",
+                     "sft_batch_size", "updates", "tasks_per_update"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts", "sft_max_steps"):
+        for name in ("torch_threads", "demos", "sft_warmup_steps", "tokenizer_texts",
+                     "sft_max_steps"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0 (got {getattr(self, name)})")
         if not self.temperature > 0:
             # greedy sampling makes the G rollouts of a group identical: every group has zero
             # reward variance, so every group is dropped and every update is skipped (and the
             # behaviour logprobs of an argmax are not a policy's)
-            out.append(f"temperature must be > 0 to train (got {self.temperature}): at 0 the G rollouts of a "
-                       "group are identical, every group has zero advantage and no update learns anything; "
-                       "train at temperature 1.0 (the default) and set eval_temperature: 0 for greedy evaluation")
+            out.append(f"temperature must be > 0 to train (got {self.temperature}): at 0 the G "
+                       "rollouts of a group are identical, every group has zero advantage and no "
+                       "update learns anything; train at temperature 1.0 (the default) and set "
+                       "eval_temperature: 0 for greedy evaluation")
         if not self.generate_timeout_s > 0:
             out.append(f"generate_timeout_s must be > 0 (got {self.generate_timeout_s})")
         if isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1:
-            out.append(f"checkpoint_every must be an integer >= 1 (1: every update); got {self.checkpoint_every!r}")
+            out.append("checkpoint_every must be an integer >= 1 (1: every update); got "
+                       f"{self.checkpoint_every!r}")
         elif self.checkpoint_every > 1 and self.schedule.kind == "async":
-            out.append("checkpoint_every > 1 runs with schedule: sync (the async learner checkpoints every "
-                       "version); use checkpoint_every: 1 or schedule: sync")
+            out.append("checkpoint_every > 1 runs with schedule: sync (the async learner "
+                       "checkpoints every version); use checkpoint_every: 1 or schedule: sync")
         if self.keep_checkpoints < 0:
-            out.append(f"keep_checkpoints must be >= 0 (0 keeps every version; got {self.keep_checkpoints})")
+            out.append("keep_checkpoints must be >= 0 (0 keeps every version; got "
+                       f"{self.keep_checkpoints})")
         if self.group_size < 2:
-            out.append("group_size must be >= 2: group-relative advantages compare rollouts of one task")
+            out.append("group_size must be >= 2: group-relative advantages compare rollouts of one "
+                       "task")
         if self.model_size not in ("tiny", "small"):
             out.append(f"model_size must be 'tiny' or 'small' (got {self.model_size!r})")
         if self.chat_template not in ("chatml", "chatml-compact"):
-            out.append(f"chat_template must be chatml or chatml-compact (got {self.chat_template!r})")
+            out.append("chat_template must be chatml or chatml-compact (got "
+                       f"{self.chat_template!r})")
         if self.engine.kind not in ("local", "vllm"):
             out.append(f"engine must be local or vllm (got {self.engine.kind!r})")
-        elif self.engine.kind == "local" and (bad := local_engine_option_problem(self.engine_options)):
+        elif (self.engine.kind == "local"
+              and (bad := local_engine_option_problem(self.engine_options))):
             out.append(bad)
         out += self.schedule_problems() + self.lora_problems() + self.deterministic_problems()
         from taurl.policy.device import device_problems
@@ -262,8 +275,10 @@ class TrainConfig:
 
         out += backend_problems(self.backend, self.backend_options, engine=self.engine.kind,
                                 engine_options=self.engine_options)
-        if self.backend == "ray" and self.agent:  # the proxy collector runs agents in this process only
-            out.append("agent: (your agent through the proxy) runs with backend: local only; drop backend: ray")
+        if self.backend == "ray" and self.agent:
+            # the proxy collector runs agents in this process only
+            out.append("agent: (your agent through the proxy) runs with backend: local only; drop "
+                       "backend: ray")
         if self.sft.data not in ("expert", "file", "none", "rejection"):
             out.append(f"sft must be expert, file, none or rejection (got {self.sft.data!r})")
         if self.sft.data == "file" and not Path(self.sft_data).is_file():
@@ -271,9 +286,11 @@ class TrainConfig:
         if self.sft.data != "file" and self.sft_data:
             out.append("sft_data is set but sft is not 'file': set sft: file, or drop sft_data")
         if self.tasks and not Path(self.tasks).is_file():
-            out.append(f"tasks: {self.tasks!r} is not a file; give a JSONL task file or '' for the env's tasks")
+            out.append(f"tasks: {self.tasks!r} is not a file; give a JSONL task file or '' for the "
+                       "env's tasks")
         if self.tasks and self.task_options:
-            out.append("task_options apply to the env's task source; with a task file (tasks:) drop them")
+            out.append("task_options apply to the env's task source; with a task file (tasks:) "
+                       "drop them")
         if self.model:
             from taurl.policy.sources import model_problems
 
@@ -300,18 +317,23 @@ class TrainConfig:
                 out += registry.expert_option_problems(self.env, self.expert_options)
             if self.demos < 1:
                 out.append("sft: expert needs demos >= 1")
-        elif self.expert_options and self.sft.data == "file":  # (a demo config reused with sft none/rejection keeps them)
+        elif self.expert_options and self.sft.data == "file":
+            # (a demo config reused with sft none/rejection keeps them)
             out.append("expert_options are set but sft is not 'expert'")
         hooks = spec.policy_hooks
-        # with a given model the warm-up is not applied (default_policy_options_ignored, which the recipe logs)
+        # with a given model the warm-up is not applied (default_policy_options_ignored, which the
+        # recipe logs)
         warmup = self.warmup_options if not self.model else {}
         if warmup and not hasattr(hooks, "warmup"):
-            out.append(f"warmup_options: {self.env} has no warm-up hook for its default policy; drop them")
+            out.append(f"warmup_options: {self.env} has no warm-up hook for its default policy; "
+                       "drop them")
         elif warmup:
             from taurl.envs.registry import signature_problems
 
-            out += signature_problems(hooks.warmup, self.warmup_options, f"{self.env}'s warm-up", "option",
-                                       {"model", "tokenizer", "train_tasks", "seed", "lr", "grad_clip", "log", "probe_tasks"})
+            out += signature_problems(hooks.warmup, self.warmup_options,
+                                       f"{self.env}'s warm-up", "option",
+                                       {"model", "tokenizer", "train_tasks", "seed", "lr",
+                                        "grad_clip", "log", "probe_tasks", "copy_phase"})
         return out
 
     def default_policy_options_ignored(self) -> list[str]:
@@ -320,8 +342,10 @@ class TrainConfig:
         if not self.model:
             return []
         defaults = PolicySection()
-        out = [flat for flat, key in (("model_size", "size"), ("tokenizer_texts", "tokenizer_texts"),
-                                      ("vocab_size", "vocab_size"), ("chat_template", "chat_template"))
+        out = [flat for flat, key in (("model_size", "size"),
+                                      ("tokenizer_texts", "tokenizer_texts"),
+                                      ("vocab_size", "vocab_size"),
+                                      ("chat_template", "chat_template"))
                if getattr(self.policy, key) != getattr(defaults, key)]
         return out + (["warmup_options"] if self.warmup_options else [])
 
@@ -331,18 +355,20 @@ class TrainConfig:
         if self.schedule.kind not in ("sync", "async"):
             out.append(f"schedule must be sync or async (got {self.schedule.kind!r})")
         if self.staleness_eta < 0 or self.overprovision < 0:
-            out.append(f"staleness_eta and overprovision must be >= 0 (got {self.staleness_eta}, {self.overprovision})")
+            out.append(f"staleness_eta and overprovision must be >= 0 (got {self.staleness_eta}, "
+                       f"{self.overprovision})")
         if self.interrupt not in ("finish", "interrupt"):
             out.append(f"interrupt must be finish or interrupt (got {self.interrupt!r})")
         if self.schedule.kind == "async" and (self.backend != "local" or self.agent):
-            out.append("schedule: async runs with backend: local and the built-in agent loop; drop backend/agent "
-                       "or use schedule: sync")
+            out.append("schedule: async runs with backend: local and the built-in agent loop; drop "
+                       "backend/agent or use schedule: sync")
         if self.schedule.kind == "async" and self.concurrency < self.group_size:
-            out.append(f"schedule: async needs concurrency >= group_size (a group runs at once); got "
-                       f"{self.concurrency} < {self.group_size}")
-        if self.schedule.kind == "async" and (self.step_scorer != "none" or self.replay or self.curriculum):
-            out.append("schedule: async does not take step_scorer, replay or curriculum yet (they hook the "
-                       "synchronous loop); drop them or use schedule: sync")
+            out.append("schedule: async needs concurrency >= group_size (a group runs at once); "
+                       f"got {self.concurrency} < {self.group_size}")
+        if self.schedule.kind == "async" and (self.step_scorer != "none" or self.replay
+                                              or self.curriculum):
+            out.append("schedule: async does not take step_scorer, replay or curriculum yet (they "
+                       "hook the synchronous loop); drop them or use schedule: sync")
         return out
 
     def deterministic_problems(self) -> list[str]:
@@ -350,28 +376,32 @@ class TrainConfig:
         process, fed by the synchronous collector and the built-in agent loop."""
         if not self.deterministic:
             return []
-        other = [f"{k}: {v}" for k, v, ok in (("engine", self.engine.kind, "local"), ("backend", self.backend, "local"),
-                                                ("schedule", self.schedule.kind, "sync")) if v != ok]
+        other = [f"{k}: {v}" for k, v, ok in (("engine", self.engine.kind, "local"),
+                                              ("backend", self.backend, "local"),
+                                              ("schedule", self.schedule.kind, "sync"))
+                 if v != ok]
         other += ["engine_options.replicas > 1"] * (self.engine_options.get("replicas", 1) != 1)
         other += ["agent: (your agent through the proxy)"] * bool(self.agent)
         if other:
-            return [f"rollout.deterministic: true needs engine local (one replica), backend local, schedule sync and "
-                    f"the built-in agent loop; this config has {', '.join(other)}. Drop deterministic, or those"]
+            return ["rollout.deterministic: true needs engine local (one replica), backend local, "
+                    "schedule sync and the built-in agent loop; this config has "
+                    f"{', '.join(other)}. Drop deterministic, or those"]
         return []
 
     def lora_problems(self) -> list[str]:
-        """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names included."""
+        """Problems with the ``lora:`` options (taurl.train.lora), the model's layer names
+        included."""
         from taurl.train.lora import run_problems
 
         return run_problems(self)
 
     def mixing_problems(self) -> list[str]:
-        """Problems with step_scorer, replay and curriculum (taurl.train.prm, taurl.recipe.replay, taurl.recipe.curriculum)."""
-        from taurl.recipe.validate import typed_option_problems
+        """Problems with step_scorer (taurl.train.prm) and every typed option's values
+        (replay, curriculum, compaction, rejection, dpo, distill, promotion: their classes)."""
         from taurl.train.prm import step_scorer_problems
 
         return (step_scorer_problems(self.step_scorer, self.step_scorer_options, self.estimator)
-                + typed_option_problems(self))  # replay, curriculum: their option classes
+                + typed_option_problems(self))
 
     def monitor_problems(self) -> list[str]:
         """Problems with the alarms and trackers options (taurl.monitor)."""
@@ -381,7 +411,8 @@ class TrainConfig:
         return alarm_config(self.alarms)[1] + tracker_problems(self.trackers)
 
 
-ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens", "max_context",
+ROLLOUT_BUDGETS = ("max_turns", "max_action_tokens", "max_episode_tokens", "max_observation_tokens",
+                   "max_context",
                    "max_tool_calls")  # the episode budgets both configs share with RolloutConfig
 
 
@@ -402,12 +433,10 @@ TrainConfig.__signature__ = _signature()  # type: ignore[attr-defined]
 
 def _rollout_config(cfg: Any, **sampling: Any):
     """The agent loop's RolloutConfig from a run config's budgets and `sampling`."""
-    from taurl.rollout.compaction import CompactionConfig
-
     timeout = ({"generate_timeout_s": cfg.generate_timeout_s} if hasattr(cfg, "generate_timeout_s")
                else {})
     return _Loop(**{k: getattr(cfg, k) for k in ROLLOUT_BUDGETS}, **timeout, **sampling,
-                 compaction=CompactionConfig.from_dict(cfg.compaction))
+                 compaction=cfg.compaction)
 
 
 def run_config(run: Any) -> TrainConfig:

@@ -33,7 +33,7 @@ from typing import Any
 from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
 from taurl.errors import ConfigError
-from taurl.rollout.episodes import episode_seed
+from taurl.rollout.seeds import episode_seed
 
 BUCKETS = ("easy", "medium", "hard")
 
@@ -51,9 +51,11 @@ class CurriculumConfig:
         out = []
         if len(self.mix) != 3 or any(not isinstance(x, (int, float)) or x < 0 for x in self.mix) \
                 or not abs(sum(self.mix) - 1.0) < 1e-6:
-            out.append(f"curriculum: mix must be three shares >= 0 (easy, medium, hard) summing to 1 (got {list(self.mix)})")
+            out.append("curriculum: mix must be three shares >= 0 (easy, medium, hard) summing to "
+                       f"1 (got {list(self.mix)})")
         if not 0 <= self.hard < self.easy <= 1:
-            out.append(f"curriculum: need 0 <= hard < easy <= 1 (got hard={self.hard}, easy={self.easy})")
+            out.append(f"curriculum: need 0 <= hard < easy <= 1 (got hard={self.hard}, "
+                       f"easy={self.easy})")
         if self.min_seen < 1:
             out.append(f"curriculum: min_seen must be >= 1 (got {self.min_seen})")
         return out
@@ -116,12 +118,15 @@ class Curriculum:
         if n < self.config.min_seen:
             return "medium"
         rate = self.successes.get(task_id, 0) / n
-        return "easy" if rate >= self.config.easy else "hard" if rate <= self.config.hard else "medium"
+        return ("easy" if rate >= self.config.easy else "hard" if rate <= self.config.hard
+                else "medium")
 
     def draw(self, n: int, update: int) -> tuple[list[Task], dict[str, float]]:
         """`n` distinct tasks for `update`, by bucket quotas; and curriculum/* metrics."""
         if n > len(self.pool):
-            raise ConfigError(f"curriculum: a batch of {n} tasks needs at least {n} RL tasks in the pool")
+            raise ConfigError(
+                f"curriculum: a batch of {n} tasks needs at least {n} RL tasks in the pool"
+            )
         by = {b: [t for t in self.pool if self.bucket(t.task_id) == b] for b in BUCKETS}
         q = quotas(n, self.config.mix, [len(by[b]) for b in BUCKETS])
         rng = random.Random(episode_seed(self.seed, "curriculum", update))

@@ -5,7 +5,8 @@
     sft     = expert demonstrations through the real loop | a trajectory file | none
     evaluate(validation, holdout) of the SFT policy
     for update u = 1..U:                         # policy version v = v_sft + u − 1
-        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at once (backend: local | ray)
+        batch = collect(engine, env, rl_tasks[u])          # rollouts of version v, stored at
+                                                           # once (backend: local | ray)
         stats = rl_step(learner, batch, v)                 # credit (estimator, filter, critic
                                                            # fit), then rows → loss → AdamW step
         checkpoint(v + 1); engine.load_weights(v + 1)      # serve (and verify) the new version
@@ -40,27 +41,26 @@ from taurl import chaos, envs
 from taurl.data.atomic import atomic_write_text
 from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
-from taurl.envs.core import Task
 from taurl.envs.tasks import plan_tasks
 from taurl.errors import Error
-from taurl.eval.eval_run import evaluate_policy
-from taurl.eval.evaluate import paired_difference
 from taurl.monitor.alarms import Watch, low_precision, staleness_max
 from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.recipe.collectors import rollout_collector
-from taurl.recipe.config import TrainConfig, check_config, dump_config
+from taurl.recipe.config import TrainConfig
+from taurl.recipe.evaluation import evaluate_both, write_summary
 from taurl.recipe.mixing import BatchMix
 from taurl.recipe.record import judge_update, record_update, recover_row
-from taurl.recipe.resume import check_resume, eval_mismatch, eval_tag, run_identity
+from taurl.recipe.resume import check_resume, run_identity
 from taurl.recipe.rl_step import rl_step
 from taurl.recipe.sections import flat_options
-from taurl.recipe.stages import make_learner, run_own_stage, sft_steps, stage_summary
-from taurl.recipe.state import Hook, Run, check_run_env, env_provenance, make_env
-from taurl.reward.judged import is_judged, shared_judge
-from taurl.rollout.episodes import Collector, EpisodeSpec, episode_seed
+from taurl.recipe.stages import make_learner, run_own_stage, sft_steps
+from taurl.recipe.state import Hook, Run, check_run_env, make_env
+from taurl.recipe.validate import check_config, dump_config
+from taurl.rollout.episodes import Collector, EpisodeSpec
+from taurl.rollout.seeds import episode_seed
 from taurl.train import lora
 from taurl.train.checkpoint import (
     drop_optimizer_state,
@@ -80,15 +80,21 @@ from taurl.train.sft import read_sft_file
 log = logging.getLogger("taurl.recipe.loop")
 
 
-def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True,
+          hook: Hook | None = None) -> dict[str, Any]:
     """Run (or resume) the recipe in `run_dir`; returns summary.json's content."""
-    cfg = check_config(cfg)  # types, values and imports: every problem at once, before any file is written
+    # types, values and imports: every problem at once, before any file is written
+    cfg = check_config(cfg)
     spec = envs.spec(cfg.env)
-    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options, env_config=cfg.env_config,
-                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0, n_rl=cfg.updates * cfg.tasks_per_update,
-                      n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"), eval_seed=cfg.eval_seed)
+    plan = plan_tasks(cfg.env, task_file=cfg.tasks, task_options=cfg.task_options,
+                      env_config=cfg.env_config,
+                      n_demos=cfg.demos if cfg.sft.data == "expert" else 0,
+                      n_rl=cfg.updates * cfg.tasks_per_update,
+                      n_eval=cfg.eval_tasks, seed=episode_seed(cfg.seed, "train"),
+                      eval_seed=cfg.eval_seed)
     # the env keeps the protocol, or the run is refused before any file is written
-    env_check = check_run_env(cfg, (plan.rl or plan.demos or plan.validation)[0], episode_seed(cfg.seed, "env-check"))
+    env_check = check_run_env(cfg, (plan.rl or plan.demos or plan.validation)[0],
+                              episode_seed(cfg.seed, "env-check"))
     # a resume is this run, or refused (taurl.recipe.resume), also before any file is written
     identity = run_identity(cfg, make_env(cfg))
     check_resume(run_dir, identity)
@@ -101,23 +107,28 @@ def train(cfg: TrainConfig, run_dir: str, *, progress: bool = True, hook: Hook |
     atomic_write_text(run.config, dump_config(cfg))
     with Ledger(run.ledger) as ledger, metrics_writer(run.metrics, cfg.trackers, run.root,
                                                       flat_options(cfg)) as metrics:
-        r = Run(cfg, spec, plan, run, ledger, metrics, progress, chaos.hooked(hook or (lambda n, i: None)),
+        r = Run(cfg, spec, plan, run, ledger, metrics, progress,
+                chaos.hooked(hook or (lambda n, i: None)),
                 json.loads(state_path.read_text()) if state_path.exists() else {})
         r.save_state(identity=identity)  # what a later start in this directory must match
         metrics.write(0, env_check)
-        if cfg.schedule.kind == "async" and cfg.backend == "local" and not r.state.get("rl_stopped_early"):
+        if (cfg.schedule.kind == "async" and cfg.backend == "local"
+                and not r.state.get("rl_stopped_early")):
             from taurl.recipe.schedule.learner_proc import LearnerProcess
 
-            r.learner_process = LearnerProcess()  # its imports (seconds) overlap SFT and the first evaluation
+            # its imports (seconds) overlap SFT and the first evaluation
+            r.learner_process = LearnerProcess()
         try:
             prepare_policy(r)
             if "sft_version" not in r.state:
                 sft(r, sft_data(r))
             evals = {"sft": evaluate_both(r, "sft", r.state["sft_version"])}
-            if not run_own_stage(r):  # rejection rounds, offline DPO (taurl.recipe.stages); else the RL loop
+            if not run_own_stage(r):
+                # rejection rounds, offline DPO (taurl.recipe.stages); else the RL loop
                 reinforce(r)
         finally:
-            if r.learner_process is not None:  # (RL closed it; here if RL did not run or failed first)
+            if r.learner_process is not None:
+                # (RL closed it; here if RL did not run or failed first)
                 r.learner_process.close()
         evals["final"] = evaluate_both(r, "final", run.versions()[-1])
         r.phase_done("total", time.perf_counter() - t0)
@@ -140,23 +151,30 @@ def prepare_policy(r: Run) -> None:
     if cfg.model:
         model, tok = load_policy(given_model(r))
     else:
-        texts = default_policy_texts(r.spec, r.make_env, r.plan.demos + r.plan.rl, task_options=cfg.task_options,
+        texts = default_policy_texts(r.spec, r.make_env, r.plan.demos + r.plan.rl,
+                                     task_options=cfg.task_options,
                                      expert_options=cfg.expert_options, seed=cfg.seed)
         if cfg.tokenizer_texts:
             texts = texts[::max(1, len(texts) // cfg.tokenizer_texts)]
-        if cfg.agent and cfg.sft.data == "expert":  # the agent's action format (tool-call JSON) gets merges too
+        if cfg.agent and cfg.sft.data == "expert":
+            # the agent's action format (tool-call JSON) gets merges too
             from taurl.proxy.demos import agent_tokenizer_texts
 
             texts += agent_tokenizer_texts(cfg, r.plan.demos)
-        log.info("building the default %s policy (tokenizer on %d training texts)", cfg.model_size, len(texts))
+        log.info("building the default %s policy (tokenizer on %d training texts)", cfg.model_size,
+                 len(texts))
         with tempfile.TemporaryDirectory() as tmp:  # v0 is written once, whole, below
-            model, tok = build_default_policy(texts, tmp, size=cfg.model_size, vocab_size=cfg.vocab_size,
+            model, tok = build_default_policy(texts, tmp, size=cfg.model_size,
+                                              vocab_size=cfg.vocab_size,
                                               seed=cfg.seed, chat_template=cfg.chat_template)
         if hasattr(r.spec.policy_hooks, "warmup"):
+            from taurl.train.copy_warmup import copy_warmup_phase
+
             m = r.spec.policy_hooks.warmup(
-                model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr, grad_clip=cfg.grad_clip,
+                model, tok, r.plan.demos or r.plan.rl, seed=cfg.seed, lr=cfg.sft_lr,
+                grad_clip=cfg.grad_clip,
                 log=lambda step, row: r.metrics.write(step, {"phase": "warmup", **row}),
-                probe_tasks=r.plan.rl, **cfg.warmup_options)
+                probe_tasks=r.plan.rl, copy_phase=copy_warmup_phase, **cfg.warmup_options)
             r.metrics.write(0, {"phase": "warmup", **m})
             log.info("warm-up: %s", ", ".join(f"{k} {v:.3f}" for k, v in m.items()))
     save_checkpoint(r.run, 0, model, tok, None, phase="initial", source=cfg.model or "default",
@@ -171,12 +189,14 @@ def given_model(r: Run) -> str:
 
     source = resolve_model(r.cfg.model)
     if ignored := r.cfg.default_policy_options_ignored():
-        log.info("model %s is given: the default policy's options %s are not applied", r.cfg.model, ignored)
+        log.info("model %s is given: the default policy's options %s are not applied", r.cfg.model,
+                 ignored)
     from taurl.policy.sources import renders_tools
 
     if r.make_env().observation_style != "inline" and not renders_tools(source.path):
-        log.warning("the chat template of %s ignores `tools`: %s's tool schemas will not be in the prompt; give the "
-                    "model a template that renders them (docs/models.md: tools)", r.cfg.model, r.cfg.env)
+        log.warning("the chat template of %s ignores `tools`: %s's tool schemas will not be in the "
+                    "prompt; give the model a template that renders them (docs/models.md: tools)",
+                    r.cfg.model, r.cfg.env)
     r.save_state(model_source=source.to_dict())
     return str(source.path)
 
@@ -184,7 +204,8 @@ def given_model(r: Run) -> str:
 def sft_data(r: Run) -> list:
     """The SFT trajectories: expert demonstrations (stored as ``demo-<i>``), a file, or none."""
     cfg, t0 = r.cfg, time.perf_counter()
-    if cfg.sft.data in ("none", "rejection"):  # rejection: the policy's own samples, after this (taurl.recipe.stages)
+    if cfg.sft.data in ("none", "rejection"):
+        # rejection: the policy's own samples, after this (taurl.recipe.stages)
         return []
     if cfg.sft.data == "file":
         return read_sft_file(cfg.sft_data, cfg.env)
@@ -198,12 +219,15 @@ def sft_data(r: Run) -> list:
     ids = [f"demo-{i}" for i in range(len(r.plan.demos))]
     if all(i in r.ledger for i in ids):
         return [r.ledger.get(i) for i in ids]
-    trajs = asyncio.run(demonstrations(r.plan.demos, load_tokenizer(r.run.checkpoint(0)), r.make_env,
-                                       expert=r.spec.expert, expert_options=cfg.expert_options, seed=cfg.seed,
+    trajs = asyncio.run(demonstrations(r.plan.demos, load_tokenizer(r.run.checkpoint(0)),
+                                       r.make_env,
+                                       expert=r.spec.expert, expert_options=cfg.expert_options,
+                                       seed=cfg.seed,
                                        run_id=r.run.root.name, config=cfg.rollout_config()))
     r.ledger.append_many([t for t in trajs if t.episode_id not in r.ledger])
     m = rollout_metrics(trajs, time.perf_counter() - t0)
-    r.metrics.write(0, {"phase": "demos", **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
+    r.metrics.write(0, {"phase": "demos",
+                        **{k.replace("rollout/", "demos/"): v for k, v in m.items()}})
     r.phase_done("demos", time.perf_counter() - t0)
     return trajs
 
@@ -250,23 +274,28 @@ def reinforce(r: Run) -> None:
     version = r.run.versions()[-1]
     first = version - v_sft + 1
     recover_row(r, version)
-    prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})  # if a kill came first
+    # if a kill came first
+    prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
     if first > cfg.updates or r.state.get("rl_stopped_early"):
         return
     device, dtype = r.placement()  # the policy's; the reference, critic and step scorer follow it
     dtype = master_dtype(cfg.precision, cfg.torch_dtype)  # fp32 masters under mixed precision
     if cfg.lora:  # adapters on the SFT policy; the KL reference is that policy, adapters off
-        model, tok = lora.rl_policy(r.run, version, v_sft, lora.LoraOptions.from_dict(cfg.lora), seed=cfg.seed)
+        model, tok = lora.rl_policy(r.run, version, v_sft, lora.LoraOptions.from_dict(cfg.lora),
+                                    seed=cfg.seed)
         model.to(device=device, dtype=dtype)
         reference = None
     else:
         model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
-        reference = load_policy(r.run.checkpoint(v_sft), device, dtype=dtype)[0] if cfg.kl_coef > 0 else None
-    learner = make_learner(r, model, tok, reference)  # RL's, or online DPO's or distillation's (taurl.recipe.stages)
+        reference = load_policy(r.run.checkpoint(v_sft), device,
+                                dtype=dtype)[0] if cfg.kl_coef > 0 else None
+    # RL's, or online DPO's or distillation's (taurl.recipe.stages)
+    learner = make_learner(r, model, tok, reference)
     if load_optimizer_state(r.run.checkpoint(version), learner.optimizer):
         log.info("resumed RL at version %d (update %d) with its optimizer state", version, first)
     if learner.load_state(r.run.checkpoint(version)):
-        log.info("restored the learner's state (critic, step scorer) saved with version %d", version)
+        log.info("restored the learner's state (critic, step scorer) saved with version %d",
+                 version)
     # the engine serves its own copy of the weights (a vLLM server, or LocalEngine in-process)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
     collector = rollout_collector(r, version, tok, seed=seed)
@@ -277,7 +306,8 @@ def reinforce(r: Run) -> None:
     chaos.on_optimizer_step(learner.optimizer)
     chaos.point("rl_start", f"version={version}", lambda: chaos.state_digests(learner.optimizer))
     loop = _rl_loop
-    if cfg.schedule.kind == "async":  # rollouts run ahead of the learner, staleness <= eta (taurl.recipe.schedule)
+    if cfg.schedule.kind == "async":
+        # rollouts run ahead of the learner, staleness <= eta (taurl.recipe.schedule)
         from taurl.recipe.schedule.async_rl import async_rl_loop as loop
     try:
         loop(r, model, tok, learner, collector, version, first, seed)
@@ -290,8 +320,8 @@ def reinforce(r: Run) -> None:
 # Over 60 lines on purpose: the synchronous RL phase read top to bottom, one update per
 # iteration: collect, credit, update, checkpoint, serve, record; the loop's steps are what a
 # reader follows.
-def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collector, version: int, first: int,
-             seed: int) -> None:
+def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collector, version: int,
+             first: int, seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # optional curriculum (which tasks) and replay (what else is trained on); both off: no-ops
     mix = BatchMix.start(cfg, r.plan.rl, seed, r.ledger, r.run.root.name, first, v_sft)
@@ -301,7 +331,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     watch = Watch(cfg.alarms, r.metrics.read(),  # health alarms (taurl.monitor.alarms)
                   low=low_precision(cfg.precision, cfg.torch_dtype))
     # a LoRA checkpoint names its base (the SFT checkpoint) and that base's digest
-    adapter = {"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))} if cfg.lora else {}
+    adapter = ({"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))}
+               if cfg.lora else {})
     # rows of updates after the newest checkpoint (checkpoint_every > 1) were written before a
     # restart; those updates are redone from the ledger's episodes, their rows not written twice
     recorded = {x.get("update") for x in r.metrics.read() if x.get("phase") == "rl"}
@@ -310,14 +341,18 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     for update in range(first, cfg.updates + 1):
         t0 = time.perf_counter()
         peak.reset(release=True)  # each phase's peak is its own (allocator's free memory returned)
-        tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update: update * cfg.tasks_per_update])
-        specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rl", update, i, g),
-                             f"r{update:04d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(cfg.group_size)]
+        tasks, mstats = mix.tasks(update, r.plan.rl[(update - 1) * cfg.tasks_per_update:
+                                                    update * cfg.tasks_per_update])
+        specs = [EpisodeSpec(f"r{update:04d}-{i:03d}-{g:02d}", t,
+                             episode_seed(seed, "rl", update, i, g), f"r{update:04d}:{t.task_id}")
+                 for i, t in enumerate(tasks) for g in range(cfg.group_size)]
         batch, cstats = collector.collect(specs, ledger=r.ledger,
-                                          on_stored=lambda event, t: r.hook(event, {"episode_id": t.episode_id}))
+                                          on_stored=lambda event, t: r.hook(
+                                              event, {"episode_id": t.episode_id}))
         if stale := [t.episode_id for t in batch if set(t.policy_versions) - {version}]:
-            raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version {version} "
-                        f"(e.g. {stale[0]}): the ledger holds episodes of another run; use a fresh --run-dir")
+            raise Error(f"{len(stale)} episode(s) of update {update} were not sampled by version "
+                        f"{version} (e.g. {stale[0]}): the ledger holds episodes of another run; "
+                        "use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         mem = {"mem/rollout_peak_rss_mb": peak.read_mb()}
         if hasattr(collector, "release_caches"):  # the engine's copies the update rebuilds
@@ -331,108 +366,34 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
         mem["mem/learn_peak_rss_mb"] = peak.read_mb()
         peak.reset(release=True)
         version += 1
-        row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, t_roll),
-               **cstats, **lstats, **mstats, **rstats, "rollout/groups_same_reward": same_reward_share(batch),
+        row = {"phase": "rl", "update": update, "policy/version": version,
+               **rollout_metrics(batch, t_roll), **cstats, **lstats, **mstats, **rstats,
+               "rollout/groups_same_reward": same_reward_share(batch),
                "time/rollout_s": t_roll, "time/learn_s": lstats.get("learn/learn_s", 0.0),
                "rollout/staleness_max": staleness_max(batch, version - 1), **mem}
         stop = judge_update(r, watch, row, update, t_start)
         # a checkpoint every checkpoint_every updates, at the last one and where RL stops
         if update % cfg.checkpoint_every == 0 or update == cfg.updates or stop is not None:
-            # the row goes into the checkpoint too: a kill between the two loses no row (recover_row)
-            save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl", update=update,
-                            write_extra=learner.save_state, metrics_row=row, **adapter, **r.checkpoint_meta())
+            # the row goes into the checkpoint too: a kill between the two loses no row
+            # (recover_row)
+            save_checkpoint(r.run, version, model, tok, learner.optimizer, phase="rl",
+                            update=update,
+                            write_extra=learner.save_state, metrics_row=row, **adapter,
+                            **r.checkpoint_meta())
             for v in r.run.versions()[:-1]:  # a restart needs only the newest optimizer state
                 drop_optimizer_state(r.run.checkpoint(v))
             remove_served(r.run)
             r.hook("checkpoint_saved", {"version": version})
             prune_checkpoints(r.run, cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
-            collector.load_weights(r.run.checkpoint(version), version)  # served (and verified) by every engine
+            # served (and verified) by every engine
+            collector.load_weights(r.run.checkpoint(version), version)
         else:  # the weights alone, outside the checkpoints, for the engines to load
             collector.load_weights(save_served(r.run, version, model, tok, **adapter), version)
-        row = {**row, "time/checkpoint_s": time.perf_counter() - t1, "time/update_s": time.perf_counter() - t0,
+        row = {**row, "time/checkpoint_s": time.perf_counter() - t1,
+               "time/update_s": time.perf_counter() - t0,
                "mem/checkpoint_peak_rss_mb": peak.read_mb()}
         record_update(r, bar, row, update, version, t0, write=update not in recorded)
         if stop is not None:
             r.save_state(**stop)
             break
     bar.close()
-
-
-# ---------------------------------------------------------------------------------------
-# Evaluation and summary
-
-
-def evaluate_both(r: Run, tag: str, version: int) -> dict[str, Any]:
-    """Validation (for choices) and holdout (to report) of checkpoint `version`."""
-    out = {}
-    for split, tasks in (("validation", r.plan.validation), ("holdout", r.plan.holdout)):
-        out[split] = evaluate_split(r, f"{split}-{tag}", tasks, version)
-    return out
-
-
-def evaluate_split(r: Run, tag: str, tasks: list[Task], version: int) -> dict[str, Any]:
-    path = r.run.root / "evals" / f"{tag}.json"
-    episodes_tag, c = tag, r.cfg
-    if path.exists():  # reused only when it is this evaluation (version, tasks, trials, seed, temperature)
-        stored = json.loads(path.read_text())
-        asked = (version, c.eval_trials, c.eval_temperature, c.eval_seed, [t.task_id for t in tasks])
-        if not (mismatch := eval_mismatch(stored, *asked)):
-            return stored
-        # another evaluation gets episodes of its own, never the stored one's from the ledger
-        episodes_tag = eval_tag(tag, mismatch, *asked)
-    t0 = time.perf_counter()
-    result = evaluate_policy(r.run.checkpoint(version), tasks, r.cfg.eval_config(), make_env=r.make_env,
-                             rollout=r.cfg.rollout_config(r.cfg.eval_temperature), verifier=r.spec.make_verifier(),
-                             ledger=r.ledger, run_id=r.run.root.name, tag=episodes_tag, progress=r.progress,
-                             agent=r.cfg.agent, placement=r.placement())
-    atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
-    r.metrics.write(version, {"phase": f"eval_{tag}", **result.metrics("eval")})
-    r.phase_done(f"eval_{tag}", time.perf_counter() - t0)
-    lo, hi = result.ci95
-    log.info("%s (v%d): success %.3f [%.3f, %.3f] over %d episodes of %d tasks, pass@%d %.3f", tag, version,
-             result.success, lo, hi, result.episodes, result.tasks, result.trials, result.pass_at_k)
-    return result.to_dict()
-
-
-def cut_by(state: dict[str, Any]) -> list[str]:
-    """The safety caps in seconds that cut this run short (sft_max_seconds, rl_max_seconds):
-    empty when it ran its step budgets, the only case a seed reproduces on another machine."""
-    out = [state["sft_stopped_by"]] if state.get("sft_stopped_by") else []
-    return out + [c for c in state.get("rl_stopped_by") or [] if c == "rl_max_seconds"]
-
-
-def write_summary(r: Run, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    versions, v_sft = r.run.versions(), r.state["sft_version"]
-
-    def compare(split: str) -> dict[str, Any]:
-        sft_, final = evals["sft"][split], evals["final"][split]
-        (a, b), (c, d) = sft_["ci95"], final["ci95"]
-        # the same tasks and seeds for both policies: a paired, task-clustered difference
-        paired = paired_difference(sft_["task_successes"], final["task_successes"], sft_["trials"])
-        return {"sft": sft_, "final": final, "gain": final["success"] - sft_["success"],
-                "intervals_overlap": not (c > b or a > d), "paired_gain": paired.to_dict()}
-
-    c = r.cfg
-    summary = {
-        "run": r.run.root.resolve().name, "env": c.env, "env_provenance": env_provenance(r.make_env(), c),
-        "holdout": compare("holdout"), "validation": compare("validation"),
-        "train": {"updates": versions[-1] - v_sft, "policy_version": versions[-1], "sft_version": v_sft,
-                  "sft_steps": r.state.get("sft_steps", 0), "sft_examples": r.state.get("sft_examples", 0),
-                  "demos": len(r.plan.demos), "estimator": c.estimator, "objective": c.objective,
-                  "group_size": c.group_size, "tasks_per_update": c.tasks_per_update,
-                  "sft_planned_steps": r.state.get("sft_planned_steps", 0),
-                  "stopped_early": r.state.get("rl_stopped_early"), "stopped_by": r.state.get("rl_stopped_by"),
-                  "cut_by": cut_by(r.state), "skipped_task_rows": r.plan.skipped_rows, **stage_summary(r)},
-        "model_source": r.state.get("model_source", {"kind": "default", "given": ""}),
-        "wall_seconds": r.state.get("timings", {}).get("total", 0.0),
-        "timings": r.state.get("timings", {}),
-        "config": flat_options(c),
-    }
-    if is_judged(c.reward):  # the judge's cost: its calls and cache hits in this process
-        summary["judge"] = {"version": (j := shared_judge(c.reward)).version, **j.stats}
-    # the gate's decision, final vs SFT, from the evaluations above (same tasks and seeds)
-    from taurl.eval.promote_run import recipe_promotion
-
-    summary["promotion"] = recipe_promotion(r.run, c.promotion, evals, baseline=v_sft, candidate=versions[-1])
-    atomic_write_text(r.run.summary, json.dumps(summary, indent=2))
-    return summary

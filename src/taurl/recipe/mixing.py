@@ -1,13 +1,16 @@
 """The RL loop's optional batch planner: the curriculum chooses tasks, replay mixes groups in.
 
-    mix = BatchMix.start(cfg, pool, seed, ledger, run_id, first, v_sft)    # None-safe: both off is a no-op
-    tasks, s1 = mix.tasks(update, default_tasks)        # curriculum: bucketed draw; else the plan's slice
+    mix = BatchMix.start(cfg, pool, seed, ledger, run_id, first, v_sft)    # None-safe: both
+                                                         # off is a no-op
+    tasks, s1 = mix.tasks(update, default_tasks)        # curriculum: bucketed draw; else the
+                                                         # plan's slice
     train, s2 = mix.batch(fresh, update, version)       # replay: fresh + stored groups; else fresh
     mix.observe(fresh)                                   # after the update: rates, buffer
 
 With both off (the default) every call returns its input unchanged and adds no metric, so
 the recipe behaves exactly as without it. On resume (`first` > 1) the state of both is
-rebuilt from the ledger's episodes of updates 1 .. first−1 (`taurl.recipe.replay`, `taurl.recipe.curriculum`).
+rebuilt from the ledger's episodes of updates 1 .. first−1 (`taurl.recipe.replay`,
+`taurl.recipe.curriculum`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class BatchMix:
         self.replay = replay
 
     @classmethod
-    def start(cls, cfg: Any, pool: Sequence[Task], seed: int, ledger: Ledger, run_id: str, first: int,
-              v_sft: int) -> BatchMix:
+    def start(cls, cfg: Any, pool: Sequence[Task], seed: int, ledger: Ledger, run_id: str,
+              first: int, v_sft: int) -> BatchMix:
         cur = Curriculum(curriculum_config(cfg.curriculum), pool, seed) if cfg.curriculum else None
         rep = ReplayBuffer(ReplayConfig(**cfg.replay), seed) if cfg.replay else None
         if (cur is not None or rep is not None) and first > 1:
@@ -58,7 +61,8 @@ class BatchMix:
             return default, {}
         return self.curriculum.draw(len(default), update)
 
-    def batch(self, fresh: list[Trajectory], update: int, version: int) -> tuple[list[Trajectory], dict[str, float]]:
+    def batch(self, fresh: list[Trajectory], update: int,
+              version: int) -> tuple[list[Trajectory], dict[str, float]]:
         if self.replay is None:
             return fresh, {}
         return self.replay.mix(fresh, update, version)

@@ -30,15 +30,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taurl.rollout.budgets import RolloutConfig as _Loop  # the one set of episode-budget defaults
+from taurl.rollout.options import CompactionConfig, RejectionOptions
+from taurl.train.distributed.strategy import RayPlacement
 from taurl.train.learner_config import LearnerConfig, LearnerNumerics
+from taurl.train.stage_options import DistillOptions, DPOOptions
 
 
-def typed(where: str) -> Any:
-    """A mapping option whose keys are the fields of the option class `where`
-    (``"module:Class"``, imported when checked): the file writes it as before (``{}``: off)
-    and the run reads it as a dict, while its keys, their types and the class's
-    ``problems()`` are checked from the class (`taurl.recipe.validate.option_problems`), so
-    the class is its one declaration of keys and defaults."""
+def typed(cls: type) -> Any:
+    """An option whose keys are fixed by taurl: the file writes a mapping of `cls`'s fields
+    (``{}``: every default), the config holds an instance of `cls` (``cfg.rl.dpo.beta``).
+    The class is its one declaration of keys, types, defaults and documentation; an unknown
+    key is refused with the nearest one, a wrong type by name (`taurl.recipe.typed`)."""
+    return field(default_factory=cls, metadata={"options": cls})
+
+
+def typed_mapping(where: str) -> Any:
+    """A mapping option whose ``{}`` means "off" (``rl.replay``, ``rl.curriculum``): an
+    instance of its class could not say off, so the run reads the dict, while its keys, types
+    and ``problems()`` are checked from the class (``"module:Class"``, imported when checked:
+    its module imports torch)."""
     return field(default_factory=dict, metadata={"options": where})
 
 
@@ -110,11 +120,12 @@ class RolloutSection:
     # where the RL rollouts run: local (this process) | ray (rollout workers on a local Ray
     # cluster; docs/scale-out.md)
     backend: str = "local"
-    # ray: workers, num_cpus, max_restarts, max_attempts
+    # the backend's own options (ray: workers, num_cpus, max_restarts, max_attempts); a
+    # mapping, as each backend (a plug-in of taurl.scale) declares and checks its own keys
     backend_options: dict[str, Any] = field(default_factory=dict)
-    # context management: {policy: none|drop|truncate|summarize|env, trigger, keep_turns, ...};
-    # a full context then starts a new token stream (taurl.rollout.compaction)
-    compaction: dict[str, Any] = field(default_factory=dict)
+    # context management (policy: none | drop | truncate | summarize | env, trigger,
+    # keep_turns, ...): a full context then starts a new token stream (taurl.rollout.compaction)
+    compaction: CompactionConfig = typed(CompactionConfig)
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,9 +164,8 @@ class SFTSection(_Kind):
     # safety cap: stop SFT after this many seconds (0: none); a run it cuts says so (summary
     # train.cut_by) and depends on the machine
     max_seconds: float = 0.0
-    # sft.data: rejection's options (taurl.rollout.rejection.RejectionOptions): rounds,
-    # attempts, tasks, temperature, filters
-    rejection: dict[str, Any] = field(default_factory=dict)
+    # sft.data: rejection's options: rounds, attempts, tasks, temperature, filters
+    rejection: RejectionOptions = typed(RejectionOptions)
 
 
 @dataclass(frozen=True)
@@ -179,22 +189,22 @@ class RLSection(LearnerConfig):
     # learned step scorer used as shaping only: none | implicit_prm
     # (docs/training/step-scorer.md)
     step_scorer: str = "none"
-    # its options: weight, clip, beta, lr, steps, pairs, label_smoothing, grad_clip
+    # its options (implicit_prm: weight, clip, beta, lr, steps, pairs, label_smoothing,
+    # grad_clip); a mapping, as each scorer (a plug-in of taurl.train.prm) takes its own keys
     step_scorer_options: dict[str, Any] = field(default_factory=dict)
     # experience replay of stored groups (docs/training/replay-curriculum.md): capacity,
     # max_age, fraction; {}: off
-    replay: dict[str, Any] = typed("taurl.recipe.replay:ReplayConfig")
+    replay: dict[str, Any] = typed_mapping("taurl.recipe.replay:ReplayConfig")
     # tasks by online success-rate bucket (docs/training/replay-curriculum.md): mix, easy,
     # hard, min_seen; {}: off
-    curriculum: dict[str, Any] = typed("taurl.recipe.curriculum:CurriculumConfig")
-    # objective: dpo's options (taurl.train.pair_learner.DPOOptions): beta, pairs, anchor,
-    # data (offline)
-    dpo: dict[str, Any] = field(default_factory=dict)
+    curriculum: dict[str, Any] = typed_mapping("taurl.recipe.curriculum:CurriculumConfig")
+    # objective: dpo's options: beta, pairs, anchor, data (offline)
+    dpo: DPOOptions = typed(DPOOptions)
     # on-policy distillation from this checkpoint directory (same tokenizer), instead of RL
     # (docs/beyond_rl.md)
     teacher: str = ""
-    # teacher's options (taurl.train.distill.DistillOptions): loss, reward_weight
-    distill: dict[str, Any] = field(default_factory=dict)
+    # teacher's options: loss, reward_weight
+    distill: DistillOptions = typed(DistillOptions)
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,7 +234,7 @@ class TrainSection(LearnerNumerics):
     world_size: int = 1  # learner ranks for ddp / fsdp (processes; with CUDA a GPU each)
     launcher: str = "local"  # who starts the ranks: local (processes) | ray (Ray actors)
     # Ray ranks' placement (docs/scale-out.md): placement, bundle, ready_timeout_s
-    ray: dict[str, Any] = field(default_factory=dict)
+    ray: RayPlacement = typed(RayPlacement)
 
 
 @dataclass(frozen=True)

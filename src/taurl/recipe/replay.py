@@ -38,7 +38,7 @@ from typing import Any
 
 from taurl.data.trajectory import Trajectory
 from taurl.errors import ConfigError
-from taurl.rollout.episodes import episode_seed
+from taurl.rollout.seeds import episode_seed
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,18 @@ class ReplayConfig:
     """The config's ``replay:`` options."""
 
     capacity: int = 32  # stored groups at most (FIFO)
-    max_age: int = 2  # a group sampled by version v_g is replayed while the policy is at v <= v_g + max_age
-    fraction: float = 0.25  # replayed groups per batch, as a share of the fresh batch's groups (rounded up)
+    # a group sampled by version v_g is replayed while the policy is at v <= v_g + max_age
+    max_age: int = 2
+    # replayed groups per batch, as a share of the fresh batch's groups (rounded up)
+    fraction: float = 0.25
 
     def problems(self) -> list[str]:
         out = []
         if self.capacity < 1:
             out.append(f"replay: capacity must be >= 1 (got {self.capacity})")
         if self.max_age < 1:
-            out.append(f"replay: max_age must be >= 1 version (got {self.max_age}); the fresh batch is age 0")
+            out.append(f"replay: max_age must be >= 1 version (got {self.max_age}); the fresh "
+                       "batch is age 0")
         if not 0 < self.fraction <= 1:
             out.append(f"replay: fraction must be in (0, 1] (got {self.fraction})")
         return out
@@ -90,7 +93,8 @@ def informative(group: Sequence[Trajectory]) -> bool:
 
 
 class ReplayBuffer:
-    """Groups of earlier updates, with expiry by policy-version age and env version (module docstring)."""
+    """Groups of earlier updates, with expiry by policy-version age and env version (module
+    docstring)."""
 
     def __init__(self, config: ReplayConfig, seed: int):
         if problems := config.problems():
@@ -106,7 +110,8 @@ class ReplayBuffer:
         return len(self.groups)
 
     def expire(self, version: int, env_version: str) -> dict[str, float]:
-        """Drop groups older than `max_age` versions or of another env version; counts of this call."""
+        """Drop groups older than `max_age` versions or of another env version; counts of this
+        call."""
         age = [g for g, s in self.groups.items() if version - s.version > self.config.max_age]
         env = [g for g, s in self.groups.items() if g not in age and s.env_version != env_version]
         for g in age + env:
@@ -122,7 +127,8 @@ class ReplayBuffer:
             if not informative(group) or group[0].group_id in self.groups:
                 continue
             versions = [v for t in group for v in t.policy_versions]
-            self.groups[group[0].group_id] = StoredGroup(group[0].group_id, tuple(group), max(versions, default=-1),
+            self.groups[group[0].group_id] = StoredGroup(group[0].group_id, tuple(group),
+                                                         max(versions, default=-1),
                                                          group[0].env_version)
             kept += 1
             while len(self.groups) > self.config.capacity:
@@ -130,7 +136,8 @@ class ReplayBuffer:
                 self.evicted += 1
         return kept
 
-    def mix(self, batch: Sequence[Trajectory], update: int, version: int) -> tuple[list[Trajectory], dict[str, float]]:
+    def mix(self, batch: Sequence[Trajectory], update: int,
+            version: int) -> tuple[list[Trajectory], dict[str, float]]:
         """The training batch for `update`: `batch` plus replayed groups; and replay/* metrics."""
         env_version = batch[0].env_version if batch else ""
         stats = self.expire(version, env_version)
@@ -143,14 +150,18 @@ class ReplayBuffer:
         stats.update({
             "replay/groups": float(k), "replay/episodes": float(len(replayed)),
             "replay/share": len(replayed) / max(len(batch) + len(replayed), 1),
-            "replay/age_mean": sum(ages) / len(ages) if ages else 0.0, "replay/age_max": float(max(ages, default=0)),
-            "replay/buffer_groups": float(len(self.groups)), "replay/expired_age_total": float(self.expired_age),
-            "replay/expired_env_total": float(self.expired_env), "replay/evicted_total": float(self.evicted),
+            "replay/age_mean": sum(ages) / len(ages) if ages else 0.0,
+            "replay/age_max": float(max(ages, default=0)),
+            "replay/buffer_groups": float(len(self.groups)),
+            "replay/expired_age_total": float(self.expired_age),
+            "replay/expired_env_total": float(self.expired_env),
+            "replay/evicted_total": float(self.evicted),
         })
         return list(batch) + replayed, stats
 
     def rebuild(self, history: Sequence[tuple[int, Sequence[Trajectory]]]) -> None:
-        """Replay the expire/store steps of earlier updates: (policy version, fresh batch) in order."""
+        """Replay the expire/store steps of earlier updates: (policy version, fresh batch) in
+        order."""
         for version, trajs in history:
             if trajs:
                 self.expire(version, trajs[0].env_version)

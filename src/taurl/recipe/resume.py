@@ -21,12 +21,14 @@ from typing import Any
 import yaml
 
 from taurl.errors import Error
-from taurl.recipe.sections import flat_options, flatten
+from taurl.recipe.sections import flat_options, flatten, homes
+from taurl.recipe.typed import is_record, option_class, record_value
 
 # options a resume may change: how far the run goes and what it keeps, not what a record means
-# (deterministic, like device and torch_threads, changes how later rows are computed, not what a stored one is)
-RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers", "torch_threads",
-             "generate_timeout_s", "device", "deterministic",
+# (deterministic, like device and torch_threads, changes how later rows are computed, not what a
+# stored one is)
+RESUMABLE = ("updates", "rl_max_seconds", "sft_max_seconds", "keep_checkpoints", "trackers",
+             "torch_threads", "generate_timeout_s", "device", "deterministic",
              "train_strategy", "train_world_size",
              "launcher", "ray")  # where the step runs, not what it is (train.launcher, train.ray)
 
@@ -38,8 +40,8 @@ class ResumeError(Error, ValueError):
 def run_identity(cfg: Any, env: Any) -> dict[str, Any]:
     """What the run is: its configuration outside `RESUMABLE` (with a digest), its env and model."""
     # under the flat names of the release before sections, so a run of that release resumes
-    config = json.loads(json.dumps({k: v for k, v in flat_options(cfg).items() if k not in RESUMABLE},
-                                   default=str))
+    config = json.loads(json.dumps({k: v for k, v in flat_options(cfg).items()
+                                    if k not in RESUMABLE}, default=str))
     return {"config_digest": _digest(config), "config": config,
             "env": {"name": env.name, "version": str(env.version),
                     "verifier_version": str(getattr(env, "verifier_version", ""))},
@@ -77,8 +79,9 @@ def check_resume(run_dir: str | Path, identity: dict[str, Any]) -> None:
     stored = _stored_identity(root)
     if stored is None:
         return
-    changed = [(k, old, identity["config"].get(k)) for k, old in sorted(stored.get("config", {}).items())
-               if k in identity["config"] and identity["config"][k] != old]
+    changed = [(k, old, identity["config"].get(k))
+               for k, old in sorted(stored.get("config", {}).items())
+               if k in identity["config"] and not _same_option(k, old, identity["config"][k])]
     for k, old in (stored.get("env") or {}).items():
         if identity["env"].get(k) != old:
             changed.append((f"env.{k}", old, identity["env"].get(k)))
@@ -88,10 +91,10 @@ def check_resume(run_dir: str | Path, identity: dict[str, Any]) -> None:
         return
     what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
     raise ResumeError(
-        f"{root} holds a run with another configuration, so it cannot be resumed with this one (changed: {what}). "
-        f"A resumed run reuses its stored checkpoints, episodes and evaluations, so only "
-        f"{', '.join(RESUMABLE)} may change. Resume with the run's own values, or start a new run with these: "
-        f"give another --run-dir")
+        f"{root} holds a run with another configuration, so it cannot be resumed with this one "
+        f"(changed: {what}). A resumed run reuses its stored checkpoints, episodes and "
+        f"evaluations, so only {', '.join(RESUMABLE)} may change. Resume with the run's own "
+        f"values, or start a new run with these: give another --run-dir")
 
 
 def _stored_identity(root: Path) -> dict[str, Any] | None:
@@ -102,11 +105,41 @@ def _stored_identity(root: Path) -> dict[str, Any] | None:
         if recorded is not None:
             return recorded
     if state.exists() and (root / "config.yaml").exists():
-        # in sections since the config file has them; a run from before, flat (taurl.recipe.sections)
+        # in sections since the config file has them; a run from before, flat
+        # (taurl.recipe.sections)
         config = flatten(yaml.safe_load((root / "config.yaml").read_text()) or {}, warn=False)
         return {"config": {k: v for k, v in json.loads(json.dumps(config, default=str)).items()
                            if k not in RESUMABLE}}
     return None
+
+
+def typed_classes() -> dict[str, type]:
+    """The option class of each typed option of `TrainConfig`, by its flat name (the names
+    a run's identity records)."""
+    import dataclasses
+
+    from taurl.recipe.config import TrainConfig
+    from taurl.recipe.options import SECTION_TYPES, section_fields
+
+    flat_of = {home: flat for flat, home in homes().items()}
+    out = {f.name: option_class(f) for f in dataclasses.fields(TrainConfig) if is_record(f)}
+    for name in SECTION_TYPES:
+        out.update({flat_of.get(f"{name}.{f.name}", f"{name}.{f.name}"): option_class(f)
+                    for f in section_fields(name) if is_record(f)})
+    return out  # type: ignore[return-value]
+
+
+def _same_option(name: str, old: Any, new: Any) -> bool:
+    """Whether a stored option equals this run's; a typed option (`promotion`, `compaction`,
+    ...) is compared as its record, so a run that wrote its defaults out (``promotion:
+    {margin: 0.0, ...}``, recorded so before typed options) resumes with ``{}``."""
+    cls = typed_classes().get(name)
+    if old == new or cls is None or not (isinstance(old, dict) and isinstance(new, dict)):
+        return old == new
+    try:
+        return record_value(cls, old) == record_value(cls, new)
+    except TypeError:  # a key the class no longer has
+        return False
 
 
 def _digest(config: dict[str, Any]) -> str:
@@ -118,17 +151,19 @@ def eval_mismatch(stored: dict[str, Any], version: int, trials: int, temperature
     """The fields in which a stored evaluation (evals/<tag>.json) is not the one asked for:
     an evaluation is reused only when it is the same policy version on the same tasks, trials,
     seed and temperature (a file from before a field was recorded is not checked on it)."""
-    asked = {"policy_version": version, "trials": trials, "temperature": temperature, "eval_seed": seed}
+    asked = {"policy_version": version, "trials": trials, "temperature": temperature,
+             "eval_seed": seed}
     out = [k for k, v in asked.items() if stored.get(k) is not None and stored[k] != v]
     if "task_successes" in stored and sorted(stored["task_successes"]) != sorted(task_ids):
         out.append("tasks")
     return out
 
 
-def eval_tag(tag: str, mismatch: list[str], version: int, trials: int, temperature: float, seed: int,
-             task_ids: list[str]) -> str:
+def eval_tag(tag: str, mismatch: list[str], version: int, trials: int, temperature: float,
+             seed: int, task_ids: list[str]) -> str:
     """The episode tag of a new evaluation where a stored one does not match: its episodes get
     ids of their own, so none of the stored evaluation's is reused for it."""
     if mismatch == ["policy_version"]:  # the run was extended (more updates) after this evaluation
         return f"{tag}-v{version}"
-    return f"{tag}-{_digest({'v': version, 'k': trials, 't': temperature, 's': seed, 'tasks': task_ids})[:8]}"
+    asked = {"v": version, "k": trials, "t": temperature, "s": seed, "tasks": task_ids}
+    return f"{tag}-{_digest(asked)[:8]}"

@@ -24,7 +24,6 @@ names, and any section key that is unique across sections and not a top-level na
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import logging
 import re
@@ -33,6 +32,7 @@ from typing import Any
 
 from taurl.errors import ConfigError
 from taurl.recipe.options import SECTION_TYPES, section_fields
+from taurl.recipe.typed import as_record, is_record, option_class, record_mapping, unknown_option
 
 log = logging.getLogger("taurl.recipe.config")
 
@@ -43,8 +43,8 @@ TOP = frozenset({"seed", "env", "imports", "env_config", "system_prompt", "tasks
 # the flat names of the release before sections, and where each lives now (frozen: a new
 # option has no flat name, only its place)
 _RENAMED = {"model_size": "policy.size", "engine": "engine.kind",
-            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file", "rl_seed": "rl.seed",
-            "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
+            "engine_options": "engine.options", "sft": "sft.data", "sft_data": "sft.file",
+            "rl_seed": "rl.seed", "rl_max_seconds": "rl.max_seconds", "schedule": "schedule.kind",
             "train_strategy": "train.strategy", "train_world_size": "train.world_size"}
 _PREFIXED = {"sft": ("epochs", "batch_size", "lr", "warmup_steps", "max_steps", "max_seconds"),
              "eval": ("tasks", "trials", "temperature", "seed")}
@@ -95,8 +95,10 @@ SECTIONS: dict[str, dict[str, str]] = {
 
 
 def options_of(name: str, section: Any) -> dict[str, Any]:
-    """The options of a section instance, keyed as in the file."""
-    return {f.name: getattr(section, f.name) for f in section_fields(name)}
+    """The options of a section instance, keyed and written as in the file (a typed
+    option's record as its mapping: `taurl.recipe.typed.record_mapping`)."""
+    return {f.name: record_mapping(v) if is_record(f) else v
+            for f in section_fields(name) for v in [getattr(section, f.name)]}
 
 
 _WARNING = {
@@ -128,10 +130,9 @@ def nest(data: Mapping[str, Any], *, warn: str | None = None) -> dict[str, Any]:
             names = {f.name for f in section_fields(key)}
             for sub, v in value.items():
                 if sub not in names:
-                    close = difflib.get_close_matches(str(sub), names, n=1)
-                    problems.append(f"unknown option {key}.{sub}"
-                                    + (f"; did you mean {key}.{close[0]}?" if close else "")
-                                    + f" ({key} holds {', '.join(sorted(names))})")
+                    problems.append(unknown_option(
+                        sub, names, place=f"{key}.", quote=False,
+                        holds=f"{key} holds {', '.join(sorted(names))}"))
                     continue
                 _put(out, given, key, sub, v, f"{key}.{sub}", problems)
             continue
@@ -187,8 +188,15 @@ def flatten(data: Mapping[str, Any], *, warn: bool = False) -> dict[str, Any]:
 
 def flat_options(cfg: Any) -> dict[str, Any]:
     """Every option of a TrainConfig under its flat name (`flatten`)."""
-    data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    return _flat(nest(data))
+    return _flat(nest(file_options(cfg)))
+
+
+def file_options(cfg: Any) -> dict[str, Any]:
+    """Every option of a config as its file writes it: each section a mapping, each typed
+    option's record a mapping (`taurl.recipe.typed.record_mapping`)."""
+    return {f.name: (options_of(f.name, v) if f.name in SECTION_TYPES
+                     else record_mapping(v) if is_record(f) else v)
+            for f in dataclasses.fields(cfg) for v in [getattr(cfg, f.name)]}
 
 
 def _flat(nested: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +237,8 @@ def build_config(cfg: Any, options: Mapping[str, Any]) -> None:
             value = _section(f.name, given.get(f.name), patches.get(f.name, {}))
         elif f.name in given:
             value = given[f.name]
+            if is_record(f):  # a mapping given for a typed option (promotion: {...})
+                value = as_record(f.name, option_class(f), value)
         else:
             factory = f.default_factory
             value = factory() if factory is not dataclasses.MISSING else f.default
@@ -237,9 +247,14 @@ def build_config(cfg: Any, options: Mapping[str, Any]) -> None:
 
 def _section(name: str, value: Any, patch: dict[str, Any]) -> Any:
     cls = SECTION_TYPES[name]
+    records = {f.name: c for f in section_fields(name) if is_record(f) and (c := option_class(f))}
+    patch = {k: as_record(f"{name}.{k}", records[k], v) if k in records else v
+             for k, v in patch.items()}
     if value is None:
         return cls(**patch)
     if isinstance(value, Mapping):
+        value = {k: as_record(f"{name}.{k}", records[k], v) if k in records else v
+                 for k, v in value.items()}
         return cls(**{**value, **patch})
     return dataclasses.replace(value, **patch) if patch else value
 
@@ -317,7 +332,8 @@ def _is_section(key: str, block: list[str]) -> bool:
     return value == "" or value.startswith("{")
 
 
-if __name__ == "__main__":  # python -m taurl.recipe.sections FILE...: rewrite flat config files in place
+if __name__ == "__main__":
+    # python -m taurl.recipe.sections FILE...: rewrite flat config files in place
     import sys
 
     for name in sys.argv[1:]:

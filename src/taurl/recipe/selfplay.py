@@ -5,7 +5,10 @@ against a scripted opponent that no stage trains on (configs/tictactoe_selfplay.
 
 Stages (docs/multi-agent.md, "Self-play"):
 
-1. a tokenizer and the tiny policy built from the training games' texts, SFT on expert
+1. a tokenizer and the tiny policy built from the training games' texts; with
+   ``sft.warmup_demos`` a legal-move warm-up first (SFT on games of uniform legal moves:
+   with ``game.numbered`` the policy learns to copy a free cell's number off the board, the
+   copy a policy built from scratch has no heads for), then SFT on expert
    demonstrations played against ``demo_opponent`` (a uniform random player);
 2. ``rl.updates`` rounds: each round plays ``group_size`` matches of ``tasks_per_update``
    openings with the policy in both seats (x and o), credits the records (``zero_sum``
@@ -54,8 +57,9 @@ from taurl.policy.files import save_policy
 from taurl.policy.local_engine import LocalEngine
 from taurl.policy.model import build_default_policy, load_policy
 from taurl.rollout.budgets import RolloutConfig
-from taurl.rollout.episodes import EpisodeSpec, collect, episode_seed
+from taurl.rollout.episodes import EpisodeSpec, collect
 from taurl.rollout.match import run_matches
+from taurl.rollout.seeds import episode_seed
 from taurl.rollout.synth import demonstrations
 from taurl.train.learner import Learner, LearnerConfig
 from taurl.train.lora import LoraOptions, attach, merged
@@ -75,10 +79,14 @@ class SelfPlayConfig:
     opening_moves: list[int] = field(default_factory=lambda: [0, 2])
     max_illegal: int = 2  # the referee: the 2nd invalid move of a game forfeits it
     illegal_penalty: float = 0.0  # self-play only: a step reward of -this per invalid move
+    numbered: bool = False  # the board shows each empty cell's number (the legal moves)
     demos: int = 2000
     demo_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "random", "opponent_p_random": 1.0})
     expert_p_random: float = 0.1
+    # a legal-move warm-up before SFT: games of uniform legal moves (the rules, no strategy)
+    warmup_demos: int = 0
+    warmup_epochs: int = 1
     sft_epochs: int = 4
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
@@ -93,6 +101,8 @@ class SelfPlayConfig:
         default_factory=lambda: {"opponent": "minimax", "opponent_p_random": 0.75})
     holdout_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "minimax", "opponent_p_random": 0.5})
+    # more reports on the holdout split, each against its own opponent: {name: opponent}
+    extra_holdout: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_tasks: int = 200
     eval_trials: int = 4
     temperature: float = 1.0
@@ -129,16 +139,18 @@ class SelfPlayConfig:
 # section -> {key in the YAML: field of SelfPlayConfig}
 SECTIONS: dict[str, dict[str, str]] = {
     "game": {"opening_moves": "opening_moves", "max_illegal": "max_illegal",
-             "illegal_penalty": "illegal_penalty"},
+             "illegal_penalty": "illegal_penalty", "numbered": "numbered"},
     "policy": {"vocab_size": "vocab_size", "lora": "lora"},
     "sft": {"demos": "demos", "demo_opponent": "demo_opponent",
             "expert_p_random": "expert_p_random", "epochs": "sft_epochs",
-            "batch_size": "sft_batch_size", "lr": "sft_lr"},
+            "batch_size": "sft_batch_size", "lr": "sft_lr", "warmup_demos": "warmup_demos",
+            "warmup_epochs": "warmup_epochs"},
     "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update",
            "group_size": "group_size", "estimator": "estimator",
            "estimator_options": "estimator_options", "lr": "rl_lr"},
     "eval": {"validation_opponent": "validation_opponent",
-             "holdout_opponent": "holdout_opponent", "tasks": "eval_tasks",
+             "holdout_opponent": "holdout_opponent", "extra_holdout": "extra_holdout",
+             "tasks": "eval_tasks",
              "trials": "eval_trials", "temperature": "temperature"},
 }
 
@@ -155,7 +167,11 @@ def _rollout(cfg: SelfPlayConfig) -> RolloutConfig:
 
 def games(cfg: SelfPlayConfig, split: str, n: int, opponent: dict[str, Any]) -> list[Task]:
     return tictactoe_tasks(split, n, seed=cfg.seed, role="both",
-                           opening_moves=cfg.opening_moves, **opponent)
+                           opening_moves=cfg.opening_moves, numbered=cfg.numbered, **opponent)
+
+
+def single_env(cfg: SelfPlayConfig) -> TicTacToeEnv:
+    return TicTacToeEnv(max_illegal=cfg.max_illegal, numbered=cfg.numbered)
 
 
 def build_sft_policy(cfg: SelfPlayConfig, root: Path) -> tuple[torch.nn.Module, Any]:
@@ -164,7 +180,7 @@ def build_sft_policy(cfg: SelfPlayConfig, root: Path) -> tuple[torch.nn.Module, 
     rng = random.Random(cfg.seed)
     texts = [SYSTEM_PROMPT] * 10 + [t.prompt for t in tasks]
     for t in tasks[:200]:  # the moves and the answers the env writes
-        env = TicTacToeEnv(max_illegal=cfg.max_illegal)
+        env = single_env(cfg)
         env.reset(t)
         for move in tictactoe_expert(t, rng, p_random=0.3):
             texts.append(move)
@@ -172,10 +188,17 @@ def build_sft_policy(cfg: SelfPlayConfig, root: Path) -> tuple[torch.nn.Module, 
             texts.append(obs)
     model, tok = build_default_policy(texts, root / "v0", size="tiny",
                                       vocab_size=cfg.vocab_size, seed=cfg.seed)
-    demos = asyncio.run(demonstrations(
-        tasks, tok, lambda: TicTacToeEnv(max_illegal=cfg.max_illegal), expert=tictactoe_expert,
-        expert_options={"p_random": cfg.expert_p_random}, seed=cfg.seed, config=_rollout(cfg)))
     torch.manual_seed(cfg.seed)
+    if cfg.warmup_demos:  # module docstring: the legal-move warm-up
+        warm = asyncio.run(demonstrations(
+            games(cfg, "train", cfg.warmup_demos, cfg.demo_opponent), tok,
+            lambda: single_env(cfg), expert=tictactoe_expert, expert_options={"p_random": 1.0},
+            seed=cfg.seed + 1, config=_rollout(cfg), episode_prefix="warmup"))
+        train_sft(model, warm, epochs=cfg.warmup_epochs, batch_size=cfg.sft_batch_size,
+                  lr=cfg.sft_lr, pad_id=tok.pad_token_id, seed=cfg.seed + 1)
+    demos = asyncio.run(demonstrations(
+        tasks, tok, lambda: single_env(cfg), expert=tictactoe_expert,
+        expert_options={"p_random": cfg.expert_p_random}, seed=cfg.seed, config=_rollout(cfg)))
     train_sft(model, demos, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
               pad_id=tok.pad_token_id, seed=cfg.seed)
     return model.eval(), tok
@@ -185,7 +208,7 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
                    cfg: SelfPlayConfig, split: str, tag: str) -> EvalResult:
     """Each task played by its role's policy against the task's scripted opponent; seeds are
     fixed by (task index, trial), so two evaluations pair."""
-    trajs = []
+    trajs, tag = [], tag.replace("/", "-")
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger(Path(tmp) / "ledger.sqlite")
         try:
@@ -196,12 +219,13 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
                          for k in range(cfg.eval_trials)]
                 engine = LocalEngine(policies[role], tok, version=0, seed=cfg.seed)
                 got, _ = asyncio.run(collect(
-                    engine, tok, lambda: TicTacToeEnv(max_illegal=cfg.max_illegal), specs,
-                    config=_rollout(cfg), ledger=ledger, run_id=f"eval-{tag}", all_chains=False))
+                    engine, tok, lambda: single_env(cfg), specs,
+                    config=_rollout(cfg), ledger=ledger, run_id=f"eval-{tag}"))
                 trajs += got
         finally:
             ledger.close()
-    return summarize(trajs, list(tasks), cfg.eval_trials, split=split)
+    # "holdout/minimax" (an `extra_holdout` report) is a holdout evaluation
+    return summarize(trajs, list(tasks), cfg.eval_trials, split=split.partition("/")[0])
 
 
 class SelfPlay:
@@ -240,7 +264,8 @@ class SelfPlay:
         game = [Task(f"sp/{t.metadata['opening']}/{i}", "", ("won",), "train", "tictactoe-v0",
                      {"opening": t.metadata["opening"]}) for i, t in enumerate(tasks)]
         results = asyncio.run(run_matches(
-            lambda: TicTacToeGame(self.cfg.max_illegal, self.cfg.illegal_penalty), seats,
+            lambda: TicTacToeGame(self.cfg.max_illegal, self.cfg.illegal_penalty,
+                                  self.cfg.numbered), seats,
             self.tok, game,
             group_size=self.cfg.group_size, config=_rollout(self.cfg),
             seed=self.cfg.seed * 7919 + u, run_id="selfplay", round_index=u))
@@ -262,9 +287,10 @@ def _figures(r: EvalResult) -> dict[str, Any]:
 
 
 # what the SFT stage and its evaluation depend on: a run with the same values may reuse them
-SFT_KEYS = ("seed", "vocab_size", "opening_moves", "max_illegal", "demos", "demo_opponent",
-            "expert_p_random", "sft_epochs", "sft_batch_size", "sft_lr", "validation_opponent",
-            "holdout_opponent", "eval_tasks", "eval_trials", "temperature")
+SFT_KEYS = ("seed", "vocab_size", "opening_moves", "max_illegal", "numbered", "demos",
+            "demo_opponent", "expert_p_random", "warmup_demos", "warmup_epochs", "sft_epochs",
+            "sft_batch_size", "sft_lr", "validation_opponent", "holdout_opponent",
+            "extra_holdout", "eval_tasks", "eval_trials", "temperature")
 
 
 def sft_stage(cfg: SelfPlayConfig, root: Path, splits: dict[str, list[Task]],
@@ -282,9 +308,9 @@ def sft_stage(cfg: SelfPlayConfig, root: Path, splits: dict[str, list[Task]],
     t0 = time.perf_counter()
     model, tok = build_sft_policy(cfg, root)
     log(f"SFT done in {time.perf_counter() - t0:.0f} s")
+    save_policy(model, tok, root / "sft", {"policy_version": 1})
     before = {s: evaluate_roles(dict.fromkeys(ROLES, model), tok, ts, cfg, s, f"sft-{s}")
               for s, ts in splits.items()}
-    save_policy(model, tok, root / "sft", {"policy_version": 1})
     (root / "sft" / "stage.json").write_text(json.dumps(
         {"key": key, "eval": {s: asdict(r) for s, r in before.items()}}))
     return model, tok, before
@@ -302,7 +328,9 @@ def run(cfg: SelfPlayConfig, run_dir: str | Path, log: Any = print,
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     splits = {"validation": games(cfg, "validation", cfg.eval_tasks, cfg.validation_opponent),
-              "holdout": games(cfg, "holdout", cfg.eval_tasks, cfg.holdout_opponent)}
+              "holdout": games(cfg, "holdout", cfg.eval_tasks, cfg.holdout_opponent),
+              **{f"holdout/{name}": games(cfg, "holdout", cfg.eval_tasks, opponent)
+                 for name, opponent in cfg.extra_holdout.items()}}
     sft, tok, before = sft_stage(cfg, root, splits, Path(reuse_sft) if reuse_sft else None, log)
     log("SFT: " + ", ".join(f"{s} {r.success:.3f} (invalid {r.invalid_rate:.2f}, "
                             f"{r.stop_reasons})" for s, r in before.items()))

@@ -5,7 +5,8 @@ updates and the last; the newest ``keep_checkpoints`` kept) and resume from the 
 
 Rejection round k (policy version v = v_sft + k − 1):
 
-    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the ledger
+    episodes = collect(engine serving v, tasks of round k, attempts per task)   # stored in the
+                                                                                # ledger
     kept     = keep_episodes(episodes)        # verified, clean, length, diversity, difficulty
     v + 1    = sft_loop(v, kept)              # masked NLL on the kept episodes' action tokens
 
@@ -23,7 +24,8 @@ from typing import Any
 from taurl.errors import Error
 from taurl.monitor.metrics import rollout_metrics
 from taurl.policy.model import load_policy
-from taurl.rollout.episodes import EpisodeSpec, episode_seed
+from taurl.rollout.episodes import EpisodeSpec
+from taurl.rollout.seeds import episode_seed
 from taurl.train.checkpoint import drop_optimizer_state, prune_checkpoints, save_checkpoint
 
 log = logging.getLogger("taurl.recipe.stages")
@@ -34,11 +36,11 @@ def rejection_rounds(r: Any) -> None:
     from taurl.eval.evaluate import default_verifier
     from taurl.policy.tokenizer import load_tokenizer
     from taurl.recipe.collectors import rollout_collector
-    from taurl.rollout.rejection import RejectionOptions, keep_episodes
+    from taurl.rollout.rejection import keep_episodes
     from taurl.train.sft import sft_loop
 
     cfg = r.cfg
-    opts = RejectionOptions.from_dict(cfg.rejection)
+    opts = cfg.rejection
     attempts = opts.attempts or cfg.group_size
     n_tasks = opts.tasks or max(1, cfg.updates * cfg.tasks_per_update // opts.rounds)
     seed = cfg.seed if cfg.rl_seed is None else cfg.rl_seed
@@ -47,7 +49,8 @@ def rejection_rounds(r: Any) -> None:
     temperature = opts.temperature or cfg.temperature
     pool = r.plan.rl
     if not pool:
-        raise Error("sft: rejection has no training tasks to sample: set rl.updates and rl.tasks_per_update >= 1")
+        raise Error("sft: rejection has no training tasks to sample: set rl.updates and "
+                    "rl.tasks_per_update >= 1")
     done = r.state.get("rejection", [])
     for rnd in range(len(done) + 1, opts.rounds + 1):
         t0 = time.perf_counter()
@@ -57,8 +60,9 @@ def rejection_rounds(r: Any) -> None:
         # the RL loop's factory: engine, engine_options and their defaults mean the same here
         collector = rollout_collector(r, version, tok, seed=seed,
                                       rollout=cfg.rollout_config(temperature))
-        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t, episode_seed(seed, "rejection", rnd, i, g),
-                             f"rs{rnd:02d}:{t.task_id}") for i, t in enumerate(tasks) for g in range(attempts)]
+        specs = [EpisodeSpec(f"rs{rnd:02d}-{i:03d}-{g:02d}", t,
+                             episode_seed(seed, "rejection", rnd, i, g), f"rs{rnd:02d}:{t.task_id}")
+                 for i, t in enumerate(tasks) for g in range(attempts)]
         try:
             batch, cstats = collector.collect(specs, ledger=r.ledger)
         finally:
@@ -68,23 +72,28 @@ def rejection_rounds(r: Any) -> None:
         model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
         steps = 0
         if kept.trajs:
-            run = sft_loop(model, kept.trajs, epochs=opts.epochs or cfg.sft_epochs, batch_size=cfg.sft_batch_size,
-                           lr=opts.lr or cfg.sft_lr, warmup_steps=opts.warmup_steps, grad_clip=cfg.grad_clip,
+            run = sft_loop(model, kept.trajs, epochs=opts.epochs or cfg.sft_epochs,
+                           batch_size=cfg.sft_batch_size,
+                           lr=opts.lr or cfg.sft_lr, warmup_steps=opts.warmup_steps,
+                           grad_clip=cfg.grad_clip,
                            pad_id=tok.pad_token_id, micro_batch_tokens=cfg.micro_batch_tokens,
                            seed=episode_seed(seed, "rejection-sft", rnd) % 2**31)
             steps = run.steps
         else:
-            log.warning("rejection round %d kept no episode of %d: version %d is version %d's weights", rnd,
+            log.warning("rejection round %d kept no episode of %d: version %d is version %d's "
+                        "weights", rnd,
                         len(batch), version + 1, version)
         keep_checkpoint(r, version + 1, model, tok, None, phase="rejection", round=rnd,
                         sft_steps=steps)
         row = {"phase": "rejection", "update": rnd, "policy/version": version + 1,
-               **rollout_metrics(batch, t_roll), **cstats, **kept.stats, "rejection/sft_steps": float(steps),
+               **rollout_metrics(batch, t_roll), **cstats, **kept.stats,
+               "rejection/sft_steps": float(steps),
                "time/rollout_s": t_roll, "time/update_s": time.perf_counter() - t0}
         r.metrics.write(version + 1, row)
-        log.info("rejection round %d: kept %d of %d episodes, %d SFT steps -> v%d", rnd, len(kept.trajs),
-                 len(batch), steps, version + 1)
-        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs), "sft_steps": steps}]
+        log.info("rejection round %d: kept %d of %d episodes, %d SFT steps -> v%d", rnd,
+                 len(kept.trajs), len(batch), steps, version + 1)
+        done = [*done, {"round": rnd, "sampled": len(batch), "kept": len(kept.trajs),
+                        "sft_steps": steps}]
         r.save_state(rejection=done)
         r.phase_done("rejection", time.perf_counter() - t0)
     # A stage that kept nothing trained nothing: its "policy" is the SFT checkpoint under a
@@ -116,10 +125,10 @@ def offline_dpo(r: Any, make_learner: Any) -> None:
     model, tok = load_policy(r.run.checkpoint(version), device, dtype=dtype)
     learner = make_learner(r, model, tok, None)
     load_optimizer_state(r.run.checkpoint(version), learner.optimizer)
-    pairs = trajectory_pairs(read_sft_file(cfg.dpo["data"], cfg.env), learner.opts)
+    pairs = trajectory_pairs(read_sft_file(cfg.dpo.data, cfg.env), learner.opts)
     if not pairs:
-        raise Error(f"rl.dpo.data {cfg.dpo['data']} gives no pair: it needs >= 2 episodes of one task with "
-                    "different rewards")
+        raise Error(f"rl.dpo.data {cfg.dpo.data} gives no pair: it needs >= 2 episodes of one "
+                    "task with different rewards")
     per = learner.opts.pairs_per_update or cfg.tasks_per_update
     order = list(range(len(pairs)))
     random.Random(cfg.seed).shuffle(order)

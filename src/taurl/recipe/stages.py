@@ -1,12 +1,15 @@
 """The recipe's training stage after the SFT checkpoint: RL, or one of three other contracts.
 
     stage      chosen by                 what each step trains on
-    rl         (default)                 advantages of the policy's own samples (`taurl.train.learner`)
-    rejection  sft: rejection            the policy's verified, clean samples, SFT (`taurl.rollout.rejection`)
+    rl         (default)                 advantages of the policy's own samples
+                                         (`taurl.train.learner`)
+    rejection  sft: rejection            the policy's verified, clean samples, SFT
+                                         (`taurl.rollout.rejection`)
     dpo        rl.objective: dpo         pairs of a higher- and a lower-reward episode of one task
-                                         (`taurl.train.pair_learner`); online, or offline from rl.dpo.data
-    distill    rl.teacher: DIR           the teacher's distribution on the student's own action tokens
-                                         (`taurl.train.distill`)
+                                         (`taurl.train.pair_learner`); online, or offline from
+                                         rl.dpo.data
+    distill    rl.teacher: DIR           the teacher's distribution on the student's own action
+                                         tokens (`taurl.train.distill`)
 
 Every stage is a step of the same recipe (`taurl.recipe.loop`): the config is validated at
 once, the stage starts from the SFT checkpoint (``v_sft``; with ``sft: rejection`` or ``none``
@@ -24,6 +27,7 @@ from typing import Any
 
 from taurl.errors import ConfigError
 from taurl.policy.model import load_policy
+from taurl.recipe.typed import record_mapping
 
 log = logging.getLogger("taurl.recipe.stages")
 
@@ -40,32 +44,34 @@ def stage_name(cfg: Any) -> str:
 
 def stage_problems(cfg: Any) -> list[str]:
     """The stage options' problems (TrainConfig.problems gathers them with the rest)."""
-    from taurl.rollout.rejection import RejectionOptions
-    from taurl.train.distill import DistillOptions
-    from taurl.train.pair_learner import DPOOptions
+    from taurl.rollout.options import RejectionOptions
+    from taurl.train.stage_options import DistillOptions, DPOOptions
 
     out: list[str] = []
-    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"), ("rl.teacher", bool(cfg.teacher)),
+    chosen = [s for s, on in (("sft: rejection", cfg.sft.data == "rejection"),
+                              ("rl.teacher", bool(cfg.teacher)),
                               ("rl.objective: dpo", cfg.objective == "dpo")) if on]
     if len(chosen) > 1:
-        out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs with model:)")
-    if cfg.rejection and cfg.sft.data != "rejection":
+        out.append(f"{' and '.join(chosen)} are different stages; choose one per run (chain runs "
+                   "with model:)")
+    if cfg.rejection != RejectionOptions() and cfg.sft.data != "rejection":
         out.append("sft.rejection options are set but sft is not 'rejection'")
-    if cfg.dpo and cfg.objective != "dpo":
+    if cfg.dpo != DPOOptions() and cfg.objective != "dpo":
         out.append("rl.dpo options are set but rl.objective is not 'dpo'")
-    if cfg.distill and not cfg.teacher:
-        out.append("rl.distill options are set but rl.teacher is not: give the teacher's checkpoint directory")
-    out += RejectionOptions.problems_of(cfg.rejection) + DPOOptions.problems_of(cfg.dpo)
-    out += DistillOptions.problems_of(cfg.distill)
+    if cfg.distill != DistillOptions() and not cfg.teacher:
+        out.append("rl.distill options are set but rl.teacher is not: give the teacher's "
+                   "checkpoint directory")
     if stage_name(cfg) != "rl" and cfg.schedule.kind != "sync":
-        out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the async one)")
+        out.append(f"the {stage_name(cfg)} stage runs with schedule: sync (its learner is not the "
+                   "async one)")
     if cfg.sft.data == "rejection" and cfg.backend != "local":
         out.append(f"sft: rejection samples its rounds in this process (with its own temperature); "
                    f"backend: {cfg.backend} is not supported there: drop backend (local)")
     if stage_name(cfg) != "rl" and cfg.lora:
         out.append(f"the {stage_name(cfg)} stage trains the full policy; drop policy.lora")
-    if (data := cfg.dpo.get("data")) and not _is_file(data):
-        out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl export)")
+    if (data := cfg.dpo.data) and not _is_file(data):
+        out.append(f"rl.dpo.data {data!r} is not a file; give a trajectory JSONL file (taurl "
+                   "export)")
     if cfg.teacher:
         out += teacher_problems(cfg.teacher, cfg.model)
     from taurl.recipe.chain_checks import chain_problems
@@ -85,8 +91,8 @@ def teacher_problems(teacher: str, model: str) -> list[str]:
     from pathlib import Path
 
     if not (Path(teacher) / "config.json").is_file():
-        return [f"rl.teacher {teacher!r} is not a model directory (no config.json); give a checkpoint, "
-                "e.g. runs/demo/checkpoints/v31"]
+        return [f"rl.teacher {teacher!r} is not a model directory (no config.json); give a "
+                "checkpoint, e.g. runs/demo/checkpoints/v31"]
     if not model or not (Path(model) / "config.json").is_file():
         return []  # the student is built by the run: its tokenizer is checked when the stage starts
     from taurl.policy.tokenizer import load_tokenizer
@@ -110,24 +116,26 @@ def learner_for(cfg: Any, run: Any, v_sft: int, model: Any, tok: Any, reference:
     from taurl.train.prm import step_scorer
 
     stage = stage_name(cfg)
-    common = {"lr": cfg.lr, "grad_clip": cfg.grad_clip, "pad_id": tok.pad_token_id, "temperature": cfg.temperature,
+    common = {"lr": cfg.lr, "grad_clip": cfg.grad_clip, "pad_id": tok.pad_token_id,
+              "temperature": cfg.temperature,
               "weight_decay": cfg.weight_decay, "lr_warmup_steps": cfg.lr_warmup_steps}
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.torch_dtype)  # Run.placement
     if stage == "dpo":
-        from taurl.train.pair_learner import DPOLearner, DPOOptions
+        from taurl.train.pair_learner import DPOLearner
 
         if reference is None:  # the frozen reference: the stage's starting (SFT) policy
             reference = load_policy(run.checkpoint(v_sft), device, dtype=dtype)[0]
-        return DPOLearner(model, reference, DPOOptions(**cfg.dpo),
+        return DPOLearner(model, reference, cfg.dpo,
                           micro_batch_tokens=cfg.micro_batch_tokens, **common)
     if stage == "distill":
-        from taurl.train.distill import DistillLearner, DistillOptions, tokenizer_problem
+        from taurl.train.distill import DistillLearner, tokenizer_problem
 
         teacher, t_tok = load_policy(cfg.teacher, device, dtype=dtype)
         if why := tokenizer_problem(tok, t_tok, f"rl.teacher {cfg.teacher}"):
             raise ConfigError(why)
-        return DistillLearner(model, teacher, DistillOptions(**cfg.distill), micro_batch_tokens=cfg.micro_batch_tokens,
-                              estimator=cfg.estimator, eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
+        return DistillLearner(model, teacher, cfg.distill,
+                              micro_batch_tokens=cfg.micro_batch_tokens, estimator=cfg.estimator,
+                              eps_low=cfg.eps_low, eps_high=cfg.eps_high, **common)
     if cfg.train.strategy != "single":  # the update on N ranks; `model` gets their weights back
         from taurl.train.distributed.driver import DistributedLearner
 
@@ -161,12 +169,13 @@ def rank_launch(cfg: Any) -> dict[str, Any]:
     ``backend: ray``'s rollout workers (they join it: `taurl.scale.ray_backend`)."""
     if cfg.train.launcher != "ray":
         return {"launcher": cfg.train.launcher}
-    bundle = cfg.train.ray.get("bundle") or {"CPU": 1}
+    bundle = cfg.train.ray.bundle or {"CPU": 1}
     cpus = cfg.train_world_size * bundle.get("CPU", 0)
     if cfg.backend == "ray":
         opts = cfg.backend_options
         cpus += opts.get("num_cpus", opts.get("workers", 2))
-    return {"launcher": "ray", "ray": dict(cfg.train.ray), "num_cpus": max(1, int(cpus + 0.999))}
+    ray = record_mapping(cfg.train.ray)  # the keys given (RayRankOptions has the defaults)
+    return {"launcher": "ray", "ray": ray, "num_cpus": max(1, int(cpus + 0.999))}
 
 
 def run_own_stage(r: Any) -> bool:
@@ -178,7 +187,7 @@ def run_own_stage(r: Any) -> bool:
 
         rejection_rounds(r)
         return True
-    if stage == "dpo" and r.cfg.dpo.get("data"):
+    if stage == "dpo" and r.cfg.dpo.data:
         from taurl.recipe.stage_loops import offline_dpo
 
         offline_dpo(r, make_learner)

@@ -47,7 +47,8 @@ def env_provenance(env: Env, cfg: TrainConfig) -> dict[str, Any]:
     """Which world the run trained and was evaluated in, for summary.json: the env's name and
     version, what an adapter reports of its source (``env.provenance``: the package, its
     version, the env id) and the seeds that drew the tasks."""
-    return {"env": cfg.env, "env_version": env.version, **dict(getattr(env, "provenance", {}) or {}),
+    return {"env": cfg.env, "env_version": env.version,
+            **dict(getattr(env, "provenance", {}) or {}),
             "seed": cfg.seed, "eval_seed": cfg.eval_seed}
 
 
@@ -60,11 +61,13 @@ def check_run_env(cfg: TrainConfig, task: Task, seed: int) -> dict[str, Any]:
         with episode_env(lambda: make_env(cfg)) as env:  # closed after the check (a server session)
             check_env(env, task, seed=seed)
     except EnvCheckError as e:
-        raise EnvCheckError(f"the env {cfg.env!r} failed taurl's env check on task {task.task_id!r}: {e} "
-                            f"(reproduce it with taurl.envs.check_env(taurl.envs.make({cfg.env!r}), task))") from None
+        raise EnvCheckError(f"the env {cfg.env!r} failed taurl's env check on task "
+                            f"{task.task_id!r}: {e} (reproduce it with "
+                            f"taurl.envs.check_env(taurl.envs.make({cfg.env!r}), task))") from None
     seconds = time.perf_counter() - t0
     log.info("env check: %s passed on task %s in %.2fs", cfg.env, task.task_id, seconds)
-    return {"phase": "env_check", "env/check_passed": 1.0, "env/check_s": seconds, "env/check_task": task.task_id}
+    return {"phase": "env_check", "env/check_passed": 1.0, "env/check_s": seconds,
+            "env/check_task": task.task_id}
 
 
 @dataclass
@@ -80,14 +83,16 @@ class Run:
     progress: bool = True
     hook: Hook = lambda name, info: None  # noqa: E731 — events for tests and monitors
     state: dict[str, Any] = field(default_factory=dict)
-    learner_process: Any = None  # schedule: async — the learner's process, spawned early (taurl.recipe.schedule.learner_proc)
+    # schedule: async — the learner's process, spawned early (taurl.recipe.schedule.learner_proc)
+    learner_process: Any = None
 
     def make_env(self) -> Env:
         return make_env(self.cfg)
 
     def save_state(self, **changes: Any) -> None:
         self.state.update(changes)
-        atomic_write_text(self.run.root / "state.json", json.dumps(self.state, indent=2, sort_keys=True))
+        atomic_write_text(self.run.root / "state.json",
+                          json.dumps(self.state, indent=2, sort_keys=True))
 
     def phase_done(self, name: str, seconds: float) -> None:
         timings = dict(self.state.get("timings", {}))
@@ -95,7 +100,8 @@ class Run:
         self.save_state(timings=timings)
 
     def bar(self, total: int, desc: str, unit: str = "ep") -> Any:
-        """The phase's progress (`taurl.monitor.progress.phase_bar`: a bar on a terminal, plain lines else)."""
+        """The phase's progress (`taurl.monitor.progress.phase_bar`: a bar on a terminal, plain
+        lines else)."""
         return phase_bar(total, desc, unit, enabled=self.progress)
 
     def placement(self) -> tuple[torch.device, torch.dtype]:
@@ -103,8 +109,10 @@ class Run:
         return resolve_device(self.cfg.device), resolve_dtype(self.cfg.torch_dtype)
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl rollout`)."""
+        """What a checkpoint needs to be evaluated as it was trained (`taurl eval`, `taurl
+        rollout`)."""
         c = self.cfg
-        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(), "system_prompt": c.system_prompt,
+        return {"recipe": {"env": c.env, "env_config": c.env_kwargs(),
+                           "system_prompt": c.system_prompt,
                            "tasks": c.tasks, "task_options": c.task_options, "imports": c.imports,
                            "rollout": dataclasses.asdict(c.rollout_config())}}

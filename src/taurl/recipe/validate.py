@@ -10,10 +10,7 @@ register exist when the config names one.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib
 import json
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,17 @@ import yaml
 
 from taurl.errors import ConfigError
 from taurl.recipe.options import SECTION_TYPES, section_fields
-from taurl.recipe.sections import homes, merge, nest, options_of
+from taurl.recipe.sections import file_options, homes, merge, nest
+from taurl.recipe.typed import (
+    as_record,
+    is_record,
+    key_problems,
+    option_class,
+    record_value,
+    type_name,
+    type_ok,
+    unknown_option,
+)
 
 
 def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path | None = None,
@@ -47,7 +54,8 @@ def load_config(cls: type, data: dict[str, Any] | None = None, path: str | Path 
         return _load_sectioned(cls, [nest(loaded, warn="file"), nest(data or {}), nest(given)])
     merged = {**loaded, **(data or {}), **given}
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    problems = _check(merged, set(fields), typing.get_type_hints(cls), "")
+    problems = _records(cls, merged, "")
+    problems += _check(merged, set(fields), typing.get_type_hints(cls), "")
     if problems:
         raise ConfigError(problems)
     return _built(cls(**merged))
@@ -61,17 +69,36 @@ def _load_sectioned(cls: type, sources: list[dict[str, Any]]):
     hints = typing.get_type_hints(cls)
     top_values = {k: v for k, v in merged.items() if k not in SECTION_TYPES}
     names = top | set(homes()) | {f"{s}.{f.name}" for s in SECTION_TYPES for f in section_fields(s)}
-    problems = _check(top_values, top, hints, "", names)
+    problems = _records(cls, top_values, "")
+    problems += _check(top_values, top, hints, "", names)
+    merged = {**{k: v for k, v in merged.items() if k in SECTION_TYPES}, **top_values}
     for name in SECTION_TYPES:
         if name in merged and not isinstance(merged[name], dict):
             problems.append(f"{name} must be a mapping of its options (got {merged[name]!r})")
             merged.pop(name)
         elif name in merged:
             section_hints = typing.get_type_hints(SECTION_TYPES[name])
+            problems += _records(SECTION_TYPES[name], merged[name], f"{name}.")
             problems += _check(merged[name], set(merged[name]), section_hints, f"{name}.")
     if problems:
         raise ConfigError(problems)
     return _built(cls(**merged))
+
+
+def _records(cls: type, values: dict[str, Any], prefix: str) -> list[str]:
+    """The typed options of `cls` in `values` (mappings, or records built in Python) made
+    records of their classes, in place; the unknown keys and wrong types found (such an
+    option is dropped, so the rest is still checked)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in values and is_record(f):
+            option = option_class(f)
+            if problems := key_problems(prefix + f.name, option, values[f.name]):
+                out += problems
+                values.pop(f.name)
+            else:
+                values[f.name] = as_record(prefix + f.name, option, values[f.name])
+    return out
 
 
 def _check(values: dict[str, Any], known: set[str], hints: dict[str, Any], prefix: str,
@@ -80,12 +107,10 @@ def _check(values: dict[str, Any], known: set[str], hints: dict[str, Any], prefi
     problems = []
     for key in list(values):
         if key not in known:
-            close = difflib.get_close_matches(key, names or known, n=1)
-            problems.append(f"unknown option {key!r}"
-                            + (f"; did you mean {close[0]!r}?" if close else ""))
+            problems.append(unknown_option(key, names or known))
             values.pop(key)
-        elif not _type_ok(values[key], hints[key]):
-            problems.append(f"{prefix}{key} must be {_type_name(hints[key])} (got {values[key]!r})")
+        elif not type_ok(values[key], hints[key]):
+            problems.append(f"{prefix}{key} must be {type_name(hints[key])} (got {values[key]!r})")
             values.pop(key)
     return problems
 
@@ -96,72 +121,31 @@ def _built(cfg: Any) -> Any:
     return cfg
 
 
-def option_class(f: dataclasses.Field) -> type | None:
-    """The option class a mapping field names (`taurl.recipe.options.typed`), or None."""
-    where = f.metadata.get("options")
-    if not where:
-        return None
-    module, _, name = where.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def option_problems(place: str, cls: type, value: Any) -> list[str]:
     """Every problem with the mapping `value` of option class `cls` ({} is off): unknown keys
     (with a "did you mean"), wrong types, then the class's own ``problems()``."""
-    if not isinstance(value, dict):
-        return [f"{place} must be a mapping of its options (got {value!r})"]
-    if not value:
+    if not value and isinstance(value, dict):
         return []
-    names = [f.name for f in dataclasses.fields(cls)]
-    hints = typing.get_type_hints(cls)
-    out = []
-    for key, v in value.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            out.append(f"{place}: unknown option {key!r}"
-                       + (f"; did you mean {close[0]!r}?" if close else "")
-                       + f" (options: {', '.join(names)})")
-        elif not _type_ok(v, hints[key]):
-            out.append(f"{place}.{key} must be {_type_name(hints[key])} (got {v!r})")
-    return out or option_value(cls, value).problems()
+    return key_problems(place, cls, value) or option_value(cls, value).problems()
 
 
-def option_value(cls: type, value: dict[str, Any]) -> Any:
+def option_value(cls: type, value: Any) -> Any:
     """`value` as an instance of its option class (lists where the class holds tuples)."""
-    hints = typing.get_type_hints(cls)
-    return cls(**{k: tuple(v) if typing.get_origin(hints[k]) is tuple else v
-                  for k, v in value.items()})
+    return value if isinstance(value, cls) else record_value(cls, value)
 
 
 def typed_option_problems(cfg: Any) -> list[str]:
-    """`option_problems` of every typed mapping option of a sectioned config."""
+    """The range problems of every typed option of a config (`taurl.recipe.options.typed`:
+    a record's ``problems()``; a `typed_mapping`'s keys, types and ``problems()``)."""
+    places = [(f.name, f, cfg) for f in dataclasses.fields(cfg) if f.name not in SECTION_TYPES]
+    if getattr(cfg, "SECTIONED", False):
+        places += [(f"{name}.{f.name}", f, getattr(cfg, name)) for name in SECTION_TYPES
+                   for f in section_fields(name)]
     out = []
-    for name in SECTION_TYPES:
-        for f in section_fields(name):
-            if (cls := option_class(f)) is not None:
-                out += option_problems(f"{name}.{f.name}", cls, getattr(getattr(cfg, name), f.name))
+    for place, f, holder in places:
+        if (cls := option_class(f)) is not None:
+            out += option_problems(place, cls, getattr(holder, f.name))
     return out
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple))
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def import_modules(config_path: str | None, cli_imports: list[str] | None) -> list[str]:
@@ -200,7 +184,5 @@ def check_config(cfg: Any) -> Any:
 def dump_config(cfg: Any) -> str:
     """`cfg` as YAML that `load_config` reads back (in sections, for a sectioned config)."""
     if not getattr(cfg, "SECTIONED", False):
-        return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
-    data = {f.name: (options_of(f.name, getattr(cfg, f.name)) if f.name in SECTION_TYPES
-                     else getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    return yaml.safe_dump(json.loads(json.dumps(data)), sort_keys=False)
+        return yaml.safe_dump(file_options(cfg), sort_keys=False)
+    return yaml.safe_dump(json.loads(json.dumps(file_options(cfg))), sort_keys=False)

@@ -1,4 +1,5 @@
-"""The reward stack (docs/design.md#reward): outcome (dominant), constraints (hard), shaping (small).
+"""The reward stack (docs/design.md#reward): outcome (dominant), constraints (hard), shaping
+(small).
 
     r = w_o · outcome · [no violation voids it]            outcome ∈ [0, 1], from a Judge
       + Σ_v penalty_v                                      constraint: each ≤ 0
@@ -44,7 +45,8 @@ class Violation:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.penalty) and self.penalty <= 0):
-            raise ConfigError(f"violation {self.rule!r}: penalty must be a finite number <= 0, got {self.penalty!r}")
+            raise ConfigError(f"violation {self.rule!r}: penalty must be a finite number <= 0, got "
+                              f"{self.penalty!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "detail": self.detail, "penalty": self.penalty,
@@ -103,7 +105,8 @@ class RewardBreakdown:
 
     def info(self) -> dict[str, Any]:
         """The keys an env puts in `info` on its last step."""
-        return {"reward_components": dict(self.components), "verifier_version": self.verifier_version,
+        return {"reward_components": dict(self.components),
+                "verifier_version": self.verifier_version,
                 "violations": [v.to_dict() for v in self.violations]}
 
 
@@ -118,20 +121,24 @@ class RewardStack:
     def __post_init__(self) -> None:
         problems = []
         if not self.outcome_weight > 0:
-            problems.append(f"outcome_weight must be > 0 (it is the dominant layer), got {self.outcome_weight!r}")
+            problems.append("outcome_weight must be > 0 (it is the dominant layer), got "
+                            f"{self.outcome_weight!r}")
         if not 0 <= self.shaping_clip < self.outcome_weight:
-            problems.append(f"shaping_clip must be in [0, outcome_weight) so shaping never outweighs the "
-                            f"outcome, got {self.shaping_clip!r}")
-        problems += [f"shaping weight {k!r}={w!r} must be finite" for k, w in self.shaping_weights.items()
+            problems.append("shaping_clip must be in [0, outcome_weight) so shaping never "
+                            f"outweighs the outcome, got {self.shaping_clip!r}")
+        problems += [f"shaping weight {k!r}={w!r} must be finite"
+                     for k, w in self.shaping_weights.items()
                      if not math.isfinite(w)]
         if problems:
             raise ConfigError(problems)
 
     def combine(self, outcome: float, violations: Iterable[Violation] = (),
-                signals: Mapping[str, float] | None = None, *, verifier_version: str) -> RewardBreakdown:
+                signals: Mapping[str, float] | None = None, *,
+                verifier_version: str) -> RewardBreakdown:
         """The reward of one episode and its components (they sum to `total`)."""
         if not (math.isfinite(outcome) and 0.0 <= outcome <= 1.0):
-            raise ConfigError(f"outcome must be in [0, 1], got {outcome!r}; verifiers return scores in [0, 1]")
+            raise ConfigError(f"outcome must be in [0, 1], got {outcome!r}; verifiers return "
+                              "scores in [0, 1]")
         vs = tuple(violations)
         voided = any(v.voids_outcome for v in vs)
         components = {

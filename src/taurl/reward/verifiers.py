@@ -17,4 +17,5 @@ class ExactMatchVerifier:
         if not isinstance(submission, str):
             return Verdict(0.0, self.version, "no answer was submitted")
         score = exact_match(submission, task.answers)
-        return Verdict(score, self.version, "correct" if score else f"{submission[:80]!r} is not a gold answer")
+        return Verdict(score, self.version,
+                       "correct" if score else f"{submission[:80]!r} is not a gold answer")

@@ -8,17 +8,8 @@ heavy, so a config loads without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from taurl.rollout.compaction import CompactionConfig
-
-
-def _no_compaction() -> CompactionConfig:
-    # imported here: the compaction module imports the engine protocol, and with it torch
-    from taurl.rollout.compaction import CompactionConfig
-
-    return CompactionConfig()
+from taurl.rollout.options import CompactionConfig  # a plain record: no torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +25,9 @@ class RolloutConfig:
     max_tool_calls: int | None = None  # tool calls per episode (None: no budget)
     temperature: float = 1.0
     top_p: float = 1.0
-    generate_timeout_s: float | None = 600.0  # an engine call that takes longer ends the episode as an error (None: wait)
-    resume_aborted: bool = False  # an action cut by pause("abort") (a weight update) continues on the new weights
-    compaction: CompactionConfig = field(default_factory=_no_compaction)  # context management: a new token stream instead of a full context
+    # an engine call that takes longer ends the episode as an error (None: wait)
+    generate_timeout_s: float | None = 600.0
+    # an action cut by pause("abort") (a weight update) continues on the new weights
+    resume_aborted: bool = False
+    # context management: a new token stream instead of a full context
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)

@@ -38,68 +38,45 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from taurl.data.trajectory import StopReason, Turn
-from taurl.errors import ConfigError, Error
+from taurl.errors import Error
 from taurl.policy.protocol import Generation, SamplingParams
+from taurl.rollout.options import CompactionConfig
 from taurl.rollout.seeds import _derive_seed
 from taurl.rollout.stream import _cut
 
 if TYPE_CHECKING:
-    from taurl.rollout.loop import _State
+    from taurl.rollout.budgets import RolloutConfig
+    from taurl.rollout.stream import _Episode
 
-POLICIES = ("none", "drop", "truncate", "summarize", "env")
 SUMMARY_SEED_SALT = 7919  # a summary's sampling seed differs from the turn's action seed
 
 
-@dataclass(frozen=True)
-class CompactionConfig:
-    """How the loop compacts a context that is filling up (module docstring)."""
+class CompactionState(Protocol):
+    """What compaction reads and writes of an episode in progress: the agent loop's episode
+    state implements it (`taurl.rollout.loop`), so this module depends on the record it
+    declares, not on the loop's private state."""
 
-    policy: str = "none"  # none | drop | truncate | summarize | env
-    trigger: float = 0.8  # compact before a turn once the stream holds this share of max_context
-    keep_turns: int = 1  # drop / truncate / summarize: the last turns kept whole in the new prompt
-    truncate_tokens: int = 8  # truncate: older observations cut to this many tokens
-    summary_tokens: int = 48  # summarize: the summary's token budget
-    summary: str = "trained"  # summarize: trained (the summary is trained on) | masked (mask 0 in the loss)
-    summary_request: str = "Summarize the progress so far."  # summarize: the request appended before the summary
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> CompactionConfig:
-        if problems := compaction_problems(d):
-            raise ConfigError(problems)
-        return cls(**(d or {}))
+    ep: _Episode  # the token stream, its codec and segments
+    config: RolloutConfig
+    seed: int
+    max_context: int
+    eos_text: str | None
+    inline: bool  # the episode is one assistant message rather than a chat
+    turns: list[Turn]
+    info: dict
+    stop: StopReason | None
+    terminated: bool
+    sampled: int  # tokens sampled so far
+    gen_s: float
 
     @property
-    def on(self) -> bool:
-        return self.policy != "none"
+    def policy(self) -> bool: ...  # the engine is a policy (its logprobs are a behaviour's)
 
 
-def compaction_problems(d: Any) -> list[str]:
-    """Every problem with a ``rollout.compaction`` mapping, before any work."""
-    if d is None or d == {}:
-        return []
-    if not isinstance(d, dict):
-        return [f"rollout.compaction must be a mapping (policy: drop, ...), got {type(d).__name__}"]
-    known = {f.name for f in fields(CompactionConfig)}
-    out = [f"rollout.compaction: unknown option {k!r}; known: {sorted(known)}" for k in d if k not in known]
-    if d.get("policy", "none") not in POLICIES:
-        out.append(f"rollout.compaction.policy must be one of {', '.join(POLICIES)} (got {d.get('policy')!r})")
-    if d.get("summary", "trained") not in ("trained", "masked"):
-        out.append(f"rollout.compaction.summary must be trained or masked (got {d.get('summary')!r})")
-    trigger = d.get("trigger", 0.8)
-    if isinstance(trigger, bool) or not isinstance(trigger, (int, float)) or not 0 < trigger <= 1:
-        out.append(f"rollout.compaction.trigger must be a share of max_context in (0, 1] (got {trigger!r})")
-    for k in ("keep_turns", "truncate_tokens", "summary_tokens"):
-        v = d.get(k, 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "keep_turns" else 1):
-            out.append(f"rollout.compaction.{k} must be an integer >= {0 if k == 'keep_turns' else 1} (got {v!r})")
-    return out
-
-
-def due(st: _State) -> bool:
+def due(st: CompactionState) -> bool:
     """Compact before the next turn: the stream holds `trigger` of the context, or the next
     action and an answer as long as the longest so far (summarize: or the summary request and
     the summary) would not fit; and the stream holds a turn to compact away."""
@@ -113,7 +90,7 @@ def due(st: _State) -> bool:
             or len(ep.ids) + st.config.max_action_tokens + answer + 8 >= st.max_context)
 
 
-async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
+async def compact(engine: Any, env: Any, task: Any, st: CompactionState, t: int) -> None:
     """Close the stream and begin a new one with the compacted conversation as its prompt;
     `st.stop` is set when that fails (an engine error, a prompt that still does not fit, an
     env hook or a chat template that raises: the episode ends with its record, an error, as
@@ -125,7 +102,7 @@ async def compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
         st.stop, st.terminated, st.info = StopReason.ERROR, False, {"error": why}
 
 
-async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None:
+async def _compact(engine: Any, env: Any, task: Any, st: CompactionState, t: int) -> None:
     c, ep = st.config.compaction, st.ep
     # the kept turns are read before a summary is asked for: its request and answer are not
     # an exchange of the episode (messages: the request would be the "last turn")
@@ -137,8 +114,10 @@ async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None
             return
     hook = getattr(env, "compact_prompt", None)
     if c.policy == "env" and hook is None:
-        st.stop, st.info = StopReason.ERROR, {"error": f"compaction policy env: {type(env).__name__} has no "
-                                                       "compact_prompt(task) hook; use drop, truncate or summarize"}
+        st.stop, st.info = StopReason.ERROR, {"error": "compaction policy env: "
+                                                       f"{type(env).__name__} has no "
+                                                       "compact_prompt(task) hook; use drop, "
+                                                       "truncate or summarize"}
         return
     user = hook(task) if c.policy == "env" else ep.header[-1]["content"]
     if not isinstance(user, str):
@@ -155,7 +134,7 @@ async def _compact(engine: Any, env: Any, task: Any, st: _State, t: int) -> None
         st.stop, st.terminated = StopReason.CONTEXT_FULL, False
 
 
-def _kept_turns(st: _State, c: CompactionConfig) -> list[tuple[Any, Any]]:
+def _kept_turns(st: CompactionState, c: CompactionConfig) -> list[tuple[Any, Any]]:
     """(action, observation) of the env turns the new prompt keeps: text (inline) or messages.
     ``truncate`` keeps them all, the older observations cut; the others keep the last few."""
     turns = [t for t in st.turns if t.action.get("kind") != "summary"]
@@ -174,7 +153,7 @@ def _kept_turns(st: _State, c: CompactionConfig) -> list[tuple[Any, Any]]:
     return out
 
 
-def _shorten(st: _State, obs: Any, n: int) -> Any:
+def _shorten(st: CompactionState, obs: Any, n: int) -> Any:
     codec = st.ep.codec
     if isinstance(obs, dict):
         return {**obs, "content": codec.decode(_cut(codec.encode(obs["content"]), n, 0)[0])}
@@ -185,7 +164,7 @@ def _shorten(st: _State, obs: Any, n: int) -> Any:
     return m.group(1) + codec.decode(_cut(codec.encode(m.group(2)), n, 0)[0]) + m.group(3)
 
 
-async def _summarize(engine: Any, st: _State, t: int) -> str:
+async def _summarize(engine: Any, st: CompactionState, t: int) -> str:
     """The policy writes a summary in the current stream: the request (mask 0), then its
     sampled ids (a summary turn). Returns the summary's text ('' when it does not fit).
 
@@ -197,7 +176,8 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     the policy a request and an answer to imitate, which skipping compaction would not
     (their episodes would then end context_full)."""
     c, ep, cfg = st.config.compaction, st.ep, st.config
-    if len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens > st.max_context:
+    if (len(ep.ids) + len(ep.codec.encode(c.summary_request)) + 16 + c.summary_tokens
+            > st.max_context):
         return ""  # no room left to ask: the compaction goes on without a summary
     if st.inline:
         o_idx, _ = ep.append("observation", ep.codec.encode(f"\n{c.summary_request}\n"))
@@ -205,9 +185,11 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     else:  # the stream ends in an opened assistant turn (the generation prompt): it closes empty
         ep.add_to_assistant("")
         message = {"role": "user", "content": c.summary_request}
-        ep.append("observation", ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
+        ep.append("observation",
+                  ep.codec.encode(ep.codec.delta(ep.text, ep.messages + [message], True)))
         ep.messages.append(message)
-    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8, cfg.max_episode_tokens - st.sampled)
+    budget = min(c.summary_tokens, st.max_context - len(ep.ids) - 8,
+                 cfg.max_episode_tokens - st.sampled)
     if budget < 1:
         return ""
     if st.policy:
@@ -238,7 +220,7 @@ async def _summarize(engine: Any, st: _State, t: int) -> str:
     return content.strip()
 
 
-def written_summary(st: _State, budget: int) -> list[int]:
+def written_summary(st: CompactionState, budget: int) -> list[int]:
     """The summary of an engine that is not a policy: the last observation (where the episode
     stands, e.g. FrozenLake's cell and its neighbours), its first `budget` ids. Deterministic,
     so a demonstration stays the expert's moves, and SFT on it teaches a summary that holds
@@ -248,7 +230,7 @@ def written_summary(st: _State, budget: int) -> list[int]:
     return ids[:budget]
 
 
-def rewrite_stream(st: _State, message: dict) -> tuple[int | None, str]:
+def rewrite_stream(st: CompactionState, message: dict) -> tuple[int | None, str]:
     """A template that re-renders history cannot take `message` as a delta: begin a new
     stream whose prompt is the conversation with `message`, rendered once (reason
     "template_rewrite"); (None, its content) as the turn's observation (it lives in the prompt)."""

@@ -23,9 +23,8 @@ from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Env
 from taurl.rollout.loop import RolloutConfig
 from taurl.rollout.runner import EpisodeError, close_round, run_one, stored_episodes
-from taurl.rollout.seeds import episode_seed  # noqa: F401  (re-exported: its old home)
 
-__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "episode_seed", "store_episode"]
+__all__ = ["Collector", "EpisodeError", "EpisodeSpec", "LocalCollector", "collect", "store_episode"]
 
 log = logging.getLogger("taurl.rollout.episodes")
 
@@ -57,10 +56,11 @@ def store_episode(traj: Trajectory, ledger: Ledger, out: dict[str, Trajectory], 
     return True
 
 
-async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], specs: Sequence[EpisodeSpec], *,
+async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env],
+                  specs: Sequence[EpisodeSpec], *,
                   config: RolloutConfig, ledger: Ledger, run_id: str, concurrency: int = 64,
-                  bar: tqdm | None = None, on_stored: Callable[[str, Trajectory], None] | None = None,
-                  agent: dict[str, Any] | None = None, all_chains: bool = True
+                  bar: tqdm | None = None,
+                  on_stored: Callable[[str, Trajectory], None] | None = None
                   ) -> tuple[list[Trajectory], dict[str, float]]:
     """The episodes of `specs`, in order: reused from the ledger, or run and appended at once.
 
@@ -69,17 +69,12 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     called with "episode_finished" before an episode is appended and "episode_stored"
     after (hooks for tests and monitors; an exception there aborts the round).
 
-    With `agent` (the config's ``agent:``), the user's agent acts through the training
-    proxy instead of the built-in loop (`taurl.proxy.collect`); all_chains=False returns
-    one record per episode (its final chain), as an evaluation counts them.
+    This is the built-in agent loop's collector; a user's agent acting through the training
+    proxy has its own with the same contract (`taurl.proxy.collect.collect_agent`), which
+    the caller passes to `LocalCollector` (the rollout stage never imports the proxy).
     """
-    if agent:
-        from taurl.proxy.collect import collect_agent
-
-        return await collect_agent(engine, tokenizer, make_env, specs, agent=agent, config=config, ledger=ledger,
-                                   run_id=run_id, concurrency=concurrency, bar=bar, on_stored=on_stored,
-                                   all_chains=all_chains)
-    out = stored_episodes(ledger, specs, config.temperature)  # a resumed round's, checked to be its own
+    # a resumed round's, checked to be its own
+    out = stored_episodes(ledger, specs, config.temperature)
     failed: list[str] = []
 
     async def one(s: EpisodeSpec) -> None:
@@ -97,11 +92,13 @@ async def collect(engine: Any, tokenizer: Any, make_env: Callable[[], Env], spec
     if bar is not None:
         bar.update(len(reused_ids))
     await run_in_slots(engine, [one(s) for s in specs if s.episode_id not in out], concurrency)
-    stats = close_round(specs, out, failed, reused_ids)  # nothing usable: the run stops with the first cause
+    # nothing usable: the run stops with the first cause
+    stats = close_round(specs, out, failed, reused_ids)
     return [out[s.episode_id] for s in specs if s.episode_id in out], stats
 
 
-async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]], concurrency: int) -> None:
+async def run_in_slots(engine: Any, jobs: Sequence[Coroutine[Any, Any, None]],
+                       concurrency: int) -> None:
     """Run `jobs` in order, at most `concurrency` at once: each of that many slots takes the
     next job when its last one is done.
 
@@ -164,14 +161,19 @@ class LocalCollector:
     config: RolloutConfig
     run_id: str
     concurrency: int = 64
-    options: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of `collect`
+    # further keyword arguments of `run`
+    options: dict[str, Any] = field(default_factory=dict)
+    # what runs the episodes: `collect` (the built-in agent loop), or another function with
+    # its signature and contract (the proxy's `collect_agent` with the user's agent bound)
+    run: Callable[..., Coroutine[Any, Any, tuple[list[Trajectory], dict[str, float]]]] = collect
 
     def collect(self, specs: Sequence[EpisodeSpec], *, ledger: Ledger,
                 on_stored: Callable[[str, Trajectory], None] | None = None
                 ) -> tuple[list[Trajectory], dict[str, float]]:
-        return asyncio.run(collect(self.engine, self.tokenizer, self.make_env, specs, config=self.config,
-                                   ledger=ledger, run_id=self.run_id, concurrency=self.concurrency,
-                                   on_stored=on_stored, **self.options))
+        return asyncio.run(self.run(self.engine, self.tokenizer, self.make_env, specs,
+                                    config=self.config, ledger=ledger, run_id=self.run_id,
+                                    concurrency=self.concurrency, on_stored=on_stored,
+                                    **self.options))
 
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
         asyncio.run(self.engine.load_weights(checkpoint_dir, version))  # served and verified

@@ -129,7 +129,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
     routing_key.set(episode_id or f"{group_id}/{seed}")
     st = _start(engine, env, tokenizer, task, seed, config)
     for t in range(config.max_turns if st.stop is None else 0):
-        if compaction.due(st) and (await compaction.compact(engine, env, task, st, t) or st.stop is not None):
+        if compaction.due(st) and (await compaction.compact(engine, env, task, st, t)
+                                   or st.stop is not None):
             break
         action = await _sample(engine, st, t)
         if action is None:
@@ -141,7 +142,8 @@ async def run_episode(engine: Engine, env: Env, tokenizer: Any, task: Task, *, s
                   wall_s=time.perf_counter() - t_start)
 
 
-def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int, config: RolloutConfig) -> _State:
+def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int,
+           config: RolloutConfig) -> _State:
     """Reset the env and render the prompt: the stream starts with the prompt ids (mask 0)."""
     inline = env.observation_style == "inline"
     codec = ChatCodec(tokenizer, None if inline else env.tools)
@@ -149,17 +151,20 @@ def _start(engine: Engine, env: Env, tokenizer: Any, task: Task, seed: int, conf
     messages.append({"role": "user", "content": task.prompt})
     ep = _Episode(codec, messages)
     ep.append("prompt", codec.encode(codec.render(messages, add_generation_prompt=True)))
-    eos_text = codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else None
+    eos_text = (codec.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None
+                else None)
     stop_ids, stop_strings = codec.split_stops(env.stop)
     reset_error = None
     try:
         _, reset_info = env.reset(task, seed)
-    except Exception as e:  # a broken env ends this episode (a record with the error), never the run
+    except Exception as e:
+        # a broken env ends this episode (a record with the error), never the run
         reset_info, reset_error = {}, f"env.reset raised {type(e).__name__}: {e}"
     provenance = reset_info.get("provenance", {}) if isinstance(reset_info, dict) else {}
     provenance = copy.deepcopy(provenance)  # the env may reuse its dict; the record is immutable
-    st = _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids, stop_strings,
-                eos_text, inline, getattr(engine, "source", POLICY_SOURCE), provenance)
+    st = _State(ep, config, seed, min(config.max_context, engine.max_context), stop_ids,
+                stop_strings, eos_text, inline, getattr(engine, "source", POLICY_SOURCE),
+                provenance)
     if reset_error is not None:
         st.stop, st.info = StopReason.ERROR, {"error": reset_error}
     return st
@@ -169,7 +174,8 @@ async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
     """Sample turn `t`'s action and append it (mask 1); None when the episode ends here
     (a budget ran out, the engine failed or aborted the action: `st.stop` says which)."""
     cfg, ep = st.config, st.ep
-    budget = min(cfg.max_action_tokens, cfg.max_episode_tokens - st.sampled, st.max_context - len(ep.ids) - 8)
+    budget = min(cfg.max_action_tokens, cfg.max_episode_tokens - st.sampled,
+                 st.max_context - len(ep.ids) - 8)
     if cfg.max_episode_tokens - st.sampled <= 0:
         st.stop = StopReason.MAX_TOKENS
         return None
@@ -177,7 +183,8 @@ async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
         st.stop = StopReason.CONTEXT_FULL
         return None
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=budget,
-                              stop=st.stop_strings, stop_token_ids=st.stop_ids, seed=_derive_seed(st.seed, t))
+                              stop=st.stop_strings, stop_token_ids=st.stop_ids,
+                              seed=_derive_seed(st.seed, t))
     t0 = time.perf_counter()
     pieces: list[tuple[int, str]] = []  # (segment, text) of an action split by version changes
     try:
@@ -186,8 +193,9 @@ async def _sample(engine: Engine, st: _State, t: int) -> _Action | None:
         st.stop, st.info = StopReason.ERROR, {"error": f"engine: {e}"}
         return None
     except asyncio.TimeoutError:  # a hung engine or server: this episode ends, the run goes on
-        st.stop, st.info = StopReason.ERROR, {"error": f"engine: no completion within generate_timeout_s="
-                                                       f"{cfg.generate_timeout_s:g} s (is the server up?)"}
+        st.stop, st.info = StopReason.ERROR, {
+            "error": "engine: no completion within "
+                     f"generate_timeout_s={cfg.generate_timeout_s:g} s (is the server up?)"}
         return None
     st.gen_s += time.perf_counter() - t0
     st.sampled += len(gen.token_ids)
@@ -250,7 +258,8 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
     try:
         # envs whose tools do I/O offer `astep`, so other episodes run while a tool runs
         astep = getattr(env, "astep", None)
-        obs, r, terminated, truncated, info = await astep(action.env_text) if astep else env.step(action.env_text)
+        obs, r, terminated, truncated, info = (await astep(action.env_text) if astep
+                                               else env.step(action.env_text))
         broken = _step_problem(r, info)
     except Exception as e:  # a broken env ends this episode, never the run
         broken = f"env.step raised {type(e).__name__}: {e}"
@@ -281,10 +290,11 @@ async def _observe(env: Env, st: _State, t: int, action: _Action) -> None:
     st.turns.append(Turn(index=len(st.turns), action_text=action.text,
                          action=dict(info.get("action") or {"kind": "unknown"}),
                          observation_text=obs_text,
-                         action_segment=action.segment, observation_segment=o_idx, finish_reason=gen.finish_reason,
+                         action_segment=action.segment, observation_segment=o_idx,
+                         finish_reason=gen.finish_reason,
                          invalid=bool(info.get("invalid", False)), error=error,
-                         receipt=receipt if isinstance(receipt, ToolReceipt) else None, env_reward=float(r),
-                         generate_s=gen.generate_s, env_s=dt_env,
+                         receipt=receipt if isinstance(receipt, ToolReceipt) else None,
+                         env_reward=float(r), generate_s=gen.generate_s, env_s=dt_env,
                          observation_tokens_dropped=dropped,
                          # the EOS-cut text the env saw, for a replay to give it the same
                          env_text=action.env_text if action.env_text != action.text else None))
@@ -295,7 +305,8 @@ def _append_observation(st: _State, obs: str, info: StepInfo) -> tuple[int | Non
     with `st.stop` CONTEXT_FULL when it would not fit in the model's context."""
     cfg, ep, codec = st.config, st.ep, st.ep.codec
     if st.inline:  # cut the whole text, keeping its last ids (the closing tag)
-        obs_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens, cfg.observation_keep_tail)
+        obs_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens,
+                                cfg.observation_keep_tail)
         message = None
     else:  # cut the message content, then render it as a template delta
         content_ids, dropped = _cut(codec.encode(obs), cfg.max_observation_tokens, 0)
@@ -329,13 +340,15 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
         components["env_steps"] = unexplained
     traj = Trajectory(
         episode_id=episode_id or uuid.uuid4().hex, run_id=run_id, task_id=task.task_id,
-        group_id=group_id or task.task_id, split=task.split, env_name=env.name, env_version=env.version,
-        seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns), messages=tuple(ep.all_messages),
+        group_id=group_id or task.task_id, split=task.split, env_name=env.name,
+        env_version=env.version, seed=seed, segments=tuple(ep.segments), turns=tuple(st.turns),
+        messages=tuple(ep.all_messages),
         terminated=st.terminated, truncated=not st.terminated, stop_reason=stop,
         reward=sum(components.values()), reward_components=components,
         verifier_version=str(info.get("verifier_version") or getattr(env, "verifier_version", "")),
         timings={"wall_s": wall_s, "generate_s": st.gen_s, "env_s": st.env_s},
-        metadata={"answers": list(task.answers), "error": error if stop == StopReason.ERROR else None,
+        metadata={"answers": list(task.answers),
+                  "error": error if stop == StopReason.ERROR else None,
                   "sampling": sampling_record(st.config.temperature, st.config.top_p),
                   **{k: v for k, v in task.metadata.items() if k in ("family", "hops")}},
         source=st.source, provenance=st.provenance, stream_starts=tuple(ep.starts),
@@ -344,7 +357,8 @@ def _close(st: _State, env: Env, task: Task, seed: int, *, group_id: str, run_id
     return traj if outcome is None else _rescored(traj, task, outcome)
 
 
-def _rescored(traj: Trajectory, task: Task, outcome: Callable[[Trajectory, Task], float]) -> Trajectory:
+def _rescored(traj: Trajectory, task: Task,
+              outcome: Callable[[Trajectory, Task], float]) -> Trajectory:
     """The record with its outcome component replaced by ``outcome(traj, task)`` (`taurl.train`'s
     ``reward=``); the env's constraint and shaping components stay, and the reward is their sum."""
     components = {**traj.reward_components, "outcome": outcome(traj, task)}
@@ -356,15 +370,15 @@ def _step_problem(reward: Any, info: Any) -> str | None:
     """How a step's reward or info breaks the Env protocol (None: they keep it). The episode
     then ends as an error with this text, instead of the run with a raw TypeError."""
     if not _finite(reward):
-        return (f"env contract: step returned reward {reward!r} ({type(reward).__name__}); it must be a "
-                "finite number (int or float); fix the env's step")
+        return (f"env contract: step returned reward {reward!r} ({type(reward).__name__}); it must "
+                "be a finite number (int or float); fix the env's step")
     if not isinstance(info, dict):
-        return (f"env contract: step returned info of type {type(info).__name__}; it must be a dict "
-                "(a taurl.envs.StepInfo); fix the env's step")
+        return (f"env contract: step returned info of type {type(info).__name__}; it must be a "
+                "dict (a taurl.envs.StepInfo); fix the env's step")
     parts = info.get("reward_components")
     if parts is not None and not (isinstance(parts, dict) and all(map(_finite, parts.values()))):
-        return (f'env contract: info["reward_components"] {parts!r} must be a dict of finite numbers; '
-                "fix the env's step")
+        return (f'env contract: info["reward_components"] {parts!r} must be a dict of finite '
+                "numbers; fix the env's step")
     return None
 
 
@@ -382,14 +396,16 @@ def _env_stop(info: StepInfo, terminated: bool) -> tuple[StopReason, bool, str |
     default = "answered" if terminated else "error" if info.get("error") else "max_turns"
     name = info.get("stop_reason") or default
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is not a snake_case name '
-                                         "(lowercase letters, digits, '_'); fix the env")
+        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is not a '
+                                         "snake_case name (lowercase letters, digits, '_'); fix "
+                                         "the env")
     reason = StopReason(name)
     if reason.kind is not None and reason.is_termination != terminated:
         flag = "terminated" if terminated else "truncated"
-        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is one of the loop\'s '
-                                         f"{reason.kind}s but the env set {flag}=True; give the env's "
-                                         "reason its own name, or set the matching flag")
+        return StopReason.ERROR, False, (f'env contract: info["stop_reason"] {name!r} is one of '
+                                         f"the loop's {reason.kind}s but the env set {flag}=True; "
+                                         "give the env's reason its own name, or set the matching "
+                                         "flag")
     return reason, terminated, None
 
 
@@ -399,7 +415,8 @@ class RolloutResult:
     failures: list[tuple[str, str]]  # (task_id, why) for episodes that produced no record
 
 
-async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: Any, tasks: list[Task], *,
+async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: Any,
+                       tasks: list[Task], *,
                        group_size: int = 1, config: RolloutConfig = DEFAULTS, concurrency: int = 32,
                        seed: int = 0, run_id: str = "", round_index: int = 0,
                        on_episode: Callable[[Trajectory], None] | None = None) -> RolloutResult:
@@ -427,6 +444,7 @@ async def run_episodes(engine: Engine, make_env: Callable[[], Env], tokenizer: A
             if on_episode is not None:
                 on_episode(traj)
 
-    jobs = [one(task, g, _derive_seed(seed, i * group_size + g)) for i, task in enumerate(tasks) for g in range(group_size)]
+    jobs = [one(task, g, _derive_seed(seed, i * group_size + g))
+            for i, task in enumerate(tasks) for g in range(group_size)]
     await asyncio.gather(*jobs)
     return RolloutResult(trajectories, failures)

@@ -22,68 +22,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
 from taurl.data.trajectory import Trajectory
 from taurl.envs.core import Task
+from taurl.rollout.options import RejectionOptions
 from taurl.rollout.synth import action_sequence, difficulty_bucket, jaccard
-
-BUCKETS = ("easy", "medium", "hard")
-
-
-@dataclass(frozen=True)
-class RejectionOptions:
-    """``sft.rejection`` of the train config: the sampling and the filters."""
-
-    rounds: int = 1  # sample → filter → SFT, this many times (each round from the previous round's policy)
-    attempts: int = 0  # episodes per task (0: rl.group_size, so a round's budget is the RL updates')
-    tasks: int = 0  # tasks per round (0: rl.updates × rl.tasks_per_update / rounds: the RL budget split over rounds)
-    temperature: float = 0.0  # sampling temperature (0: rollout.temperature)
-    per_task: int = 0  # at most this many kept episodes per task (0: attempts)
-    max_jaccard: float = 1.0  # diversity: max action-sequence Jaccard between kept episodes of one task
-    min_action_tokens: int = 0  # length bounds on the sampled tokens of an episode (0: none)
-    max_action_tokens: int = 0
-    buckets: list[str] = field(default_factory=lambda: list(BUCKETS))  # difficulty buckets kept
-    lr: float = 0.0  # the rounds' SFT peak learning rate (0: sft.lr)
-    epochs: int = 0  # passes over a round's kept episodes (0: sft.epochs)
-    warmup_steps: int = 0  # linear warm-up steps of each round's SFT (a round is a few dozen steps)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RejectionOptions:
-        return cls(**d)
-
-    @staticmethod
-    def problems_of(d: dict[str, Any]) -> list[str]:
-        known = {f.name for f in fields(RejectionOptions)}
-        if bad := sorted(set(d) - known):
-            return [f"sft.rejection: unknown option(s) {bad}; it takes {sorted(known)}"]
-        try:
-            opts = RejectionOptions(**d)
-        except TypeError as e:
-            return [f"sft.rejection: {e}"]
-        return opts.problems()
-
-    def problems(self) -> list[str]:
-        out = []
-        for name in ("rounds",):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                out.append(f"sft.rejection.{name} must be an integer >= 1 (got {getattr(self, name)!r})")
-        for name in ("attempts", "tasks", "per_task", "min_action_tokens", "max_action_tokens", "epochs",
-                     "warmup_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                out.append(f"sft.rejection.{name} must be an integer >= 0 (got {getattr(self, name)!r})")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            out.append(f"sft.rejection.temperature must be >= 0 (0: the rollout's; got {self.temperature!r})")
-        if not isinstance(self.lr, (int, float)) or self.lr < 0:
-            out.append(f"sft.rejection.lr must be >= 0 (0: sft.lr; got {self.lr!r})")
-        if not 0 <= self.max_jaccard <= 1:
-            out.append(f"sft.rejection.max_jaccard must be in [0, 1] (got {self.max_jaccard!r})")
-        if not self.buckets or set(self.buckets) - set(BUCKETS):
-            out.append(f"sft.rejection.buckets must be a non-empty subset of {list(BUCKETS)} (got {self.buckets!r})")
-        if self.max_action_tokens and self.min_action_tokens > self.max_action_tokens:
-            out.append("sft.rejection.min_action_tokens must be <= max_action_tokens")
-        return out
 
 
 @dataclass(frozen=True)
@@ -111,7 +55,8 @@ def is_clean(traj: Trajectory) -> str | None:
     return None if traj.valid else "error"
 
 
-def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task], verify: Callable[[Trajectory, Task], float],
+def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task],
+                  verify: Callable[[Trajectory, Task], float],
                   opts: RejectionOptions, attempts: int) -> Kept:
     """The episodes of `trajs` that pass every filter (module docstring), in task order."""
     by_id = {t.task_id: t for t in tasks}
@@ -134,9 +79,11 @@ def keep_episodes(trajs: Sequence[Trajectory], tasks: Sequence[Task], verify: Ca
             n_act = sum(e.action_mask)
             if why := is_clean(e):
                 stats[f"rejection/rejected_{why}"] += 1
-            elif n_act < opts.min_action_tokens or (opts.max_action_tokens and n_act > opts.max_action_tokens):
+            elif n_act < opts.min_action_tokens or (opts.max_action_tokens
+                                                    and n_act > opts.max_action_tokens):
                 stats["rejection/rejected_length"] += 1
-            elif any(jaccard(action_sequence(e), action_sequence(k)) > opts.max_jaccard for k in kept):
+            elif any(jaccard(action_sequence(e), action_sequence(k)) > opts.max_jaccard
+                     for k in kept):
                 stats["rejection/rejected_duplicate"] += 1
             elif len(kept) >= per_task:
                 stats["rejection/rejected_per_task"] += 1

@@ -56,31 +56,35 @@ def shrunk_groups(specs: Sequence[Any], recorded: Collection[str]) -> int:
     return sum(0 < kept[g] < n for g, n in size.items())
 
 
-def close_round(specs: Sequence[Any], records: Mapping[str, Any], failed: Sequence[str], reused: Collection[str],
-                what: str = "episode") -> dict[str, float]:
+def close_round(specs: Sequence[Any], records: Mapping[str, Any], failed: Sequence[str],
+                reused: Collection[str], what: str = "episode") -> dict[str, float]:
     """Log each failure, stop the run when no episode that ran produced a usable record (with
     the first cause), and return the round's failure counts as metrics.
 
     `records`: episode id → its record (or its chains, last one final) for the ids of `specs`
     that have one, the `reused` ones (found in the ledger) included; `failed`: one
-    "<episode id>: <cause>" per episode without one. A record is usable unless an error the agent did not cause ended it
-    (`Trajectory.valid`): a round of only such records (an env whose reset raises, a sandbox
-    that cannot start, an engine that is down) has nothing to train on either."""
+    "<episode id>: <cause>" per episode without one. A record is usable unless an error the agent
+    did not cause ended it (`Trajectory.valid`): a round of only such records (an env whose reset
+    raises, a sandbox that cannot start, an engine that is down) has nothing to train on either."""
     for why in failed:
         log.warning("%s produced no record: %s", what, why)
     ran_n = sum(s.episode_id not in reused for s in specs)
     if ran_n > 0:
-        new = [_final(records[s.episode_id]) for s in specs if s.episode_id in records and s.episode_id not in reused]
+        new = [_final(records[s.episode_id]) for s in specs if s.episode_id in records
+               and s.episode_id not in reused]
         if not new:
-            raise EpisodeError(f"every one of the {ran_n} {what}(s) failed, so nothing was stored; the first: "
-                               f"{failed[0] if failed else 'no cause was reported'}. Fix the cause and run the "
-                               "same command again (stored episodes are kept)")
+            raise EpisodeError(f"every one of the {ran_n} {what}(s) failed, so nothing was stored; "
+                               f"the first: {failed[0] if failed else 'no cause was reported'}. "
+                               "Fix the cause and run the same command again (stored episodes are "
+                               "kept)")
         if not any(t.valid for t in new):
             first = failed[0] if failed else f"{new[0].episode_id}: {new[0].metadata.get('error')}"
-            raise EpisodeError(f"every one of the {ran_n} {what}(s) failed or ended by an error the agent did not "
-                               f"cause ({len(new)} stored as such), so there is nothing to train on; the first: "
-                               f"{first}. Fix the cause and run the same command again (stored episodes are kept)")
-    return {"run/reused_episodes": float(len(reused)), "rollout/failed_episodes": float(len(failed)),
+            raise EpisodeError(f"every one of the {ran_n} {what}(s) failed or ended by an error "
+                               f"the agent did not cause ({len(new)} stored as such), so there is "
+                               f"nothing to train on; the first: {first}. Fix the cause and run "
+                               "the same command again (stored episodes are kept)")
+    return {"run/reused_episodes": float(len(reused)),
+            "rollout/failed_episodes": float(len(failed)),
             "rollout/shrunk_groups": float(shrunk_groups(specs, records))}
 
 
@@ -88,7 +92,8 @@ def _final(record: Any) -> Trajectory:
     return record[-1] if isinstance(record, list) else record
 
 
-def stored_episodes(ledger: Any, specs: Sequence[Any], temperature: float | None) -> dict[str, Trajectory]:
+def stored_episodes(ledger: Any, specs: Sequence[Any],
+                    temperature: float | None) -> dict[str, Trajectory]:
     """The episodes of `specs` the ledger holds already (a resumed round), each checked to be
     the episode its spec asks for — the same task, seed and sampling temperature — not only
     one with the same id: a record of another run is refused, never trained or scored."""
@@ -104,10 +109,11 @@ def check_stored(traj: Trajectory, spec: Any, temperature: float | None) -> Traj
     stored_t = (traj.metadata.get("sampling") or {}).get("temperature")
     asked = {"task": spec.task.task_id, "seed": spec.seed, "temperature": temperature}
     found = {"task": traj.task_id, "seed": traj.seed, "temperature": stored_t}
-    wrong = [k for k in asked if asked[k] is not None and found[k] is not None and asked[k] != found[k]]
+    wrong = [k for k in asked if asked[k] is not None and found[k] is not None
+             and asked[k] != found[k]]
     if wrong:
         raise Error(f"the ledger's episode {spec.episode_id} is not this run's: it has "
                     + ", ".join(f"{k} {found[k]!r} (this run: {asked[k]!r})" for k in wrong)
-                    + ". The run directory holds another run's episodes: resume with that run's configuration, "
-                      "or give another --run-dir")
+                    + ". The run directory holds another run's episodes: resume with that run's "
+                      "configuration, or give another --run-dir")
     return traj

@@ -36,7 +36,8 @@ class ChatCodec:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.tok.decode(list(ids), skip_special_tokens=False,
+                               clean_up_tokenization_spaces=False)
 
     def split_stops(self, stops: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """Stops that are one token become stop ids (exact, no decoding); the rest stay strings."""
@@ -53,8 +54,10 @@ class ChatCodec:
         """The text the template adds after `stream_text` to render `messages`."""
         target = self.render(messages, add_generation_prompt)
         if not target.startswith(stream_text):
-            raise ContractError("template_prefix", "the chat template does not render the conversation so far as a "
-                                "prefix of the next one; observations cannot be appended as a template delta")
+            raise ContractError("template_prefix", "the chat template does not render the "
+                                                   "conversation so far as a "
+                                "prefix of the next one; observations cannot be appended as a "
+                                "template delta")
         return target[len(stream_text):]
 
 
@@ -80,7 +83,8 @@ class _Episode:
         """Close the stream with the template's end-of-turn ids (kind "template", mask 0).
         Not `strict`: a template that cannot render the close as a delta leaves it open."""
         if self.messages[-1]["role"] != "assistant":
-            self.add_to_assistant("")  # the stream ends inside an opened assistant turn: close it empty
+            # the stream ends inside an opened assistant turn: close it empty
+            self.add_to_assistant("")
         try:
             closing = self.codec.delta(self.text, self.messages, add_generation_prompt=False)
         except ContractError:
@@ -107,18 +111,21 @@ class _Episode:
 
     @property
     def turns_in_stream(self) -> bool:
-        """Whether the current stream holds anything past its prompt (there is something to compact)."""
+        """Whether the current stream holds anything past its prompt (there is something to
+        compact)."""
         return len(self.segments) > self.first_segment + 1
 
     def exchanges(self) -> list[tuple[dict, dict]]:
         """(assistant, answer) message pairs of the current stream (a messages env's turns)."""
         ms = self.messages
         return [(ms[i], ms[i + 1]) for i in range(len(self.header) - 1, len(ms) - 1)
-                if ms[i]["role"] == "assistant" and ms[i + 1]["role"] not in ("assistant", "system")]
+                if ms[i]["role"] == "assistant"
+                and ms[i + 1]["role"] not in ("assistant", "system")]
 
     def append(self, kind: str, ids: list[int], logprobs=None, version=None) -> tuple[int, str]:
         text = self.codec.decode(ids)
-        self.segments.append(Segment(kind, tuple(ids), None if logprobs is None else tuple(logprobs), version))
+        self.segments.append(Segment(kind, tuple(ids),
+                                     None if logprobs is None else tuple(logprobs), version))
         self.ids.extend(ids)
         self.text += text
         return len(self.segments) - 1, text
@@ -130,7 +137,9 @@ class _Episode:
         if last.kind != "action" or last.policy_version != version:
             return self.append("action", ids, logprobs, version)
         text = self.codec.decode(ids)
-        self.segments[-1] = Segment("action", last.token_ids + tuple(ids), last.logprobs + tuple(logprobs), version)
+        self.segments[-1] = Segment(
+            "action", last.token_ids + tuple(ids), last.logprobs + tuple(logprobs), version
+        )
         self.ids.extend(ids)
         self.text += text
         return len(self.segments) - 1, text
@@ -146,4 +155,4 @@ def _cut(ids: list[int], max_tokens: int, keep_tail: int) -> tuple[list[int], in
     if len(ids) <= max_tokens:
         return ids, 0
     tail = min(keep_tail, max_tokens)
-    return ids[:max_tokens - tail] + ids[len(ids) - tail:], len(ids) - max_tokens
+    return ids[: max_tokens - tail] + ids[len(ids) - tail :], len(ids) - max_tokens

@@ -60,8 +60,8 @@ class ScriptedEngine:
     model ends its turn: the proxy's expert replies (`taurl.proxy.experts.ReplyEngine`).
     """
 
-    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048, source: str = "scripted",
-                 eos_each: bool = False):
+    def __init__(self, tokenizer, actions: Sequence[str], max_context: int = 2048,
+                 source: str = "scripted", eos_each: bool = False):
         if source == "policy" or not NAME_PATTERN.match(source):
             raise ConfigError(f"source {source!r} must be a snake_case name other than 'policy' "
                               "(a script is not a policy), e.g. 'scripted' or 'expert'")
@@ -85,14 +85,16 @@ class ScriptedEngine:
         self._calls += 1
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
         if text is None or self.eos_each:  # the turn ends: EOS, after as much of the text as fits
-            ids, reason = ids[:max(0, sampling.max_tokens - 1)] + [self.tokenizer.eos_token_id], "eos"
+            ids, reason = (ids[:max(0, sampling.max_tokens - 1)] + [self.tokenizer.eos_token_id],
+                           "eos")
         else:
             ids, reason = ids[:sampling.max_tokens], "stop"
         return Generation(ids, [0.0] * len(ids), reason, 0, prompt_tokens=len(prompt_ids))
 
 
 async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[], Env], *,
-                         expert: Expert | None = None, expert_options: Mapping[str, Any] | None = None,
+                         expert: Expert | None = None,
+                         expert_options: Mapping[str, Any] | None = None,
                          seed: int = 0, run_id: str = "", config: RolloutConfig | None = None,
                          episode_prefix: str = "demo", quality: Any = None,
                          concurrency: int = 16) -> list[Trajectory]:
@@ -116,18 +118,21 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
 
         expert, expert_options = search_expert, {**quality.options(), **(expert_options or {})}
     if expert is None or not callable(expert):
-        raise ConfigError("demonstrations needs expert=: a callable expert(task, rng, **options) -> action "
-                          "strings (taurl.envs.spec.Expert), e.g. the one the env registered")
+        raise ConfigError("demonstrations needs expert=: a callable expert(task, rng, **options) "
+                          "-> action strings (taurl.envs.spec.Expert), e.g. the one the env "
+                          "registered")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
     options = dict(expert_options or {})
     name = getattr(expert, "__name__", type(expert).__name__)
-    scripts = []  # the expert runs on the host first, in task order: its draws do not depend on timing
+    # the expert runs on the host first, in task order: its draws do not depend on timing
+    scripts = []
     for i, task in enumerate(tasks):
         actions = expert(task, random.Random(f"{seed}:{i}"), **options)
         if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
-            raise ConfigError(f"expert {name} returned {type(actions).__name__} for task {task.task_id!r}; "
-                              "an Expert returns a list of action strings, one per turn")
+            raise ConfigError(f"expert {name} returned {type(actions).__name__} for task "
+                              f"{task.task_id!r}; an Expert returns a list of action strings, one "
+                              "per turn")
         scripts.append(actions)
     sem = asyncio.Semaphore(concurrency)
 
@@ -142,7 +147,8 @@ async def demonstrations(tasks: Sequence[Task], tokenizer, make_env: Callable[[]
         return _with_metadata(traj, expert=name, expert_options=options)
 
     # gather keeps task order whatever order the episodes finish in
-    return list(await asyncio.gather(*(one(i, t, a) for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
+    return list(await asyncio.gather(
+        *(one(i, t, a) for i, (t, a) in enumerate(zip(tasks, scripts, strict=True)))))
 
 
 def _with_metadata(traj: Trajectory, **extra: Any) -> Trajectory:
@@ -169,8 +175,10 @@ class SynthFilters:
 
     min_reward: float = 1.0  # the verifier's reward an episode needs (rejection sampling)
     max_extra_tool_calls: int = 1  # efficiency: at most hops + this many tool calls
-    require_complete: bool = True  # completeness: thought + valid action every turn, observation, final answer
-    max_jaccard: float = 0.8  # diversity: max action-sequence Jaccard between kept episodes of one task
+    # completeness: thought + valid action every turn, observation, final answer
+    require_complete: bool = True
+    # diversity: max action-sequence Jaccard between kept episodes of one task
+    max_jaccard: float = 0.8
     per_task: int = 2  # at most this many kept episodes per task
     max_easy_fraction: float = 1.0  # cap on the share of kept episodes from easy tasks
 
@@ -209,7 +217,8 @@ def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
 
 
 def is_complete(traj: Trajectory) -> bool:
-    """Every turn thinks and acts validly, every non-final turn was answered, the last one answers."""
+    """Every turn thinks and acts validly, every non-final turn was answered, the last one
+    answers."""
     if not traj.turns or not traj.terminated or traj.turns[-1].action.get("kind") != "answer":
         return False
     for i, t in enumerate(traj.turns):
@@ -241,7 +250,8 @@ class SynthResult:
 
 def select_demonstrations(trajs: Sequence[Trajectory], tasks: Sequence[Task],
                           filters: SynthFilters = SynthFilters()) -> SynthResult:
-    """Apply the rejection threshold and the quality filters (module docstring) to sampled episodes."""
+    """Apply the rejection threshold and the quality filters (module docstring) to sampled
+    episodes."""
     if problems := filters.problems():
         raise ConfigError(problems)
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
@@ -262,7 +272,8 @@ def select_demonstrations(trajs: Sequence[Trajectory], tasks: Sequence[Task],
                 stats["synth/rejected_incomplete"] += 1
             elif not is_efficient(e, hops.get(task_id, 1), filters.max_extra_tool_calls):
                 stats["synth/rejected_inefficient"] += 1
-            elif any(jaccard(action_sequence(e), action_sequence(k)) > filters.max_jaccard for k in kept):
+            elif any(jaccard(action_sequence(e), action_sequence(k)) > filters.max_jaccard
+                     for k in kept):
                 stats["synth/rejected_duplicate"] += 1
             elif len(kept) >= filters.per_task:
                 stats["synth/rejected_per_task"] += 1
@@ -284,11 +295,13 @@ def select_demonstrations(trajs: Sequence[Trajectory], tasks: Sequence[Task],
     return SynthResult(out, {k: float(v) for k, v in stats.items()})
 
 
-async def rejection_sample(engine: Engine, tokenizer, make_env: Callable[[], Env], tasks: Sequence[Task], *,
+async def rejection_sample(engine: Engine, tokenizer, make_env: Callable[[], Env],
+                           tasks: Sequence[Task], *,
                            k: int = 4, filters: SynthFilters = SynthFilters(), seed: int = 0,
                            config: RolloutConfig | None = None, run_id: str = "",
                            concurrency: int = 32) -> SynthResult:
-    """Sample `k` episodes per task from `engine`'s policy and keep the good ones (module docstring)."""
+    """Sample `k` episodes per task from `engine`'s policy and keep the good ones (module
+    docstring)."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int, task: Task, g: int) -> Trajectory:

@@ -36,9 +36,11 @@ def backend_problems(backend: str, options: dict[str, Any], *, engine: str,
     """What is wrong with `backend` and its `options` (empty when nothing)."""
     if backend not in BACKENDS:
         close = difflib.get_close_matches(str(backend), BACKENDS, n=1)
-        return [f"backend must be local or ray (got {backend!r})" + (f"; did you mean {close[0]!r}?" if close else "")]
+        return [f"backend must be local or ray (got {backend!r})" + (f"; did you mean {close[0]!r}?"
+                                                                     if close else "")]
     if backend == "local":
-        return [f"backend_options {sorted(options)} are for backend: ray; drop them"] if options else []
+        return ([f"backend_options {sorted(options)} are for backend: ray; drop them"] if options
+                else [])
     out = []
     if importlib.util.find_spec("ray") is None:
         out.append("backend: ray needs the ray package: pip install 'taurl[ray]'")
@@ -58,7 +60,8 @@ def backend_problems(backend: str, options: dict[str, Any], *, engine: str,
             hint = f"; did you mean {close[0]!r}?" if close else f" (it takes {', '.join(names)})"
             out.append(f"unknown backend_options key {key!r} of backend ray{hint}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < RAY_OPTIONS[key][0]:
-            out.append(f"backend_options {key} must be an integer >= {RAY_OPTIONS[key][0]} (got {value!r})")
+            out.append(f"backend_options {key} must be an integer >= {RAY_OPTIONS[key][0]} (got "
+                       f"{value!r})")
     return out
 
 

@@ -75,8 +75,8 @@ class RolloutWorker:
     the worker's LocalEngine batches the episodes in flight.
     """
 
-    def __init__(self, cfg: WorkerConfig, checkpoint_dir: str, version: int, *, seed: int, run_id: str,
-                 max_batch_size: int, engine_actor: Any = None, tokenizer: Any = None,
+    def __init__(self, cfg: WorkerConfig, checkpoint_dir: str, version: int, *, seed: int,
+                 run_id: str, max_batch_size: int, engine_actor: Any = None, tokenizer: Any = None,
                  max_context: int = 0):
         import torch
 
@@ -97,7 +97,8 @@ class RolloutWorker:
             return
         self.tokenizer = load_tokenizer(checkpoint_dir)
         self.engine = make_engine("local", checkpoint_dir, self.tokenizer, version=version,
-                                  **{"max_batch_size": max_batch_size, "seed": seed, **cfg.engine_options})
+                                  **{"max_batch_size": max_batch_size, "seed": seed,
+                                     **cfg.engine_options})
         self._load_lock = asyncio.Lock()
 
     def make_env(self) -> Any:
@@ -124,8 +125,10 @@ class RolloutWorker:
         from taurl.rollout.runner import run_one
 
         await self.load(checkpoint_dir, version)  # a restarted worker catches up first
-        return await run_one(self.engine, self.make_env, self.tokenizer, spec, config=self.cfg.rollout_config(),
-                             run_id=self.run_id)  # a failure is counted by the driver (taurl.rollout.runner)
+        return await run_one(self.engine, self.make_env, self.tokenizer, spec,
+                             config=self.cfg.rollout_config(),
+                             # a failure is counted by the driver (taurl.rollout.runner)
+                             run_id=self.run_id)
 
 
 def _ray() -> Any:
@@ -145,7 +148,8 @@ class RayCollector:
                  temperature: float | None = None, fleet: Any = None):
         self.fleet = fleet  # engine: vllm, the engine actors (taurl.scale.engine_fleet)
         self.workers, self.checkpoint_dir, self.version = workers, checkpoint_dir, version
-        self.per_worker, self.max_restarts, self.max_attempts = per_worker, max_restarts, max_attempts
+        self.per_worker, self.max_restarts, self.max_attempts = (per_worker, max_restarts,
+                                                                 max_attempts)
         self.hook, self.pids = hook, pids
         self._owns_ray, self._temp_dir, self.startup_s = owns_ray, temp_dir, startup_s
         self._dead: set[int] = set()  # workers whose restarts are spent
@@ -163,7 +167,8 @@ class RayCollector:
         t0 = time.perf_counter()
         owns, temp_dir = not ray.is_initialized(), None
         if owns:
-            temp_dir = tempfile.mkdtemp(prefix="taurl-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            temp_dir = tempfile.mkdtemp(prefix="taurl-ray-",
+                                        dir="/tmp" if os.path.isdir("/tmp") else None)
             _init_local_cluster(ray, num_cpus + _engine_cpus(cfg), temp_dir)
         fleet = None
         try:
@@ -175,7 +180,8 @@ class RayCollector:
             if getattr(cfg, "engine", "local") != "local":  # engine actors beside the learner
                 fleet, remote = _start_engines(ray, r, checkpoint_dir, version, seed=seed,
                                                workers=n)
-            workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed, run_id=r.run.root.name,
+            workers = [actor.remote(cfg, str(checkpoint_dir), version, seed=seed,
+                                    run_id=r.run.root.name,
                                     max_batch_size=per_worker, **remote[i]) for i in range(n)]
             try:
                 pids = ray.get([w.pid.remote() for w in workers])
@@ -190,10 +196,12 @@ class RayCollector:
             raise
         startup_s = time.perf_counter() - t0
         log.info("ray: %d rollout workers (pids %s) up in %.1fs", n, pids, startup_s)
-        r.hook("ray_workers_started", {"pids": list(pids), "startup_s": startup_s, "temp_dir": temp_dir})
-        return cls(workers, str(checkpoint_dir), version, per_worker=per_worker, max_restarts=max_restarts,
-                   max_attempts=max_attempts, hook=r.hook, pids=list(pids), owns_ray=owns, temp_dir=temp_dir,
-                   startup_s=startup_s, temperature=cfg.temperature, fleet=fleet)
+        r.hook("ray_workers_started",
+               {"pids": list(pids), "startup_s": startup_s, "temp_dir": temp_dir})
+        return cls(workers, str(checkpoint_dir), version, per_worker=per_worker,
+                   max_restarts=max_restarts,
+                   max_attempts=max_attempts, hook=r.hook, pids=list(pids), owns_ray=owns,
+                   temp_dir=temp_dir, startup_s=startup_s, temperature=cfg.temperature, fleet=fleet)
 
     # -----------------------------------------------------------------------------------
 
@@ -205,24 +213,29 @@ class RayCollector:
         """`taurl.rollout.episodes.collect`'s contract, the episodes run on the workers: reused from
         the ledger, or run remotely and appended here the moment each one comes back."""
         ray = _ray()
-        out = stored_episodes(ledger, specs, self.temperature)  # a resumed round's, checked to be its own
+        # a resumed round's, checked to be its own
+        out = stored_episodes(ledger, specs, self.temperature)
         queue = deque(s for s in specs if s.episode_id not in out)
         reused = set(out)
         attempts: Counter[str] = Counter()
         load = Counter()  # episodes in flight per worker
-        pending: dict[Any, tuple[int, EpisodeSpec, int]] = {}  # episode ref -> (worker, spec, its pid then)
-        probes: dict[Any, int] = {}  # a failed worker's pid ref -> worker: back in rotation once it answers
+        # episode ref -> (worker, spec, its pid then)
+        pending: dict[Any, tuple[int, EpisodeSpec, int]] = {}
+        # a failed worker's pid ref -> worker: back in rotation once it answers
+        probes: dict[Any, int] = {}
         failed: list[str] = []
         deaths = restarts = reruns = 0
 
         def fill() -> None:
             for w in range(len(self.workers)):
-                while queue and w not in self._dead and w not in probes.values() and load[w] < self.per_worker:
+                while (queue and w not in self._dead and w not in probes.values()
+                       and load[w] < self.per_worker):
                     s = queue.popleft()
                     attempts[s.episode_id] += 1
                     ref = self.workers[w].run.remote(s, self.checkpoint_dir, self.version)
                     pending[ref], load[w] = (w, s, self.pids[w]), load[w] + 1
-                    self.hook("episode_submitted", {"episode_id": s.episode_id, "worker": w, "pid": self.pids[w],
+                    self.hook("episode_submitted",
+                              {"episode_id": s.episode_id, "worker": w, "pid": self.pids[w],
                                                     "attempt": attempts[s.episode_id]})
 
         fill()
@@ -249,31 +262,38 @@ class RayCollector:
                 result: Trajectory | str | None = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 result = None
-                if w not in probes.values() and pid == self.pids[w]:  # a new death: ask whether it is back
+                if w not in probes.values() and pid == self.pids[w]:
+                    # a new death: ask whether it is back
                     deaths += 1
-                    log.warning("ray: rollout worker %d (pid %d) died: %s", w, self.pids[w], type(e).__name__)
+                    log.warning("ray: rollout worker %d (pid %d) died: %s", w, self.pids[w],
+                                type(e).__name__)
                     probes[self.workers[w].pid.remote()] = w
                 if attempts[s.episode_id] < self.max_attempts:
-                    queue.appendleft(s)  # the same id and seed: the same episode, elsewhere or later
+                    # the same id and seed: the same episode, elsewhere or later
+                    queue.appendleft(s)
                     reruns += 1
                 else:
                     failed.append(f"{s.episode_id}: its worker died {attempts[s.episode_id]} times")
-            fill()  # before the hooks below: a worker killed from one still has its next episode in flight
+            # before the hooks below: a worker killed from one still has its next episode in flight
+            fill()
             if result is None:
                 continue
             if isinstance(result, str):
                 failed.append(f"{s.episode_id}: {result}")
                 continue
             if result.episode_id != s.episode_id:  # a worker answering for another episode is a bug
-                raise Error(f"rollout worker {w} returned episode {result.episode_id} for {s.episode_id}")
+                raise Error(f"rollout worker {w} returned episode {result.episode_id} for "
+                            f"{s.episode_id}")
             store_episode(result, ledger, out, failed, on_stored)
         if queue:  # every worker is gone: stop rather than train on a silently smaller batch
-            raise Error(f"every Ray rollout worker died and used up its {self.max_restarts} restart(s); "
-                        f"{len(queue)} episode(s) of this update were not run (raise backend_options "
-                        "max_restarts, or look for what kills the workers: memory, the env)")
+            raise Error(f"every Ray rollout worker died and used up its {self.max_restarts} "
+                        f"restart(s); {len(queue)} episode(s) of this update were not run (raise "
+                        "backend_options max_restarts, or look for what kills the workers: memory, "
+                        "the env)")
         # no record from any episode run: the run stops with the first cause, as in-process
         stats = {**close_round(specs, out, failed, reused),
-                 "ray/workers": float(len(self.workers) - len(self._dead)), "ray/worker_deaths": float(deaths),
+                 "ray/workers": float(len(self.workers) - len(self._dead)),
+                 "ray/worker_deaths": float(deaths),
                  "ray/worker_restarts": float(restarts), "ray/rerun_episodes": float(reruns)}
         if self.startup_s is not None:  # reported once, with the first update
             stats["time/ray_startup_s"], self.startup_s = self.startup_s, None
@@ -294,7 +314,8 @@ class RayCollector:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
-                # a worker that died here is restarted by Ray and loads `version` before its next episode
+                # a worker that died here is restarted by Ray and loads `version` before its next
+                # episode
                 log.warning("ray: rollout worker %d died while loading version %d", w, version)
 
     def close(self) -> None:
@@ -320,8 +341,8 @@ def _init_local_cluster(ray: Any, num_cpus: int, temp_dir: str) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         # address="local": a new cluster of our own, even where RAY_ADDRESS names another one
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir, _node_ip_address="127.0.0.1",
-                 log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
+                 _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     finally:
         if old is None:
             os.environ.pop("PYTHONPATH", None)

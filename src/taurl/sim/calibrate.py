@@ -51,7 +51,8 @@ def fit_lognormal(values: Sequence[float]) -> tuple[float, float]:
     """
     x = np.asarray(values, dtype=float)
     if x.size == 0 or (x <= 0).any():
-        raise Error(f"fit_lognormal needs values > 0, got {x.size} values (min {x.min() if x.size else None})")
+        raise Error(f"fit_lognormal needs values > 0, got {x.size} values (min "
+                    f"{x.min() if x.size else None})")
     ln = np.log(x)
     return float(np.exp(ln.mean())), float(ln.std())
 
@@ -79,8 +80,8 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 
 def sim_tool_latency(mean_s: float, sigma: float, max_s: float) -> tuple[float, float, float]:
-    """The simulator's (tool_median_s, tool_sigma, tool_timeout_s) for `ToolLatency(mean_s, sigma, max_s)`:
-    the median of LogNormal(ln mean − σ²/2, σ) is mean·exp(−σ²/2).
+    """The simulator's (tool_median_s, tool_sigma, tool_timeout_s) for `ToolLatency(mean_s, sigma,
+    max_s)`: the median of LogNormal(ln mean − σ²/2, σ) is mean·exp(−σ²/2).
 
     >>> sim_tool_latency(1.0, 1.0, 5.0)
     (0.6065306597126334, 1.0, 5.0)
@@ -118,8 +119,10 @@ class SyncObservations:
     prompt_tokens: float  # mean prompt tokens of an episode
     obs_tokens: float  # mean tokens of one observation
     learn_s: tuple[float, ...]  # time/learn_s of each update
-    learn_tokens: tuple[float, ...]  # tokens of each update's batch (prompt + actions + observations)
-    sync_s: tuple[float, ...]  # time/checkpoint_s of each update: checkpoint written + engine loaded
+    # tokens of each update's batch (prompt + actions + observations)
+    learn_tokens: tuple[float, ...]
+    # time/checkpoint_s of each update: checkpoint written + engine loaded
+    sync_s: tuple[float, ...]
     tasks_per_batch: int
     group_size: int
     max_episode_tokens: int
@@ -155,19 +158,25 @@ def calibrate(obs: SyncObservations, probe: DecodeProbe, max_concurrent: int) ->
     """The `Workload` of a synchronous run (module docstring: each field's source)."""
     median, sigma = fit_lognormal([max(1, n) for n in obs.action_tokens])
     turns, p = fit_turns(obs.tool_calls)
-    tool_median, tool_sigma, timeout = sim_tool_latency(obs.latency_mean_s, obs.latency_sigma, obs.latency_max_s)
+    tool_median, tool_sigma, timeout = sim_tool_latency(obs.latency_mean_s, obs.latency_sigma,
+                                                        obs.latency_max_s)
     a, b = fit_line(probe.batch, probe.step_s)
     fixed, per_token = fit_line(obs.learn_tokens, obs.learn_s)
     share = sum(1 for c in obs.tool_calls if c >= 1) / len(obs.tool_calls)
     sim_share = (1 - p) * (turns - 1) / turns
     notes = []
     if abs(sim_share - share) > 0.01:
-        notes.append(f"tool-call share {share:.3f} not reachable with max_turns {turns}: simulated {sim_share:.3f}")
+        notes.append(f"tool-call share {share:.3f} not reachable with max_turns {turns}: simulated "
+                     f"{sim_share:.3f}")
     w = Workload(
-        tasks_per_batch=obs.tasks_per_batch, group_size=obs.group_size, gen_median_tokens=max(1.0, median),
+        tasks_per_batch=obs.tasks_per_batch, group_size=obs.group_size,
+        gen_median_tokens=max(1.0, median),
         gen_sigma=sigma, max_gen_tokens=obs.max_episode_tokens, max_turns=turns, single_turn_prob=p,
-        prompt_tokens=round(obs.prompt_tokens), obs_tokens=round(obs.obs_tokens), tool_median_s=tool_median,
-        tool_sigma=tool_sigma, tool_fail_prob=0.0, tool_timeout_s=timeout, decode_a_s=a, decode_b_s=b,
+        prompt_tokens=round(obs.prompt_tokens), obs_tokens=round(obs.obs_tokens),
+        tool_median_s=tool_median,
+        tool_sigma=tool_sigma, tool_fail_prob=0.0, tool_timeout_s=timeout, decode_a_s=a,
+        decode_b_s=b,
         max_concurrent=max_concurrent, sync_s=float(np.mean(obs.sync_s)) if obs.sync_s else 0.0,
-        reprefill_s_per_token=probe.prefill_s_per_token, learn_fixed_s=fixed, learn_s_per_token=per_token)
+        reprefill_s_per_token=probe.prefill_s_per_token, learn_fixed_s=fixed,
+        learn_s_per_token=per_token)
     return Calibration(w.check(), share, sim_share, notes)

@@ -30,7 +30,8 @@ class SimResult:
     episodes_dropped: int  # too stale at consumption (async)
     episodes_aborted: int  # over-provisioned and not needed
     length_bias: float
-    tail_time_share: float | None  # sync: share of a batch's generation time after 95% of it finished
+    # sync: share of a batch's generation time after 95% of it finished
+    tail_time_share: float | None
     top5_token_share: float  # share of generated tokens in the longest 5% of decided episodes
     speedup_vs_sync: float | None = None
 

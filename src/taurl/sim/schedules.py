@@ -43,9 +43,12 @@ class Schedule:
     kind: str = "sync"  # sync | one_step | async | overprovision
     eta: int = 0  # staleness bound η of async (sync and overprovision: 0, one_step: 1)
     interrupt: bool = False  # async: interrupt in-flight actions at a version change
-    overprovision: float = 0.0  # overprovision: extra groups started, as a share of the batch's groups
-    stale: str = "drop"  # async: a group with tokens older than η is dropped, or ("mask") those tokens are masked
-    max_batch: int = 0  # async: sequences decoding at once (0: no cap); the rest wait, oldest group first
+    # overprovision: extra groups started, as a share of the batch's groups
+    overprovision: float = 0.0
+    # async: a group with tokens older than η is dropped, or ("mask") those tokens are masked
+    stale: str = "drop"
+    # async: sequences decoding at once (0: no cap); the rest wait, oldest group first
+    max_batch: int = 0
 
     @property
     def bound(self) -> int:
@@ -56,7 +59,8 @@ class Schedule:
     def label(self) -> str:
         if self.kind == "async":
             return (f"async(eta={self.eta}{',interrupt' if self.interrupt else ''}"
-                    f"{',mask' if self.stale == 'mask' else ''}{f',cap={self.max_batch}' if self.max_batch else ''})")
+                    f"{',mask' if self.stale == 'mask' else ''}"
+                    f"{f',cap={self.max_batch}' if self.max_batch else ''})")
         if self.kind == "overprovision":
             return f"overprovision(+{self.overprovision:g})"
         return self.kind
@@ -64,8 +68,8 @@ class Schedule:
     def problems(self) -> list[str]:
         out = []
         if self.kind not in KINDS:
-            out.append(f"schedule kind {self.kind!r} is unknown.{did_you_mean(self.kind, list(KINDS))} "
-                       f"One of: {', '.join(KINDS)}")
+            out.append(f"schedule kind {self.kind!r} is "
+                       f"unknown.{did_you_mean(self.kind, list(KINDS))} One of: {', '.join(KINDS)}")
         if isinstance(self.eta, bool) or not isinstance(self.eta, int) or self.eta < 0:
             out.append(f"schedule eta must be an integer >= 0, got {self.eta!r}")
         elif self.kind in ("sync", "overprovision") and self.eta != 0:
@@ -76,8 +80,10 @@ class Schedule:
             out.append("overprovision applies to kind overprovision only")
         if self.interrupt and self.kind != "async":
             out.append("interrupt applies to kind async only")
-        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 0:
-            out.append(f"schedule max_batch must be an integer >= 0 (0: no cap), got {self.max_batch!r}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch,
+                                                              int) or self.max_batch < 0:
+            out.append("schedule max_batch must be an integer >= 0 (0: no cap), got "
+                       f"{self.max_batch!r}")
         elif self.max_batch and self.kind != "async":
             out.append("max_batch applies to kind async only")
         if self.stale not in ("drop", "mask"):
@@ -92,13 +98,16 @@ class Schedule:
         return self
 
 
-def standard_schedules(eta: int = 4, overprovision: float = 0.25, max_batch: int = 0) -> list[Schedule]:
-    """The comparison of issue 11: sync, one-step-ahead, async at η with/without interruption, over-provisioning;
-    with `max_batch` > 0 (the real pipeline's default: one batch of sequences) also async at 1 and η with
-    interruption and that row cap."""
+def standard_schedules(eta: int = 4, overprovision: float = 0.25,
+                       max_batch: int = 0) -> list[Schedule]:
+    """The comparison of issue 11: sync, one-step-ahead, async at η with/without interruption,
+    over-provisioning; with `max_batch` > 0 (the real pipeline's default: one batch of sequences)
+    also async at 1 and η with interruption and that row cap."""
     capped = ([Schedule("async", eta=1, interrupt=True, max_batch=max_batch),
-               Schedule("async", eta=eta, interrupt=True, max_batch=max_batch)] if max_batch else [])
-    return [Schedule("sync"), Schedule("one_step"), Schedule("async", eta=1), Schedule("async", eta=1, interrupt=True),
+               Schedule("async", eta=eta, interrupt=True, max_batch=max_batch)] if max_batch
+              else [])
+    return [Schedule("sync"), Schedule("one_step"), Schedule("async", eta=1),
+            Schedule("async", eta=1, interrupt=True),
             Schedule("async", eta=eta), Schedule("async", eta=eta, interrupt=True),
             Schedule("async", eta=eta, interrupt=True, stale="mask"), *capped,
             Schedule("overprovision", overprovision=overprovision)]

@@ -30,46 +30,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 from taurl.data.staleness import nearest_rank
 from taurl.errors import Error
 from taurl.sim.decoder import Decoder
 from taurl.sim.result import SimResult
 from taurl.sim.schedules import Schedule
-from taurl.sim.workload import EpisodePlan, Workload, draw_episode, top_share
-
-
-@dataclass
-class _Ep:
-    eid: int
-    group: int
-    plan: EpisodePlan
-    turn: int = 0
-    start_version: int | None = None  # version of its first token
-    decoded: float = 0.0  # tokens decoded so far
-    state: str = "queued"  # queued | decoding | waiting | tool | held | done, then trained | masked | dropped | aborted
-    segs: list[list[float]] = field(default_factory=list)  # [version, tokens] in order, split where it changes
-    cur_v: int = 0  # version decoding the current turn
-    turn_done: float = 0.0  # tokens of the current turn already in `segs`
-
-    def record(self, tokens: float) -> None:
-        if tokens <= 0:
-            return
-        if self.segs and self.segs[-1][0] == self.cur_v:
-            self.segs[-1][1] += tokens
-        else:
-            self.segs.append([self.cur_v, tokens])
-
-
-@dataclass
-class _Batch:
-    index: int
-    groups: list[int]
-    needed: int
-    done: list[int] = field(default_factory=list)
-    t0: float = 0.0
-    finish_times: list[float] = field(default_factory=list)
+from taurl.sim.state import SimBatch, SimEpisode
+from taurl.sim.workload import Workload, draw_episode, top_share
 
 
 class Simulation:
@@ -83,13 +51,14 @@ class Simulation:
         self.now = 0.0
         self._events: list[tuple[float, int, str, int]] = []
         self._seq = 0
-        self.eps: dict[int, _Ep] = {}
+        self.eps: dict[int, SimEpisode] = {}
         self.members: dict[int, list[int]] = {}
         self.group_done: dict[int, int] = {}
         self.next_group = 0
         self.queue: deque[int] = deque()
         self.held: list[int] = []
-        self.waiting: list[tuple[int, int]] = []  # (group, episode) of ready turns over max_batch: a heap
+        # (group, episode) of ready turns over max_batch: a heap
+        self.waiting: list[tuple[int, int]] = []
         self.running = 0  # episodes holding a slot
         self.served = self.target = self.pause_version = 0
         self.syncing = self.draining = False
@@ -99,10 +68,11 @@ class Simulation:
         self.accepted = 0
         self.buffer: deque[int] = deque()  # complete groups (async)
         self.ready: deque[list[int]] = deque()  # complete batches (one_step)
-        self.batch: _Batch | None = None
+        self.batch: SimBatch | None = None
         self.batches_started = 0
         self.tail_shares: list[float] = []
-        self.trained: list[tuple[int, float]] = []  # (staleness of its oldest trained token, trained tokens)
+        # (staleness of its oldest trained token, trained tokens)
+        self.trained: list[tuple[int, float]] = []
         self.decided_lengths: list[int] = []
         self.wasted = 0.0
         self.dropped = self.aborted = 0
@@ -120,7 +90,8 @@ class Simulation:
             t_dec = self.dec.next_s()
             t_ev = self._events[0][0] if self._events else math.inf
             if math.isinf(t_dec) and math.isinf(t_ev):
-                raise Error(f"simulation of {self.s.label} stalled at t={self.now:.3f}s (a schedule bug)")
+                raise Error(f"simulation of {self.s.label} stalled at t={self.now:.3f}s (a "
+                            "schedule bug)")
             self.now = min(t_dec, t_ev)
             self.dec.advance(self.now)
             if t_dec <= t_ev:
@@ -144,7 +115,7 @@ class Simulation:
         self.members[g], self.group_done[g] = [], 0
         for m in range(self.G):
             eid = g * self.G + m
-            self.eps[eid] = _Ep(eid, g, draw_episode(self.w, self.seed, g, m))
+            self.eps[eid] = SimEpisode(eid, g, draw_episode(self.w, self.seed, g, m))
             self.members[g].append(eid)
             self.queue.append(eid)
         self._fill_slots()
@@ -160,7 +131,7 @@ class Simulation:
         """The version the next new token will be decoded with."""
         return self.target if self.draining else self.pause_version if self.syncing else self.served
 
-    def _start_turn(self, e: _Ep) -> None:
+    def _start_turn(self, e: SimEpisode) -> None:
         if self.draining:  # the old weights only finish what is decoding
             e.state = "held"
             self.held.append(e.eid)
@@ -172,7 +143,7 @@ class Simulation:
             return
         self._decode(e)
 
-    def _decode(self, e: _Ep) -> None:
+    def _decode(self, e: SimEpisode) -> None:
         e.cur_v, e.turn_done = self._start_v(), 0.0
         if e.start_version is None:
             e.start_version = e.cur_v
@@ -197,7 +168,8 @@ class Simulation:
             self._begin_sync()
 
     def _fill_rows(self) -> None:
-        """max_batch: waiting turns take the free rows, the oldest group first (not while draining)."""
+        """max_batch: waiting turns take the free rows, the oldest group first (not while
+        draining)."""
         while self.waiting and not self.draining and self.dec.n < self.s.max_batch:
             _, eid = heapq.heappop(self.waiting)
             if self.eps[eid].state == "waiting":  # (an aborted one is left in the heap)
@@ -208,7 +180,7 @@ class Simulation:
         if e.state == "tool":  # an aborted episode's call returns to nobody
             self._start_turn(e)
 
-    def _complete(self, e: _Ep) -> None:
+    def _complete(self, e: SimEpisode) -> None:
         e.state = "done"
         self.running -= 1
         self.group_done[e.group] += 1
@@ -243,14 +215,15 @@ class Simulation:
         if self.batch is not None or self.syncing or self.done:
             return
         k = self.batches_started
-        if self.s.kind in ("sync", "overprovision") and (self.learner_busy or self.served < self.v_learn):
+        if self.s.kind in ("sync", "overprovision") and (self.learner_busy
+                                                         or self.served < self.v_learn):
             return
         if self.s.kind == "one_step" and k > self.served + 1:
             return
         need = self.w.tasks_per_batch
         n = math.ceil((1 + self.s.overprovision) * need) if self.s.kind == "overprovision" else need
         self.batches_started += 1
-        self.batch = _Batch(k, [], need, t0=self.now)
+        self.batch = SimBatch(k, [], need, t0=self.now)
         for _ in range(n):
             self.batch.groups.append(self._start_group())
 
@@ -260,7 +233,8 @@ class Simulation:
             return
         while True:
             cap = min(self.w.max_concurrent - self.running,
-                      (self.s.eta + self._start_v() + 1) * self.B - (self.accepted + self.running + len(self.queue)))
+                      (self.s.eta + self._start_v() + 1) * self.B
+                      - (self.accepted + self.running + len(self.queue)))
             if cap < self.G:
                 return
             self._start_group()
@@ -292,7 +266,7 @@ class Simulation:
         else:
             self._learn(b.done)
 
-    def _tail_share(self, b: _Batch) -> None:
+    def _tail_share(self, b: SimBatch) -> None:
         t = sorted(b.finish_times)
         k = max(1, math.ceil(0.95 * len(t)))
         if t[-1] > b.t0:
@@ -310,7 +284,8 @@ class Simulation:
             while len(chosen) < need and self.buffer:
                 g = self.buffer.popleft()
                 oldest = min(self.eps[e].start_version for e in self.members[g])
-                if self.s.stale == "drop" and self.v_learn - oldest > self.s.eta:  # checked again at consumption
+                if self.s.stale == "drop" and self.v_learn - oldest > self.s.eta:
+                    # checked again at consumption
                     for eid in self.members[g]:
                         self.eps[eid].state = "dropped"
                         self.wasted += self.eps[eid].decoded
@@ -342,7 +317,8 @@ class Simulation:
             e.state = "trained"
             age = self.v_learn - int(min(v for v, _ in fresh))
             if age < 0:
-                raise Error(f"{self.s.label}: episode {e.eid} is newer than the learner: a schedule bug")
+                raise Error(f"{self.s.label}: episode {e.eid} is newer than the learner: a "
+                            "schedule bug")
             self.trained.append((age, kept))
         dt = self.w.learn_fixed_s + self.w.learn_s_per_token * sum(e.plan.total_tokens for e in eps)
         self.learner_busy = True
@@ -382,7 +358,8 @@ class Simulation:
                 e = self.eps[eid]
                 ctx += e.plan.context_before(e.turn)
                 done = e.plan.turn_tokens[e.turn] - max(0.0, finish - self.dec.progress)
-                e.record(done - e.turn_done)  # the segment splits here: the rest is the new version's
+                # the segment splits here: the rest is the new version's
+                e.record(done - e.turn_done)
                 e.turn_done, e.cur_v = done, self.target
             extra = self.w.reprefill_s_per_token * ctx
         self.syncing, self.dec.paused = True, True
@@ -396,7 +373,8 @@ class Simulation:
         for eid in held:
             self._start_turn(self.eps[eid])
         self._fill_rows()
-        if self.target > self.served and self.s.kind == "async":  # one_step loads the newest at its next boundary
+        if self.target > self.served and self.s.kind == "async":
+            # one_step loads the newest at its next boundary
             self._push()
         if self.s.kind == "async":
             self._admit()
@@ -414,17 +392,21 @@ class Simulation:
         gen_mean = sum(self.decided_lengths) / max(len(self.decided_lengths), 1)
         return SimResult(
             schedule=self.s.label, kind=self.s.kind, eta=self.s.bound, interrupt=self.s.interrupt,
-            overprovision=self.s.overprovision, stale=self.s.stale, updates=self.updates, seed=self.seed, sim_time_s=T,
-            trained_tokens=trained_tokens, trained_tokens_per_s=trained_tokens / T if T > 0 else 0.0,
+            overprovision=self.s.overprovision, stale=self.s.stale, updates=self.updates,
+            seed=self.seed, sim_time_s=T, trained_tokens=trained_tokens,
+            trained_tokens_per_s=trained_tokens / T if T > 0 else 0.0,
             learner_idle_frac=1.0 - self.learner_busy_s / T if T > 0 else 0.0,
             generator_bubble_frac=1.0 - self.dec.busy_s / T if T > 0 else 0.0,
             generator_mean_batch=self.dec.slot_s / T if T > 0 else 0.0,
-            staleness_mean=sum(ages) / max(len(ages), 1), staleness_p95=float(nearest_rank(ages, 0.95)),
+            staleness_mean=sum(ages) / max(len(ages), 1),
+            staleness_p95=float(nearest_rank(ages, 0.95)),
             max_staleness=float(max(ages, default=0)), tokens_wasted=round(self.wasted),
             tokens_wasted_frac=self.wasted / decoded if decoded > 0 else 0.0,
-            episodes_trained=len(self.trained), episodes_dropped=self.dropped, episodes_aborted=self.aborted,
+            episodes_trained=len(self.trained), episodes_dropped=self.dropped,
+            episodes_aborted=self.aborted,
             length_bias=(trained_tokens / max(len(lengths), 1)) / gen_mean if gen_mean > 0 else 1.0,
-            tail_time_share=sum(self.tail_shares) / len(self.tail_shares) if self.tail_shares else None,
+            tail_time_share=(sum(self.tail_shares) / len(self.tail_shares) if self.tail_shares
+                             else None),
             top5_token_share=top_share(self.decided_lengths) if self.decided_lengths else 0.0,
         )
 
@@ -434,11 +416,14 @@ def simulate(workload: Workload, schedule: Schedule, updates: int = 20, seed: in
     return Simulation(workload, schedule, updates, seed).run()
 
 
-def compare(workload: Workload, schedules: list[Schedule], updates: int = 20, seed: int = 0) -> list[SimResult]:
+def compare(workload: Workload, schedules: list[Schedule], updates: int = 20,
+            seed: int = 0) -> list[SimResult]:
     """Every schedule on the same episodes (same seed), with speedup_vs_sync against ``sync``."""
     from dataclasses import replace
 
     results = [simulate(workload, s, updates, seed) for s in schedules]
-    sync = next((r for r in results if r.kind == "sync"), None) or simulate(workload, Schedule("sync"), updates, seed)
+    sync = next((r for r in results if r.kind == "sync"),
+                None) or simulate(workload, Schedule("sync"), updates, seed)
     base = sync.trained_tokens_per_s
-    return [replace(r, speedup_vs_sync=r.trained_tokens_per_s / base if base > 0 else None) for r in results]
+    return [replace(r, speedup_vs_sync=r.trained_tokens_per_s / base if base > 0 else None)
+            for r in results]

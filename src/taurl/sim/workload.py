@@ -53,7 +53,8 @@ class Workload:
     gen_sigma: float = 1.6  # σ of ln(generated tokens); 0 gives constant lengths
     max_gen_tokens: int = 32768  # generation budget of an episode (the lognormal is cut here)
     max_turns: int = 4  # turns T ~ Uniform{1..max_turns}
-    single_turn_prob: float = 0.0  # extra probability that an episode is one turn, no tool call (module docstring)
+    # extra probability that an episode is one turn, no tool call (module docstring)
+    single_turn_prob: float = 0.0
     prompt_tokens: int = 256  # prompt tokens (learner cost only)
     obs_tokens: int = 128  # tokens of each tool observation (learner cost and re-prefill)
     tool_median_s: float = 0.2  # median tool latency
@@ -61,13 +62,16 @@ class Workload:
     tool_fail_prob: float = 0.05  # probability a tool call fails fast
     tool_fail_s: float = 0.01  # latency of a failed call
     tool_timeout_s: float = 5.0  # a tool call is cut at this latency (timeout observation)
-    decode_a_s: float = 0.02  # decode step time a + b·batch: fixed part (weights read once per step)
+    # decode step time a + b·batch: fixed part (weights read once per step)
+    decode_a_s: float = 0.02
     decode_b_s: float = 1e-4  # decode step time per sequence in the batch (continuous batching)
     max_concurrent: int = 512  # episodes the generator holds at once (KV-cache slots)
     sync_s: float = 2.0  # weight-sync pause of the generator at each version change
-    reprefill_s_per_token: float = 2e-6  # interrupted sequences recompute their KV cache on new weights
+    # interrupted sequences recompute their KV cache on new weights
+    reprefill_s_per_token: float = 2e-6
     learn_fixed_s: float = 1.0  # learner step: fixed cost (optimizer step, checkpoint)
-    learn_s_per_token: float = 1e-3  # learner step: cost per trained token (prompt + actions + observations)
+    # learner step: cost per trained token (prompt + actions + observations)
+    learn_s_per_token: float = 1e-3
 
     @property
     def batch_episodes(self) -> int:
@@ -77,11 +81,13 @@ class Workload:
         out = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or v < 0):
                 out.append(f"workload.{f.name} must be a finite number >= 0, got {v!r}")
         if out:
             return out
-        for name in ("tasks_per_batch", "group_size", "max_gen_tokens", "max_turns", "max_concurrent"):
+        for name in ("tasks_per_batch", "group_size", "max_gen_tokens", "max_turns",
+                     "max_concurrent"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 out.append(f"workload.{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.gen_median_tokens < 1:
@@ -89,9 +95,12 @@ class Workload:
         if self.decode_a_s + self.decode_b_s <= 0:
             out.append("workload.decode_a_s + decode_b_s must be > 0 (a decode step takes time)")
         if self.group_size > self.max_concurrent:
-            out.append(f"workload.max_concurrent ({self.max_concurrent}) must hold one group ({self.group_size})")
+            out.append(f"workload.max_concurrent ({self.max_concurrent}) must hold one group "
+                       f"({self.group_size})")
         if not 0 <= self.single_turn_prob <= 1:
-            out.append(f"workload.single_turn_prob must be in [0, 1], got {self.single_turn_prob!r}")
+            out.append(
+                f"workload.single_turn_prob must be in [0, 1], got {self.single_turn_prob!r}"
+            )
         if not 0 <= self.tool_fail_prob <= 1:
             out.append(f"workload.tool_fail_prob must be in [0, 1], got {self.tool_fail_prob!r}")
         return out
@@ -127,7 +136,8 @@ class EpisodePlan:
 
 
 def draw_episode(w: Workload, seed: int, group: int, member: int) -> EpisodePlan:
-    """The plan of member `member` of group `group` (module docstring); a pure function of its arguments."""
+    """The plan of member `member` of group `group` (module docstring); a pure function of its
+    arguments."""
     rng = np.random.default_rng([seed, group, member])
     n = float(np.exp(math.log(w.gen_median_tokens) + w.gen_sigma * rng.standard_normal()))
     length = int(min(max(round(n), 1), w.max_gen_tokens))
@@ -143,7 +153,9 @@ def draw_episode(w: Workload, seed: int, group: int, member: int) -> EpisodePlan
             tool_s.append(w.tool_fail_s)
             outcome.append("failed")
             continue
-        lat = float(np.exp(math.log(max(w.tool_median_s, 1e-12)) + w.tool_sigma * rng.standard_normal()))
+        lat = float(
+            np.exp(math.log(max(w.tool_median_s, 1e-12)) + w.tool_sigma * rng.standard_normal())
+        )
         if w.tool_median_s == 0:
             lat = 0.0
         tool_s.append(min(lat, w.tool_timeout_s))

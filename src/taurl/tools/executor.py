@@ -73,10 +73,12 @@ PARSERS = ("hermes", "hermes_or_json", "xml")
 class ToolBox:
     """The tools of an env, their declarations, and the parse → gate → run pipeline."""
 
-    def __init__(self, specs: Sequence[ToolSpec], *, parser: str = "hermes", default_timeout_s: float = 30.0,
+    def __init__(self, specs: Sequence[ToolSpec], *, parser: str = "hermes",
+                 default_timeout_s: float = 30.0,
                  max_output_chars: int = 8000, example: str = HERMES_EXAMPLE) -> None:
         names = [s.name for s in specs]
-        problems = [f"tool {n!r} is declared twice" for n in sorted({n for n in names if names.count(n) > 1})]
+        problems = [f"tool {n!r} is declared twice"
+                    for n in sorted({n for n in names if names.count(n) > 1})]
         if parser not in PARSERS:
             problems.append(f"parser must be one of {', '.join(PARSERS)}, got {parser!r}")
         if not default_timeout_s > 0 or max_output_chars < 100:
@@ -107,9 +109,10 @@ class ToolBox:
             return CallOutcome(f"Error: {parsed.error}", None, invalid=True, parse_kind=parsed.kind)
         out = await self.run(parsed.calls[0], gate)
         if len(parsed.calls) > 1:
-            note = f"\n(Note: only the first tool call runs per turn; {len(parsed.calls) - 1} more were ignored.)"
-            out = CallOutcome(out.observation + note, out.receipt, out.invalid, out.error, out.call, out.value,
-                              out.decision, out.parse_kind)
+            note = (f"\n(Note: only the first tool call runs per turn; {len(parsed.calls) - 1} "
+                    "more were ignored.)")
+            out = CallOutcome(out.observation + note, out.receipt, out.invalid, out.error, out.call,
+                              out.value, out.decision, out.parse_kind)
         return out
 
     async def run(self, call: ToolCall, gate: Gate) -> CallOutcome:
@@ -117,8 +120,10 @@ class ToolBox:
         args = _receipt_args(call.arguments)
         decision = gate.check(call)
         if not decision.allowed:
-            receipt = ToolReceipt(call.name[:200], args, "denied", "denied", f"{decision.rule}: {decision.reason}")
-            return CallOutcome(f"Error: {decision.reason}", receipt, invalid=True, call=call, decision=decision)
+            receipt = ToolReceipt(call.name[:200], args, "denied", "denied",
+                                  f"{decision.rule}: {decision.reason}")
+            return CallOutcome(f"Error: {decision.reason}", receipt, invalid=True, call=call,
+                               decision=decision)
         spec = self.specs[call.name]
         timeout = spec.timeout_s or self.default_timeout_s
         if decision.timeout_s is not None:
@@ -129,20 +134,27 @@ class ToolBox:
             if spec.is_async:
                 value = await asyncio.wait_for(spec.fn(**call.arguments), timeout)
             else:
-                value = await asyncio.wait_for(asyncio.to_thread(spec.fn, **call.arguments), timeout)
+                value = await asyncio.wait_for(asyncio.to_thread(spec.fn, **call.arguments),
+                                               timeout)
         except asyncio.TimeoutError as e:  # a tool's own timeout (an Error) says what it stopped
             status, error = "timeout", (str(e) if isinstance(e, Error) else
-                                        f"tool {call.name!r} timed out after {timeout:g} s and was stopped")
+                                        f"tool {call.name!r} timed out after {timeout:g} s and was "
+                                        "stopped")
         except Exception as e:  # noqa: BLE001 — a tool's failure is the model's news, not ours
-            status, error = "error", f"tool {call.name!r} failed: {type(e).__name__}: {_cut(str(e), 500)}"
+            status, error = ("error", f"tool {call.name!r} failed: {type(e).__name__}: "
+                                      f"{_cut(str(e), 500)}")
         latency = time.perf_counter() - t0
         gate.account(latency)
         if status != "ok":
             receipt = ToolReceipt(call.name, args, "allowed", status, error or "", latency)
-            return CallOutcome(f"Error: {error}", receipt, error=error, call=call, decision=decision)
+            return CallOutcome(
+                f"Error: {error}", receipt, error=error, call=call, decision=decision
+            )
         text = render_value(value)
         shown = _cut(text, self.max_output_chars)
-        receipt = ToolReceipt(call.name, args, "allowed", "ok", "", latency, len(text), len(shown) < len(text))
+        receipt = ToolReceipt(
+            call.name, args, "allowed", "ok", "", latency, len(text), len(shown) < len(text)
+        )
         return CallOutcome(shown, receipt, call=call, value=value, decision=decision)
 
 
@@ -207,5 +219,7 @@ def run_blocking(coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -
     loop = _background_loop()
     if threading.current_thread() is _LOOP.get("thread"):
         coro.close()
-        raise ConfigError("run_blocking was called from a tool running on the background loop; await instead")
+        raise ConfigError(
+            "run_blocking was called from a tool running on the background loop; await instead"
+        )
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)

@@ -82,7 +82,8 @@ class GateConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, frozenset):
                 object.__setattr__(self, name, frozenset(value))
-        problems = [f"unknown scope {s!r}; use {SCOPES}" for s in sorted(self.scopes | self.approval_scopes)
+        problems = [f"unknown scope {s!r}; use {SCOPES}"
+                    for s in sorted(self.scopes | self.approval_scopes)
                     if s not in SCOPES]
         problems += [f"unknown rule {r!r}; rules are {RULES}" for r in self.rules if r not in RULES]
         for key in ("max_calls", "max_wall_s", "max_cost"):
@@ -134,25 +135,32 @@ class Gate:
                                   f"allowed: {', '.join(sorted(allow)) or 'none'}")
         missing = sorted(spec.scopes - cfg.scopes)
         if missing:
-            return self._deny("scope", f"tool {call.name!r} needs the {'/'.join(missing)} permission, "
+            return self._deny("scope", f"tool {call.name!r} needs the {'/'.join(missing)} "
+                                       "permission, "
                               "which this environment does not grant")
         problems = validate_arguments(call.arguments, spec.parameters)
         if problems:
-            return self._deny("schema", f"bad arguments for {call.name!r}: {'; '.join(problems[:5])}. "
+            return self._deny("schema", f"bad arguments for {call.name!r}: "
+                                        f"{'; '.join(problems[:5])}. "
                               f"Expected: {_signature(spec)}")
         if cfg.max_calls is not None and self.calls >= cfg.max_calls:
-            return self._deny("max_calls", f"the budget of {cfg.max_calls} tool calls per episode is spent")
+            return self._deny("max_calls", f"the budget of {cfg.max_calls} tool calls per episode "
+                                           "is spent")
         limit = cfg.max_calls_per_tool.get(call.name)
         if limit is not None and self.per_tool[call.name] >= limit:
-            return self._deny("max_calls_per_tool", f"the budget of {limit} calls to {call.name!r} is spent")
+            return self._deny("max_calls_per_tool", f"the budget of {limit} calls to {call.name!r} "
+                                                    "is spent")
         if cfg.max_wall_s is not None and self.wall_s >= cfg.max_wall_s:
-            return self._deny("max_wall_s", f"the {cfg.max_wall_s:g} s of tool time per episode are spent")
+            return self._deny("max_wall_s", f"the {cfg.max_wall_s:g} s of tool time per episode "
+                                            "are spent")
         if cfg.max_cost is not None and self.cost + spec.cost > cfg.max_cost:
-            return self._deny("max_cost", f"calling {call.name!r} (cost {spec.cost:g}) would exceed the "
+            return self._deny("max_cost", f"calling {call.name!r} (cost {spec.cost:g}) would "
+                                          "exceed the "
                               f"budget of {cfg.max_cost:g} ({self.cost:g} spent)")
         if spec.scopes & cfg.approval_scopes:
             try:
-                verdict = cfg.approve(call, spec) if cfg.approve is not None else "no approver is configured"
+                verdict = (cfg.approve(call, spec) if cfg.approve is not None
+                           else "no approver is configured")
             except Exception as e:  # noqa: BLE001 — a broken approver denies, it never crashes the rollout
                 verdict = f"the approver failed ({type(e).__name__}: {e})"
             if verdict is not True:

@@ -1,7 +1,7 @@
 """MCP servers' tools as taurl tools: listed as JSON-Schema `ToolSpec`s, called through the gate.
 
-    servers = [MCPServerConfig.from_dict({"name": "table", "command": ["python", "-m", "my.server"]})]
-    specs = mcp_tool_specs(servers)          # [ToolSpec("table__lookup", ...), ...]
+    servers = [MCPServerConfig.from_dict({"name": "table", "command": ["python", "-m",
+    "my.server"]})] specs = mcp_tool_specs(servers)          # [ToolSpec("table__lookup", ...), ...]
     box = ToolBox([*specs, my_submit])       # the same parse → gate → run as every tool
 
 An MCP tool is an ordinary async `ToolSpec` once listed, so the host gate checks it
@@ -156,19 +156,22 @@ class MCPClient:
         timeout = self.config.timeout_s
         try:
             # the SDK's own timeout too, so a request never outlives its caller on this loop
-            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout + 1.0),
+            result = await asyncio.wait_for(client.call_tool(tool, arguments,
+                                                             read_timeout_seconds=timeout + 1.0),
                                             timeout)
         except asyncio.TimeoutError:  # the server is hung or too slow: its state is unknown
             await self._failed(stop)
-            raise MCPTimeout(f"MCP server {self.config.name!r} did not answer {tool!r} within {timeout:g} s; "
-                             f"the connection was closed and {self._restart_note()}") from None
+            raise MCPTimeout(f"MCP server {self.config.name!r} did not answer {tool!r} within "
+                             f"{timeout:g} s; the connection was closed and "
+                             f"{self._restart_note()}") from None
         except asyncio.CancelledError:  # the caller gave up (its budget): treat the server as hung
             await asyncio.shield(self._failed(stop))
             raise
         except Exception as e:  # noqa: BLE001 — the transport failed: the connection is gone
             await self._failed(stop)
             raise MCPToolError(f"MCP server {self.config.name!r} failed during the call "
-                               f"({type(e).__name__}: {str(e)[:300]}); {self._restart_note()}") from None
+                               f"({type(e).__name__}: {str(e)[:300]}); "
+                               f"{self._restart_note()}") from None
         text = render_result(result)
         if result.is_error:
             raise MCPToolError(text[:2000] or "the server reported an error without a message")
@@ -180,7 +183,8 @@ class MCPClient:
 
     def _restart_note(self) -> str:
         left = self.config.max_restarts - self.restarts
-        return f"it will be restarted on the next call ({left} restart(s) left)" if left > 0 else "it has no restarts left"
+        return (f"it will be restarted on the next call ({left} restart(s) left)" if left > 0
+                else "it has no restarts left")
 
     async def _ensure(self) -> Any:
         if self._lock is None:
@@ -191,18 +195,21 @@ class MCPClient:
             if self._closed:
                 raise MCPToolError(f"MCP server {self.config.name!r}: the client is closed")
             if self.starts > self.config.max_restarts:
-                raise MCPToolError(f"MCP server {self.config.name!r} is unavailable: it failed and its "
-                                   f"{self.config.max_restarts} restart(s) are spent (max_restarts)")
+                raise MCPToolError(f"MCP server {self.config.name!r} is unavailable: it failed and "
+                                   f"its {self.config.max_restarts} restart(s) are spent "
+                                   "(max_restarts)")
             self.starts += 1
             loop = asyncio.get_running_loop()
             ready: asyncio.Future[Any] = loop.create_future()
             self._stop = asyncio.Event()
             self._owner = loop.create_task(self._own(ready, self._stop))
             try:
-                client = await asyncio.wait_for(asyncio.shield(ready), self.config.connect_timeout_s)
+                client = await asyncio.wait_for(asyncio.shield(ready),
+                                                self.config.connect_timeout_s)
             except Exception as e:  # noqa: BLE001 — a server that cannot start is a tool error
                 self._stop.set()
-                self._owner.cancel()  # a server stuck in the handshake: cancelling stops its process
+                # a server stuck in the handshake: cancelling stops its process
+                self._owner.cancel()
                 self.transport_failures += 1
                 raise MCPToolError(f"MCP server {self.config.name!r} could not be started: "
                                    f"{type(e).__name__}: {str(e)[:300]}") from None
@@ -234,9 +241,10 @@ class MCPClient:
         from mcp.client.stdio import stdio_client
 
         cmd = self.config.command
-        params = StdioServerParameters(command=cmd[0], args=list(cmd[1:]), env={**os.environ, **self.config.env},
-                                       cwd=self.config.cwd)
-        errlog = stack.enter_context(open(self.config.stderr, "a")) if self.config.stderr else sys.stderr  # noqa: SIM115
+        params = StdioServerParameters(command=cmd[0], args=list(cmd[1:]),
+                                       env={**os.environ, **self.config.env}, cwd=self.config.cwd)
+        errlog = (stack.enter_context(open(self.config.stderr, "a"))  # noqa: SIM115
+                  if self.config.stderr else sys.stderr)
         return stdio_client(params, errlog=errlog)
 
     async def _failed(self, stop: asyncio.Event | None) -> None:
@@ -335,7 +343,8 @@ def mcp_tool_specs(servers: Iterable[MCPServerConfig | Mapping[str, Any]],
     name the server does not offer, or two tools whose namespaced names collide.
     """
     if importlib.util.find_spec("mcp") is None:
-        raise ConfigError("MCP servers need the MCP SDK, which is not installed: pip install 'taurl[mcp]'")
+        raise ConfigError("MCP servers need the MCP SDK, which is not installed: pip install "
+                          "'taurl[mcp]'")
     specs: list[ToolSpec] = []
     problems: list[str] = []
     for i, raw in enumerate(servers):
@@ -344,8 +353,9 @@ def mcp_tool_specs(servers: Iterable[MCPServerConfig | Mapping[str, Any]],
         try:
             listed = client.list_tools()
         except Exception as e:  # noqa: BLE001 — said once, with how to fix it
-            problems.append(f"MCP server {cfg.name!r} ({' '.join(cfg.command) or cfg.url}) could not be listed: "
-                            f"{type(e).__name__}: {e}. Check that it starts and speaks MCP")
+            problems.append(f"MCP server {cfg.name!r} ({' '.join(cfg.command) or cfg.url}) could "
+                            f"not be listed: {type(e).__name__}: {e}. Check that it starts and "
+                            "speaks MCP")
             continue
         offered = {t.name: t for t in listed}
         wanted = list(offered) if cfg.tools is None else list(cfg.tools)
@@ -356,7 +366,8 @@ def mcp_tool_specs(servers: Iterable[MCPServerConfig | Mapping[str, Any]],
         for w in (w for w in wanted if w in offered):
             specs.append(_spec(client, cfg, offered[w]))
     names = [s.name for s in specs]
-    problems += [f"two MCP tools are both named {n!r}; rename a server" for n in sorted(set(names)) if names.count(n) > 1]
+    problems += [f"two MCP tools are both named {n!r}; rename a server" for n in sorted(set(names))
+                 if names.count(n) > 1]
     if problems:
         raise ConfigError(problems)
     return specs
@@ -372,10 +383,14 @@ def _spec(client: MCPClient, cfg: MCPServerConfig, tool: Any) -> ToolSpec:
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
     parameters.pop("title", None)  # pydantic's titles: noise in every prompt
-    parameters["properties"] = {k: {kk: vv for kk, vv in v.items() if kk != "title"} if isinstance(v, dict) else v
+    parameters["properties"] = {k: ({kk: vv for kk, vv in v.items() if kk != "title"}
+                                    if isinstance(v, dict) else v)
                                 for k, v in parameters["properties"].items()}
-    description = " ".join((tool.description or tool.title or f"the {server_name} tool of MCP server {cfg.name}").split())
+    description = " ".join((tool.description or tool.title or f"the {server_name} tool of MCP "
+                                                              f"server {cfg.name}").split())
     return ToolSpec(namespaced(cfg.name, server_name), description, parameters, call, is_async=True,
-                    scopes=tool_scopes(tool, cfg.scopes.get(server_name)), cost=float(cfg.cost.get(server_name, 0.0)),
-                    timeout_s=float(cfg.timeout_s + cfg.connect_timeout_s))  # a call may first (re)connect
+                    scopes=tool_scopes(tool, cfg.scopes.get(server_name)),
+                    cost=float(cfg.cost.get(server_name, 0.0)),
+                    # a call may first (re)connect
+                    timeout_s=float(cfg.timeout_s + cfg.connect_timeout_s))
 

@@ -36,16 +36,20 @@ def parse_openai_call(tool_call: Mapping[str, Any]) -> ToolCall | str:
     """The `ToolCall` of an OpenAI ``tool_calls`` item, or what is wrong with it (for the agent)."""
     fn = tool_call.get("function") if isinstance(tool_call, Mapping) else None
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
-        return 'the tool call has no function name; send {"type": "function", "function": {"name", "arguments"}}'
+        return ('the tool call has no function name; send {"type": "function", "function": '
+                '{"name", "arguments"}}')
     args: Any = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError) as e:
-            return f"the arguments of {fn['name'][:80]!r} are not valid JSON ({getattr(e, 'msg', 'too deep')}); send a JSON object"
+            return (f"the arguments of {fn['name'][:80]!r} are not valid JSON "
+                    f"({getattr(e, 'msg', 'too deep')}); send a JSON object")
     if not isinstance(args, dict):
-        return f"the arguments of {fn['name'][:80]!r} must be a JSON object, got {type(args).__name__}"
-    return ToolCall(fn["name"].strip(), args, json.dumps({"name": fn["name"], "arguments": args}, default=str))
+        return (f"the arguments of {fn['name'][:80]!r} must be a JSON object, got "
+                f"{type(args).__name__}")
+    return ToolCall(fn["name"].strip(), args,
+                    json.dumps({"name": fn["name"], "arguments": args}, default=str))
 
 
 async def call_gated(tool_call: Mapping[str, Any], toolbox: ToolBox, gate: Gate) -> GatedCall:
@@ -56,4 +60,5 @@ async def call_gated(tool_call: Mapping[str, Any], toolbox: ToolBox, gate: Gate)
         outcome = CallOutcome(f"Error: {parsed}", None, invalid=True, parse_kind="malformed")
     else:
         outcome = await toolbox.run(parsed, gate)
-    return GatedCall({"role": "tool", "tool_call_id": call_id, "content": outcome.observation}, outcome)
+    return GatedCall({"role": "tool", "tool_call_id": call_id, "content": outcome.observation},
+                     outcome)

@@ -72,7 +72,8 @@ def parse_hermes(text: str, *, max_call_chars: int = DEFAULT_MAX_CALL_CHARS,
     for i, body in enumerate(bodies):
         where = f"tool call {i + 1}" if len(bodies) > 1 else "the tool call"
         if len(body) > max_call_chars:
-            return _fail("too_long", f"{where} is {len(body)} characters long; the limit is {max_call_chars}")
+            return _fail("too_long", f"{where} is {len(body)} characters long; the limit is "
+                                     f"{max_call_chars}")
         call = _hermes_call(body.strip(), where, example)
         if isinstance(call, ParseResult):
             return call
@@ -115,7 +116,8 @@ def _hermes_call(body: str, where: str, example: str = HERMES_EXAMPLE) -> ToolCa
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        return _fail("malformed", f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+        return _fail("malformed", f"{where} is not valid JSON ({e.msg} at line {e.lineno} column "
+                                  f"{e.colno}); "
                      f"write {example}")
     except RecursionError:
         return _fail("malformed", f"{where} nests JSON too deeply; write {example}")
@@ -135,7 +137,8 @@ def _call_from(obj: Any, body: str, where: str, example: str) -> ToolCall | Pars
         try:
             args = json.loads(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError):
-            return _fail("malformed", f"{where}: \"arguments\" is a string that is not a JSON object; "
+            return _fail("malformed", f"{where}: \"arguments\" is a string that is not a JSON "
+                                      "object; "
                          f"pass an object: {example}")
     if args is None:
         args = {}
@@ -146,7 +149,8 @@ def _call_from(obj: Any, body: str, where: str, example: str) -> ToolCall | Pars
 
 
 def _json_name(v: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(v), type(v).__name__)
+    return {list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(v), type(v).__name__)
 
 
 def parse_xml(text: str, tools: Mapping[str, Mapping[str, Any]], *,
@@ -167,14 +171,17 @@ def parse_xml(text: str, tools: Mapping[str, Mapping[str, Any]], *,
         example = f"<{next(iter(tools))}>…</{next(iter(tools))}>"
         if opened:
             return _fail("malformed", f"the <{opened.group(1)}> tag is not closed; write {example}")
-        return _fail("no_call", f"no tool call found; use one of the tags {sorted(tools)}, e.g. {example}")
+        return _fail("no_call", f"no tool call found; use one of the tags {sorted(tools)}, e.g. "
+                                f"{example}")
     calls = []
     for m in matches:
         name, body = m.group(1), m.group(2)
         if len(body) > max_call_chars:
-            return _fail("too_long", f"the <{name}> call is {len(body)} characters long; the limit is {max_call_chars}")
+            return _fail("too_long", f"the <{name}> call is {len(body)} characters long; the limit "
+                                     f"is {max_call_chars}")
         props = dict(tools[name].get("properties", {}))
-        children = {k: v for k, v in re.findall(r"<(\w+)>(.*?)</\1>", body, re.DOTALL) if k in props}
+        children = {k: v for k, v in re.findall(r"<(\w+)>(.*?)</\1>", body,
+                                                re.DOTALL) if k in props}
         if not children and len(props) == 1:
             children = {next(iter(props)): body}
         args: dict[str, Any] = {}
@@ -194,4 +201,7 @@ def parse_xml(text: str, tools: Mapping[str, Mapping[str, Any]], *,
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
     """A Hermes tool call, exactly as the chat template renders one (transformers' `tojson`
     keeps non-ASCII as is: "São Paulo", never "S\\u00e3o Paulo")."""
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+    return (
+        f'<tool_call>\n{{"name": "{name}", "arguments": '
+        f"{json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>"
+    )

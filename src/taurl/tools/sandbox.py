@@ -117,7 +117,8 @@ class SandboxConfig:
 
 def _env_problems(env: Mapping[str, str]) -> list[str]:
     return [
-        f"environment variable {k!r}={v!r}: names are [A-Za-z_][A-Za-z0-9_]*, values str without NUL"
+        f"environment variable {k!r}={v!r}: names are [A-Za-z_][A-Za-z0-9_]*, values str without "
+        "NUL"
         for k, v in env.items()
         if not isinstance(k, str) or not _ENV_NAME.match(k) or not isinstance(v, str) or "\0" in v
     ]
@@ -381,8 +382,8 @@ class Sandbox:
             raise SandboxError(f"timeout_s must be > 0 (got {timeout_s!r})")
         home = WORKSPACE if self.isolated else str(self.workspace)
         full_env = {"PATH": _SYSTEM_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1",
-                    **dict(self.config.env), **extra}  # fmt: skip
+                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+                    "PYTHONNOUSERSITE": "1", **dict(self.config.env), **extra}  # fmt: skip
         if isinstance(stdin, str):
             stdin = stdin.encode()
         if self._iso is None:

@@ -227,7 +227,8 @@ def verify(root: Path, hashes: dict[str, str]) -> str | None:
                 ):
                     return f"{p} is not a plain file or directory"
                 if st.st_uid != me or stat.S_IMODE(st.st_mode) != 0o755:
-                    return f"{p} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, not ours with 0755"
+                    return (f"{p} is owned by uid {st.st_uid} with mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}, not ours with 0755")
                 if stat.S_ISREG(st.st_mode):
                     seen[rel] = _sha256(p)
     except OSError as e:

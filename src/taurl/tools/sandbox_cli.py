@@ -28,27 +28,38 @@ _D = SandboxLimits()
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``sandbox exec`` to the `taurl` command's subparsers."""
     p = sub.add_parser("sandbox", help="run a command in the sandbox (isolation, rlimits, timeout)",
-                       description="Sandbox tools. `taurl sandbox exec -- CMD` runs one command the way "
+                       description="Sandbox tools. `taurl sandbox exec -- CMD` runs one command "
+                                   "the way "
                        "rollouts do.")
     ssub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND")
     e = ssub.add_parser("exec", help="run one command in a fresh sandbox",
                         formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__,
                         usage="taurl sandbox exec [limits] -- CMD [ARG ...]")
-    e.add_argument("--timeout", type=float, default=_D.timeout_s, help="wall-clock seconds (default %(default)s)")
-    e.add_argument("--cpu", type=int, default=_D.cpu_s, help="CPU seconds, RLIMIT_CPU (default %(default)s)")
-    e.add_argument("--memory-mb", type=int, default=_D.memory_bytes >> 20, help="address space, MiB (default %(default)s)")
-    e.add_argument("--nproc", type=int, default=_D.nproc, help="processes + threads (default %(default)s)")
-    e.add_argument("--fsize-mb", type=int, default=_D.fsize_bytes >> 20, help="largest file written, MiB (default %(default)s)")
-    e.add_argument("--nofile", type=int, default=_D.nofile, help="open file descriptors (default %(default)s)")
-    e.add_argument("--tmp-mb", type=int, default=_D.tmp_bytes >> 20, help="size of /tmp, MiB (default %(default)s)")
+    e.add_argument("--timeout", type=float, default=_D.timeout_s,
+                   help="wall-clock seconds (default %(default)s)")
+    e.add_argument("--cpu", type=int, default=_D.cpu_s,
+                   help="CPU seconds, RLIMIT_CPU (default %(default)s)")
+    e.add_argument("--memory-mb", type=int, default=_D.memory_bytes >> 20,
+                   help="address space, MiB (default %(default)s)")
+    e.add_argument("--nproc", type=int, default=_D.nproc,
+                   help="processes + threads (default %(default)s)")
+    e.add_argument("--fsize-mb", type=int, default=_D.fsize_bytes >> 20,
+                   help="largest file written, MiB (default %(default)s)")
+    e.add_argument("--nofile", type=int, default=_D.nofile,
+                   help="open file descriptors (default %(default)s)")
+    e.add_argument("--tmp-mb", type=int, default=_D.tmp_bytes >> 20,
+                   help="size of /tmp, MiB (default %(default)s)")
     e.add_argument("--max-output-kb", type=int, default=_D.max_output_bytes >> 10,
                    help="output kept per stream, KiB (default %(default)s)")
-    e.add_argument("--workspace", help="directory copied into the sandbox's /workspace (default: empty)")
+    e.add_argument("--workspace", help="directory copied into the sandbox's /workspace (default: "
+                                       "empty)")
     e.add_argument("--stdin", help="file fed to the command's stdin ('-' for ours)")
-    e.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment variable")
+    e.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment variable")
     e.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     e.add_argument("--unsafe-no-isolation", action="store_true",
-                   help="run WITHOUT namespaces (rlimits and timeout only). Never with untrusted code.")
+                   help="run WITHOUT namespaces (rlimits and timeout only). Never with untrusted "
+                        "code.")
     e.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
 
@@ -59,7 +70,8 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    problems = [] if cmd else ["no command given: put it after --, e.g. taurl sandbox exec -- python3 -c 'print(1)'"]
+    problems = [] if cmd else ["no command given: put it after --, e.g. taurl sandbox exec -- "
+                               "python3 -c 'print(1)'"]
     env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
@@ -67,9 +79,11 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
             problems.append(f"--env {item!r} must look like NAME=VALUE")
         env[name] = value
     try:
-        limits = SandboxLimits(timeout_s=args.timeout, cpu_s=args.cpu, memory_bytes=args.memory_mb << 20,
-                               nproc=args.nproc, fsize_bytes=args.fsize_mb << 20, nofile=args.nofile,
-                               tmp_bytes=args.tmp_mb << 20, max_output_bytes=args.max_output_kb << 10,
+        limits = SandboxLimits(timeout_s=args.timeout, cpu_s=args.cpu,
+                               memory_bytes=args.memory_mb << 20,
+                               nproc=args.nproc, fsize_bytes=args.fsize_mb << 20,
+                               nofile=args.nofile, tmp_bytes=args.tmp_mb << 20,
+                               max_output_bytes=args.max_output_kb << 10,
                                max_drain_bytes=max(_D.max_drain_bytes, args.max_output_kb << 10))
     except ConfigError as e:
         problems += e.problems
@@ -91,7 +105,8 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.write(result.stderr)
         if result.killed_reason:
-            print(f"taurl sandbox: killed ({result.killed_reason}) after {result.wall_s:.2f} s", file=sys.stderr)
+            print(f"taurl sandbox: killed ({result.killed_reason}) after {result.wall_s:.2f} s",
+                  file=sys.stderr)
     if result.timed_out:
         return 124
     return result.exit_code

@@ -3,9 +3,9 @@
 `execute` is the engine under `Sandbox.run`, and `SandboxLimits` the limits it enforces
 (defined here, re-exported by `taurl.tools.sandbox`, so this module needs nothing from
 that one). It knows nothing of bwrap options; it gets an argv and, for an isolated run,
-a pipe that bwrap's ``--info-fd`` writes the host pid of the pid namespace's init to. Killing that init makes the kernel kill every process in
-the namespace (pid_namespaces(7)); bwrap reaps it and exits only after that, so when
-`execute` returns the tree is gone.
+a pipe that bwrap's ``--info-fd`` writes the host pid of the pid namespace's init to. Killing that
+init makes the kernel kill every process in the namespace (pid_namespaces(7)); bwrap reaps it and
+exits only after that, so when `execute` returns the tree is gone.
 
 It drives the child with the event loop's fd readiness directly (a pidfd for the exit,
 non-blocking pipe fds for the streams) rather than asyncio's subprocess transports:

@@ -62,7 +62,8 @@ class ToolSpec:
     def openai(self) -> dict[str, Any]:
         """The OpenAI function-calling declaration (what chat templates' `tools=` take)."""
         return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+                "function": {"name": self.name, "description": self.description,
+                             "parameters": self.parameters}}
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
@@ -96,7 +97,8 @@ def function_spec(fn: Callable[..., Any], *, name: str | None = None,
         problems.append(f"tool {tool_name!r}: cost must be >= 0 and timeout_s > 0 or None")
     description, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
     if not description:
-        problems.append(f"tool {tool_name!r} has no docstring; its first paragraph is the description the model reads")
+        problems.append(f"tool {tool_name!r} has no docstring; its first paragraph is the "
+                        "description the model reads")
     try:
         hints = typing.get_type_hints(fn)
     except Exception as e:  # an unresolvable forward reference
@@ -105,7 +107,8 @@ def function_spec(fn: Callable[..., Any], *, name: str | None = None,
     required: list[str] = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            problems.append(f"tool {tool_name!r}: *{p.name} / **{p.name} cannot be declared; name every argument")
+            problems.append(f"tool {tool_name!r}: *{p.name} / **{p.name} cannot be declared; name "
+                            "every argument")
             continue
         if p.name not in hints:
             problems.append(f"tool {tool_name!r}: argument {p.name!r} needs a type annotation")
@@ -124,7 +127,8 @@ def function_spec(fn: Callable[..., Any], *, name: str | None = None,
             required.append(p.name)
     if problems:
         raise ConfigError(problems)
-    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    parameters = {"type": "object", "properties": properties, "required": required,
+                  "additionalProperties": False}
     return ToolSpec(tool_name, description, parameters, fn, inspect.iscoroutinefunction(fn),
                     frozenset(scopes), float(cost), timeout_s)
 
@@ -135,7 +139,8 @@ def annotation_schema(hint: Any) -> tuple[dict[str, Any], bool]:
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         if len(rest) != 1:
-            raise ConfigError("unions other than `X | None` have no single JSON type; split the tool")
+            raise ConfigError("unions other than `X | None` have no single JSON type; split the "
+                              "tool")
         inner = annotation_schema(rest[0])[0]
         inner["type"] = [inner["type"], "null"]  # JSON Schema's nullable form
         return inner, True
@@ -153,7 +158,8 @@ def annotation_schema(hint: Any) -> tuple[dict[str, Any], bool]:
         if args and args[0] is not str:
             raise ConfigError("dict keys must be str (JSON object keys are strings)")
         return {"type": "object"}, False
-    raise ConfigError(f"annotation {hint!r} has no JSON Schema here; use str, int, float, bool, list[...], dict[str, ...], Literal[...]")
+    raise ConfigError(f"annotation {hint!r} has no JSON Schema here; use str, int, float, bool, "
+                      "list[...], dict[str, ...], Literal[...]")
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -221,7 +227,8 @@ def validate_value(value: Any, schema: dict[str, Any], where: str) -> list[str]:
     allowed = _types(schema)
     if allowed and not any(_type_ok(value, t) for t in allowed):
         want = " or ".join(allowed)
-        return [f"{where} must be {'an' if want[0] in 'aeiou' else 'a'} {want}, got {_json_type(value)}"]
+        return [f"{where} must be {'an' if want[0] in 'aeiou' else 'a'} {want}, got "
+                f"{_json_type(value)}"]
     typ = next((t for t in allowed if _type_ok(value, t)), None)
     if "enum" in schema and value not in schema["enum"]:
         return [f"{where} must be one of {schema['enum']}, got {_short(value)}"]
@@ -242,10 +249,12 @@ def validate_arguments(arguments: Any, parameters: dict[str, Any]) -> list[str]:
     if not isinstance(arguments, dict):
         return [f'"arguments" must be a JSON object, got {_json_type(arguments)}']
     props = parameters.get("properties", {})
-    problems = [f"missing required argument {r!r}" for r in parameters.get("required", []) if r not in arguments]
+    problems = [f"missing required argument {r!r}" for r in parameters.get("required", [])
+                if r not in arguments]
     unknown = sorted(str(k) for k in arguments if k not in props)
     if unknown and parameters.get("additionalProperties") is False:
-        problems.append(f"unknown argument(s) {[u[:40] for u in unknown[:5]]}; this tool takes {sorted(props) or 'no arguments'}")
+        problems.append(f"unknown argument(s) {[u[:40] for u in unknown[:5]]}; this tool takes "
+                        f"{sorted(props) or 'no arguments'}")
     for k, v in arguments.items():
         if k in props:
             problems += validate_value(v, props[k], f"argument {k!r}")

@@ -50,19 +50,23 @@ class ToolEnv:
     system_prompt = ""
 
     def __init__(self, tools: Sequence[ToolSpec], *, verifier_factory: Callable[[], Judge],
-                 gate: GateConfig | None = None, stack: RewardStack | None = None, max_turns: int = 8,
-                 submit_tool: str = "submit", max_consecutive_errors: int = 3, parser: str = "hermes",
+                 gate: GateConfig | None = None, stack: RewardStack | None = None,
+                 max_turns: int = 8, submit_tool: str = "submit", max_consecutive_errors: int = 3,
+                 parser: str = "hermes",
                  default_timeout_s: float = 30.0, max_output_chars: int = 8000,
                  call_example: str | None = None) -> None:
         problems = []
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             problems.append(f"max_turns must be an int >= 1, got {max_turns!r}")
         if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 1:
-            problems.append(f"max_consecutive_errors must be an int >= 1, got {max_consecutive_errors!r}")
+            problems.append("max_consecutive_errors must be an int >= 1, got "
+                            f"{max_consecutive_errors!r}")
         if submit_tool not in {t.name for t in tools}:
-            problems.append(f"submit_tool {submit_tool!r} is not among the tools {[t.name for t in tools]}")
+            problems.append(f"submit_tool {submit_tool!r} is not among the tools "
+                            f"{[t.name for t in tools]}")
         if not callable(verifier_factory):
-            problems.append("verifier_factory must be a callable returning a fresh Judge (taurl.reward.stack)")
+            problems.append("verifier_factory must be a callable returning a fresh Judge "
+                            "(taurl.reward.stack)")
         if problems:
             raise ConfigError(problems)
         self.toolbox = ToolBox(tools, parser=parser, default_timeout_s=default_timeout_s,
@@ -107,14 +111,16 @@ class ToolEnv:
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name:
-            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; make the env the task names")
+            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; "
+                              "make the env the task names")
         if self._task is not None and not self._done:
             self._end()
         allow = task.metadata.get("allowed_tools")
         self._gate = Gate(list(self.toolbox.specs.values()), self.gate_config, allow)
         self._task, self._done, self._turn, self._errors_in_a_row = task, False, 0, 0
         self._violations, self._signals = [], {"invalid_actions": 0.0, "tool_errors": 0.0}
-        info = {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
+        info = {"task_id": task.task_id, "seed": seed, "env": self.name,
+                "env_version": self.version,
                 "verifier_version": self.verifier_version, "max_turns": self.max_turns}
         try:
             info.update(self._start(task, seed))
@@ -126,18 +132,19 @@ class ToolEnv:
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """`astep` run to completion on the tools' background loop (callable inside a loop)."""
         if self._task is None or self._done or self._gate is None:
-            raise ResetNeeded(f"{type(self).__name__}.step called before reset() or after the episode ended; "
-                              "call reset(task) first")
+            raise ResetNeeded(f"{type(self).__name__}.step called before reset() or after the "
+                              "episode ended; call reset(task) first")
         return run_blocking(self.astep(action))
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """`step` for async callers: the tools and the verifier run on the caller's loop."""
         if self._task is None or self._done or self._gate is None:
-            raise ResetNeeded(f"{type(self).__name__}.step called before reset() or after the episode ended; "
-                              "call reset(task) first")
+            raise ResetNeeded(f"{type(self).__name__}.step called before reset() or after the "
+                              "episode ended; call reset(task) first")
         self._turn += 1
         out = await self.toolbox.step(action, self._gate)
-        info: dict[str, Any] = {"action": _action_dict(out), "invalid": out.invalid, "turn": self._turn}
+        info: dict[str, Any] = {"action": _action_dict(out), "invalid": out.invalid,
+                                "turn": self._turn}
         if out.receipt is not None:
             info["receipt"] = out.receipt
         if out.error:
@@ -147,7 +154,8 @@ class ToolEnv:
         self._errors_in_a_row = self._errors_in_a_row + 1 if out.error else 0
         d = out.decision
         if d is not None and not d.allowed and (d.truncate or d.penalty):
-            self._violations.append(Violation(d.rule, d.reason, d.penalty, d.truncate, voids_outcome=False))
+            self._violations.append(Violation(d.rule, d.reason, d.penalty, d.truncate,
+                                              voids_outcome=False))
         obs = out.observation
         if d is not None and not d.allowed and d.truncate:
             return obs, self._finish(info, None, d.stop_reason), False, True, info
@@ -155,7 +163,8 @@ class ToolEnv:
             verdict = await _judge(self.make_verifier(), self._task, self._submission(out.value))
             stop = "error" if verdict.error else "answered"
             reward = self._finish(info, verdict, stop)
-            return self._verdict_text(verdict), reward, verdict.error is None, verdict.error is not None, info
+            return (self._verdict_text(verdict), reward, verdict.error is None,
+                    verdict.error is not None, info)
         if self._errors_in_a_row >= self.max_consecutive_errors:
             return obs, self._finish(info, None, "error"), False, True, info
         if self._turn >= self.max_turns:
@@ -165,18 +174,23 @@ class ToolEnv:
     def _finish(self, info: dict[str, Any], verdict: Verdict | None, stop_reason: str) -> float:
         outcome = verdict.score if verdict is not None and verdict.error is None else 0.0
         violations = [*self._violations, *(verdict.violations if verdict is not None else ())]
-        breakdown = self.stack.combine(outcome, violations, self._signals, verifier_version=self.verifier_version)
+        breakdown = self.stack.combine(outcome, violations, self._signals,
+                                       verifier_version=self.verifier_version)
         info.update(breakdown.info(), stop_reason=stop_reason)
         if violations:
             info["action"] = {**info["action"], "violations": sorted({v.rule for v in violations})}
-        if verdict is not None and verdict.violations:  # the verifier's detections: cheats (evaluate.safety_figures)
-            info["action"] = {**info["action"], "cheats": sorted({v.rule for v in verdict.violations})}
+        if verdict is not None and verdict.violations:
+            # the verifier's detections: cheats (evaluate.safety_figures)
+            info["action"] = {**info["action"],
+                              "cheats": sorted({v.rule for v in verdict.violations})}
         if verdict is not None and verdict.score_before_void is not None:
             # kept on the submit turn (the trajectory keeps actions, not info): what the tests gave
             info["action"] = {**info["action"], "score_before_void": verdict.score_before_void}
         if verdict is not None:
-            info["verdict"] = {"score": verdict.score, "detail": verdict.detail, "error": verdict.error,
-                               "score_before_void": verdict.score_before_void, **dict(verdict.metrics)}
+            info["verdict"] = {"score": verdict.score, "detail": verdict.detail,
+                               "error": verdict.error,
+                               "score_before_void": verdict.score_before_void,
+                               **dict(verdict.metrics)}
             if verdict.error:
                 info["error"] = f"verifier: {verdict.error}"
         self._done = True
@@ -197,7 +211,8 @@ async def _judge(verifier: Judge, task: Task, submission: Any) -> Verdict:
             return await averify(task, submission)
         return await asyncio.to_thread(verifier.verify, task, submission)
     except Exception as e:  # noqa: BLE001 — the episode ends cleanly either way
-        return Verdict(0.0, getattr(verifier, "version", ""), error=f"verifier raised {type(e).__name__}: {e}")
+        return Verdict(0.0, getattr(verifier, "version", ""),
+                       error=f"verifier raised {type(e).__name__}: {e}")
 
 
 def _action_dict(out: CallOutcome) -> dict[str, Any]:
@@ -210,4 +225,5 @@ def _action_dict(out: CallOutcome) -> dict[str, Any]:
 def _verdict_text(v: Verdict) -> str:
     if v.error:
         return f"Submission received, but it could not be checked: {v.error}"
-    return "Submission received: all hidden tests passed." if v.passed else f"Submission received: {v.detail}"
+    return ("Submission received: all hidden tests passed." if v.passed
+            else f"Submission received: {v.detail}")

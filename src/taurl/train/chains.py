@@ -45,10 +45,12 @@ SEGMENT_WEIGHTINGS = ("token", "episode")
 
 def weighting_problems(weighting: str, aggregation: str) -> list[str]:
     if weighting not in SEGMENT_WEIGHTINGS:
-        return [f"segment_weighting must be one of {', '.join(SEGMENT_WEIGHTINGS)} (got {weighting!r})"]
+        return [f"segment_weighting must be one of {', '.join(SEGMENT_WEIGHTINGS)} (got "
+                f"{weighting!r})"]
     if weighting == "episode" and aggregation != "token-mean":
-        return [f"segment_weighting episode weighs each episode itself (its token mean, 1/E per episode); "
-                f"it needs aggregation token-mean (got {aggregation!r}), or use segment_weighting token"]
+        return ["segment_weighting episode weighs each episode itself (its token mean, 1/E per "
+                f"episode); it needs aggregation token-mean (got {aggregation!r}), or use "
+                "segment_weighting token"]
     return []
 
 
@@ -79,7 +81,8 @@ def split_streams(trajs: Sequence[Trajectory], adv: np.ndarray,
     for i, t in enumerate(trajs):
         for view, owned in zip(stream_views(t), stream_turns(t), strict=True):
             if view.num_action_tokens == 0:
-                continue  # a stream with nothing sampled (a compaction's prompt and a closing) trains nothing
+                # a stream with nothing sampled (a compaction's prompt and a closing) trains nothing
+                continue
             views.append(view)
             rows.append(adv[i, owned] * scale[i] if len(owned) else np.zeros(0))
     width = max([1] + [r.size for r in rows])
@@ -100,7 +103,8 @@ def untrained_keep(traj: Trajectory) -> list[float]:
     return keep
 
 
-def with_untrained(keep: Callable[[Trajectory], Sequence[float]] | None) -> Callable[[Trajectory], Sequence[float]]:
+def with_untrained(keep: Callable[[Trajectory], Sequence[float]] | None
+                   ) -> Callable[[Trajectory], Sequence[float]]:
     """`keep` (the learner's per-token weights, or None) times `untrained_keep`."""
     def combined(traj: Trajectory) -> Sequence[float]:
         base = untrained_keep(traj)
@@ -111,5 +115,5 @@ def with_untrained(keep: Callable[[Trajectory], Sequence[float]] | None) -> Call
 def refuse_critic_chains(critic: object, trajs: Sequence[Trajectory]) -> None:
     """A critic reads V(s_t) off one token stream per episode: a chain is refused, not misread."""
     if critic is not None and any(t.stream_starts for t in trajs):
-        raise ConfigError("a value-based estimator (gae) cannot score an episode of several token streams "
-                          "(a compacted one); use an outcome estimator (grpo, rloo, gigpo)")
+        raise ConfigError("a value-based estimator (gae) cannot score an episode of several token "
+                          "streams (a compacted one); use an outcome estimator (grpo, rloo, gigpo)")

@@ -2,8 +2,8 @@
 
     checkpoints/v<N>/   config.json, model.safetensors, tokenizer files (`save_policy`),
                         taurl.json (policy_version, phase, update; an RL one also its
-                        update's metrics_row, for `taurl.recipe.record.recover_row`), and in the newest RL
-                        checkpoint only: optimizer.pt (AdamW state) and trainer_state.pt
+                        update's metrics_row, for `taurl.recipe.record.recover_row`), and in the
+                        newest RL checkpoint only: optimizer.pt (AdamW state) and trainer_state.pt
                         (RNG states of python, numpy and torch, the LR scheduler if any)
 
 Atomic (`taurl.data.atomic`): a version is written into ``checkpoints/.v<N>.tmp-<pid>``, every
@@ -43,7 +43,8 @@ from safetensors import SafetensorError
 from taurl import chaos
 from taurl.data.atomic import fsync_tree, remove_dir, replace_dir, write_error
 from taurl.data.runs import RunDir
-from taurl.policy.model import load_policy, load_policy_meta, save_policy
+from taurl.policy.files import load_policy_meta, save_policy
+from taurl.policy.model import load_policy
 
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -51,9 +52,10 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 
 def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any,
                     optimizer: torch.optim.Optimizer | None = None, *, scheduler: Any = None,
-                    write_extra: Callable[[Path], None] | None = None, rng: dict[str, Any] | None = None,
-                    **meta: Any) -> Path:
-    """Write policy `version` (and, with an optimizer, the trainer state) atomically; returns its directory.
+                    write_extra: Callable[[Path], None] | None = None,
+                    rng: dict[str, Any] | None = None, **meta: Any) -> Path:
+    """Write policy `version` (and, with an optimizer, the trainer state) atomically; returns its
+    directory.
 
     write_extra(dir) adds what the learner keeps beside the policy (the critic) before the
     fsync and rename, so it is part of the same whole-or-nothing checkpoint. rng: the RNG
@@ -69,7 +71,8 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
             torch.save({"rng": rng if rng is not None else rng_state(),
-                        "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp / TRAINER_STATE_FILE)
+                        "scheduler": scheduler.state_dict() if scheduler is not None else None},
+                       tmp / TRAINER_STATE_FILE)
         if write_extra is not None:
             write_extra(tmp)
         fsync_tree(tmp)
@@ -87,7 +90,8 @@ def save_checkpoint(run: RunDir, version: int, model: torch.nn.Module, tokenizer
 SERVED_PREFIX = ".served-v"  # checkpoints/.served-vN: weights between checkpoints (`save_served`)
 
 
-def save_served(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any, **meta: Any) -> Path:
+def save_served(run: RunDir, version: int, model: torch.nn.Module, tokenizer: Any,
+                **meta: Any) -> Path:
     """Write policy `version` for the engines to load, outside the checkpoints: an update that
     is not checkpointed (``checkpoint_every`` > 1). The policy only (with LoRA the adapter), no
     optimizer or RNG state, not fsynced; a sibling of the checkpoints (an adapter's ``../vN``
@@ -114,14 +118,16 @@ def load_checkpoint(path: str | Path, optimizer: torch.optim.Optimizer | None = 
     path = Path(path)
     model, tokenizer = load_policy(path, device, dtype=dtype)
     if optimizer is not None and (path / OPTIMIZER_FILE).exists():
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True,
+                                             map_location="cpu"))
     return model, tokenizer, load_policy_meta(path)
 
 
 def drop_optimizer_state(path: str | Path) -> None:
     """Delete the trainer state of checkpoint `path` (its policy stays); twice the model's size."""
     (Path(path) / OPTIMIZER_FILE).unlink(missing_ok=True)
-    (Path(path) / "critic" / OPTIMIZER_FILE).unlink(missing_ok=True)  # the critic's (taurl.train.critic)
+    # the critic's (taurl.train.critic)
+    (Path(path) / "critic" / OPTIMIZER_FILE).unlink(missing_ok=True)
     (Path(path) / TRAINER_STATE_FILE).unlink(missing_ok=True)
 
 
@@ -151,11 +157,14 @@ def load_trainer_state(path: str | Path, scheduler: Any = None) -> bool:
 
 
 def rng_state() -> dict[str, Any]:
-    """The global RNG states of python, numpy and torch (CPU, and CUDA when present), as plain types."""
+    """The global RNG states of python, numpy and torch (CPU, and CUDA when present), as plain
+    types."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    out: dict[str, Any] = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)),
-                                                                  pos, has_gauss, cached),
-                           "torch": torch.get_rng_state()}
+    out: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out

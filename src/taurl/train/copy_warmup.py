@@ -60,25 +60,29 @@ def copy_loss(model: torch.nn.Module, batch: CopyBatch) -> torch.Tensor:
 
 
 def _to(batch: CopyBatch, device: torch.device) -> CopyBatch:
-    return CopyBatch(batch.input_ids.to(device), batch.attention_mask.to(device), batch.loss_mask.to(device))
+    return CopyBatch(batch.input_ids.to(device), batch.attention_mask.to(device),
+                     batch.loss_mask.to(device))
 
 
 @torch.no_grad()
-def copy_accuracy(model: torch.nn.Module, names: Sequence[str], tokenizer, batch_size: int = 128) -> float:
+def copy_accuracy(model: torch.nn.Module, names: Sequence[str], tokenizer,
+                  batch_size: int = 128) -> float:
     """Share of `names` whose whole copy (and end token) is the greedy prediction."""
     was_training = model.training
     model.eval()
     exact = 0
     for i in range(0, len(names), batch_size):
         b = _to(copy_batch(names[i:i + batch_size], tokenizer), next(model.parameters()).device)
-        pred = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].argmax(-1)
+        pred = model(input_ids=b.input_ids,
+                     attention_mask=b.attention_mask).logits[:, :-1].argmax(-1)
         ok = (pred == b.input_ids[:, 1:]) | (b.loss_mask[:, 1:] == 0)
         exact += int(ok.all(-1).sum())
     model.train(was_training)
     return exact / max(len(names), 1)
 
 
-def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, steps: int, batch_size: int = 64,
+def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, steps: int,
+                batch_size: int = 64,
                 lr: float = 3e-3, warmup_steps: int = 30, grad_clip: float = 1.0, seed: int = 0,
                 on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Train `model` in place for `steps` AdamW steps on copying random `names`; returns the
@@ -87,11 +91,13 @@ def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, step
         raise ValueError("copy_warmup needs at least one name")
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt,
+                                              lambda s: min(1.0, (s + 1) / max(warmup_steps, 1)))
     model.train()
     losses = []
     for step in range(1, steps + 1):
-        loss = copy_loss(model, copy_batch([rng.choice(names) for _ in range(batch_size)], tokenizer))
+        loss = copy_loss(model, copy_batch([rng.choice(names) for _ in range(batch_size)],
+                                           tokenizer))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -104,8 +110,8 @@ def copy_warmup(model: torch.nn.Module, tokenizer, names: Sequence[str], *, step
     return losses
 
 
-def copy_warmup_phase(model: torch.nn.Module, tokenizer, names: Sequence[str], probe: Sequence[str], *,
-                      steps: int, batch_size: int, lr: float, grad_clip: float, seed: int,
+def copy_warmup_phase(model: torch.nn.Module, tokenizer, names: Sequence[str], probe: Sequence[str],
+                      *, steps: int, batch_size: int, lr: float, grad_clip: float, seed: int,
                       log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
     """An env's pre-SFT warm-up hook body: `copy_warmup` on `names` (deduplicated), the loss
     logged every 25 steps, then the exact-copy rate of up to 256 `probe` strings it never
@@ -120,7 +126,7 @@ def copy_warmup_phase(model: torch.nn.Module, tokenizer, names: Sequence[str], p
         if step % 25 == 0 or step == steps:
             log(step, {"copy/loss": loss})
 
-    copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr, grad_clip=grad_clip,
-                seed=seed, on_step=on_step)
+    copy_warmup(model, tokenizer, names, steps=steps, batch_size=batch_size, lr=lr,
+                grad_clip=grad_clip, seed=seed, on_step=on_step)
     return {"copy/exact_unseen": copy_accuracy(model, unseen, tokenizer) if unseen else 0.0,
             "copy/names": float(len(names)), "copy/unseen_names": float(len(unseen))}

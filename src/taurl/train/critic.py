@@ -1,7 +1,8 @@
 """The critic of `estimator: gae`: one value per turn, trained with PPO's clipped value loss.
 
     V(s_t)   = critic(tokens < start of turn t's action)[-1]        one value per turn (N, T)
-    V(s_T)   = critic(all tokens)[-1]                               the state after the last turn (N,)
+    V(s_T)   = critic(all tokens)[-1]                               the state after the last turn
+                                                                    (N,)
     A, R     = GAE over turns (`taurl.credit.gae_turns`), bootstrapping V(s_T) only when truncated
     ℓ_vf     = ½ max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)   (`objectives.value.value_loss`)
 
@@ -50,7 +51,8 @@ class CriticConfig:
     """Hyper-parameters of the critic's update (one per policy update)."""
 
     lr: float = 1e-3  # AdamW learning rate of the critic
-    vf_clip: float | None = 0.2  # PPO value clip ε around the values before the update (None: plain MSE)
+    # PPO value clip ε around the values before the update (None: plain MSE)
+    vf_clip: float | None = 0.2
     epochs: int = 1  # optimizer steps on each batch
     grad_clip: float = 1.0  # max gradient norm
     micro_batch_tokens: int = 6144  # padded tokens per forward
@@ -75,7 +77,8 @@ class Critic:
         self.config = config
         self.pad_id = pad_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-        self.updates = 0  # `update` calls so far (saved with the critic): the learner's warm-up counts them
+        # `update` calls so far (saved with the critic): the learner's warm-up counts them
+        self.updates = 0
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module, config: CriticConfig, pad_id: int = 0) -> Critic:
@@ -121,7 +124,8 @@ class Critic:
             last[c] = vl.double().cpu().numpy()
         return out, last
 
-    def update(self, trajs: Sequence[Trajectory], old_values: np.ndarray, returns: np.ndarray) -> dict[str, float]:
+    def update(self, trajs: Sequence[Trajectory], old_values: np.ndarray,
+               returns: np.ndarray) -> dict[str, float]:
         """`epochs` AdamW steps on the clipped value loss over every real turn; learn/vf_* metrics.
 
         old_values, returns: (N, T) as `values` and `Credit.returns` give them. The loss is the
@@ -142,11 +146,13 @@ class Critic:
                 mask = (torch.arange(t_max, device=v.device)[None, :] < n[:, None]).float()
                 old = torch.as_tensor(old_values[c], dtype=v.dtype, device=v.device)
                 ret = torch.as_tensor(returns[c], dtype=v.dtype, device=v.device)
-                loss, m = value_loss(v, old, ret, mask, clip=cfg.vf_clip, denominator=max(n_turns, 1.0))
+                loss, m = value_loss(v, old, ret, mask, clip=cfg.vf_clip,
+                                     denominator=max(n_turns, 1.0))
                 loss.backward()
                 w = float(mask.sum()) / max(n_turns, 1.0)
                 for k, val in m.items():  # vf_loss is already a share of the global mean
-                    sums[k] = sums.get(k, 0.0) + (val if k == "learn/vf_loss" else w * val) / cfg.epochs
+                    sums[k] = sums.get(k, 0.0) + (val if k == "learn/vf_loss"
+                                                  else w * val) / cfg.epochs
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
         self.model.eval()
@@ -161,12 +167,15 @@ class Critic:
         save_weights(self.model, d / WEIGHTS_FILE)
         torch.save(self.optimizer.state_dict(), d / OPTIMIZER_FILE)
         (d / "critic.json").write_text(json.dumps({
-            "backbone": type(self.model.backbone).__name__, "hidden_size": self.model.head.in_features,
-            "lr": self.config.lr, "vf_clip": self.config.vf_clip, "updates": self.updates}, indent=1))
+            "backbone": type(self.model.backbone).__name__,
+            "hidden_size": self.model.head.in_features,
+            "lr": self.config.lr, "vf_clip": self.config.vf_clip, "updates": self.updates},
+                                                  indent=1))
         return d
 
     def load(self, checkpoint_dir: str | Path) -> bool:
-        """Restore weights (and the optimizer state, if kept) from ``checkpoint_dir/critic/``; False if none."""
+        """Restore weights (and the optimizer state, if kept) from ``checkpoint_dir/critic/``; False
+        if none."""
         d = Path(checkpoint_dir) / CRITIC_DIR
         if not (d / WEIGHTS_FILE).exists():
             return False
@@ -174,7 +183,8 @@ class Critic:
         if (d / "critic.json").exists():  # older critics did not count their updates
             self.updates = int(json.loads((d / "critic.json").read_text()).get("updates", 0))
         if (d / OPTIMIZER_FILE).exists():
-            self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
+            self.optimizer.load_state_dict(torch.load(d / OPTIMIZER_FILE, weights_only=True,
+                                                      map_location="cpu"))
         return True
 
 

@@ -22,17 +22,21 @@ if TYPE_CHECKING:  # types only: the trainer reads an env through its spec, neve
     from taurl.envs.core import Env
     from taurl.envs.spec import EnvSpec
 
-GENERIC_EXPERT_TASKS = 2000  # expert episodes stepped for tokenizer text (enough for every word to recur)
+# expert episodes stepped for tokenizer text (enough for every word to recur)
+GENERIC_EXPERT_TASKS = 2000
 
 
 def default_policy_texts(spec: EnvSpec, make_env: Any, train_tasks: Sequence[Task], *,
-                         task_options: dict[str, Any], expert_options: dict[str, Any], seed: int) -> list[str]:
+                         task_options: dict[str, Any], expert_options: dict[str, Any],
+                         seed: int) -> list[str]:
     """Tokenizer training texts for env `spec` (module docstring)."""
     env: Env = make_env()
     hooks = spec.policy_hooks
     if hasattr(hooks, "tokenizer_texts"):
         return list(hooks.tokenizer_texts(env, train_tasks, **task_options))
-    texts = [env.system_prompt] * 10 + [json.dumps(env.tools)] * 10 + [t.prompt for t in train_tasks]
+    texts = (
+        [env.system_prompt] * 10 + [json.dumps(env.tools)] * 10 + [t.prompt for t in train_tasks]
+    )
     if spec.expert is None:
         return texts
     rng = random.Random(seed)

@@ -8,7 +8,8 @@ it (Agarwal et al., arXiv 2306.13649, GKD; Thinking Machines' "On-policy distill
     reverse_kl:  ℓ_t = Σ_v π_s(v | ·) [log π_s(v | ·) − log π_t(v | ·)]       (exact, per token)
     advantage:   A_t = −(log π_s(x_t | ·) − log π_t(x_t | ·))  (sampled token, detached)
                  ℓ_t = −A_t · π_s(x_t) / sg(π_s(x_t))           (its value is the k1 estimate
-                                                                 of the reverse KL, its gradient −A_t ∇log π_s)
+                                                                 of the reverse KL, its gradient
+                                                                 −A_t ∇log π_s)
     loss = Σ_t m_t ℓ_t / Σ_t m_t  (+ reward_weight · the PPO loss on the env's GRPO advantages)
 
 m is the action mask: observation, prompt and template tokens are the environment's, never the
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -38,36 +38,17 @@ from taurl.train.lora import trainable
 from taurl.train.objectives import make_objective
 from taurl.train.optim import optimizer_step
 from taurl.train.rows import Rows, column_logits, make_rows, micro_batches, model_device
+from taurl.train.stage_options import DISTILL_LOSSES, DistillOptions
 
-KINDS = ("reverse_kl", "advantage")
-
-
-@dataclass(frozen=True)
-class DistillOptions:
-    """``rl.distill`` of the train config (used when ``rl.teacher`` is set)."""
-
-    loss: str = "reverse_kl"  # reverse_kl (exact, over the vocabulary) | advantage (−(log π_s − log π_t) on the sampled token)
-    reward_weight: float = 0.0  # weight of the env's reward (a PPO term on GRPO advantages); 0: pure distillation
-
-    @staticmethod
-    def problems_of(d: dict[str, Any]) -> list[str]:
-        known = {f.name for f in fields(DistillOptions)}
-        if bad := sorted(set(d) - known):
-            return [f"rl.distill: unknown option(s) {bad}; it takes {sorted(known)}"]
-        o = DistillOptions(**d)
-        out = []
-        if o.loss not in KINDS:
-            out.append(f"rl.distill.loss must be one of {list(KINDS)} (got {o.loss!r})")
-        if not isinstance(o.reward_weight, (int, float)) or o.reward_weight < 0:
-            out.append(f"rl.distill.reward_weight must be >= 0 (got {o.reward_weight!r})")
-        return out
+KINDS = DISTILL_LOSSES
 
 
 def tokenizer_problem(student: Any, teacher: Any, teacher_name: str = "the teacher") -> str | None:
     """Why `teacher`'s tokenizer cannot score the student's tokens, or None when it can."""
     sv, tv = student.get_vocab(), teacher.get_vocab()
-    how = ("the teacher scores the student's own token ids, so both need one tokenizer: distil from a "
-           "checkpoint of the student's model family (or train the teacher on the student's tokenizer)")
+    how = ("the teacher scores the student's own token ids, so both need one tokenizer: distil "
+           "from a checkpoint of the student's model family (or train the teacher on the student's "
+           "tokenizer)")
     if sv != tv:
         s_inv = {i: s for s, i in sv.items()}
         t_inv = {i: s for s, i in tv.items()}
@@ -78,8 +59,9 @@ def tokenizer_problem(student: Any, teacher: Any, teacher_name: str = "the teach
                 f"{s_inv.get(i)!r}, teacher {t_inv.get(i)!r}); {how}")
     for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
         if getattr(student, name, None) != getattr(teacher, name, None):
-            return (f"{teacher_name}'s tokenizer has another {name} ({getattr(teacher, name, None)} vs the "
-                    f"student's {getattr(student, name, None)}); {how}")
+            return (f"{teacher_name}'s tokenizer has another {name} "
+                    f"({getattr(teacher, name, None)} vs the student's "
+                    f"{getattr(student, name, None)}); {how}")
     return None
 
 
@@ -121,7 +103,8 @@ def distill_loss(student_logits: Tensor, teacher_logits: Tensor, tokens: Tensor,
 class DistillLearner:
     """One student step per update on its own samples, scored by the frozen teacher."""
 
-    def __init__(self, model: torch.nn.Module, teacher: torch.nn.Module, opts: DistillOptions, *, lr: float,
+    def __init__(self, model: torch.nn.Module, teacher: torch.nn.Module, opts: DistillOptions, *,
+                 lr: float,
                  grad_clip: float, pad_id: int, micro_batch_tokens: int, temperature: float = 1.0,
                  weight_decay: float = 0.0, lr_warmup_steps: int = 0, estimator: str = "grpo",
                  eps_low: float = 0.2, eps_high: float = 0.28):
@@ -165,14 +148,17 @@ class DistillLearner:
         return loss, m
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None,
-               credit: tuple[list[Trajectory], np.ndarray | None] | None = None) -> dict[str, float]:
+               credit: tuple[list[Trajectory],
+                             np.ndarray | None] | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
         valid, adv = self.assign(trajs) if credit is None else credit
         if not valid:
-            return {"learn/rows": 0.0, "learn/skipped": 1.0, "learn/learn_s": time.perf_counter() - t0}
+            return {"learn/rows": 0.0, "learn/skipped": 1.0,
+                    "learn/learn_s": time.perf_counter() - t0}
         device = model_device(self.model)
         chunks = micro_batches(valid, self.micro_batch_tokens)
-        rows = [make_rows([valid[i] for i in c], None if adv is None else adv[c], self.pad_id, device)
+        rows = [make_rows([valid[i] for i in c], None if adv is None else adv[c], self.pad_id,
+                          device)
                 for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
         self.model.eval()
@@ -182,9 +168,13 @@ class DistillLearner:
             loss, m = self.loss(r, n_tok)
             loss.backward()
             w = float(r.mask.sum()) / max(n_tok, 1.0)
-            for k, v in m.items():  # token-weighted means; the loss itself is already a share of the whole
-                sums[k] = sums.get(k, 0.0) + (v if k in ("distill/loss", "distill/pg_loss") else w * v)
-        norm, lr = optimizer_step(self.model, self.optimizer, self.lr, self.lr_warmup_steps, self.grad_clip)
-        return {**sums, "learn/loss": sums.get("distill/loss", 0.0), "learn/rows": float(len(valid)),
+            for k, v in m.items():
+                # token-weighted means; the loss itself is already a share of the whole
+                sums[k] = sums.get(k, 0.0) + (v if k in ("distill/loss", "distill/pg_loss")
+                                              else w * v)
+        norm, lr = optimizer_step(self.model, self.optimizer, self.lr, self.lr_warmup_steps,
+                                  self.grad_clip)
+        return {**sums, "learn/loss": sums.get("distill/loss", 0.0),
+                "learn/rows": float(len(valid)),
                 "learn/grad_norm": float(norm), "learn/lr": lr, "learn/action_tokens": n_tok,
                 "learn/skipped": 0.0, "learn/learn_s": time.perf_counter() - t0}

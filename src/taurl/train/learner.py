@@ -18,11 +18,12 @@ The estimator and the objective are chosen by name (`taurl.credit.ESTIMATORS`,
 staleness bound η = 0 and one epoch it is the current policy, so the ratio starts at 1.
 The ``decoupled_ppo`` objective takes the recorded logprobs as behaviour μ and the
 proximal policy π_prox (the weights before the update: the first epoch's own forward,
-detached, since the optimizer steps only after a whole epoch); its metrics per update: ``learn/is_bounded_frac`` (share of action
-tokens whose weight π_prox/μ was truncated or masked), ``learn/behaviour_kl`` (k3 estimate
-of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` / ``learn/is_weight_max_raw``. Every update
-also reports ``mismatch/abs_mean`` / ``mismatch/abs_max`` (learner vs behaviour logprobs,
-`taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}`` (`taurl.data.staleness`).
+detached, since the optimizer steps only after a whole epoch); its metrics per update:
+``learn/is_bounded_frac`` (share of action tokens whose weight π_prox/μ was truncated or masked),
+``learn/behaviour_kl`` (k3 estimate of KL(μ ‖ π_prox)), ``learn/is_weight_mean`` /
+``learn/is_weight_max_raw``. Every update also reports ``mismatch/abs_mean`` / ``mismatch/abs_max``
+(learner vs behaviour logprobs, `taurl.train.mismatch`) and ``learn/staleness_{mean,p95,max}``
+(`taurl.data.staleness`).
 
 The rows, their logprobs and the micro-batches are `taurl.train.rows`'s; the SFT step is
 `taurl.train.sft.sft_step` (both stay importable from here). The numerics (mixed precision,
@@ -68,22 +69,21 @@ from taurl.train.lora import base_only, is_lora, trainable
 from taurl.train.mismatch import Mismatch, combine_mismatch, logprob_mismatch
 from taurl.train.objectives import kl_loss, make_objective
 from taurl.train.objectives.aggregation import aggregate
-from taurl.train.optim import optimizer_step, optimizer_steps, warmup_lr  # noqa: F401  (re-exported)
+from taurl.train.optim import optimizer_step
 from taurl.train.precision import Numerics, batch_tis_stats, checkpointed_eval, cuda_peak_mb
-from taurl.train.rows import (  # noqa: F401  (re-exported: their old home was this module)
-    MICRO_BATCH_COST_TOKENS,
+from taurl.train.rows import (
     Rows,
     action_logprobs,
     make_rows,
     micro_batches,
     model_device,
 )
-from taurl.train.sft import sft_step  # noqa: F401
 
 # ---------------------------------------------------------------------------------------
 # The learner
 
-_MAX_KEYS = ("_max", "_max_raw")  # metrics that are maxima, not means (ratio_max, is_weight_max_raw)
+# metrics that are maxima, not means (ratio_max, is_weight_max_raw)
+_MAX_KEYS = ("_max", "_max_raw")
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ class Learner:
     runs_forward = True  # this process's model runs the update (False: a driver of ranks)
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int = 0,
-                 reference: torch.nn.Module | None = None, critic: Critic | None = None, shaper: Any = None):
+                 reference: torch.nn.Module | None = None, critic: Critic | None = None,
+                 shaper: Any = None):
         if problems := config.problems():
             raise ConfigError(problems)
         self.model = model
@@ -122,7 +123,8 @@ class Learner:
         # with LoRA the reference is the base under the adapters (`taurl.train.lora.base_only`)
         self.reference_is_base = config.kl_coef > 0 and reference is None and is_lora(model)
         # the trained parameters only: with LoRA the adapters', so no AdamW state for the base
-        self.optimizer = torch.optim.AdamW(trainable(model), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(trainable(model), lr=config.lr,
+                                           weight_decay=config.weight_decay)
         # precision, TIS (the objective PPO becomes) and the memory options: taurl.train.precision
         self.numerics = Numerics.for_learner(model, config, prepare=self.runs_forward)
         self.loss_fn = make_objective(self.numerics.objective, **self.numerics.objective_kwargs)
@@ -154,9 +156,11 @@ class Learner:
         if self.shaper is not None:
             batch, shaping = self.shaper(valid, batch)
         credit = self.estimator(batch)
-        return Assigned(valid, batch, dataclasses.replace(credit, stats={**credit.stats, **shaping}), dropped)
+        return Assigned(valid, batch,
+                        dataclasses.replace(credit, stats={**credit.stats, **shaping}), dropped)
 
-    def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray, dict[str, float]]:
+    def advantages(self, trajs: Sequence[Trajectory]) -> tuple[list[Trajectory], np.ndarray,
+                                                               dict[str, float]]:
         """Per-turn advantages of the valid trajectories kept after the zero-advantage filter."""
         a = self.assign(trajs)
         if a is None:
@@ -171,14 +175,16 @@ class Learner:
             self.shaper.save(checkpoint_dir)
 
     def load_state(self, checkpoint_dir: Any) -> bool:
-        """Restore the critic and the step scorer saved with `checkpoint_dir`; False if neither was there."""
+        """Restore the critic and the step scorer saved with `checkpoint_dir`; False if neither was
+        there."""
         shaper = bool(hasattr(self.shaper, "load") and self.shaper.load(checkpoint_dir))
         critic = bool(self.critic is not None and self.critic.load(checkpoint_dir))
         return critic or shaper
 
     def update(self, trajs: Sequence[Trajectory], version: int | None = None,
                credit: Credited | None = None) -> dict[str, float]:
-        """One policy update on `trajs` (all of one or more complete groups); returns learn/* metrics.
+        """One policy update on `trajs` (all of one or more complete groups); returns learn/*
+        metrics.
 
         Reads as the update it is: the credited rows (`taurl.train.credit_step`: the recipe's
         RL step computes them, so its credit step is visible) become padded rows; each epoch
@@ -211,13 +217,15 @@ class Learner:
                                               with_entropy=True,
                                               entropy_grad=self.config.entropy_coef > 0)
                 if epoch == 0:
-                    drift.append(self._mismatch(lp.detach(), r, [batch.views[i] for i in batch.chunks[j]], version))
+                    drift.append(self._mismatch(lp.detach(), r,
+                                                [batch.views[i] for i in batch.chunks[j]], version))
                     if prox is not None:
                         prox.append(lp.detach())
                 loss, m = self._loss(lp, ent, r, prox[j] if prox is not None else None,   # loss
                                      None if ref is None else ref[j], batch.denom)
                 self.numerics.backward(loss)
-                self._accumulate(sums, m, float(loss.detach()), float(r.mask.sum()) / max(batch.n_tok, 1.0))
+                self._accumulate(sums, m, float(loss.detach()),
+                                 float(r.mask.sum()) / max(batch.n_tok, 1.0))
             norm, lr = self._step()                                            # step
         self.model.eval()
         stats.update(sums)                                                     # metrics
@@ -243,22 +251,26 @@ class Learner:
     def _rows(self, kept: list[Trajectory], adv: np.ndarray) -> _Batch:
         """`kept` as padded rows (one per token stream: `taurl.train.chains`), in micro-batches."""
         views, adv = chains.split_streams(kept, adv, self.config.segment_weighting)
-        chunks, device = micro_batches(views, self.config.micro_batch_tokens), model_device(self.model)
+        chunks, device = (micro_batches(views, self.config.micro_batch_tokens),
+                          model_device(self.model))
         keep = chains.with_untrained(self.token_keep)
         rows = [make_rows([views[i] for i in c], adv[c], self.pad_id, device, keep) for c in chunks]
         n_tok = sum(float(r.mask.sum()) for r in rows)
-        return _Batch(rows, views, chunks, n_tok, n_tok if self.config.aggregation == "token-mean" else float(len(views)))
+        return _Batch(rows, views, chunks, n_tok,
+                      n_tok if self.config.aggregation == "token-mean" else float(len(views)))
 
     def _reference_logprobs(self, rows: list[Rows]) -> list[torch.Tensor] | None:
         """log π_ref on each micro-batch's action tokens (None without a KL term)."""
         if self.reference is None and not self.reference_is_base:
             return None
         self.model.eval()
-        with torch.no_grad(), (base_only(self.model) if self.reference_is_base else contextlib.nullcontext()):
+        with torch.no_grad(), (base_only(self.model) if self.reference_is_base
+                               else contextlib.nullcontext()):
             ref = self.reference if self.reference is not None else self.model
             return [action_logprobs(ref, r, self.config.temperature)[0] for r in rows]
 
-    def _mismatch(self, lp: torch.Tensor, r: Rows, part: list[Trajectory], version: int) -> Mismatch:
+    def _mismatch(self, lp: torch.Tensor, r: Rows, part: list[Trajectory],
+                  version: int) -> Mismatch:
         # on-policy rows only: every action sampled by the weights being trained (`version`,
         # the learner's); a stale or replayed row differs by design, and counting it would
         # report staleness as an engine/learner mismatch
@@ -282,14 +294,17 @@ class Learner:
         m["learn/entropy"] = float((ent.detach() * r.mask).sum() / r.mask.sum().clamp(min=1))
         if cfg.entropy_coef > 0:  # aggregated as the policy term (same denominator and C)
             loss = loss - cfg.entropy_coef * aggregate(ent, r.mask, cfg.aggregation,
-                                                       norm_constant=self.norm_constant, denominator=denom)
+                                                       norm_constant=self.norm_constant,
+                                                       denominator=denom)
         return loss, m
 
-    def _accumulate(self, sums: dict[str, float], m: dict[str, float], loss: float, weight: float) -> None:
+    def _accumulate(self, sums: dict[str, float], m: dict[str, float], loss: float,
+                    weight: float) -> None:
         """Token-weighted means over micro-batches and epochs; a maximum stays the maximum."""
         epochs = self.config.epochs
         for k, v in m.items():
-            sums[k] = max(sums.get(k, v), v) if k.endswith(_MAX_KEYS) else sums.get(k, 0.0) + weight * v / epochs
+            sums[k] = (max(sums.get(k, v), v) if k.endswith(_MAX_KEYS)
+                       else sums.get(k, 0.0) + weight * v / epochs)
         sums["learn/loss"] = sums.get("learn/loss", 0.0) + loss / epochs
 
     def _step(self) -> tuple[torch.Tensor, float]:
@@ -299,11 +314,13 @@ class Learner:
         return optimizer_step(self.model, self.optimizer, cfg.lr, cfg.lr_warmup_steps,
                               cfg.grad_clip, self.numerics.scaler)
 
-    def _batch_metrics(self, batch: _Batch, norm: torch.Tensor, lr: float, dt: float) -> dict[str, float]:
+    def _batch_metrics(self, batch: _Batch, norm: torch.Tensor, lr: float,
+                       dt: float) -> dict[str, float]:
         padded = sum(r.attention.numel() for r in batch.rows)
         real = sum(float(r.attention.sum()) for r in batch.rows)
         return {"learn/grad_norm": float(norm), "learn/lr": lr, "learn/action_tokens": batch.n_tok,
-                "learn/micro_batches": float(len(batch.rows)), "learn/padding_frac": 1.0 - real / max(padded, 1),
+                "learn/micro_batches": float(len(batch.rows)),
+                "learn/padding_frac": 1.0 - real / max(padded, 1),
                 "learn/learn_s": dt, "learn/skipped": 0.0,
                 "learn/tokens_per_s": real * self.config.epochs / dt if dt > 0 else 0.0}
 

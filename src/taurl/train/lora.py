@@ -45,7 +45,8 @@ class LoraOptions:
     rank: int = 16  # r: the adapters' inner dimension
     alpha: float = 32.0  # scale alpha / r of the adapters' output
     dropout: float = 0.0  # dropout on the adapters' input (train mode only: SFT)
-    targets: str | tuple[str, ...] = ALL_LINEAR  # module names to adapt (e.g. [q_proj, v_proj]) or all-linear
+    # module names to adapt (e.g. [q_proj, v_proj]) or all-linear
+    targets: str | tuple[str, ...] = ALL_LINEAR
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> LoraOptions:
@@ -53,7 +54,8 @@ class LoraOptions:
             raise ConfigError(problems)
         targets = options.get("targets", ALL_LINEAR)
         return cls(int(options.get("rank", 16)), float(options.get("alpha", 32.0)),
-                   float(options.get("dropout", 0.0)), targets if isinstance(targets, str) else tuple(targets))
+                   float(options.get("dropout", 0.0)),
+                   targets if isinstance(targets, str) else tuple(targets))
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -73,15 +75,16 @@ def lora_problems(options: dict[str, Any]) -> list[str]:
         out.append(f"lora.rank must be an integer >= 1 (got {rank!r}); 8-64 is usual")
     alpha = options.get("alpha", 32.0)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        out.append(f"lora.alpha must be a number > 0 (got {alpha!r}); the adapters' scale is alpha / rank")
+        out.append(f"lora.alpha must be a number > 0 (got {alpha!r}); the adapters' scale is alpha "
+                   "/ rank")
     dropout = options.get("dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         out.append(f"lora.dropout must be in [0, 1) (got {dropout!r})")
     targets = options.get("targets", ALL_LINEAR)
     if not (targets == ALL_LINEAR or (isinstance(targets, (list, tuple)) and targets
                                        and all(isinstance(t, str) and t for t in targets))):
-        out.append(f"lora.targets must be {ALL_LINEAR!r} or a non-empty list of module names such as "
-                   f"[q_proj, v_proj] (got {targets!r})")
+        out.append(f"lora.targets must be {ALL_LINEAR!r} or a non-empty list of module names such "
+                   f"as [q_proj, v_proj] (got {targets!r})")
     try:
         import peft  # noqa: F401
     except ImportError:
@@ -89,24 +92,29 @@ def lora_problems(options: dict[str, Any]) -> list[str]:
     return out
 
 
-def target_problems(targets: str | list[str] | tuple[str, ...], model: torch.nn.Module) -> list[str]:
-    """Which `targets` name no linear or embedding layer of `model` (a model on the meta device is enough)."""
+def target_problems(targets: str | list[str] | tuple[str, ...],
+                    model: torch.nn.Module) -> list[str]:
+    """Which `targets` name no linear or embedding layer of `model` (a model on the meta device is
+    enough)."""
     if targets == ALL_LINEAR:
         return []
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _adaptable(m)}
     if missing := sorted(set(targets) - names):
-        return [f"lora.targets {missing} name no layer of the model that LoRA adapts; it has {sorted(names)}"]
+        return [f"lora.targets {missing} name no layer of the model that LoRA adapts; it has "
+                f"{sorted(names)}"]
     return []
 
 
 def _adaptable(module: torch.nn.Module) -> bool:
     # what peft's LoRA adapts: Linear, Embedding, and GPT-2's Conv1D (a transposed linear layer)
-    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or type(module).__name__ == "Conv1D"
+    return (isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
+            or type(module).__name__ == "Conv1D")
 
 
 def model_target_problems(options: dict[str, Any], config: Any) -> list[str]:
     """`target_problems` for a model built from its HF `config` on the meta device (no weights)."""
-    if config is None or not options or lora_problems(options) or options.get("targets", ALL_LINEAR) == ALL_LINEAR:
+    if (config is None or not options or lora_problems(options)
+        or options.get("targets", ALL_LINEAR) == ALL_LINEAR):
         return []
     from transformers import AutoModelForCausalLM
 
@@ -124,7 +132,8 @@ def attach(model: torch.nn.Module, options: LoraOptions, seed: int = 0) -> Any:
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=options.dropout,
-                     target_modules=options.targets if isinstance(options.targets, str) else list(options.targets),
+                     target_modules=options.targets if isinstance(options.targets,
+                                                                  str) else list(options.targets),
                      task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -165,7 +174,8 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
 # The recipe's RL policy (taurl.recipe.loop)
 
 
-def rl_policy(run: Any, version: int, base_version: int, options: LoraOptions, seed: int) -> tuple[Any, Any]:
+def rl_policy(run: Any, version: int, base_version: int, options: LoraOptions,
+              seed: int) -> tuple[Any, Any]:
     """(model, tokenizer) to train from checkpoint `version` of `run`: the base (checkpoint
     `base_version`, the SFT policy) with fresh adapters at the first update, or with the
     adapters saved in `version` when resuming."""
@@ -197,15 +207,17 @@ def run_problems(cfg: Any) -> list[str]:
                    "the policy, and a copy of an adapted (peft) policy is not built or saved as a "
                    "plain model yet; drop lora or the step scorer")
     if needs_values(cfg.estimator):
-        out.append(f"lora: estimator {cfg.estimator!r} builds its critic from a copy of the policy; "
-                   "use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or drop lora")
+        out.append(f"lora: estimator {cfg.estimator!r} builds its critic from a copy of the "
+                   "policy; use a critic-free estimator (grpo, rloo, gigpo, ...) with lora, or "
+                   "drop lora")
     if not out:
         out += model_target_problems(cfg.lora, _model_config(cfg))
     return out
 
 
 def _model_config(cfg: Any) -> Any:
-    """The HF config of the run's policy: `model`'s, or the default policy's shape (None: unknown)."""
+    """The HF config of the run's policy: `model`'s, or the default policy's shape (None:
+    unknown)."""
     if cfg.model:
         from transformers import AutoConfig
 
@@ -220,4 +232,5 @@ def _model_config(cfg: Any) -> Any:
             return None  # model_problems reports the directory
     from taurl.policy.model import tiny_config
 
-    return tiny_config(cfg.vocab_size, cfg.model_size if cfg.model_size in ("tiny", "small") else "tiny")
+    return tiny_config(cfg.vocab_size,
+                       cfg.model_size if cfg.model_size in ("tiny", "small") else "tiny")

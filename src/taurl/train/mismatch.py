@@ -40,9 +40,11 @@ class Mismatch:
         """What passes its threshold, said as a sentence each (empty: all well)."""
         out = []
         if self.abs_mean > abs_mean_max:
-            out.append(f"learner-vs-behaviour logprob |diff| mean {self.abs_mean:.2e} > {abs_mean_max:g}")
+            out.append(f"learner-vs-behaviour logprob |diff| mean {self.abs_mean:.2e} > "
+                       f"{abs_mean_max:g}")
         if self.abs_max > abs_max_max:
-            out.append(f"learner-vs-behaviour logprob |diff| max {self.abs_max:.2e} > {abs_max_max:g}")
+            out.append(f"learner-vs-behaviour logprob |diff| max {self.abs_max:.2e} > "
+                       f"{abs_max_max:g}")
         return out
 
 
@@ -54,15 +56,16 @@ def logprob_mismatch(learner: torch.Tensor, behaviour: torch.Tensor, mask: torch
     token gives zeros with tokens = 0.
     """
     if learner.shape != behaviour.shape or learner.shape != mask.shape:
-        raise Error(f"shapes differ: learner {tuple(learner.shape)}, behaviour {tuple(behaviour.shape)}, "
-                    f"mask {tuple(mask.shape)}")
+        raise Error(f"shapes differ: learner {tuple(learner.shape)}, behaviour "
+                    f"{tuple(behaviour.shape)}, mask {tuple(mask.shape)}")
     m = mask.bool()
     d = (learner.detach().double() - behaviour.detach().double())[m]
     if d.numel() == 0:
         return Mismatch(0.0, 0.0, 0.0, 0.0, 0)
     if not torch.isfinite(d).all():
         raise Error("non-finite logprobs on action tokens; a behaviour logprob of -inf means the "
-                    "engine sampled a token the policy gives probability 0 (top-p/top-k renormalized?)")
+                    "engine sampled a token the policy gives probability 0 (top-p/top-k "
+                    "renormalized?)")
     ratio = d.exp()
     outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
     kl = (torch.exp(-d) - 1 + d).mean()
@@ -87,7 +90,8 @@ def combine_mismatch(parts: list[Mismatch]) -> Mismatch:
     def mean(key: str) -> float:
         return sum(getattr(p, key) * p.tokens for p in parts) / n
 
-    return Mismatch(mean("abs_mean"), max(p.abs_max for p in parts), mean("kl"), mean("clip_share"), n)
+    return Mismatch(mean("abs_mean"), max(p.abs_max for p in parts), mean("kl"), mean("clip_share"),
+                    n)
 
 
 def tis_weights(learner: torch.Tensor, behaviour: torch.Tensor, cap: float) -> torch.Tensor:

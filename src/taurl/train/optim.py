@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, warmup_steps: int,
-                   grad_clip: float,
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float,
+                   warmup_steps: int, grad_clip: float,
                    scaler: torch.amp.GradScaler | None = None) -> tuple[torch.Tensor, float]:
     """Clip the accumulated gradient to `grad_clip`, set the warm-up learning rate, step.
 
@@ -80,7 +80,8 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     and TRL warm up the same way). Why RL needs it here: AdamW's bias-corrected first step is
     lr · g / |g| per parameter whatever the gradient's size, so a fresh optimizer's first
     update moves nearly every weight by the full lr on the direction of one small batch
-    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0: lr.
+    (docs/experiments/long-credit.md, "Why one update breaks the greedy policy"). warmup_steps 0:
+    lr.
     """
     return lr if warmup_steps <= 0 else lr * min(1.0, step / warmup_steps)
 

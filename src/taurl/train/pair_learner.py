@@ -3,7 +3,8 @@
 The recipe's ``rl.objective: dpo`` (`taurl.recipe.stages`) trains on pairs instead of
 advantages. Each update:
 
-    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward, same task
+    pairs    = trajectory_pairs(batch)        # (chosen, rejected): higher and lower reward,
+                                              # same task
     log π(τ) = Σ_t m_t log π(a_t | ·)         # action tokens only (m: the action mask)
     loss     = dpo_loss(π_θ, π_ref)           # taurl.train.objectives.dpo, mean over pairs
     AdamW step                                 # one new policy version
@@ -26,7 +27,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,36 +41,7 @@ from taurl.train.lora import trainable
 from taurl.train.objectives.dpo import dpo_loss
 from taurl.train.optim import optimizer_step
 from taurl.train.rows import action_logprobs, make_rows, model_device
-
-
-@dataclass(frozen=True)
-class DPOOptions:
-    """``rl.dpo`` of the train config (used when ``rl.objective: dpo``)."""
-
-    beta: float = 0.1  # DPO β: the strength of the implicit KL to the reference
-    label_smoothing: float = 0.0  # conservative DPO ε (0: the paper's loss)
-    pairs: str = "best_worst"  # best_worst (one pair per task) | all (every pair above min_margin)
-    min_margin: float = 0.0  # a pair's rewards must differ by more than this
-    anchor: bool = False  # step-level pairs only: the two episodes share at least their first turn
-    data: str = ""  # offline: a trajectory JSONL file (export format) to pair; "" samples fresh pairs online
-    pairs_per_update: int = 0  # offline: pairs per optimizer step (0: rl.tasks_per_update)
-
-    @staticmethod
-    def problems_of(d: dict[str, Any]) -> list[str]:
-        known = {f.name for f in fields(DPOOptions)}
-        if bad := sorted(set(d) - known):
-            return [f"rl.dpo: unknown option(s) {bad}; it takes {sorted(known)}"]
-        o = DPOOptions(**d)
-        out = []
-        if not (isinstance(o.beta, (int, float)) and o.beta > 0):
-            out.append(f"rl.dpo.beta must be > 0 (got {o.beta!r})")
-        if not 0 <= o.label_smoothing < 0.5:
-            out.append(f"rl.dpo.label_smoothing must be in [0, 0.5) (got {o.label_smoothing!r})")
-        if o.pairs not in ("best_worst", "all"):
-            out.append(f"rl.dpo.pairs must be best_worst or all (got {o.pairs!r})")
-        if o.min_margin < 0 or not isinstance(o.pairs_per_update, int) or o.pairs_per_update < 0:
-            out.append("rl.dpo.min_margin and rl.dpo.pairs_per_update must be >= 0")
-        return out
+from taurl.train.stage_options import DPOOptions
 
 
 @dataclass(frozen=True)
@@ -157,11 +129,13 @@ class DPOLearner:
     same loss and gradient as one batch of all P (to float rounding).
     """
 
-    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *, lr: float,
+    def __init__(self, model: torch.nn.Module, reference: torch.nn.Module, opts: DPOOptions, *,
+                 lr: float,
                  grad_clip: float, pad_id: int, temperature: float = 1.0, weight_decay: float = 0.0,
                  lr_warmup_steps: int = 0, micro_batch_tokens: int = 6144):
         if reference is None:
-            raise ConfigError("DPO needs a frozen reference policy (the stage's starting checkpoint)")
+            raise ConfigError("DPO needs a frozen reference policy (the stage's starting "
+                              "checkpoint)")
         self.model, self.opts, self.pad_id, self.temperature = model, opts, pad_id, temperature
         self.lr, self.grad_clip, self.lr_warmup_steps = lr, grad_clip, lr_warmup_steps
         self.micro_batch_tokens = micro_batch_tokens

@@ -2,9 +2,11 @@
 
     per update, on the batch's valid episodes (iStar, arXiv 2509.19199, Alg. 1):
       pairs  = preference_pairs(outcome scores, groups)           success vs failure of one task
-      φ      ← φ − lr ∇ DPO(φ; pairs, ref = π_old)                 `steps` AdamW steps, trajectory DPO
+      φ      ← φ − lr ∇ DPO(φ; pairs, ref = π_old)                 `steps` AdamW steps,
+                                                                   trajectory DPO
       q_t    = β Σ_{tokens of turn t} log π_φ − log π_old          the implicit step reward
-      p_t    = centre(clip(w q_t, ±c))                             `taurl.credit.prm.episode_neutral_shaping`
+      p_t    = centre(clip(w q_t, ±c))
+               (`taurl.credit.prm.episode_neutral_shaping`)
       batch.process_rewards = p                                    the outcome is left untouched
 
 φ is a copy of the policy (class and weights) when the learner is built — the SFT policy at
@@ -21,8 +23,9 @@ Everything it produces is shaping only: ``process_rewards`` (per turn, summing t
 episode), ``learn/prm_*`` metrics, and one line per scored episode in ``shaping.jsonl`` of
 the run directory (episode id, outcome score, per-turn shaping and step rewards; an update
 redone after a crash appends its lines again, and a replayed episode is scored again in
-each update that trains on it). The ledger's rewards are never changed. φ's weights are saved in ``checkpoints/v<N>/prm/`` and restored
-on resume (its optimizer state is not kept: a resumed φ restarts its AdamW moments).
+each update that trains on it). The ledger's rewards are never changed. φ's weights are saved in
+``checkpoints/v<N>/prm/`` and restored on resume (its optimizer state is not kept: a resumed φ
+restarts its AdamW moments).
 """
 
 from __future__ import annotations
@@ -60,24 +63,26 @@ class PRMConfig:
     beta: float = 0.1  # β of DPO and of the implicit reward β·log π_φ/π_old
     lr: float = 1e-4  # AdamW learning rate of φ
     steps: int = 1  # DPO steps of φ per policy update
-    pairs: str = "best_worst"  # preference pairs per group: best_worst | all (taurl.credit.preference_pairs)
+    # preference pairs per group: best_worst | all (taurl.credit.preference_pairs)
+    pairs: str = "best_worst"
     label_smoothing: float = 0.0  # cDPO ε
     grad_clip: float = 1.0  # max gradient norm of φ's update
 
     def problems(self) -> list[str]:
         out = []
         if not (self.weight >= 0 and self.clip > 0 and self.beta > 0 and self.lr > 0):
-            out.append(f"step_scorer_options: weight must be >= 0 and clip, beta, lr > 0 (got weight={self.weight}, "
-                       f"clip={self.clip}, beta={self.beta}, lr={self.lr})")
+            out.append("step_scorer_options: weight must be >= 0 and clip, beta, lr > 0 (got "
+                       f"weight={self.weight}, clip={self.clip}, beta={self.beta}, lr={self.lr})")
         if not 2 * self.clip < 1.0:
-            out.append(f"step_scorer_options: clip must be < 0.5 so one turn's shaping (|p| <= 2·clip) stays "
-                       f"below the outcome's weight 1 (got {self.clip})")
+            out.append("step_scorer_options: clip must be < 0.5 so one turn's shaping (|p| <= "
+                       f"2·clip) stays below the outcome's weight 1 (got {self.clip})")
         if self.steps < 0:
             out.append(f"step_scorer_options: steps must be >= 0 (got {self.steps})")
         if self.pairs not in ("best_worst", "all"):
             out.append(f"step_scorer_options: pairs must be best_worst or all (got {self.pairs!r})")
         if not 0 <= self.label_smoothing < 0.5:
-            out.append(f"step_scorer_options: label_smoothing must be in [0, 0.5) (got {self.label_smoothing})")
+            out.append("step_scorer_options: label_smoothing must be in [0, 0.5) (got "
+                       f"{self.label_smoothing})")
         return out
 
 
@@ -92,9 +97,9 @@ def step_scorer_problems(name: str, options: dict[str, Any], estimator: str = "i
     if name == "none":
         return ["step_scorer_options are set but step_scorer is none; drop them"] if options else []
     if estimator in EPISODE_TOTAL_ESTIMATORS:
-        return [f"step_scorer: {name} has no effect with estimator {estimator} (it compares episode totals, and "
-                "the shaping sums to 0 per episode); use estimator istar (GRPO + the step term), "
-                "reinforce_pp_baseline, gigpo, segment_grpo or gae"]
+        return [f"step_scorer: {name} has no effect with estimator {estimator} (it compares "
+                "episode totals, and the shaping sums to 0 per episode); use estimator istar (GRPO "
+                "+ the step term), reinforce_pp_baseline, gigpo, segment_grpo or gae"]
     unknown = sorted(set(options) - set(PRMConfig.__dataclass_fields__))
     if unknown:
         return [f"step_scorer_options: unknown option(s) {unknown}; options: "
@@ -110,7 +115,8 @@ class ImplicitPRM:
     ``batch, stats = prm(valid_trajs, batch)`` (module docstring). Each call trains φ
     first (its DPO steps), so call it once per policy update."""
 
-    def __init__(self, policy: torch.nn.Module, config: PRMConfig, *, pad_id: int = 0, temperature: float = 1.0,
+    def __init__(self, policy: torch.nn.Module, config: PRMConfig, *, pad_id: int = 0,
+                 temperature: float = 1.0,
                  micro_batch_tokens: int = 6144, log_path: str | Path | None = None):
         if problems := config.problems():
             raise ConfigError(problems)
@@ -124,10 +130,12 @@ class ImplicitPRM:
         self.log_path = Path(log_path) if log_path is not None else None
 
     # -- the shaper ----------------------------------------------------------------------
-    def __call__(self, trajs: Sequence[Trajectory], batch: TurnBatch) -> tuple[TurnBatch, dict[str, float]]:
+    def __call__(self, trajs: Sequence[Trajectory],
+                 batch: TurnBatch) -> tuple[TurnBatch, dict[str, float]]:
         cfg = self.config
         stats = self.train(trajs, batch.scores, batch.group)
-        q = implicit_step_rewards(self.log_ratios(trajs, batch.max_turns), batch.turn_mask, beta=cfg.beta)
+        q = implicit_step_rewards(self.log_ratios(trajs, batch.max_turns), batch.turn_mask,
+                                  beta=cfg.beta)
         shaped, st = episode_neutral_shaping(q, batch.turn_mask, weight=cfg.weight, clip=cfg.clip)
         stats.update(st)
         # how the step reward separates outcomes: mean q of successful minus failed turns
@@ -139,14 +147,16 @@ class ImplicitPRM:
         return batch.replace(process_rewards=shaped), stats
 
     # -- φ -------------------------------------------------------------------------------
-    def _rows_logprobs(self, trajs: Sequence[Trajectory], grad: bool) -> list[tuple[list[int], Any, Any]]:
+    def _rows_logprobs(self, trajs: Sequence[Trajectory],
+                       grad: bool) -> list[tuple[list[int], Any, Any]]:
         from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_device
 
         device = model_device(self.model)
         out = []
         for c in micro_batches(trajs, self.micro_batch_tokens):
             part = [trajs[i] for i in c]
-            rows = make_rows(part, np.zeros((len(part), max(1, *(len(t.turns) for t in part)))), self.pad_id, device)
+            rows = make_rows(part, np.zeros((len(part), max(1, *(len(t.turns) for t in part)))),
+                             self.pad_id, device)
             with torch.set_grad_enabled(grad):
                 lp, _ = action_logprobs(self.model, rows, self.temperature)
             out.append((c, lp, rows))
@@ -163,8 +173,10 @@ class ImplicitPRM:
             out[c] = turn_sums(diff, idx, max_turns)
         return out
 
-    def train(self, trajs: Sequence[Trajectory], scores: np.ndarray, group: np.ndarray) -> dict[str, float]:
-        """`steps` trajectory-DPO steps on the within-group pairs of `trajs`; learn/prm_* metrics."""
+    def train(self, trajs: Sequence[Trajectory], scores: np.ndarray,
+              group: np.ndarray) -> dict[str, float]:
+        """`steps` trajectory-DPO steps on the within-group pairs of `trajs`; learn/prm_*
+        metrics."""
         cfg = self.config
         chosen, rejected, pst = preference_pairs(scores, group, mode=cfg.pairs)
         stats = {"learn/prm_pairs": pst["learn/dpo_pairs"], "learn/prm_steps": 0.0}
@@ -178,8 +190,8 @@ class ImplicitPRM:
             # one forward per side; both sides' rows are padded to their own width
             lp_c, rows_c = self._side(c_trajs)
             lp_r, rows_r = self._side(r_trajs)
-            loss, m = dpo_loss(lp_c, rows_c.behaviour, rows_c.mask, lp_r, rows_r.behaviour, rows_r.mask,
-                               beta=cfg.beta, label_smoothing=cfg.label_smoothing)
+            loss, m = dpo_loss(lp_c, rows_c.behaviour, rows_c.mask, lp_r, rows_r.behaviour,
+                               rows_r.mask, beta=cfg.beta, label_smoothing=cfg.label_smoothing)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
@@ -191,13 +203,14 @@ class ImplicitPRM:
     def _side(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, Any]:
         from taurl.train.rows import action_logprobs, make_rows, model_device
 
-        rows = make_rows(trajs, np.zeros((len(trajs), max(len(t.turns) for t in trajs))), self.pad_id,
-                         model_device(self.model))
+        rows = make_rows(trajs, np.zeros((len(trajs), max(len(t.turns) for t in trajs))),
+                         self.pad_id, model_device(self.model))
         lp, _ = action_logprobs(self.model, rows, self.temperature)
         return lp, rows
 
     # -- records and checkpoints ---------------------------------------------------------
-    def _log(self, trajs: Sequence[Trajectory], batch: TurnBatch, shaped: np.ndarray, q: np.ndarray) -> None:
+    def _log(self, trajs: Sequence[Trajectory], batch: TurnBatch, shaped: np.ndarray,
+             q: np.ndarray) -> None:
         if self.log_path is None:
             return
         with self.log_path.open("a") as f:
@@ -211,7 +224,8 @@ class ImplicitPRM:
         d = Path(checkpoint_dir) / PRM_DIR
         d.mkdir(parents=True, exist_ok=True)
         save_weights(self.model, d / WEIGHTS_FILE)
-        (d / "prm.json").write_text(json.dumps({"scorer": "implicit_prm", **self.config.__dict__}, indent=1))
+        (d / "prm.json").write_text(json.dumps({"scorer": "implicit_prm", **self.config.__dict__},
+                                               indent=1))
         return d
 
     def load(self, checkpoint_dir: str | Path) -> bool:

@@ -45,13 +45,15 @@ class Rows:
 def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id: int,
               device: torch.device | str | None = None,
               token_keep: Callable[[Trajectory], Sequence[float]] | None = None) -> Rows:
-    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for SFT).
-    token_keep(traj): per-token weights multiplied into the action mask (e.g. the async
+    """Pad `trajs` into `Rows` on `device`; `advantages` (N, T) per turn (None: zeros, e.g. for
+    SFT). token_keep(traj): per-token weights multiplied into the action mask (e.g. the async
     schedule's ``mask_stale``: 0 on the older versions' part of a partial rollout).
     Each trajectory is one token stream: a chain is refused (ContractError "stream_rows")."""
     if chained := [t.episode_id for t in trajs if t.stream_starts]:
-        raise ContractError("stream_rows", f"episodes {chained[:3]} are chains of several token streams; a row "
-                            "is one stream: split them with taurl.data.chains.stream_views (the learner does)")
+        raise ContractError("stream_rows", f"episodes {chained[:3]} are chains of several token "
+                                           "streams; a row "
+                            "is one stream: split them with taurl.data.chains.stream_views (the "
+                            "learner does)")
     width = max(t.num_tokens for t in trajs)
     n = len(trajs)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -71,7 +73,8 @@ def make_rows(trajs: Sequence[Trajectory], advantages: np.ndarray | None, pad_id
                                   dtype=torch.float32)
     adv = torch.zeros((n, width))
     if advantages is not None:
-        adv = torch.from_numpy(broadcast_to_tokens(advantages, padded_token_turn_index(trajs, width))).float()
+        adv = torch.from_numpy(broadcast_to_tokens(advantages,
+                                                   padded_token_turn_index(trajs, width))).float()
     rows = Rows(ids, attn, mask, beh, adv)
     if device is None:
         return rows
@@ -84,7 +87,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0,
-                    with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                    with_entropy: bool = False,
+                    entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """log π(x_t | x_<t) (B, L) at action positions (0 elsewhere), and the entropy there.
 
     One call of the model's own forward. Positions are explicit, ``p_t = Σ_{s<=t} a_s − 1``
@@ -101,7 +105,8 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
     if cols.numel() == 0:
         return lp, ent
     logits = column_logits(model, rows, cols)
-    picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,  # (K,)
+    # (K,)
+    picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,
                                   entropy=with_entropy, entropy_grad=entropy_grad)
     if picked.dtype != lp.dtype:  # a float64 model's logprobs stay fp64 (fp32 otherwise)
         lp = lp.to(picked.dtype)
@@ -121,7 +126,8 @@ def column_logits(model: torch.nn.Module, rows: Rows, cols: Tensor) -> Tensor:
         kw["position_ids"] = (rows.attention.cumsum(-1) - 1).clamp(min=0)
     if "logits_to_keep" in params:
         kw["logits_to_keep"] = cols
-    logits = model(input_ids=rows.input_ids, **kw).logits  # (B, C, V), or (B, L, V) without logits_to_keep
+    # (B, C, V), or (B, L, V) without logits_to_keep
+    logits = model(input_ids=rows.input_ids, **kw).logits
     return logits if "logits_to_keep" in params else logits[:, cols]
 
 

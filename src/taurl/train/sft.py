@@ -29,7 +29,8 @@ from taurl.train.rows import action_logprobs, make_rows, micro_batches, model_de
 log = logging.getLogger("taurl.sft")
 
 
-def length_buckets(trajs: Sequence[Trajectory], batch_size: int, rng: random.Random) -> list[list[Trajectory]]:
+def length_buckets(trajs: Sequence[Trajectory], batch_size: int,
+                   rng: random.Random) -> list[list[Trajectory]]:
     """Batches of similar length, in random order (sort by length, cut, shuffle the cuts)."""
     order = sorted(trajs, key=lambda t: t.num_tokens)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -52,7 +53,8 @@ def sft_lr_factor(step: int, *, warmup: int, total: int) -> float:
     return 1.0 - 0.9 * min((step - warmup) / max(total - warmup, 1), 1.0)
 
 
-def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int = 1, batch_size: int = 16,
+def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int = 1,
+              batch_size: int = 16,
               lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float = 1.0, seed: int = 0,
               pad_id: int = 0, max_steps: int | None = None,
               progress: Callable[[int, float], None] | None = None) -> list[float]:
@@ -62,7 +64,8 @@ def train_sft(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: in
     losses: list[float] = []
     for _ in range(epochs):
         for group in length_buckets(trajs, batch_size, rng):
-            losses.append(sft_step(model, opt, group, pad_id=pad_id, grad_clip=grad_clip)["sft/loss"])
+            losses.append(sft_step(model, opt, group, pad_id=pad_id,
+                                   grad_clip=grad_clip)["sft/loss"])
             if progress is not None:
                 progress(len(losses), losses[-1])
             if max_steps is not None and len(losses) >= max_steps:
@@ -76,17 +79,20 @@ class SFTRun:
 
     steps: int
     planned: int  # sft_epochs' steps, or max_steps when smaller: the budget that fixes the result
-    stopped_by: str | None = None  # "sft_max_seconds": the safety cap cut it (a machine-dependent result)
+    # "sft_max_seconds": the safety cap cut it (a machine-dependent result)
+    stopped_by: str | None = None
 
 
-def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int, batch_size: int, lr: float,
+def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int, batch_size: int,
+             lr: float,
              warmup_steps: int, grad_clip: float, pad_id: int, micro_batch_tokens: int, seed: int,
              max_steps: int = 0, max_seconds: float = 0.0,
              on_step: Callable[[int, int, dict[str, float]], None] | None = None) -> SFTRun:
     """The recipe's SFT phase: length-bucketed masked NLL with the `sft_lr_factor` schedule over
     `planned` steps — every step of `epochs`, or the first `max_steps` (0: all) — so the steps,
     and the result, are fixed by the seed on any machine. `max_seconds` (0: none) is a safety
-    cap only: a loop it cuts says so (`SFTRun.stopped_by`). on_step(step, total, metrics) after each."""
+    cap only: a loop it cuts says so (`SFTRun.stopped_by`). on_step(step, total, metrics) after
+    each."""
     import time
 
     opt = torch.optim.AdamW(trainable(model), lr=lr)
@@ -99,15 +105,16 @@ def sft_loop(model: torch.nn.Module, trajs: Sequence[Trajectory], *, epochs: int
     t0, steps, stopped_by = time.perf_counter(), 0, None
     model.train()
     for steps, batch in enumerate(batches, 1):  # noqa: B007 — `steps` is returned
-        m = sft_step(model, opt, batch, pad_id=pad_id, grad_clip=grad_clip, micro_batch_tokens=micro_batch_tokens)
+        m = sft_step(model, opt, batch, pad_id=pad_id, grad_clip=grad_clip,
+                     micro_batch_tokens=micro_batch_tokens)
         sched.step()
         if on_step is not None:
             on_step(steps, len(batches), {**m, "sft/lr": sched.get_last_lr()[0],
                                           "sft/elapsed_s": time.perf_counter() - t0})
         if max_seconds and time.perf_counter() - t0 > max_seconds and steps < len(batches):
-            log.warning("SFT cut by sft_max_seconds=%g after %d of %d steps: this result depends on the "
-                        "machine's speed (set sft_max_steps for a budget the seed fixes)", max_seconds, steps,
-                        len(batches))
+            log.warning("SFT cut by sft_max_seconds=%g after %d of %d steps: this result depends "
+                        "on the machine's speed (set sft_max_steps for a budget the seed fixes)",
+                        max_seconds, steps, len(batches))
             stopped_by = "sft_max_seconds"
             break
     model.eval()
@@ -124,24 +131,28 @@ def read_sft_file(path: str, env: str) -> list:
     keep, bad = [], []
     for i, row in enumerate(read_jsonl(path), 1):
         try:
-            traj = Trajectory.from_dict({k: v for k, v in row.items() if k in Trajectory.__dataclass_fields__})
+            traj = Trajectory.from_dict({k: v for k, v in row.items()
+                                         if k in Trajectory.__dataclass_fields__})
         except Exception as e:  # noqa: BLE001 — a broken row is reported, the others are kept
             bad.append(f"row {i}: {type(e).__name__}: {e}")
             continue
         problems = [str(p) for p in check_trajectory(traj)]
         if traj.env_name != env:
             problems.append(f"env {traj.env_name!r} is not the run's {env!r}")
-        (bad.append(f"row {i} ({traj.episode_id}): {'; '.join(problems)}") if problems else keep.append(traj))
+        (bad.append(f"row {i} ({traj.episode_id}): {'; '.join(problems)}") if problems
+         else keep.append(traj))
     for why in bad:
         log.warning("sft_data %s: %s", path, why)
     if not keep:
-        raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; see the log)")
+        raise Error(f"sft_data {path} holds no usable trajectory of {env} ({len(bad)} bad rows; "
+                    "see the log)")
     log.info("SFT on %d trajectories of %s (%d rows left out)", len(keep), path, len(bad))
     return keep
 
 
-def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory], *,
-             pad_id: int, grad_clip: float = 1.0, micro_batch_tokens: int = 6144) -> dict[str, float]:
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory],
+             *, pad_id: int, grad_clip: float = 1.0,
+             micro_batch_tokens: int = 6144) -> dict[str, float]:
     """One SFT optimizer step: token-mean NLL of the action tokens (the `sft` objective).
 
     Exactly the action mask of RL (a summary recorded as untrained is off it, as there); the

@@ -19,10 +19,12 @@ def save_weights(module: torch.nn.Module, path: str | Path) -> None:
 
 
 def load_weights(module: torch.nn.Module, path: str | Path, what: str) -> None:
-    """Load `path` into `module` on its device; `what` names it in the error ("the critic in DIR")."""
+    """Load `path` into `module` on its device; `what` names it in the error ("the critic in
+    DIR")."""
     state = load_file(str(path))
     device = next(module.parameters()).device
-    missing, unexpected = module.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False)
+    missing, unexpected = module.load_state_dict({k: v.to(device) for k, v in state.items()},
+                                                 strict=False)
     if missing or unexpected:
-        raise Error(f"{what} does not fit this policy (missing {missing[:3]}, unexpected {unexpected[:3]}); "
-                    "resume with the model it was trained with")
+        raise Error(f"{what} does not fit this policy (missing {missing[:3]}, unexpected "
+                    f"{unexpected[:3]}); resume with the model it was trained with")

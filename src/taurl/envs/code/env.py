@@ -80,7 +80,8 @@ EPISODE_LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_bytes=512 << 20, n
                                max_output_bytes=8 << 10, max_drain_bytes=4 << 20)
 CODE_GATE = GateConfig(scopes=frozenset({"read", "write", "execute"}), max_calls=40,
                        max_calls_per_tool={"run_python": 20, "run_tests": 10}, max_wall_s=120.0)
-CODE_STACK = RewardStack(shaping_weights={"invalid_actions": -0.02, "ran_visible_tests": 0.02}, shaping_clip=0.05)
+CODE_STACK = RewardStack(shaping_weights={"invalid_actions": -0.02, "ran_visible_tests": 0.02},
+                         shaping_clip=0.05)
 
 SYSTEM_PROMPT = (
     "You are a careful Python programmer working in a sandboxed workspace through tools. "
@@ -127,12 +128,15 @@ class CodeEnv(ToolEnv):
         all_tools = [
             tool(self.write_file, scopes=("write",), max_string_chars=MAX_FILE_CHARS),
             tool(self.read_file, scopes=("read",), max_string_chars=1000),
-            tool(self.run_python, scopes=("execute",), max_string_chars=MAX_FILE_CHARS, timeout_s=30.0),
+            tool(self.run_python, scopes=("execute",), max_string_chars=MAX_FILE_CHARS,
+                 timeout_s=30.0),
             tool(self.run_tests, scopes=("execute",), timeout_s=30.0),
             tool(self.submit, scopes=("read",)),
         ]
         tools = _chosen(tools, all_tools)
-        super().__init__(tools, verifier_factory=verifier_factory or functools.partial(HiddenTestVerifier, root=root),
+        super().__init__(tools, verifier_factory=(verifier_factory
+                                                  or functools.partial(HiddenTestVerifier,
+                                                                       root=root)),
                          gate=gate or CODE_GATE, stack=stack or CODE_STACK, max_turns=max_turns,
                          submit_tool="submit", max_output_chars=max_output_chars,
                          parser=parser, call_example=CALL_EXAMPLE)
@@ -159,7 +163,8 @@ class CodeEnv(ToolEnv):
         """
         data = self._sandbox().read_file(path, MAX_READ_BYTES + 1)
         text = data[:MAX_READ_BYTES].decode("utf-8", errors="replace")
-        return text + (f"\n[... cut at {MAX_READ_BYTES} bytes ...]" if len(data) > MAX_READ_BYTES else "")
+        return text + (f"\n[... cut at {MAX_READ_BYTES} bytes ...]" if len(data) > MAX_READ_BYTES
+                       else "")
 
     async def run_python(self, code: str) -> str:
         """Run Python code in the workspace (python3, no network) and show its output.
@@ -186,8 +191,9 @@ class CodeEnv(ToolEnv):
         used = await asyncio.to_thread(ws.tree_bytes, sb.workspace)
         if used > MAX_WORKSPACE_BYTES:
             await asyncio.to_thread(self._fill, sb, self._task)
-            raise SandboxError(f"the workspace grew to {used >> 20} MiB, over its {MAX_WORKSPACE_BYTES >> 20} MiB "
-                               "quota; it was reset to the task's initial files")
+            raise SandboxError(f"the workspace grew to {used >> 20} MiB, over its "
+                               f"{MAX_WORKSPACE_BYTES >> 20} MiB quota; it was reset to the task's "
+                               "initial files")
         return format_exec(result)
 
     # -- the episode's world ------------------------------------------------------------
@@ -224,7 +230,8 @@ class CodeEnv(ToolEnv):
         except SandboxError as e:
             return Submission(None, files, str(e))
         if len(solution) > MAX_FILE_CHARS * 4:
-            return Submission(None, files, f"{SOLUTION_FILE} is larger than {MAX_FILE_CHARS * 4} bytes")
+            return Submission(None, files, f"{SOLUTION_FILE} is larger than {MAX_FILE_CHARS * 4} "
+                                           "bytes")
         try:
             return Submission(solution.decode("utf-8"), files)
         except UnicodeDecodeError:
@@ -249,7 +256,8 @@ def compact_declaration(decl: dict[str, Any]) -> dict[str, Any]:
     if params.get("required"):
         schema["required"] = list(params["required"])
     return {"type": "function", "function": {"name": fn["name"],
-                                             "description": COMPACT_DESCRIPTIONS.get(fn["name"], fn["description"]),
+                                             "description": COMPACT_DESCRIPTIONS.get(
+                                                 fn["name"], fn["description"]),
                                              "parameters": schema}}
 
 
@@ -319,7 +327,8 @@ def format_exec(r: ExecResult) -> str:
     else:
         status = f"exit status {r.exit_code}"
     parts = [status]
-    for label, text, cut in (("stdout", r.stdout, r.truncated_stdout), ("stderr", r.stderr, r.truncated_stderr)):
+    for label, text, cut in (("stdout", r.stdout, r.truncated_stdout),
+                             ("stderr", r.stderr, r.truncated_stderr)):
         if text:
             parts.append(f"--- {label}{' (cut)' if cut else ''} ---\n{text.rstrip()}")
     return "\n".join(parts)

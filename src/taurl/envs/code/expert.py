@@ -64,9 +64,11 @@ def planted_bug(task: Task, rng: random.Random) -> str | None:
         if other[key] == params[key]:
             continue
         bugged = {**params, key: other[key]}
-        fn = reference_function(fam, bugged)  # our own template with other constants: trusted host code
+        # our own template with other constants: trusted host code
+        fn = reference_function(fam, bugged)
         try:
-            revealed = any(json.loads(json.dumps(fn(*json.loads(json.dumps(a))))) != want for a, want in cases)
+            revealed = any(json.loads(json.dumps(fn(*json.loads(json.dumps(a))))) != want
+                           for a, want in cases)
         except Exception:  # noqa: BLE001 — a draft that raises on a visible case is revealed too
             revealed = True
         if revealed:
@@ -80,7 +82,8 @@ def quality_problems(p_bug: Any, p_skip_tests: Any) -> list[str]:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1]
 
 
-def expert(task: Task, rng: random.Random, *, p_bug: float = 0.0, p_skip_tests: float = 0.0) -> list[str]:
+def expert(task: Task, rng: random.Random, *, p_bug: float = 0.0,
+           p_skip_tests: float = 0.0) -> list[str]:
     """The expert's actions for `task` (module docstring). `p_bug`: chance of a first draft
     with a planted bug the visible tests reveal; `p_skip_tests`: chance of submitting the
     first draft without running the tests (an untested buggy draft fails)."""

@@ -35,7 +35,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-RUNNER = r'''
+RUNNER = r"""
 import builtins, json, os, sys
 def _main():
     spec = json.loads(sys.stdin.read())
@@ -114,7 +114,7 @@ def _main():
         write(chan, (nonce + ' {"kind": "result", "case": %d, "value": ' % i + payload + "}\n").encode())
     finish(0)
 _main()
-'''
+"""  # noqa: E501 (the runner's text is hashed and run as it is: its lines keep their width)
 RUNNER_SHA256 = hashlib.sha256(RUNNER.encode()).hexdigest()
 
 
@@ -123,7 +123,8 @@ class Report:
     """What the runner reported, read by the host. Frames are the nonce-prefixed lines."""
 
     results: dict[int, Any] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)  # start, import_error, raised, tamper …
+    # start, import_error, raised, tamper …
+    events: list[dict[str, Any]] = field(default_factory=list)
     captured: str = ""
     done: bool = False
     forged: list[str] = field(default_factory=list)  # lines that are not genuine frames
@@ -143,7 +144,7 @@ def read_report(stdout: str, nonce: str, n_cases: int) -> Report:
             rep.forged.append(line[:200])
             continue
         try:
-            frame = json.loads(line[len(prefix):])
+            frame = json.loads(line[len(prefix) :])
         except (json.JSONDecodeError, RecursionError):
             rep.forged.append(line[:200])
             continue

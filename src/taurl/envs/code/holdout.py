@@ -44,7 +44,8 @@ class ReplayVerifier:
 
     version = VERSION
 
-    def __init__(self, *, root: str | None = None, sandbox_config: SandboxConfig | None = None) -> None:
+    def __init__(self, *, root: str | None = None,
+                 sandbox_config: SandboxConfig | None = None) -> None:
         self.root = root
         self.sandbox_config = sandbox_config
         self.last_detail = ""  # why the last record got its score (for reports and tests)
@@ -66,7 +67,8 @@ class ReplayVerifier:
         tools = provenance.get("tools")  # the tool set the episode had
         parser = provenance.get("parser", "hermes")  # how its actions were read
         try:
-            env = CodeEnv(max_turns=len(turns) + 1, root=self.root, sandbox_config=self.sandbox_config,
+            env = CodeEnv(max_turns=len(turns) + 1, root=self.root,
+                          sandbox_config=self.sandbox_config,
                           tools=tools, verifier_factory=lambda: own, parser=parser)
         except ConfigError as e:
             return 0.0, f"the record's provenance names no valid tool set or parser: {e}"
@@ -76,9 +78,16 @@ class ReplayVerifier:
                 _obs, _r, terminated, truncated, info = env.step(seen_by_env(turn))
                 if terminated or truncated:
                     if i != len(turns) - 1:
-                        return 0.0, f"the replay ended at turn {i + 1}, the record at turn {len(turns)}"
+                        return (
+                            0.0,
+                            f"the replay ended at turn {i + 1}, the record at turn {len(turns)}",
+                        )
                     if not terminated or info.get("stop_reason") != "answered":
-                        return 0.0, f"the replayed episode ended by {info.get('stop_reason')}, not a submit"
+                        return (
+                            0.0,
+                            f"the replayed episode ended by {info.get('stop_reason')}, not a "
+                            "submit",
+                        )
                     verdict = info.get("verdict") or {}
                     outcome = float(info["reward_components"].get("outcome", 0.0))
                     return outcome, str(verdict.get("detail", ""))

@@ -33,7 +33,8 @@ PREFIX_WEIGHT = 50  # copies of the system prompt and tool declarations
 class CodePolicyHooks:
     """The `taurl.envs.spec.PolicyHooks` of code-v0 (module docstring)."""
 
-    def tokenizer_texts(self, env: Env, train_tasks: Sequence[Task], families: Any = None) -> list[str]:
+    def tokenizer_texts(self, env: Env, train_tasks: Sequence[Task],
+                        families: Any = None) -> list[str]:
         texts = [env.system_prompt, json.dumps(env.tools)] * PREFIX_WEIGHT
         rng = random.Random(0)
         for task in train_tasks:
@@ -49,17 +50,19 @@ class CodePolicyHooks:
         env.close()
         return [t for t in texts if t]
 
-    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int, lr: float,
+    def warmup(self, model: Any, tokenizer: Any, train_tasks: Sequence[Task], *, seed: int,
+               lr: float,
                grad_clip: float, log: Callable[[int, dict[str, float]], None], steps: int = 0,
-               batch_size: int = 64, probe_tasks: Sequence[Task] = ()) -> dict[str, float]:
+               batch_size: int = 64, probe_tasks: Sequence[Task] = (),
+               copy_phase: Callable[..., dict[str, float]]) -> dict[str, float]:
         """`steps` of copying (module docstring; 0 skips it); returns the exact-copy rate of
-        strings of `probe_tasks` the warm-up never saw."""
-        from taurl.train.copy_warmup import copy_warmup_phase
-
+        strings of `probe_tasks` the warm-up never saw. `copy_phase` is the trainer's copy
+        phase (`taurl.train.copy_warmup.copy_warmup_phase`), passed in by the recipe: an env
+        names what to copy, the training stage (above the envs) trains it."""
         names = [n for t in train_tasks for n in copy_strings(t)]
         probe = [n for t in probe_tasks for n in copy_strings(t)]
-        return copy_warmup_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
-                                 grad_clip=grad_clip, seed=seed, log=log)
+        return copy_phase(model, tokenizer, names, probe, steps=steps, batch_size=batch_size, lr=lr,
+                          grad_clip=grad_clip, seed=seed, log=log)
 
 
 def copy_strings(task: Task) -> list[str]:

@@ -28,10 +28,11 @@ from collections.abc import Iterable
 
 EXIT_CALLS = frozenset({"sys.exit", "os._exit", "exit", "quit", "os.abort", "os.kill", "os.killpg",
                         "signal.raise_signal", "posix._exit"})
-TAMPER_CALLS = frozenset({"sys._getframe", "inspect.currentframe", "inspect.stack", "inspect.getouterframes",
+TAMPER_CALLS = frozenset({"sys._getframe", "inspect.currentframe", "inspect.stack",
+                          "inspect.getouterframes",
                           "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
-                          "sys.setprofile", "threading.settrace", "threading.setprofile", "atexit.register",
-                          "sys.addaudithook", "signal.signal"})
+                          "sys.setprofile", "threading.settrace", "threading.setprofile",
+                          "atexit.register", "sys.addaudithook", "signal.signal"})
 TAMPER_MODULES = frozenset({"builtins", "json", "os", "sys", "copy", "__builtins__", "posix", "io"})
 TAMPER_IMPORTS = frozenset({"ctypes", "gc", "inspect", "atexit"})
 MARKER = re.compile(r"PASSED|\bPASS\b|(?i:\ball tests passed\b)")
@@ -59,7 +60,8 @@ def _is_main_guard(node: ast.AST) -> bool:
 
 def _is_bare_string(node: ast.AST) -> bool:
     """A docstring or any other string statement: text for readers, not code."""
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def _nodes(tree: ast.AST) -> Iterable[ast.AST]:
@@ -68,7 +70,8 @@ def _nodes(tree: ast.AST) -> Iterable[ast.AST]:
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(c for c in ast.iter_child_nodes(node) if not (_is_main_guard(c) or _is_bare_string(c)))
+        stack.extend(c for c in ast.iter_child_nodes(node)
+                     if not (_is_main_guard(c) or _is_bare_string(c)))
 
 
 def scan(source: str) -> list[tuple[str, str]]:
@@ -105,7 +108,8 @@ def scan(source: str) -> list[tuple[str, str]]:
         elif isinstance(node, ast.Name) and node.id == "__builtins__":
             flag("harness_tamper", f"uses __builtins__ (line {node.lineno})")
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""])
             for m in mods:
                 if m.split(".")[0] in TAMPER_IMPORTS:
                     flag("harness_tamper", f"imports {m} (line {node.lineno})")

@@ -47,23 +47,27 @@ PASS_MARKER = "ALL VISIBLE TESTS PASSED"
 _MAX_DRAWS = 400  # draws without a new task before a family counts as used up
 
 
-def _ints(rng: random.Random, lo: int = -20, hi: int = 20, n: tuple[int, int] = (1, 8)) -> list[int]:
+def _ints(rng: random.Random, lo: int = -20, hi: int = 20,
+          n: tuple[int, int] = (1, 8)) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(rng.randint(*n))]
 
 
-def _word(rng: random.Random, alphabet: str = string.ascii_lowercase + " ,.!", n: tuple[int, int] = (1, 12)) -> str:
+def _word(rng: random.Random, alphabet: str = string.ascii_lowercase + " ,.!",
+          n: tuple[int, int] = (1, 12)) -> str:
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(*n)))
 
 
 def _affine_params(r: random.Random) -> dict[str, Any]:
     m = r.randint(2, 5)
-    return {"a": r.choice([-5, -4, -3, -2, 2, 3, 4, 5]), "b": r.randint(-9, 9), "m": m, "r": r.randint(0, m - 1)}
+    return {"a": r.choice([-5, -4, -3, -2, 2, 3, 4, 5]), "b": r.randint(-9, 9), "m": m,
+            "r": r.randint(0, m - 1)}
 
 
 def _fizz_params(r: random.Random) -> dict[str, Any]:
     x = r.randint(2, 7)
     return {"x": x, "y": r.choice([y for y in range(2, 8) if y != x]),
-            "w1": r.choice(["Fizz", "Zap", "Bing", "Pop"]), "w2": r.choice(["Buzz", "Zing", "Bong", "Wow"])}
+            "w1": r.choice(["Fizz", "Zap", "Bing", "Pop"]),
+            "w2": r.choice(["Buzz", "Zing", "Bong", "Wow"])}
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class Family:
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("affine_filter", "transform", "(xs: list[int]) -> list[int]",
-           "Return a*x + b with a={a}, b={b} for every x in xs with x % {m} == {r} (Python's %), in order.",
+           "Return a*x + b with a={a}, b={b} for every x in xs with x % {m} == {r} (Python's %), "
+           "in order.",
            _affine_params,
            lambda r, p: (_ints(r),), (([],), ([0],)),
            "def transform(xs):\n    return [{a} * x + {b} for x in xs if x % {m} == {r}]\n"),
@@ -92,51 +97,55 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            lambda r, p: (r.randint(-10**6, 10**6),), ((0,), (-7,)),
            "def score(n):\n    return sum(int(c) for c in str(abs(n))) * {k} % {q}\n"),
     Family("caesar", "shift", "(s: str) -> str",
-           "Shift every lowercase ASCII letter of s forward by {k} places in the alphabet, wrapping "
-           "from z to a; leave every other character unchanged.",
+           "Shift every lowercase ASCII letter of s forward by {k} places in the alphabet, "
+           "wrapping from z to a; leave every other character unchanged.",
            lambda r: {"k": r.randint(1, 25)},
            lambda r, p: (_word(r, string.ascii_letters + " .!"),), (("",), ("xyz",)),
-           "def shift(s):\n    return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c "
-           "for c in s)\n"),
+           "def shift(s):\n    return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= "
+           "'z' else c for c in s)\n"),
     Family("run_length", "encode", "(s: str) -> str",
-           "Run-length encode s: each maximal run of one character becomes {order}; join the pieces "
-           "with {sep!r}. The empty string encodes to ''.",
+           "Run-length encode s: each maximal run of one character becomes {order}; join the "
+           "pieces with {sep!r}. The empty string encodes to ''.",
            lambda r: {"sep": r.choice(["", "-", ",", "|", ";", ":", "/", " "]),
                       "order": r.choice(["the character followed by the run's length",
                                          "the run's length followed by the character"])},
-           lambda r, p: ("".join(r.choice("aab") * r.randint(1, 4) for _ in range(r.randint(1, 5))),),
+           lambda r, p: ("".join(r.choice("aab") * r.randint(1, 4) for _ in range(r.randint(1, 5))),
+                         ),
            (("",), ("a",)),
            "def encode(s):\n    out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
            "        while j < len(s) and s[j] == s[i]:\n            j += 1\n"
-           "        out.append(s[i] + str(j - i) if {order!r}.startswith('the character') else str(j - i) + s[i])\n"
-           "        i = j\n    return {sep!r}.join(out)\n"),
+           "        out.append(s[i] + str(j - i) if {order!r}.startswith('the character') else "
+           "str(j - i) + s[i])\n        i = j\n    return {sep!r}.join(out)\n"),
     Family("recurrence", "seq", "(n: int) -> int",
-           "s(0) = {u}, s(1) = {v}, s(n) = {p}*s(n-1) + {q}*s(n-2) for n >= 2. Return s(n) modulo 1000003 "
-           "(n >= 0).",
-           lambda r: {"u": r.randint(0, 5), "v": r.randint(0, 5), "p": r.randint(1, 3), "q": r.randint(1, 3)},
+           "s(0) = {u}, s(1) = {v}, s(n) = {p}*s(n-1) + {q}*s(n-2) for n >= 2. Return s(n) modulo "
+           "1000003 (n >= 0).",
+           lambda r: {"u": r.randint(0, 5), "v": r.randint(0, 5), "p": r.randint(1, 3),
+                      "q": r.randint(1, 3)},
            lambda r, p: (r.randint(2, 60),), ((0,), (1,)),
-           "def seq(n):\n    a, b = {u}, {v}\n    for _ in range(n):\n        a, b = b, {p} * b + {q} * a\n"
-           "    return a % 1000003\n"),
+           "def seq(n):\n    a, b = {u}, {v}\n    for _ in range(n):\n        a, b = b, {p} * b + "
+           "{q} * a\n    return a % 1000003\n"),
     Family("fizz_words", "label", "(n: int) -> str",
            "Return {w1!r} + {w2!r} if n is divisible by both {x} and {y}, {w1!r} if only by {x}, "
            "{w2!r} if only by {y}, else str(n).",
            _fizz_params,
            lambda r, p: (r.randint(-50, 200),), ((0,), (1,)),
-           "def label(n):\n    s = ''\n    if n % {x} == 0:\n        s += {w1!r}\n    if n % {y} == 0:\n"
-           "        s += {w2!r}\n    return s or str(n)\n"),
+           "def label(n):\n    s = ''\n    if n % {x} == 0:\n        s += {w1!r}\n    if n % {y} "
+           "== 0:\n        s += {w2!r}\n    return s or str(n)\n"),
     Family("window_sums", "window_sums", "(xs: list[int]) -> list[int]",
            "Return the sums of every window of {k} consecutive items of xs, left to right "
            "(an empty list when xs has fewer than {k} items).",
            lambda r: {"k": r.randint(2, 4)},
            lambda r, p: (_ints(r, n=(0, 9)),), (([],), ([5],)),
-           "def window_sums(xs):\n    return [sum(xs[i:i + {k}]) for i in range(len(xs) - {k} + 1)]\n"),
+           "def window_sums(xs):\n    return [sum(xs[i:i + {k}]) for i in range(len(xs) - {k} + "
+           "1)]\n"),
     Family("unique_mod", "unique_by_mod", "(xs: list[int]) -> list[int]",
-           "Keep only the first item of xs of each residue class modulo {m} (Python's %), in order.",
+           "Keep only the first item of xs of each residue class modulo {m} (Python's %), in "
+           "order.",
            lambda r: {"m": r.randint(2, 9)},
            lambda r, p: (_ints(r, n=(0, 10)),), (([],), ([3, 3],)),
            "def unique_by_mod(xs):\n    seen = set()\n    out = []\n    for x in xs:\n"
-           "        if x % {m} not in seen:\n            seen.add(x % {m})\n            out.append(x)\n"
-           "    return out\n"),
+           "        if x % {m} not in seen:\n            seen.add(x % {m})\n            "
+           "out.append(x)\n    return out\n"),
     Family("rotate", "rotate", "(xs: list[int]) -> list[int]",
            "Rotate xs right by {k} positions (k modulo the length; an empty list stays empty).",
            lambda r: {"k": r.randint(1, 9)},
@@ -146,8 +155,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("count_chars", "count", "(s: str) -> int",
            "Return how many characters of s are in the set {chars!r} (case-sensitive).",
            lambda r: {"chars": "".join(sorted(r.sample(string.ascii_lowercase, 3)))},
-           lambda r, p: (_word(r, string.ascii_lowercase + p["chars"] * 3 + "AB "),), (("",), ("zzz",)),
-           "def count(s):\n    return sum(1 for c in s if c in {chars!r})\n"),
+           lambda r, p: (_word(r, string.ascii_lowercase + p["chars"] * 3 + "AB "),),
+           (("",), ("zzz",)), "def count(s):\n    return sum(1 for c in s if c in {chars!r})\n"),
 )}
 
 
@@ -187,7 +196,8 @@ def _cases(family: Family, params: dict[str, Any], task_id: str) -> tuple[list, 
             seen.add(_canon(args))
             visible.append(args)
     hidden: list[list] = []
-    for args in [list(e) for e in family.edge] + [list(family.inputs(rng_h, params)) for _ in range(200)]:
+    for args in [list(e) for e in family.edge] + [list(family.inputs(rng_h, params))
+                                                  for _ in range(200)]:
         if len(hidden) >= HIDDEN_CASES:
             break
         if _canon(args) not in seen:
@@ -251,8 +261,8 @@ def stub_source(task: Task) -> str:
 def _prompt(fam: Family, params: dict[str, Any]) -> str:
     return (f"Write the Python function `{fam.func}{fam.signature}` in {SOLUTION_FILE}.\n\n"
             f"{fam.describe.format(**params)}\n\n"
-            f"{SOLUTION_FILE} holds a stub; {VISIBLE_TEST_FILE} has a few example tests (run_tests runs them). "
-            "Hidden tests decide the result. Call submit when you are done.")
+            f"{SOLUTION_FILE} holds a stub; {VISIBLE_TEST_FILE} has a few example tests (run_tests "
+            "runs them). Hidden tests decide the result. Call submit when you are done.")
 
 
 def make_task(family: str, params: dict[str, Any]) -> Task:
@@ -266,8 +276,10 @@ def make_task(family: str, params: dict[str, Any]) -> Task:
     return Task(task_id, _prompt(fam, params), (), _split_of(family, params), ENV_NAME, meta)
 
 
-def generate_tasks(split: str, n: int = 100, seed: int = 0, families: list[str] | None = None) -> list[Task]:
-    """`n` distinct tasks of `split`, families interleaved round robin. Same arguments, same list."""
+def generate_tasks(split: str, n: int = 100, seed: int = 0,
+                   families: list[str] | None = None) -> list[Task]:
+    """`n` distinct tasks of `split`, families interleaved round robin. Same arguments, same
+    list."""
     names, problems = task_request_problems(split, SPLITS, families, FAMILIES, n)
     if problems:
         raise ConfigError(problems)
@@ -289,5 +301,6 @@ def generate_tasks(split: str, n: int = 100, seed: int = 0, families: list[str] 
         else:  # the family's parameter space is used up (for this split)
             live.remove(fam.name)
     if len(out) < n:
-        raise ConfigError(f"only {len(out)} distinct {split} tasks exist in families {names}; ask for fewer")
+        raise ConfigError(f"only {len(out)} distinct {split} tasks exist in families {names}; ask "
+                          "for fewer")
     return out

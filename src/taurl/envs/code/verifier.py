@@ -62,8 +62,10 @@ VERIFIER_VERSION = "code-hidden-v1"  # bump when the cases, the runner or the ru
 PINNED_RUNNER_SHA256 = "7c816877527ad9cac81cd5ac851236542b8e762cde1ba5979cf81ac0a0a74c87"
 RULES = ("tests_modified", "harness_files", "workspace_link", "early_exit", "harness_tamper",
          "forged_output", "pass_marker", "test_access", "hardcoded_outputs", "eq_override")
-HARNESS_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "tox.ini",
-                           "json.py", "os.py", "sys.py", "copy.py", "builtins.py", "unittest.py", "pytest.py"})
+HARNESS_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini",
+                           "tox.ini",
+                           "json.py", "os.py", "sys.py", "copy.py", "builtins.py", "unittest.py",
+                           "pytest.py"})
 VERIFY_LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=5, memory_bytes=512 << 20, nproc=32,
                               max_output_bytes=256 << 10, max_drain_bytes=4 << 20)
 
@@ -86,11 +88,12 @@ class HiddenTestVerifier:
 
     version = VERIFIER_VERSION
 
-    def __init__(self, sandbox_config: SandboxConfig | None = None, *, penalties: Mapping[str, float] | None = None,
-                 root: str | None = None) -> None:
+    def __init__(self, sandbox_config: SandboxConfig | None = None, *,
+                 penalties: Mapping[str, float] | None = None, root: str | None = None) -> None:
         self.sandbox_config = sandbox_config or SandboxConfig(limits=VERIFY_LIMITS)
         if self.sandbox_config.unsafe_no_isolation:
-            raise ConfigError("the hidden tests run untrusted code: HiddenTestVerifier refuses unsafe_no_isolation")
+            raise ConfigError("the hidden tests run untrusted code: HiddenTestVerifier refuses "
+                              "unsafe_no_isolation")
         unknown = sorted(set(penalties or {}) - set(RULES))
         if unknown:
             raise ConfigError(f"unknown rule(s) {unknown}; rules are {RULES}")
@@ -103,14 +106,17 @@ class HiddenTestVerifier:
     async def averify(self, task: Task, submission: Submission) -> Verdict:
         cases = hidden_cases(task)
         if cases_sha256(cases) != task.metadata.get("hidden_sha256"):
-            return self._verdict(0.0, "", error="the hidden tests changed since the task was generated "
+            return self._verdict(0.0, "", error="the hidden tests changed since the task was "
+                                                "generated "
                                  "(their hash differs); regenerate the tasks with this version")
         if RUNNER_SHA256 != PINNED_RUNNER_SHA256:
-            return self._verdict(0.0, "", error="the hidden-test runner differs from the pinned one; "
+            return self._verdict(0.0, "", error="the hidden-test runner differs from the pinned "
+                                                "one; "
                                  "bump VERIFIER_VERSION and PINNED_RUNNER_SHA256 together")
         flags = self._workspace_flags(task, submission)
         if submission.solution is None:
-            return self._verdict(0.0, f"no solution to test: {submission.problem or 'solution.py is missing'}", flags)
+            return self._verdict(0.0, "no solution to test: "
+                                      f"{submission.problem or 'solution.py is missing'}", flags)
         flags += scan.scan(submission.solution)
         try:
             score, detail, run_flags, metrics = await self._run(task, submission.solution, cases)
@@ -129,7 +135,8 @@ class HiddenTestVerifier:
         want = _sha256(visible_test_source(task))
         got = sub.files.get(VISIBLE_TEST_FILE)
         if got != want:
-            flags.append(("tests_modified", f"{VISIBLE_TEST_FILE} was {'deleted' if got is None else 'changed'}"))
+            flags.append(("tests_modified", f"{VISIBLE_TEST_FILE} was "
+                                            f"{'deleted' if got is None else 'changed'}"))
         for path, digest in sorted(sub.files.items()):
             base = path.rsplit("/", 1)[-1]
             if base in HARNESS_FILES or base.endswith(".pth"):
@@ -138,9 +145,11 @@ class HiddenTestVerifier:
                 flags.append(("workspace_link", f"{path} is a symbolic link"))
         return flags
 
-    async def _run(self, task: Task, solution: str, cases: list[list]) -> tuple[float, str, list, dict]:
+    async def _run(self, task: Task, solution: str,
+                   cases: list[list]) -> tuple[float, str, list, dict]:
         nonce = secrets.token_hex(16)
-        spec = json.dumps({"nonce": nonce, "func": task.metadata["func"], "cases": [a for a, _ in cases]})
+        spec = json.dumps({"nonce": nonce, "func": task.metadata["func"],
+                           "cases": [a for a, _ in cases]})
         sb = Sandbox.create(self.sandbox_config, root=self.root)
         try:
             sb.write_file(SOLUTION_FILE, solution)
@@ -150,49 +159,61 @@ class HiddenTestVerifier:
         rep = read_report(r.stdout, nonce, len(cases))
         flags: list[tuple[str, str]] = []
         if rep.forged:
-            flags.append(("forged_output", f"{len(rep.forged)} line(s) not written by the runner, e.g. {rep.forged[0][:80]!r}"))
+            flags.append(("forged_output", f"{len(rep.forged)} line(s) not written by the runner, "
+                                           f"e.g. {rep.forged[0][:80]!r}"))
         if scan.MARKER.search(rep.captured) or PASS_MARKER in rep.captured:
-            flags.append(("pass_marker", f"the solution printed a pass marker: {rep.captured[:80]!r}"))
+            flags.append(("pass_marker", "the solution printed a pass marker: "
+                                         f"{rep.captured[:80]!r}"))
         ev = rep.first("import_error", "raised", "tamper", "unserializable", "eq_override")
         if ev is not None and ev.get("exit"):
             flags.append(("early_exit", f"the solution raised {ev.get('error', 'SystemExit')}"))
         if ev is not None and ev["kind"] == "tamper":
-            flags.append(("harness_tamper", f"the runner found {ev.get('names')} changed ({ev.get('when')})"))
+            flags.append(("harness_tamper", f"the runner found {ev.get('names')} changed "
+                                            f"({ev.get('when')})"))
         if ev is not None and ev["kind"] == "eq_override":
-            flags.append(("eq_override", f"case {ev.get('case')} returned a {ev.get('error')} that overrides __eq__"))
+            flags.append(("eq_override", f"case {ev.get('case')} returned a {ev.get('error')} that "
+                                         "overrides __eq__"))
         killed = r.timed_out or r.killed_reason is not None or r.exit_signal is not None
         if not rep.done and not killed:
-            flags.append(("early_exit", f"the test process ended (exit status {r.exit_code}) before the runner finished"))
+            flags.append(("early_exit", f"the test process ended (exit status {r.exit_code}) "
+                                        "before the runner finished"))
         passed = 0
         for i, (_args, want) in enumerate(cases):
             if i not in rep.results or _canon(rep.results[i]) != _canon(want):
                 break
             passed += 1
-        metrics = {"cases_passed": float(passed), "cases_total": float(len(cases)), "run_s": r.wall_s}
+        metrics = {"cases_passed": float(passed), "cases_total": float(len(cases)),
+                   "run_s": r.wall_s}
         if r.timed_out:
-            return 0.0, f"the hidden tests timed out after {r.wall_s:.1f} s (case {passed + 1} of {len(cases)})", flags, metrics
+            return (0.0, f"the hidden tests timed out after {r.wall_s:.1f} s (case {passed + 1} of "
+                         f"{len(cases)})", flags, metrics)
         if ev is not None:
             return 0.0, _event_text(ev, cases), flags, metrics
         if passed < len(cases):
             if passed in rep.results:
                 args, want = cases[passed]
-                return 0.0, (f"hidden test {passed + 1} of {len(cases)} failed: {task.metadata['func']}"
-                             f"({_args_text(args)}) returned {_short(rep.results[passed])}, expected {_short(want)}"), flags, metrics
-            return 0.0, f"hidden test {passed + 1} of {len(cases)} did not report a result (exit status {r.exit_code})", flags, metrics
+                return 0.0, (f"hidden test {passed + 1} of {len(cases)} failed: "
+                             f"{task.metadata['func']}({_args_text(args)}) returned "
+                             f"{_short(rep.results[passed])}, expected "
+                             f"{_short(want)}"), flags, metrics
+            return (0.0, f"hidden test {passed + 1} of {len(cases)} did not report a result (exit "
+                         f"status {r.exit_code})", flags, metrics)
         if not rep.done or r.exit_code != 0:
-            return 0.0, f"the test runner did not finish cleanly (exit status {r.exit_code})", flags, metrics
+            return (0.0, f"the test runner did not finish cleanly (exit status {r.exit_code})",
+                    flags, metrics)
         return 1.0, f"all {len(cases)} hidden tests passed", flags, metrics
 
-    def _verdict(self, score: float, detail: str, flags: list[tuple[str, str]] = (), *, error: str | None = None,
-                 metrics: Mapping[str, float] | None = None) -> Verdict:
+    def _verdict(self, score: float, detail: str, flags: list[tuple[str, str]] = (), *,
+                 error: str | None = None, metrics: Mapping[str, float] | None = None) -> Verdict:
         seen: dict[str, str] = {}
         for rule, text in flags:
             seen.setdefault(rule, text)
-        violations = tuple(Violation(rule, text, self.penalties[rule], voids_outcome=True) for rule, text in seen.items())
+        violations = tuple(Violation(rule, text, self.penalties[rule], voids_outcome=True)
+                           for rule, text in seen.items())
         if violations:
             detail = f"{detail} [integrity: {', '.join(seen)}]".strip()
-        return Verdict(score if not violations else 0.0, self.version, detail, violations, error, dict(metrics or {}),
-                       score_before_void=score if violations else None)
+        return Verdict(score if not violations else 0.0, self.version, detail, violations, error,
+                       dict(metrics or {}), score_before_void=score if violations else None)
 
 
 def _sha256(text: str) -> str:
@@ -220,9 +241,12 @@ def _event_text(ev: dict, cases: list[list]) -> str:
     if kind == "raised":
         case = ev.get("case", 0)
         args = cases[case][0] if isinstance(case, int) and 0 <= case < len(cases) else []
-        return f"hidden test {case + 1} of {len(cases)} raised {ev.get('error', '')} for ({_args_text(args)})"
+        return (f"hidden test {case + 1} of {len(cases)} raised {ev.get('error', '')} for "
+                f"({_args_text(args)})")
     if kind == "eq_override":
-        return f"hidden test {ev.get('case', 0) + 1} returned a {ev.get('error')} object that overrides ==, not a plain value"
+        return (f"hidden test {ev.get('case', 0) + 1} returned a {ev.get('error')} object that "
+                "overrides ==, not a plain value")
     if kind == "unserializable":
-        return f"hidden test {ev.get('case', 0) + 1} returned a {ev.get('error')}, not a plain value"
+        return (f"hidden test {ev.get('case', 0) + 1} returned a {ev.get('error')}, not a plain "
+                "value")
     return f"the test runner was tampered with: {ev.get('names')}"

@@ -25,7 +25,7 @@ from taurl.errors import ConfigError
 
 EMPTY = "." * 9
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
-OPPONENTS = ("random", "minimax")
+OPPONENTS = ("random", "minimax", "greedy")
 MOVE = re.compile(r"<move>\s*([1-9])\s*</move>")
 
 
@@ -83,15 +83,30 @@ def move_text(cell: int) -> str:
     return f"<move>{cell + 1}</move>"
 
 
-def render(board: str) -> str:
-    """``x . o / . x . / . . .``: one token per cell for a small tokenizer."""
-    return " / ".join(" ".join(board[r * 3 : r * 3 + 3]) for r in range(3))
+def render(board: str, numbered: bool = False) -> str:
+    """``x . o / . x . / . . .``: one token per cell for a small tokenizer. `numbered`: an
+    empty cell shows its number instead of ``.`` (``x 2 o / 4 x 6 / 7 8 9``), so the legal
+    moves are spelled out where they are, as many game envs list the legal actions."""
+    cells = [str(i + 1) if numbered and c == "." else c for i, c in enumerate(board)]
+    return " / ".join(" ".join(cells[r * 3 : r * 3 + 3]) for r in range(3))
+
+
+def greedy_moves(board: str) -> list[int]:
+    """One ply of lookahead: the cells that win now; else those that block the other
+    player's win now; else every legal cell (it does not see forks)."""
+    me, free = to_move(board), legal(board)
+    for mark in (me, other(me)):
+        hits = [c for c in free if outcome(board[:c] + mark + board[c + 1 :]) == mark]
+        if hits:
+            return hits
+    return free
 
 
 def opponent_move(board: str, kind: str, p_random: float, key: object) -> int:
     """The scripted opponent's cell: uniform over legal moves for ``random``; for
-    ``minimax`` an optimal move (ties drawn), except with probability `p_random` a uniform
-    legal move. Deterministic in (key, board) (module docstring)."""
+    ``minimax`` an optimal move (ties drawn), for ``greedy`` a `greedy_moves` cell (ties
+    drawn), except with probability `p_random` a uniform legal move. Deterministic in
+    (key, board) (module docstring)."""
     if kind not in OPPONENTS:
         raise ConfigError(f"opponent {kind!r} is unknown; use one of {OPPONENTS}")
     if not 0.0 <= p_random <= 1.0:
@@ -99,4 +114,4 @@ def opponent_move(board: str, kind: str, p_random: float, key: object) -> int:
     rng = random.Random(f"{key}:{board}")
     if kind == "random" or rng.random() < p_random:
         return rng.choice(legal(board))
-    return rng.choice(best_moves(board))
+    return rng.choice(best_moves(board) if kind == "minimax" else greedy_moves(board))

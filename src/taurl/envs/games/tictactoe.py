@@ -10,7 +10,8 @@ Two faces of one game (`taurl.envs.games.rules`):
   `taurl.rollout.match.run_match`: both roles played by engines (self-play with shared
   weights, a frozen version) or one by `scripted_opponent` (a program).
 
-Text: the prompt shows the board (``x . o / . . . / . . .``) in ``<information>``; a move is
+Text: the prompt shows the board (``x . o / . . . / . . .``; with ``numbered`` each empty
+cell shows its number, ``x 2 o / 4 5 6 / 7 8 9``) in ``<information>``; a move is
 ``<move>N</move>`` (cells 1..9, row by row; the engine stops at ``</move>``); the answer is
 the opponent's move and the board, inline. A move that is unreadable or on a taken cell is
 invalid: the player is told so and tries again; its ``max_illegal``-th invalid move
@@ -55,8 +56,8 @@ SYSTEM_PROMPT = (
 WIN, DRAW, LOSS = 1.0, 0.5, 0.0
 
 
-def prompt_of(role: str, board: str) -> str:
-    return f"Tic-tac-toe. You play {role}.\n<information>{render(board)}</information>"
+def prompt_of(role: str, board: str, numbered: bool = False) -> str:
+    return f"Tic-tac-toe. You play {role}.\n<information>{render(board, numbered)}</information>"
 
 
 def _score(result: str, role: str) -> tuple[float, str]:
@@ -72,16 +73,19 @@ class TicTacToeEnv:
     observation_style, stop, tools = "inline", STOP, []
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, max_illegal: int = 2):
+    def __init__(self, max_illegal: int = 2, numbered: bool = False):
         if isinstance(max_illegal, bool) or not isinstance(max_illegal, int) or max_illegal < 1:
             raise ConfigError(f"max_illegal must be an integer >= 1, got {max_illegal!r}")
-        self.max_illegal = max_illegal
+        self.max_illegal, self.numbered = max_illegal, bool(numbered)
         self.board: str | None = None
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         m = task.metadata
         self.task, self.board, self.role, self.illegal = task, m["board"], m["role"], 0
-        return "", {"provenance": {"max_illegal": self.max_illegal, "opponent": m["opponent"]}}
+        provenance = {"max_illegal": self.max_illegal, "opponent": m["opponent"]}
+        if self.numbered:
+            provenance["numbered"] = True
+        return "", {"provenance": provenance}
 
     def _opponent(self, board: str) -> int:
         m = self.task.metadata
@@ -100,7 +104,7 @@ class TicTacToeEnv:
                 self.board = None
                 return "", LOSS, True, False, {**info, "stop_reason": "forfeit", **_done(LOSS)}
             return (
-                f"<information>illegal move. {render(self.board)}</information>",
+                f"<information>illegal move. {render(self.board, self.numbered)}</information>",
                 0.0,
                 False,
                 False,
@@ -115,7 +119,8 @@ class TicTacToeEnv:
             if result is None:
                 self.board = board
                 return (
-                    f"<information>{other(self.role)} {reply + 1}. {render(board)}</information>",
+                    f"<information>{other(self.role)} {reply + 1}. "
+                    f"{render(board, self.numbered)}</information>",
                     0.0,
                     False,
                     False,
@@ -137,7 +142,8 @@ class TicTacToeGame:
     observation_style, stop, tools = "inline", STOP, []
     roles = ("x", "o")
 
-    def __init__(self, max_illegal: int = 2, illegal_penalty: float = 0.0):
+    def __init__(self, max_illegal: int = 2, illegal_penalty: float = 0.0,
+                 numbered: bool = False):
         if not illegal_penalty >= 0:
             raise ConfigError(f"illegal_penalty must be >= 0, got {illegal_penalty!r}")
         self.max_illegal = max_illegal
@@ -145,6 +151,7 @@ class TicTacToeGame:
         # self-play a forfeit is also the opponent's win, so without it an invalid move is
         # told apart from a lost game only through the match's end
         self.illegal_penalty = float(illegal_penalty)
+        self.numbered = bool(numbered)
         self.board = EMPTY
 
     def system_prompt_for(self, role: str) -> str:
@@ -156,7 +163,7 @@ class TicTacToeGame:
         return {"to_act": to_move(self.board), "provenance": {"max_illegal": self.max_illegal}}
 
     def prompt_for(self, role: str) -> str:
-        return prompt_of(role, self.board)
+        return prompt_of(role, self.board, self.numbered)
 
     def step(
         self, role: str, action: str
@@ -182,13 +189,14 @@ class TicTacToeGame:
                         ),
                     },
                 )
-            text = f"<information>illegal move. {render(self.board)}</information>"
+            text = f"<information>illegal move. {render(self.board, self.numbered)}</information>"
             return {role: text}, ({role: fine} if fine else {}), False, False, info
         self.board = play(self.board, cell)
         info = {"action": {"kind": "move", "cell": cell + 1}, "invalid": False}
         result = outcome(self.board)
         if result is None:
-            seen = f"<information>{role} {cell + 1}. {render(self.board)}</information>"
+            seen = (f"<information>{role} {cell + 1}. "
+                    f"{render(self.board, self.numbered)}</information>")
             return {other(role): seen}, {}, False, False, {**info, "to_act": other(role)}
         scores = {r: _score(result, r) for r in self.roles}
         rewards = {r: s for r, (s, _) in scores.items()}
@@ -218,10 +226,12 @@ def scripted_opponent(kind: str = "minimax", p_random: float = 0.0, key: object 
     return program
 
 
-def tictactoe_env(max_illegal: int = 2, max_turns: int | None = None) -> TicTacToeEnv:
+def tictactoe_env(
+    max_illegal: int = 2, max_turns: int | None = None, numbered: bool = False
+) -> TicTacToeEnv:
     """The registered factory; `max_turns` (the recipe's, passed to every env) is the loop's
     budget: a game ends within 5 moves and ``max_illegal - 1`` retries."""
-    return TicTacToeEnv(max_illegal=max_illegal)
+    return TicTacToeEnv(max_illegal=max_illegal, numbered=numbered)
 
 
 def tictactoe_tasks(
@@ -233,8 +243,10 @@ def tictactoe_tasks(
     opening_moves: tuple[int, int] | list[int] = (0, 2),
     opponent: str = "minimax",
     opponent_p_random: float = 0.5,
+    numbered: bool = False,
 ) -> list[Task]:
-    """`n` games of `split` (module docstring). role: "x", "o" or "both" (drawn per task)."""
+    """`n` games of `split` (module docstring). role: "x", "o" or "both" (drawn per task);
+    `numbered`: the prompt's board shows the empty cells' numbers (the env's option)."""
     if role not in ("x", "o", "both"):
         raise ConfigError(f"role must be 'x', 'o' or 'both', got {role!r}")
     lo, hi = (int(x) for x in opening_moves)
@@ -279,7 +291,14 @@ def tictactoe_tasks(
             "opponent_seed": key,
         }
         tasks.append(
-            Task(f"tictactoe/{r}/{opening}/{key}", prompt_of(r, board), ("won",), split, NAME, meta)
+            Task(
+                f"tictactoe/{r}/{opening}/{key}",
+                prompt_of(r, board, numbered),
+                ("won",),
+                split,
+                NAME,
+                meta,
+            )
         )
     return tasks
 
@@ -310,7 +329,10 @@ class TicTacToeVerifier:
     version = VERIFIER_VERSION
 
     def __call__(self, traj: Any, task: Task) -> float:
-        env = TicTacToeEnv(max_illegal=int(traj.provenance.get("max_illegal", 2)))
+        env = TicTacToeEnv(
+            max_illegal=int(traj.provenance.get("max_illegal", 2)),
+            numbered=bool(traj.provenance.get("numbered", False)),
+        )
         env.reset(task)
         for turn in traj.turns:
             _, reward, terminated, _, _ = env.step(turn.action_text)

@@ -15,5 +15,6 @@ from taurl.envs.gym.solve import ReplayVerifier, expert_moves, goal_distances
 from taurl.envs.gym.taxi import Taxi, taxi_env, taxi_expert, taxi_tasks, taxi_verifier
 
 __all__ = ["FrozenLake", "GymGame", "GymTextEnv", "ReplayVerifier", "action_text", "expert_moves",
-           "frozenlake_env", "frozenlake_expert", "frozenlake_tasks", "frozenlake_verifier", "goal_distances",
+           "frozenlake_env", "frozenlake_expert", "frozenlake_tasks", "frozenlake_verifier",
+           "goal_distances",
            "parse_action", "Taxi", "taxi_env", "taxi_expert", "taxi_tasks", "taxi_verifier"]

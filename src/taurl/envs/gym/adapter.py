@@ -114,10 +114,11 @@ class GymTextEnv:
         problems = []
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             problems.append(f"max_turns must be an integer >= 1, got {max_turns!r}")
-        if max_episode_steps is not None and (isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int)
+        if max_episode_steps is not None and (isinstance(max_episode_steps, bool)
+                                              or not isinstance(max_episode_steps, int)
                                               or max_episode_steps < 1):
-            problems.append("max_episode_steps must be None (the Gymnasium registration's TimeLimit) or an "
-                            f"integer >= 1, got {max_episode_steps!r}")
+            problems.append("max_episode_steps must be None (the Gymnasium registration's "
+                            f"TimeLimit) or an integer >= 1, got {max_episode_steps!r}")
         if problems:
             raise ConfigError(problems)
         self.game = game
@@ -133,7 +134,8 @@ class GymTextEnv:
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name:
-            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; make the env the task names")
+            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; "
+                              "make the env the task names")
         key = (task.task_id, repr(sorted(task.metadata.items())))
         if self._gym is None or self._gym_key != key:  # the same task again reuses its env
             if self._gym is not None:
@@ -141,9 +143,11 @@ class GymTextEnv:
             self._gym, self._gym_key = self.game.make(task, self.max_episode_steps), key
         self._obs = self.game.start(self._gym, task, seed)
         self._done, self._turn = False, 0
-        info = {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
+        info = {"task_id": task.task_id, "seed": seed, "env": self.name,
+                "env_version": self.version,
                 "max_turns": self.max_turns, "verifier_version": self.verifier_version,
-                "gym_id": self._gym.spec.id if self._gym.spec is not None else type(self._gym.unwrapped).__name__,
+                "gym_id": (self._gym.spec.id if self._gym.spec is not None
+                           else type(self._gym.unwrapped).__name__),
                 "provenance": self.game.world(task)}
         return "", info
 
@@ -151,17 +155,20 @@ class GymTextEnv:
         """The task prompt with its last ``<information>`` (the start) replaced by the current
         state: where the episode stands, for the loop's ``compaction: {policy: env}``."""
         if self._gym is None:
-            raise ResetNeeded(f"{self.name}: compact_prompt called before reset(); call reset(task) first")
+            raise ResetNeeded(f"{self.name}: compact_prompt called before reset(); call "
+                              "reset(task) first")
         head, sep, _ = task.prompt.rpartition("<information>")
         now = f"<information>{self.game.describe(self._gym, self._obs)}</information>"
         return f"{head}{now}" if sep else f"{task.prompt}\n{now}"
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._gym is None or self._done:
-            raise ResetNeeded(f"{self.name}: step called before reset() or after the episode ended; call reset(task) first")
+            raise ResetNeeded(f"{self.name}: step called before reset() or after the episode "
+                              "ended; call reset(task) first")
         self._turn += 1
         parsed = parse_action(action, self.game.action_names)
-        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid", "turn": self._turn}
+        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid",
+                                "turn": self._turn}
         reward, terminated, truncated, prefix = 0.0, False, False, ""
         if parsed["kind"] == "move":
             obs, gym_reward, terminated, truncated, _ = self._gym.step(parsed["id"])
@@ -179,7 +186,10 @@ class GymTextEnv:
             truncated = True
             info["stop_reason"] = "max_turns"
         if terminated or truncated:
-            info.update(reward_components={"outcome": reward}, verifier_version=self.verifier_version)
+            info.update(reward_components={"outcome": reward},
+                        verifier_version=self.verifier_version)
         self._done = terminated or truncated
-        text = "" if self._done else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}</information>\n"
+        text = ("" if self._done
+                else f"\n<information>{prefix}{self.game.describe(self._gym, self._obs)}"
+                     "</information>\n")
         return text, reward, terminated, truncated, info

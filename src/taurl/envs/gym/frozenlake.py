@@ -40,8 +40,9 @@ SIZES = (4, 8, 12, 16)  # 12 and 16: longer horizons (22 and 30 moves on the sho
 FRACTIONS = (0.8, 0.1, 0.1)  # train / validation / holdout share of the map space
 ACTIONS = ("left", "down", "right", "up")  # Gymnasium's action ids 0..3
 SYSTEM_PROMPT = (
-    "Walk from S to G on the frozen lake. F is ice, H is a hole: stepping into a hole ends the walk. "
-    "Move with <action>left</action>, <action>down</action>, <action>right</action> or <action>up</action>."
+    "Walk from S to G on the frozen lake. F is ice, H is a hole: stepping into a hole ends the "
+    "walk. Move with <action>left</action>, <action>down</action>, <action>right</action> or "
+    "<action>up</action>."
 )
 
 
@@ -51,7 +52,8 @@ def map_key(rows: list[str]) -> str:
 
 def prompt_of(rows: list[str]) -> str:
     grid = "\n".join(" ".join(r) for r in rows)
-    return f"Map ({len(rows)}x{len(rows)}):\n{grid}\n<information>{describe_cell(rows, 0, 0)}</information>"
+    return (f"Map ({len(rows)}x{len(rows)}):\n{grid}\n"
+            f"<information>{describe_cell(rows, 0, 0)}</information>")
 
 
 def describe_cell(rows: list[str], r: int, c: int) -> str:
@@ -62,7 +64,8 @@ def describe_cell(rows: list[str], r: int, c: int) -> str:
     def at(rr: int, cc: int) -> str:
         return rows[rr][cc] if 0 <= rr < n_r and 0 <= cc < n_c else "wall"
 
-    return f"row {r} col {c}. left {at(r, c - 1)} down {at(r + 1, c)} right {at(r, c + 1)} up {at(r - 1, c)}"
+    return (f"row {r} col {c}. left {at(r, c - 1)} down {at(r + 1, c)} right {at(r, c + 1)} up "
+            f"{at(r - 1, c)}")
 
 
 def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery: bool = False,
@@ -74,8 +77,10 @@ def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery:
         problems.append(f"size must be one of {SIZES}, got {size!r}")
     if not isinstance(slippery, bool):
         problems.append(f"slippery must be true or false, got {slippery!r}")
-    if isinstance(p_frozen, bool) or not isinstance(p_frozen, (int, float)) or not 0.5 <= p_frozen <= 1.0:
-        problems.append(f"p_frozen must be a number in [0.5, 1] (Gymnasium's default is 0.8), got {p_frozen!r}")
+    if isinstance(p_frozen, bool) or not isinstance(p_frozen,
+                                                    (int, float)) or not 0.5 <= p_frozen <= 1.0:
+        problems.append("p_frozen must be a number in [0.5, 1] (Gymnasium's default is 0.8), got "
+                        f"{p_frozen!r}")
     if problems:
         raise ConfigError(problems)
 
@@ -86,8 +91,9 @@ def frozenlake_tasks(split: str, n: int, seed: int = 0, size: int = 4, slippery:
 
     drawn = draw(split, n, candidates(), map_key, FRACTIONS, distinct=split != "train",
                  max_draws=max(1000, 200 * n), what=f"{size}x{size} maps")
-    return [Task(task_id=f"frozenlake{size}-{split}-s{seed}-{i}", prompt=prompt_of(rows), answers=(), split=split,
-                 env=NAME, metadata={"map": rows, "size": size, "slippery": slippery, "map_seed": map_seed,
+    return [Task(task_id=f"frozenlake{size}-{split}-s{seed}-{i}", prompt=prompt_of(rows),
+                 answers=(), split=split, env=NAME,
+                 metadata={"map": rows, "size": size, "slippery": slippery, "map_seed": map_seed,
                                      "map_hash": content_hash(map_key(rows))})
             for i, (map_seed, rows) in enumerate(drawn)]
 
@@ -99,7 +105,8 @@ def map_of(task: Task) -> list[str]:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, str) and r for r in rows):
         raise ConfigError(f"task {task.task_id!r} has no map; {fix}")
     text = "".join(rows)
-    if len({len(r) for r in rows}) != 1 or set(text) - set("SFHG") or text.count("S") != 1 or text.count("G") < 1:
+    if (len({len(r) for r in rows}) != 1 or set(text) - set("SFHG") or text.count("S") != 1
+        or text.count("G") < 1):
         raise ConfigError(f"task {task.task_id!r}: malformed map {rows!r}; {fix} (one S)")
     return rows
 
@@ -114,7 +121,8 @@ class FrozenLake:
     stop_reasons = ("goal", "hole")
 
     def make(self, task: Task, max_episode_steps: int | None) -> gymnasium.Env:
-        return gymnasium.make("FrozenLake-v1", desc=map_of(task), is_slippery=bool(task.metadata.get("slippery", False)),
+        return gymnasium.make("FrozenLake-v1", desc=map_of(task),
+                              is_slippery=bool(task.metadata.get("slippery", False)),
                               max_episode_steps=max_episode_steps)
 
     def start(self, env: gymnasium.Env, task: Task, seed: int | None) -> Any:
@@ -135,7 +143,8 @@ class FrozenLake:
     def planning_model(self, task: Task) -> tuple[Table, int, Callable[[int], bool]]:
         cells = "".join(map_of(task))
         goals = {i for i, ch in enumerate(cells) if ch == "G"}
-        return FrozenLakeEnv(desc=map_of(task), is_slippery=False).P, cells.index("S"), goals.__contains__
+        return FrozenLakeEnv(desc=map_of(task),
+                             is_slippery=False).P, cells.index("S"), goals.__contains__
 
 
 def frozenlake_env(max_turns: int = 16, max_episode_steps: int | None = None) -> GymTextEnv:
@@ -143,7 +152,8 @@ def frozenlake_env(max_turns: int = 16, max_episode_steps: int | None = None) ->
     return GymTextEnv(FrozenLake(), max_turns=max_turns, max_episode_steps=max_episode_steps)
 
 
-def frozenlake_expert(task: Task, rng: random.Random, p_random: float = 0.0, max_moves: int = 64) -> list[str]:
+def frozenlake_expert(task: Task, rng: random.Random, p_random: float = 0.0,
+                      max_moves: int = 64) -> list[str]:
     """The shortest-path expert (`taurl.envs.gym.solve.expert_moves`); `p_random` degrades it."""
     return tabular_expert(FrozenLake(), task, rng, p_random=p_random, max_moves=max_moves)
 

@@ -52,8 +52,8 @@ def goal_distances(P: Table, is_success: Callable[[int], bool]) -> dict[int, flo
     for s, moves in P.items():
         for outcomes in moves.values():
             if len(outcomes) != 1:
-                raise ConfigError("goal_distances needs a deterministic table (one outcome per move); "
-                                  "plan on the non-slippery world")
+                raise ConfigError("goal_distances needs a deterministic table (one outcome per "
+                                  "move); plan on the non-slippery world")
             _, s2, _, terminated = outcomes[0]
             if s2 != s and not (terminated and not is_success(s2)):
                 reverse.setdefault(s2, set()).add(s)
@@ -78,7 +78,8 @@ def expert_moves(P: Table, start: int, is_success: Callable[[int], bool], rng: r
         raise ConfigError(f"p_random must be a probability in [0, 1], got {p_random!r}")
     d = goal_distances(P, is_success)
     if d.get(start, INF) == INF:
-        raise ConfigError(f"no path from the start state {start} to a success state; the task cannot be solved")
+        raise ConfigError(f"no path from the start state {start} to a success state; the task "
+                          "cannot be solved")
     s, moves = start, []
     while len(moves) < max_moves and not is_success(s):
         nexts = {a: P[s][a][0] for a in sorted(P[s])}

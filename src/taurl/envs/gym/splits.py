@@ -39,11 +39,13 @@ def split_of(key: str, fractions: tuple[float, float, float]) -> str:
 
 def derive_seed(*parts: object) -> int:
     """A 32-bit seed from `parts` (stable across processes, unlike hash())."""
-    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(),
+                                          digest_size=4).digest(), "little")
 
 
 def draw(split: str, n: int, candidates: Iterator[tuple[int, W]], key: Callable[[W], str],
-         fractions: tuple[float, float, float], *, distinct: bool, max_draws: int, what: str) -> list[tuple[int, W]]:
+         fractions: tuple[float, float, float], *, distinct: bool, max_draws: int,
+         what: str) -> list[tuple[int, W]]:
     """The first `n` (candidate seed, world) of `split` from `candidates`; with `distinct`,
     each world at most once. Raises when `max_draws` candidates do not supply `n`."""
     if split not in SPLITS:
@@ -63,6 +65,7 @@ def draw(split: str, n: int, candidates: Iterator[tuple[int, W]], key: Callable[
         seen.add(k)
         out.append((seed, world))
     if len(out) < n:
-        raise ConfigError(f"only {len(out)} {'distinct ' if distinct else ''}{what} of split {split!r} in "
-                          f"{draws} draws, {n} asked for; ask for fewer tasks (or a larger world)")
+        raise ConfigError(f"only {len(out)} {'distinct ' if distinct else ''}{what} of split "
+                          f"{split!r} in {draws} draws, {n} asked for; ask for fewer tasks (or a "
+                          "larger world)")
     return out

@@ -44,7 +44,8 @@ SYSTEM_PROMPT = (
     "Drive the taxi to the passenger, pick them up, drive to the destination and drop them off. "
     "| is a wall. Act with <action>south</action>, north, east, west, pickup or dropoff."
 )
-START_STATES = tuple((r, c, p, d) for r in range(5) for c in range(5) for p in range(4) for d in range(4) if p != d)
+START_STATES = tuple((r, c, p, d) for r in range(5) for c in range(5) for p in range(4)
+                     for d in range(4) if p != d)
 
 
 def state_key(start: tuple[int, int, int, int]) -> str:
@@ -52,8 +53,10 @@ def state_key(start: tuple[int, int, int, int]) -> str:
 
 
 def describe_state(row: int, col: int, passenger: int, dest: int) -> str:
-    where = "in taxi" if passenger == 4 else f"at {PADS[passenger]} row {PAD_CELLS[passenger][0]} col {PAD_CELLS[passenger][1]}"
-    return f"taxi row {row} col {col}. passenger {where}. destination {PADS[dest]} row {PAD_CELLS[dest][0]} col {PAD_CELLS[dest][1]}"
+    where = ("in taxi" if passenger == 4 else f"at {PADS[passenger]} row {PAD_CELLS[passenger][0]} "
+                                              f"col {PAD_CELLS[passenger][1]}")
+    return (f"taxi row {row} col {col}. passenger {where}. destination {PADS[dest]} row "
+            f"{PAD_CELLS[dest][0]} col {PAD_CELLS[dest][1]}")
 
 
 def prompt_of(start: tuple[int, int, int, int]) -> str:
@@ -72,18 +75,21 @@ def taxi_tasks(split: str, n: int, seed: int = 0, rainy: bool = False) -> list[T
             yield from ((rnd, s) for s in order)
 
     drawn = draw(split, n, candidates(), state_key, FRACTIONS, distinct=split != "train",
-                 max_draws=max(len(START_STATES), 2 * n * len(START_STATES) // 100 + len(START_STATES)),
+                 max_draws=max(len(START_STATES),
+                               2 * n * len(START_STATES) // 100 + len(START_STATES)),
                  what="taxi start states")
-    return [Task(task_id=f"taxi-{split}-s{seed}-{i}", prompt=prompt_of(start), answers=(), split=split, env=NAME,
-                 metadata={"start": list(start), "rainy": rainy, "state_hash": content_hash(state_key(start))})
+    return [Task(task_id=f"taxi-{split}-s{seed}-{i}", prompt=prompt_of(start), answers=(),
+                 split=split, env=NAME, metadata={"start": list(start), "rainy": rainy,
+                           "state_hash": content_hash(state_key(start))})
             for i, (_, start) in enumerate(drawn)]
 
 
 def start_of(task: Task) -> tuple[int, int, int, int]:
     start = task.metadata.get("start")
     if not (isinstance(start, list | tuple) and tuple(start) in START_STATES):
-        raise ConfigError(f"task {task.task_id!r}: metadata start must be [taxi row, taxi col, passenger pad 0-3, "
-                          f"destination pad 0-3 (not the passenger's)] with rows/cols 0-4, got {start!r}")
+        raise ConfigError(f"task {task.task_id!r}: metadata start must be [taxi row, taxi col, "
+                          "passenger pad 0-3, destination pad 0-3 (not the passenger's)] with "
+                          f"rows/cols 0-4, got {start!r}")
     return tuple(start)  # type: ignore[return-value]
 
 
@@ -145,7 +151,8 @@ def taxi_env(max_turns: int = 24, max_episode_steps: int | None = None) -> GymTe
     return GymTextEnv(Taxi(), max_turns=max_turns, max_episode_steps=max_episode_steps)
 
 
-def taxi_expert(task: Task, rng: random.Random, p_random: float = 0.0, max_moves: int = 64) -> list[str]:
+def taxi_expert(task: Task, rng: random.Random, p_random: float = 0.0,
+                max_moves: int = 64) -> list[str]:
     """The shortest-route expert (`taurl.envs.gym.solve.expert_moves`); `p_random` degrades it."""
     return tabular_expert(Taxi(), task, rng, p_random=p_random, max_moves=max_moves)
 

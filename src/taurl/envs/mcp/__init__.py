@@ -27,7 +27,8 @@ def generate_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
         raise ConfigError(problems)
     items = sorted(k for k in STOCK if SPLIT_OF.get(k, "train") == split)  # splits share no item
     random.Random(seed).shuffle(items)
-    return [Task(f"mcp-{split}-{seed}-{i}", f"What is the stock code of the {items[i % len(items)]}?",
+    return [Task(f"mcp-{split}-{seed}-{i}", "What is the stock code of the "
+                                            f"{items[i % len(items)]}?",
                  (STOCK[items[i % len(items)]],), split, "mcp-v0", {"item": items[i % len(items)]})
             for i in range(n)]
 
@@ -38,7 +39,8 @@ def tool_call(name: str, **arguments: Any) -> str:
 
 def expert(task: Task, rng: random.Random) -> list[str]:
     """Look the item up, submit its code (the demonstrations SFT learns the format from)."""
-    return [tool_call("table__lookup", item=task.metadata["item"]), tool_call("submit", answer=task.answers[0])]
+    return [tool_call("table__lookup", item=task.metadata["item"]),
+            tool_call("submit", answer=task.answers[0])]
 
 
 
@@ -55,7 +57,8 @@ class SubmissionVerifier:
             return 0.0
         last = traj.turns[-1]
         parsed = parse_hermes(last.action_text)
-        if not parsed.ok or parsed.calls[0].name != "submit" or last.receipt is None or last.receipt.status != "ok":
+        if (not parsed.ok or parsed.calls[0].name != "submit" or last.receipt is None
+            or last.receipt.status != "ok"):
             return 0.0
         answer = parsed.calls[0].arguments.get("answer")
         gold = STOCK.get(task.metadata.get("item", ""))

@@ -30,18 +30,21 @@ from taurl.tools.specs import ToolSpec, tool
 from taurl.tools.tool_env import ToolEnv
 
 VERSION = "1"
-DEFAULT_SERVERS = ({"name": "table", "command": [sys.executable, "-m", "taurl.envs.mcp.server"], "timeout_s": 10.0},)
-SYSTEM_PROMPT = ("You answer with the help of tools. Look the item up, then call submit with its stock code. "
-                 "Make exactly one tool call per message.")
+DEFAULT_SERVERS = ({"name": "table", "command": [sys.executable, "-m", "taurl.envs.mcp.server"],
+                    "timeout_s": 10.0},)
+SYSTEM_PROMPT = ("You answer with the help of tools. Look the item up, then call submit with its "
+                 "stock code. Make exactly one tool call per message.")
 
 
-def with_mcp_tools(tools: Sequence[ToolSpec], servers: Sequence[MCPServerConfig | Mapping[str, Any]]) -> list[ToolSpec]:
+def with_mcp_tools(tools: Sequence[ToolSpec],
+                   servers: Sequence[MCPServerConfig | Mapping[str, Any]]) -> list[ToolSpec]:
     """`tools` plus every tool of `servers` (namespaced); a name clash is a ConfigError."""
     specs = [*tools, *mcp_tool_specs(servers)]
     names = [s.name for s in specs]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
-        raise ConfigError([f"tool {n!r} is declared by the env and by an MCP server; rename one" for n in clashes])
+        raise ConfigError([f"tool {n!r} is declared by the env and by an MCP server; rename one"
+                           for n in clashes])
     return specs
 
 
@@ -52,14 +55,18 @@ class MCPEnv(ToolEnv):
     version = VERSION
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, *, mcp_servers: Sequence[Mapping[str, Any]] | None = None, allow: Sequence[str] | None = None,
-                 scopes: Sequence[str] = ("read",), max_calls: int | None = 8, max_wall_s: float | None = 60.0,
-                 max_cost: float | None = None, max_turns: int = 6, gate: GateConfig | None = None) -> None:
+    def __init__(self, *, mcp_servers: Sequence[Mapping[str, Any]] | None = None,
+                 allow: Sequence[str] | None = None,
+                 scopes: Sequence[str] = ("read",), max_calls: int | None = 8,
+                 max_wall_s: float | None = 60.0, max_cost: float | None = None, max_turns: int = 6,
+                 gate: GateConfig | None = None) -> None:
         servers = list(DEFAULT_SERVERS if mcp_servers is None else mcp_servers)
         if not servers:
-            raise ConfigError("mcp_servers is empty; list at least one server (name and command or url)")
+            raise ConfigError("mcp_servers is empty; list at least one server (name and command or "
+                              "url)")
         tools = with_mcp_tools([tool(self.submit)], servers)
-        gate = gate or GateConfig(allow=frozenset(allow) if allow is not None else None, scopes=frozenset(scopes),
+        gate = gate or GateConfig(allow=frozenset(allow) if allow is not None else None,
+                                  scopes=frozenset(scopes),
                                   max_calls=max_calls, max_wall_s=max_wall_s, max_cost=max_cost)
         super().__init__(tools, verifier_factory=ExactMatchVerifier, gate=gate, max_turns=max_turns,
                          submit_tool="submit")
@@ -74,7 +81,8 @@ class MCPEnv(ToolEnv):
         return answer
 
     def _verdict_text(self, verdict: Verdict) -> str:
-        return "Submission received: correct." if verdict.passed else f"Submission received: {verdict.detail}"
+        return ("Submission received: correct." if verdict.passed
+                else f"Submission received: {verdict.detail}")
 
     def _start(self, task: Task, seed: int | None) -> dict[str, Any]:
         servers = [{"name": s.name, "transport": "http" if s.url else "stdio",

@@ -37,7 +37,8 @@ _CALLS = [0]
 _LOCK = threading.Lock()
 
 
-def build(log: str | None = None, crash_after: int | None = None, hang_on: str | None = None) -> MCPServer:
+def build(log: str | None = None, crash_after: int | None = None,
+          hang_on: str | None = None) -> MCPServer:
     server = MCPServer("taurl-stock-table", log_level="WARNING")
 
     def received(tool: str, arguments: dict) -> None:
@@ -46,7 +47,8 @@ def build(log: str | None = None, crash_after: int | None = None, hang_on: str |
             n = _CALLS[0]
             if log:
                 with open(log, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"n": n, "pid": os.getpid(), "tool": tool, "arguments": arguments}) + "\n")
+                    f.write(json.dumps({"n": n, "pid": os.getpid(), "tool": tool,
+                                        "arguments": arguments}) + "\n")
         if crash_after is not None and n >= crash_after:
             os._exit(17)  # dies mid-call: the client gets no answer, the pipe closes
         if hang_on == tool:
@@ -63,10 +65,12 @@ def build(log: str | None = None, crash_after: int | None = None, hang_on: str |
         received("lookup", {"item": item})
         key = " ".join(item.lower().split())
         if key not in STOCK:
-            raise ToolError(f"no item named {item!r} in the table")  # an expected error: the message reaches the client
+            # an expected error: the message reaches the client
+            raise ToolError(f"no item named {item!r} in the table")
         return STOCK[key]
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                             open_world_hint=False))
     def write_note(item: str, note: str) -> str:
         """Attach a note to an item of the warehouse table.
 

@@ -9,4 +9,5 @@
 from taurl.envs.rgym.env import ReasoningGymEnv, parse_action
 from taurl.envs.rgym.tasks import RGVerifier, dataset_options, rg_expert, rg_tasks, score
 
-__all__ = ["RGVerifier", "ReasoningGymEnv", "dataset_options", "parse_action", "rg_expert", "rg_tasks", "score"]
+__all__ = ["RGVerifier", "ReasoningGymEnv", "dataset_options", "parse_action", "rg_expert",
+           "rg_tasks", "score"]

@@ -31,13 +31,14 @@ from taurl.errors import ConfigError, ResetNeeded
 
 VERSION = "1"  # bump when an observation, the parser or the reward changes meaning
 SYSTEM_PROMPT = "Answer the question. Give only the final answer between <answer> and </answer>."
-TOOL_PROMPT = (" You may run Python first: write <python>code</python>; what it prints comes back between "
-               "<information> and </information>.")
+TOOL_PROMPT = (" You may run Python first: write <python>code</python>; what it prints comes back "
+               "between <information> and </information>.")
 INVALID = "\n<information>Invalid: end with <answer>your answer</answer>.</information>\n"
 MAX_OUTPUT_CHARS = 2000
 PYTHON_TOOL: dict[str, Any] = {
     "type": "function",
-    "function": {"name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints.",
+    "function": {"name": "python", "description": "Run Python 3 code in a sandbox; returns what it "
+                                                  "prints.",
                  "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
                                 "required": ["code"], "additionalProperties": False}},
 }
@@ -69,7 +70,8 @@ class ReasoningGymEnv:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             problems.append(f"max_turns must be an integer >= 1, got {max_turns!r}")
         if tools not in (None, "none", "python"):
-            problems.append(f"tools must be 'python' (the sandboxed Python tool) or none, got {tools!r}")
+            problems.append("tools must be 'python' (the sandboxed Python tool) or none, got "
+                            f"{tools!r}")
         if not python_timeout_s > 0:
             problems.append(f"python_timeout_s must be > 0, got {python_timeout_s!r}")
         if problems:
@@ -85,20 +87,23 @@ class ReasoningGymEnv:
         self.verifier_version = f"reasoning-gym {rg_version()} score_answer"
         # what every record and the run summary say about the world (taurl.recipe: summary)
         self.provenance = {"package": PACKAGE, "version": rg_version(), "env_id": self.dataset,
-                           "options": self.options, "tools": "python" if self.use_python else "none"}
+                           "options": self.options,
+                           "tools": "python" if self.use_python else "none"}
         self._task: Task | None = None
         self._done, self._turn = True, 0
         self._sandbox: Any = None
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name or "entry" not in task.metadata:
-            raise ConfigError(f"task {task.task_id!r} is not a reasoning-gym task (env {task.env!r}); make tasks "
-                              "with the reasoning-gym task source")
+            raise ConfigError(f"task {task.task_id!r} is not a reasoning-gym task (env "
+                              f"{task.env!r}); make tasks with the reasoning-gym task source")
         self._close_sandbox()
         self._task, self._done, self._turn = task, False, 0
         prov = {**self.provenance, **task.metadata["provenance"], "episode_seed": seed}
-        return "", {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
-                    "verifier_version": self.verifier_version, "max_turns": self.max_turns, "provenance": prov}
+        return "", {"task_id": task.task_id, "seed": seed, "env": self.name,
+                    "env_version": self.version,
+                    "verifier_version": self.verifier_version, "max_turns": self.max_turns,
+                    "provenance": prov}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         parsed = self._begin(action)
@@ -110,19 +115,21 @@ class ReasoningGymEnv:
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         parsed = self._begin(action)
-        return await self._python_step(parsed) if parsed["kind"] == "python" else self._finish(parsed, "")
+        return (await self._python_step(parsed) if parsed["kind"] == "python"
+                else self._finish(parsed, ""))
 
     def _begin(self, action: str) -> dict[str, Any]:
         if self._task is None or self._done:
-            raise ResetNeeded("ReasoningGymEnv.step called before reset() or after the episode ended; "
-                              "call reset(task) first")
+            raise ResetNeeded("ReasoningGymEnv.step called before reset() or after the episode "
+                              "ended; call reset(task) first")
         self._turn += 1
         parsed = parse_action(action)
         if parsed["kind"] == "python" and not self.use_python:
             return {"kind": "invalid", "why": "no python tool (env_config tools: python offers it)"}
         return parsed
 
-    async def _python_step(self, parsed: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def _python_step(self, parsed: dict[str, Any]) -> tuple[str, float, bool, bool,
+                                                                  dict[str, Any]]:
         t0 = time.perf_counter()
         args = {"code": parsed["code"]}
         try:
@@ -131,20 +138,23 @@ class ReasoningGymEnv:
             error = f"{type(e).__name__}: {e}"
             receipt = ToolReceipt(tool="python", arguments=args, decision="allowed", status="error",
                                   reason=error, latency_s=time.perf_counter() - t0)
-            return self._finish(parsed, f"\n<information>the sandbox failed: {error}</information>\n",
+            return self._finish(parsed, "\n<information>the sandbox failed: "
+                                        f"{error}</information>\n",
                                 receipt=receipt, error=error)
         body = _format(result)
         status = "timeout" if result.timed_out else ("ok" if result.exit_code == 0 else "error")
         receipt = ToolReceipt(tool="python", arguments=args, decision="allowed", status=status,
                               latency_s=time.perf_counter() - t0, output_chars=len(body),
-                              truncated_output=len(body) >= MAX_OUTPUT_CHARS or result.truncated_stdout)
+                              truncated_output=(len(body) >= MAX_OUTPUT_CHARS
+                                                or result.truncated_stdout))
         return self._finish(parsed, f"\n<information>{body}</information>\n", receipt=receipt)
 
     async def _run_python(self, code: str) -> Any:
         from taurl.tools.sandbox import Sandbox, SandboxConfig, SandboxLimits
 
         if self._sandbox is None:  # one workspace per episode, made on the first run only
-            limits = SandboxLimits(timeout_s=self.python_timeout_s, cpu_s=max(1, int(self.python_timeout_s)),
+            limits = SandboxLimits(timeout_s=self.python_timeout_s,
+                                   cpu_s=max(1, int(self.python_timeout_s)),
                                    memory_bytes=512 << 20, nproc=16, max_output_bytes=8 << 10,
                                    max_drain_bytes=1 << 20)
             self._sandbox = await asyncio.to_thread(Sandbox.create, SandboxConfig(limits=limits))
@@ -152,7 +162,8 @@ class ReasoningGymEnv:
 
     def _finish(self, parsed: dict[str, Any], obs: str, *, receipt: ToolReceipt | None = None,
                 error: str | None = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid", "turn": self._turn}
+        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid",
+                                "turn": self._turn}
         if receipt is not None:
             info["receipt"] = receipt
         if error:
@@ -168,7 +179,8 @@ class ReasoningGymEnv:
             truncated, obs = True, ""
             info["stop_reason"] = "max_turns"
         if terminated or truncated:
-            info.update(reward_components={"outcome": reward}, verifier_version=self.verifier_version)
+            info.update(reward_components={"outcome": reward},
+                        verifier_version=self.verifier_version)
             self._done = True
             self._close_sandbox()
         return obs, reward, terminated, truncated, info

@@ -62,9 +62,9 @@ def dataset_options(env_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     datasets = _datasets()
     name = env_config.get("dataset")
     if not isinstance(name, str) or not name:
-        raise ConfigError("env reasoning-gym needs env_config 'dataset', a reasoning-gym task family, e.g. "
-                          "--env-config '{\"dataset\": \"letter_counting\"}'; families: "
-                          f"{', '.join(sorted(datasets))}")
+        raise ConfigError("env reasoning-gym needs env_config 'dataset', a reasoning-gym task "
+                          "family, e.g. --env-config '{\"dataset\": \"letter_counting\"}'; "
+                          f"families: {', '.join(sorted(datasets))}")
     if name not in datasets:
         close = difflib.get_close_matches(name, list(datasets), n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
@@ -77,8 +77,9 @@ def dataset_options(env_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     for k in sorted(set(options) - set(fields) - set(RESERVED)):
         close = difflib.get_close_matches(k, fields, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        problems.append(f"env_config {k!r} is not an option of reasoning-gym dataset {name!r}{hint}; its "
-                        f"options: {', '.join(f for f in fields if f not in RESERVED)}; the adapter's: "
+        problems.append(f"env_config {k!r} is not an option of reasoning-gym dataset "
+                        f"{name!r}{hint}; its options: "
+                        f"{', '.join(f for f in fields if f not in RESERVED)}; the adapter's: "
                         f"{', '.join(ADAPTER_KEYS)}")
     if problems:
         raise ConfigError(problems)
@@ -92,8 +93,8 @@ def _dataset(name: str, options_json: str, seed: int, size: int) -> Any:
     try:  # (some families generate all `size` items up front, some cap it: the draw's own length)
         return create_dataset(name, seed=seed, size=size, **json.loads(options_json))
     except (TypeError, ValueError, AssertionError) as e:  # the family's own validate()
-        raise ConfigError(f"reasoning-gym dataset {name!r} refused its options {json.loads(options_json)}: "
-                          f"{type(e).__name__}: {e}") from e
+        raise ConfigError(f"reasoning-gym dataset {name!r} refused its options "
+                          f"{json.loads(options_json)}: {type(e).__name__}: {e}") from e
 
 
 def dataset(name: str, options: dict[str, Any], seed: int = 0, size: int = 1000) -> Any:
@@ -105,7 +106,8 @@ def instance_key(entry: dict[str, Any]) -> str:
     return json.dumps([entry["question"], str(entry["answer"])])
 
 
-def rg_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | None = None) -> list[Task]:
+def rg_tasks(split: str, n: int, seed: int = 0, *,
+             env_config: dict[str, Any] | None = None) -> list[Task]:
     """`n` distinct tasks of `split` (module docstring), deterministic in `seed`."""
     if split not in ("train", "validation", "holdout"):
         raise ConfigError(f"split {split!r} is unknown; use train, validation or holdout")
@@ -130,21 +132,22 @@ def rg_tasks(split: str, n: int, seed: int = 0, *, env_config: dict[str, Any] | 
         seen.add(key)
         out.append(_task(name, options, (ds_seed, max_draws, index), entry, key, split, answers))
     if len(out) < n:
-        raise ConfigError(f"reasoning-gym dataset {name!r} with options {options} gave {len(out)} distinct "
-                          f"{split} instances in {index + 1} draws, not {n}: its instance space is too small "
-                          "for that many; ask for fewer (eval.tasks, demos, updates) or widen its options")
+        raise ConfigError(f"reasoning-gym dataset {name!r} with options {options} gave {len(out)} "
+                          f"distinct {split} instances in {index + 1} draws, not {n}: its instance "
+                          "space is too small for that many; ask for fewer (eval.tasks, demos, "
+                          "updates) or widen its options")
     return out
 
 
-def _task(name: str, options: dict[str, Any], where: tuple[int, int, int], entry: dict[str, Any], key: str,
-          split: str, answers: list[str]) -> Task:
+def _task(name: str, options: dict[str, Any], where: tuple[int, int, int], entry: dict[str, Any],
+          key: str, split: str, answers: list[str]) -> Task:
     gold = str(entry["answer"])
     rng = random.Random(derive_seed("decoy", key))
     decoys = [a for a in answers[-200:] if a != gold]
     provenance = {"package": PACKAGE, "version": rg_version(), "env_id": name, "options": options,
                   "seed": where[0], "size": where[1], "index": where[2]}
-    return Task(task_id=f"{name}-{content_hash(key)}", prompt=str(entry["question"]), answers=(gold,),
-                split=split, env=NAME,
+    return Task(task_id=f"{name}-{content_hash(key)}", prompt=str(entry["question"]),
+                answers=(gold,), split=split, env=NAME,
                 metadata={"entry": entry, "provenance": provenance,
                           "decoy": rng.choice(decoys) if decoys else ""})
 

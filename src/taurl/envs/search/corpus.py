@@ -78,7 +78,8 @@ def load_geo() -> Geo:
                {k: tuple(v) for k, v in aliases.items()}, _find_capitals(countries, cities))
 
 
-def _find_capitals(countries: dict[str, dict[str, Any]], cities: dict[int, dict[str, Any]]) -> dict[str, int]:
+def _find_capitals(countries: dict[str, dict[str, Any]],
+                   cities: dict[int, dict[str, Any]]) -> dict[str, int]:
     """Match each country's capital (an ASCII name, "Bogota") to a city record ("Bogotá").
 
     A city matches when its name or one of its alternate names equals the capital after
@@ -94,7 +95,8 @@ def _find_capitals(countries: dict[str, dict[str, Any]], cities: dict[int, dict[
             continue
         found = [c for c in by_country.get(code, []) if fold(c["name"]).lower() == cap]
         if not found:  # folding every alternate name is slow: only when the name fails
-            found = [c for c in by_country.get(code, []) if cap in {fold(a).lower() for a in c["alternatenames"]}]
+            found = [c for c in by_country.get(code, [])
+                     if cap in {fold(a).lower() for a in c["alternatenames"]}]
         if found:
             out[code] = max(found, key=lambda c: (c["population"], -c["geonameid"]))["geonameid"]
     return out
@@ -102,7 +104,8 @@ def _find_capitals(countries: dict[str, dict[str, Any]], cities: dict[int, dict[
 
 def fold(text: str) -> str:
     """Strip diacritics: "São Tomé" -> "Sao Tome" (NFKD, then drop combining marks)."""
-    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+    return "".join(ch for ch in unicodedata.normalize("NFKD", text)
+                   if not unicodedata.combining(ch))
 
 
 def _join(names: Iterable[str]) -> str:
@@ -119,7 +122,8 @@ def country_text(code: str, geo: Geo) -> str:
     truncating a document to a few hundred characters keeps them."""
     c = geo.countries[code]
     name = c["name"]
-    parts = [f"{name} is a country in {geo.continents.get(c['continentcode'], c['continentcode'])}."]
+    parts = [f"{name} is a country in "
+             f"{geo.continents.get(c['continentcode'], c['continentcode'])}."]
     if c["capital"]:
         parts.append(f"Its capital is {c['capital']}.")
     if c["currencyname"]:
@@ -128,10 +132,12 @@ def country_text(code: str, geo: Geo) -> str:
         parts.append(f"It is also called {_join(geo.country_aliases[code])}.")
     if c["languages"]:
         parts.append(f"Its language codes are {', '.join(c['languages'].split(','))}.")
-    neighbours = [geo.countries[n]["name"] for n in c["neighbours"].split(",") if n in geo.countries]
+    neighbours = [geo.countries[n]["name"] for n in c["neighbours"].split(",")
+                  if n in geo.countries]
     if neighbours:
         parts.append(f"It borders {_join(neighbours)}.")
-    parts.append(f"It has a population of {c['population']:,} and an area of {c['areakm2']:,.0f} square kilometres.")
+    parts.append(f"It has a population of {c['population']:,} and an area of {c['areakm2']:,.0f} "
+                 "square kilometres.")
     parts.append(f"Its ISO codes are {code} and {c['iso3']}.")
     if c["phone"]:
         parts.append(f"Its calling code is +{c['phone'].lstrip('+')}.")
@@ -144,7 +150,8 @@ def city_text(gid: int, geo: Geo, capital_of: dict[int, str]) -> str:
     """A city's document: country (and US state), capital status, population, time zone."""
     c = geo.cities[gid]
     country = geo.countries[c["countrycode"]]["name"]
-    where = f" in the state of {geo.us_states[c['admin1code']]}," if c["countrycode"] == "US" and c["admin1code"] in geo.us_states else ""
+    where = (f" in the state of {geo.us_states[c['admin1code']]}," if c["countrycode"] == "US"
+             and c["admin1code"] in geo.us_states else "")
     parts = [f"{c['name']} is a city{where} in {country}."]
     if gid in capital_of:
         parts.append(f"It is the capital of {capital_of[gid]}.")
@@ -158,10 +165,14 @@ def city_text(gid: int, geo: Geo, capital_of: dict[int, str]) -> str:
 def _corpus() -> tuple[Document, ...]:
     geo = load_geo()
     capital_of = {gid: geo.countries[code]["name"] for code, gid in geo.capital_city.items()}
-    docs = [Document(f"country:{code}", geo.countries[code]["name"], country_text(code, geo), "country")
-            for code in sorted(geo.countries)]
-    docs += [Document(f"city:{gid}", geo.cities[gid]["name"], city_text(gid, geo, capital_of), "city")
-             for gid in sorted(geo.cities)]
+    docs = [
+        Document(f"country:{code}", geo.countries[code]["name"], country_text(code, geo), "country")
+        for code in sorted(geo.countries)
+    ]
+    docs += [
+        Document(f"city:{gid}", geo.cities[gid]["name"], city_text(gid, geo, capital_of), "city")
+        for gid in sorted(geo.cities)
+    ]
     return tuple(docs)
 
 

@@ -1,7 +1,8 @@
 """search-v0's long-horizon family ``city_distractors_capital``: a two-hop question that
 names `k` distractor cities beside its subject, where the first search decides the outcome.
 
-    Not Tarbes, Kumba, Yanji or Olinda: what is the capital of the country where the city of Lyon lies?
+    Not Tarbes, Kumba, Yanji or Olinda: what is the capital of the country where the city of Lyon
+    lies?
 
 Every distractor is a city of another country (whose capital differs from the gold one),
 drawn from the same split's two-hop tasks, so a distractor names nothing of another split
@@ -37,13 +38,14 @@ MAX_DISTRACTORS = 27  # k + 3 <= 30 actions
 
 def check_distractors(k: object) -> list[str]:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DISTRACTORS:
-        return [f"distractors must be an integer in [1, {MAX_DISTRACTORS}] (an episode is distractors + 3 "
-                f"actions), got {k!r}"]
+        return [f"distractors must be an integer in [1, {MAX_DISTRACTORS}] (an episode is "
+                f"distractors + 3 actions), got {k!r}"]
     return []
 
 
 def prompt_of(subject: str, distractors: list[str]) -> str:
-    names = distractors[0] if len(distractors) == 1 else f"{', '.join(distractors[:-1])} or {distractors[-1]}"
+    names = (distractors[0] if len(distractors) == 1 else f"{', '.join(distractors[:-1])} or "
+                                                          f"{distractors[-1]}")
     return f"Not {names}: what is the capital of the country where the city of {subject} lies?"
 
 
@@ -73,10 +75,11 @@ def distractor_tasks(base: Sequence[Task], k: int) -> list[Task]:
             continue  # too few countries in a small split: the task is left out, never padded
         names = [p.metadata["subject"] for p in picked]
         meta = {**task.metadata, "family": FAMILY, "hops": HOPS, "distractors": [
-            {"city": p.metadata["subject"], "country": p.metadata["bridge"], "capital": p.answers[0]}
+            {"city": p.metadata["subject"], "country": p.metadata["bridge"],
+             "capital": p.answers[0]}
             for p in picked]}
-        meta["entities"] = list(dict.fromkeys([*task.metadata["entities"], *(e for p in picked
-                                                                              for e in p.metadata["entities"])]))
+        meta["entities"] = list(dict.fromkeys(
+            [*task.metadata["entities"], *(e for p in picked for e in p.metadata["entities"])]))
         out.append(Task(task_id=f"search-v0/{FAMILY}/{k}/{task.metadata['subject_id']}",
                         prompt=prompt_of(task.metadata["subject"], names), answers=task.answers,
                         split=task.split, env=task.env, metadata=meta))

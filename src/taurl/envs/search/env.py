@@ -53,10 +53,12 @@ SEARCH_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "search",
-        "description": "Search an encyclopedia of cities and countries; returns the best matching documents.",
+        "description": "Search an encyclopedia of cities and countries; returns the best matching "
+                       "documents.",
         "parameters": {
             "type": "object",
-            "properties": {"query": {"type": "string", "description": "Words to look for, e.g. a city name."}},
+            "properties": {"query": {"type": "string", "description": "Words to look for, e.g. a "
+                                                                      "city name."}},
             "required": ["query"],
             "additionalProperties": False,
         },
@@ -97,8 +99,11 @@ class SearchEnv:
                                 ("max_search_errors", max_search_errors, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 problems.append(f"{key} must be an integer >= {low}, got {value!r}")
-        if max_doc_chars is not None and (isinstance(max_doc_chars, bool) or not isinstance(max_doc_chars, int) or max_doc_chars < 1):
-            problems.append(f"max_doc_chars must be None (no truncation) or an integer >= 1, got {max_doc_chars!r}")
+        if max_doc_chars is not None and (isinstance(max_doc_chars, bool)
+                                          or not isinstance(max_doc_chars, int)
+                                          or max_doc_chars < 1):
+            problems.append("max_doc_chars must be None (no truncation) or an integer >= 1, got "
+                            f"{max_doc_chars!r}")
         if retriever is not None and not callable(getattr(retriever, "search", None)):
             problems.append("retriever must have a search(query, k) -> list[Hit] method")
         if problems:
@@ -115,24 +120,29 @@ class SearchEnv:
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         if task.env != self.name:
-            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; make the env the task names")
+            raise ConfigError(f"task {task.task_id!r} is for env {task.env!r}, not {self.name!r}; "
+                              "make the env the task names")
         if not task.answers:
-            raise ConfigError(f"task {task.task_id!r} has no gold answers; exact match needs at least one")
+            raise ConfigError(f"task {task.task_id!r} has no gold answers; exact match needs at "
+                              "least one")
         self._task, self._done, self._turn, self._errors_in_a_row = task, False, 0, 0
-        info = {"task_id": task.task_id, "seed": seed, "env": self.name, "env_version": self.version,
-                "top_k": self.top_k, "max_turns": self.max_turns, "max_doc_chars": self.max_doc_chars,
-                "verifier_version": VERIFIER_VERSION,
+        info = {"task_id": task.task_id, "seed": seed, "env": self.name,
+                "env_version": self.version, "top_k": self.top_k, "max_turns": self.max_turns,
+                "max_doc_chars": self.max_doc_chars, "verifier_version": VERIFIER_VERSION,
                 "corpus_fingerprint": getattr(self.retriever, "fingerprint", "")}
         # the world the episode runs in, kept in the trajectory (a custom retriever may not know it)
-        info["provenance"] = {"corpus_fingerprint": info["corpus_fingerprint"]} if info["corpus_fingerprint"] else {}
+        info["provenance"] = ({"corpus_fingerprint": info["corpus_fingerprint"]}
+                              if info["corpus_fingerprint"] else {})
         return "", info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
-            raise ResetNeeded("SearchEnv.step called before reset() or after the episode ended; call reset(task) first")
+            raise ResetNeeded("SearchEnv.step called before reset() or after the episode ended; "
+                              "call reset(task) first")
         self._turn += 1
         parsed = parse_action(action)
-        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid", "turn": self._turn}
+        info: dict[str, Any] = {"action": parsed, "invalid": parsed["kind"] == "invalid",
+                                "turn": self._turn}
         obs, reward, terminated, truncated = "", 0.0, False, False
         if parsed["kind"] == "answer":
             reward = exact_match(parsed["answer"], self._task.answers)
@@ -154,20 +164,23 @@ class SearchEnv:
         return obs, reward, terminated, truncated, info
 
     def _search(self, query: str, info: dict[str, Any]) -> tuple[str, bool]:
-        """Run one search; fills info["receipt"] (and info["error"]); returns (observation, failed)."""
+        """Run one search; fills info["receipt"] (and info["error"]); returns (observation,
+        failed)."""
         t0 = time.perf_counter()
         try:
             hits = self.retriever.search(query, self.top_k)
         except Exception as e:  # any retriever failure: the model is told, the episode goes on
             error = f"{type(e).__name__}: {e}"
             info["error"] = error
-            info["receipt"] = ToolReceipt(tool="search", arguments={"query": query}, decision="allowed",
-                                          status="error", reason=error, latency_s=time.perf_counter() - t0)
+            info["receipt"] = ToolReceipt(tool="search", arguments={"query": query},
+                                          decision="allowed", status="error", reason=error,
+                                          latency_s=time.perf_counter() - t0)
             return f"\n\n<information>{SEARCH_FAILED}</information>\n\n", True
         body = format_hits(hits, self.max_doc_chars) if hits else NO_RESULTS
         info["receipt"] = ToolReceipt(
             tool="search", arguments={"query": query}, decision="allowed", status="ok",
             latency_s=time.perf_counter() - t0, output_chars=len(body),
-            truncated_output=self.max_doc_chars is not None and any(len(h.doc.text) > self.max_doc_chars for h in hits))
+            truncated_output=(self.max_doc_chars is not None
+                              and any(len(h.doc.text) > self.max_doc_chars for h in hits)))
         info["doc_ids"] = [h.doc.doc_id for h in hits]
         return f"\n\n<information>{body}</information>\n\n", False

@@ -52,7 +52,8 @@ def search_expert(task: Task, rng: random.Random, p_skip_search: float = 0.0,
     if bridge:
         kind = task.metadata.get("answer_kind", "")
         query = f"{bridge} {'capital' if kind == 'city' else kind}".strip()
-        actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of {bridge}.</think>\n<search> {query}</search>")
+        actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of "
+                       f"{bridge}.</think>\n<search> {query}</search>")
     actions.append(f"<think>I found it.</think>\n<answer> {answer}</answer>")
     return actions
 
@@ -73,7 +74,8 @@ class ExpertQuality:
         return {"p_skip_search": self.p_skip_search, "p_guess_right": self.p_guess_right}
 
 
-def expert_actions(task: Task, quality: ExpertQuality = ExpertQuality(), rng: random.Random | None = None) -> list[str]:
+def expert_actions(task: Task, quality: ExpertQuality = ExpertQuality(),
+                   rng: random.Random | None = None) -> list[str]:
     """`search_expert` with the knobs of `quality` (and ``random.Random(0)`` by default)."""
     return search_expert(task, rng or random.Random(0), **quality.options())
 

@@ -18,11 +18,11 @@ Splits, by entity, in one of two granularities (`SPLIT_BY`):
   is held out when ``sha256(SPLIT_SEED:code) mod 100 < HOLDOUT_PERCENT`` (its smallest
   ISO code), else "train"; a held-out group is "validation" or "holdout" by a second hash
   (``sha256(SPLIT_SEED:validation:code) mod 100 < VALIDATION_PERCENT``), so the two never
-  share an entity and tuning on validation never touches a holdout entity. Every city follows its country, so a task's subject, bridge and
-  answer entities all share one split. A training question whose text still names a
-  holdout entity (the subject or an entity answer of a holdout task, as whole words, e.g.
-  the town "Nueva Guinea" when Guinea is held out) is dropped. Holdout answers are then
-  names the policy never wrote in training.
+  share an entity and tuning on validation never touches a holdout entity. Every city follows its
+  country, so a task's subject, bridge and answer entities all share one split. A training question
+  whose text still names a holdout entity (the subject or an entity answer of a holdout task, as
+  whole words, e.g. the town "Nueva Guinea" when Guinea is held out) is dropped. Holdout answers are
+  then names the policy never wrote in training.
 - ``"city"`` (new subjects, shared answer classes): a city-subject task is held out when
   ``sha256(SPLIT_SEED:city:<geonames id>) mod 100 < HOLDOUT_PERCENT`` (validation or
   holdout by the same second hash); every
@@ -54,7 +54,8 @@ SPLIT_BY = ("country", "city")
 SPLIT_SEED = "taurl-search-v0"
 HOLDOUT_PERCENT = 20  # share of entities held out of training (validation + holdout)
 VALIDATION_PERCENT = 50  # share of the held-out entities that form the validation split
-ENTITY_ANSWER_KINDS = frozenset({"country", "city"})  # answers that name an entity; the rest are generic
+# answers that name an entity; the rest are generic
+ENTITY_ANSWER_KINDS = frozenset({"country", "city"})
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,15 @@ class Family:
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("city_country", 1, "city", "country", "In which country is the city of {subject}?"),
-    Family("city_timezone", 1, "city", "timezone", "What is the time zone of the city of {subject}?"),
+    Family("city_timezone", 1, "city", "timezone",
+           "What is the time zone of the city of {subject}?"),
     Family("country_capital", 1, "country", "city", "What is the capital of {subject}?"),
     Family("country_currency", 1, "country", "currency", "What currency is used in {subject}?"),
     Family("country_continent", 1, "country", "continent", "On which continent is {subject}?"),
-    Family("city_country_capital", 2, "city", "city", "What is the capital of the country where the city of {subject} lies?"),
-    Family("city_country_currency", 2, "city", "currency", "What currency is used in the country where the city of {subject} lies?"),
+    Family("city_country_capital", 2, "city", "city", "What is the capital of the country where "
+                                                      "the city of {subject} lies?"),
+    Family("city_country_currency", 2, "city", "currency", "What currency is used in the country "
+                                                           "where the city of {subject} lies?"),
 )}
 
 
@@ -134,7 +138,8 @@ def _template_phrases() -> set[str]:
     out = set()
     for f in FAMILIES.values():
         words = normalize_answer(f.template.replace("{subject}", " ")).split()
-        out.update(" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+        out.update(" ".join(words[i:j]) for i in range(len(words))
+                   for j in range(i + 1, len(words) + 1))
     return out
 
 
@@ -166,8 +171,10 @@ def _country_facts(geo: Geo, code: str) -> dict[str, tuple[tuple[str, ...], list
     cap = geo.capital_city.get(code)
     return {
         "country": (_dedupe(_country_names(geo, code)), []),
-        "city": (_capital_answers(geo, code) if c["capital"] else (), [f"city:{cap}"] if cap else []),
-        "currency": (_dedupe([c["currencyname"], c["currencycode"]]) if c["currencyname"] else (), []),
+        "city": (_capital_answers(geo, code) if c["capital"] else (),
+                 [f"city:{cap}"] if cap else []),
+        "currency": (_dedupe([c["currencyname"], c["currencycode"]]) if c["currencyname"] else (),
+                     []),
         "continent": (_dedupe([geo.continents.get(c["continentcode"], "")]), []),
     }
 
@@ -178,7 +185,8 @@ def _make(fam: Family, subject: str, subject_id: str, answers: tuple[str, ...],
             "subject": subject, "subject_id": subject_id, "answer_kind": fam.answer_kind}
     if bridge is not None:
         meta["bridge"] = bridge
-    return Task(task_id=f"{ENV_NAME}/{fam.name}/{subject_id}", prompt=fam.template.format(subject=subject),
+    return Task(task_id=f"{ENV_NAME}/{fam.name}/{subject_id}",
+                prompt=fam.template.format(subject=subject),
                 answers=answers, split=split, env=ENV_NAME, metadata=meta)
 
 
@@ -193,7 +201,8 @@ def _all_tasks(split_by: str) -> list[Task]:
         if fam.subject_kind == "country":
             for code in sorted(geo.countries):
                 answers, extra = facts[code][fam.answer_kind]
-                split = splits[code] if split_by == "country" else "train"  # city mode holds out cities only
+                # city mode holds out cities only
+                split = splits[code] if split_by == "country" else "train"
                 if answers:
                     tasks.append(_make(fam, geo.countries[code]["name"], f"country:{code}", answers,
                                        [f"country:{code}", *extra], split))
@@ -242,7 +251,8 @@ def _task_pool(split_by: str = "country") -> dict[str, dict[str, list[Task]]]:
     # holdout tasks go instead (none today: usable cities already exclude those names)
     fixed = _template_phrases()
     tasks = [t for t in tasks if t.split == "train" or not _entity_phrases(t) & fixed]
-    held = [t for t in tasks if t.split != "train"]  # validation and holdout: neither may leak into training
+    # validation and holdout: neither may leak into training
+    held = [t for t in tasks if t.split != "train"]
     if split_by == "country":
         banned = set().union(*(_entity_phrases(t) for t in held))
         banned_answers: set[str] = set()
@@ -276,7 +286,8 @@ def _names_any(words: list[str], phrases: set[str], prefixes: set[str]) -> bool:
 @functools.cache
 def _distractor_pool(split_by: str, split: str, k: int) -> tuple[Task, ...]:
     """The split's ``city_distractors_capital`` tasks with `k` distractors each."""
-    return tuple(distractors_family.distractor_tasks(_task_pool(split_by)[split][distractors_family.BASE_FAMILY], k))
+    return tuple(distractors_family.distractor_tasks(
+        _task_pool(split_by)[split][distractors_family.BASE_FAMILY], k))
 
 
 def generate_tasks(split: str, n: int | None = None, seed: int = 0,
@@ -291,8 +302,10 @@ def generate_tasks(split: str, n: int | None = None, seed: int = 0,
     robin, so any prefix is balanced until a family runs out (the country families hold
     ~200 tasks each, the city families thousands). Same arguments, same list.
     """
-    names, problems = task_request_problems(split, SPLITS, list(FAMILIES) if families is None else families,
-                                            [*FAMILIES, distractors_family.FAMILY], n, n_may_be_none=True)
+    names, problems = task_request_problems(split, SPLITS,
+                                            list(FAMILIES) if families is None else families,
+                                            [*FAMILIES, distractors_family.FAMILY], n,
+                                            n_may_be_none=True)
     if split_by not in SPLIT_BY:
         problems.append(f"split_by {split_by!r} is unknown; use one of {SPLIT_BY}")
     if distractors_family.FAMILY in names:
@@ -302,7 +315,8 @@ def generate_tasks(split: str, n: int | None = None, seed: int = 0,
     pool = _task_pool(split_by)[split]
     queues = []
     for f in names:
-        tasks = list(pool[f] if f != distractors_family.FAMILY else _distractor_pool(split_by, split, distractors))
+        tasks = list(pool[f] if f != distractors_family.FAMILY
+                     else _distractor_pool(split_by, split, distractors))
         random.Random(f"{seed}:{f}").shuffle(tasks)
         queues.append(tasks)
     out: list[Task] = []

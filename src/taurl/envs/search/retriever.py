@@ -69,7 +69,8 @@ class BM25Retriever:
         self.fingerprint = corpus_fingerprint(self.docs)
         root = Path(cache_dir) if cache_dir is not None else cache_root()
         # the key names everything the index depends on: the corpus, bm25s and our tokenization
-        self.index_dir = root / "bm25" / f"{self.fingerprint}-bm25s{bm25s.__version__}-{INDEX_VERSION}"
+        self.index_dir = (root / "bm25"
+                          / f"{self.fingerprint}-bm25s{bm25s.__version__}-{INDEX_VERSION}")
         self._lock = threading.Lock()
         self.loaded_from_cache = False
         if (self.index_dir / _DONE).exists():
@@ -111,9 +112,11 @@ class BM25Retriever:
         if not words:
             return []
         k = min(k, len(self.docs))
-        with self._lock:  # bm25s keeps no per-call state we rely on, but is not documented thread-safe
+        with self._lock:
+            # bm25s keeps no per-call state we rely on, but is not documented thread-safe
             ids, scores = self._bm25.retrieve([words], k=k, show_progress=False, n_threads=0)
-        return [Hit(self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=False) if s > 0]
+        return [Hit(self.docs[int(i)], float(s))
+                for i, s in zip(ids[0], scores[0], strict=False) if s > 0]
 
 
 _SHARED: dict[str, BM25Retriever] = {}

@@ -22,8 +22,8 @@ from taurl.data.staleness import episode_age
 from taurl.data.trajectory import Trajectory
 
 
-def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, eta: int, batch: int,
-             overprovision: int = 0) -> int:
+def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, eta: int,
+             batch: int, overprovision: int = 0) -> int:
     """How many new groups (or episodes) producers may start now; never below 0.
 
         capacity = min(max_concurrent − running, (η + v + 1)·B + k − (accepted + running))
@@ -47,7 +47,8 @@ def capacity(*, max_concurrent: int, running: int, accepted: int, version: int, 
     >>> capacity(max_concurrent=5, running=3, accepted=0, version=2, eta=4, batch=4)
     2
     """
-    return max(0, min(max_concurrent - running, (eta + version + 1) * batch + overprovision - (accepted + running)))
+    return max(0, min(max_concurrent - running,
+                      (eta + version + 1) * batch + overprovision - (accepted + running)))
 
 
 def group_age(group: Sequence[Trajectory], version: int) -> int:
@@ -56,7 +57,8 @@ def group_age(group: Sequence[Trajectory], version: int) -> int:
     return max((episode_age(t, version) or 0 for t in group), default=0)
 
 
-def split_fresh(groups: Mapping[int, Sequence[Trajectory]], version: int, eta: int) -> tuple[list[int], list[int]]:
+def split_fresh(groups: Mapping[int, Sequence[Trajectory]], version: int,
+                eta: int) -> tuple[list[int], list[int]]:
     """(ids of the groups whose every episode is at most `eta` versions old, ids of the others)
     — the learner's check at consumption; the second list is dropped and counted, never trained."""
     fresh, stale = [], []
@@ -68,7 +70,8 @@ def split_fresh(groups: Mapping[int, Sequence[Trajectory]], version: int, eta: i
 def staleness_stats(trajs: Sequence[Trajectory], version: int) -> dict[str, float]:
     """Mean, p95 (nearest rank) and max age of a trained batch, as ``rollout/staleness_*``."""
     s = staleness.staleness_stats(trajs, version)
-    return {"rollout/staleness_mean": s.mean, "rollout/staleness_p95": s.p95, "rollout/staleness_max": s.max}
+    return {"rollout/staleness_mean": s.mean, "rollout/staleness_p95": s.p95,
+            "rollout/staleness_max": s.max}
 
 
 def stale_token_keep(traj: Trajectory) -> list[float]:

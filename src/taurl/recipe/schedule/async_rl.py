@@ -1,7 +1,9 @@
-"""The asynchronous schedule (``schedule: async``): rollouts run ahead of the learner, staleness ≤ η.
+"""The asynchronous schedule (``schedule: async``): rollouts run ahead of the learner,
+staleness ≤ η.
 
     producers (asyncio tasks on the engine, in this process):
-        while capacity(running, accepted, v) > 0:            # admission (taurl.recipe.schedule.admission)
+        while capacity(running, accepted, v) > 0:            # admission
+                                                             # (taurl.recipe.schedule.admission)
             start group g: G episodes of task rl[g], ids a<g>-<j>, seeds fixed by (seed, g, j)
         every episode runs on whatever weights the engine serves, and is stored in the
         ledger the moment it ends (one action segment per policy version)
@@ -30,72 +32,33 @@ import dataclasses
 import logging
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from taurl import chaos
-from taurl.data.trajectory import Trajectory
 from taurl.errors import Error
 from taurl.monitor.alarms import Watch, low_precision
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
-from taurl.policy.model import load_policy_meta
+from taurl.policy.files import load_policy_meta
 from taurl.recipe.record import judge_update, record_update
 from taurl.recipe.schedule.admission import (
     capacity,
     split_fresh,
     staleness_stats,
 )
+from taurl.recipe.schedule.groups import AsyncGroup, EngineTap
 from taurl.recipe.schedule.learner_proc import LearnerProcess
-from taurl.rollout.episodes import EpisodeSpec, episode_seed, store_episode
+from taurl.rollout.episodes import EpisodeSpec, store_episode
 from taurl.rollout.runner import EpisodeError, check_stored, run_one, shrunk_groups
+from taurl.rollout.seeds import episode_seed
 from taurl.train.checkpoint import prune_checkpoints
 
 log = logging.getLogger("taurl.recipe.schedule")
-EPISODE_ID = re.compile(r"^a(\d{5,})-(\d{2,})$")  # `episode_id`: at least 5 and 2 digits, more when they grow
+# `episode_id`: at least 5 and 2 digits, more when they grow
+EPISODE_ID = re.compile(r"^a(\d{5,})-(\d{2,})$")
 
 
 def episode_id(group: int, j: int) -> str:
     return f"a{group:05d}-{j:02d}"
-
-
-class _Tap:
-    """The engine, as one episode sees it: records the oldest version that served it, so a
-    group that can no longer be fresh is known while it still runs."""
-
-    def __init__(self, engine: Any, group: _Group):
-        self._engine, self._group = engine, group
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def generate(self, prompt_ids: Any, sampling: Any) -> Any:
-        # older groups first: a batch completes as soon as the engine can finish it, instead
-        # of every batch in flight sharing the engine and completing late together
-        sampling = dataclasses.replace(sampling, priority=self._group.index)
-        gen = await self._engine.generate(prompt_ids, sampling)
-        if gen.token_ids:
-            g = self._group
-            g.oldest = gen.policy_version if g.oldest is None else min(g.oldest, gen.policy_version)
-        return gen
-
-
-@dataclass
-class _Group:
-    index: int
-    specs: list[EpisodeSpec]
-    episodes: dict[str, Trajectory] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
-    tasks: list[asyncio.Task] = field(default_factory=list)
-    oldest: int | None = None  # oldest policy version that sampled any of its tokens so far
-    t_start: float = 0.0
-    t_end: float = 0.0
-
-    @property
-    def done(self) -> bool:
-        return len(self.episodes) + len(self.failed) >= len(self.specs)
-
-    def trajectories(self) -> list[Trajectory]:
-        return [self.episodes[s.episode_id] for s in self.specs if s.episode_id in self.episodes]
 
 
 class AsyncSchedule:
@@ -104,23 +67,27 @@ class AsyncSchedule:
     def __init__(self, r: Any, collector: Any, version: int, seed: int):
         cfg = self.cfg = r.cfg
         self.r, self.engine, self.seed = r, collector.engine, seed
-        self.tokenizer, self.make_env, self.run_id = collector.tokenizer, collector.make_env, collector.run_id
-        self.rollout = dataclasses.replace(collector.config, resume_aborted=cfg.interrupt == "interrupt")
+        self.tokenizer, self.make_env, self.run_id = (collector.tokenizer, collector.make_env,
+                                                      collector.run_id)
+        self.rollout = dataclasses.replace(collector.config,
+                                           resume_aborted=cfg.interrupt == "interrupt")
         self.version = version
         self.v_sft = r.state["sft_version"]
         self.B, self.G, self.eta = cfg.tasks_per_update, cfg.group_size, cfg.staleness_eta
         self.max_groups = max(1, cfg.concurrency // cfg.group_size)
-        self.ready: dict[int, _Group] = {}
-        self.running: dict[int, _Group] = {}
+        self.ready: dict[int, AsyncGroup] = {}
+        self.running: dict[int, AsyncGroup] = {}
         self.done_ids: dict[str, list[int]] = {"consumed": [], "dropped": [], "aborted": []}
-        self.counts = {"dropped_groups": 0, "dropped_episodes": 0, "aborted_groups": 0, "failed_episodes": 0,
+        self.counts = {"dropped_groups": 0, "dropped_episodes": 0, "aborted_groups": 0,
+                       "failed_episodes": 0,
                        "failed_groups": 0, "shrunk_groups": 0, "reused_episodes": 0}
         self.accepted = 0  # groups finished and kept: trained, or ready to be
         self.failed_in_row = 0  # groups that produced nothing since the last one kept
         self.next_group = 0
         self.changed = asyncio.Event()  # a group finished or was aborted, or the version changed
         self.stopping = False
-        self.error: BaseException | None = None  # set when nothing usable can be produced, or a task failed
+        # set when nothing usable can be produced, or a task failed
+        self.error: BaseException | None = None
         self._restore()
 
     # -- restart ------------------------------------------------------------------------
@@ -140,7 +107,8 @@ class AsyncSchedule:
             group = self._group(g)
             specs = {s.episode_id: s for s in group.specs}
             # each one checked to be the episode its spec asks for (task, seed, temperature)
-            group.episodes = {e: check_stored(self.r.ledger.get(e), specs[e], self.rollout.temperature)
+            group.episodes = {e: check_stored(self.r.ledger.get(e), specs[e],
+                                              self.rollout.temperature)
                               for e in ids if e in specs}
             versions = [v for t in group.episodes.values() for v in t.policy_versions]
             group.oldest = min(versions, default=None)
@@ -152,24 +120,26 @@ class AsyncSchedule:
                 self._launch(group)
 
     # -- producers ----------------------------------------------------------------------
-    def _group(self, g: int) -> _Group:
+    def _group(self, g: int) -> AsyncGroup:
         tasks = self.r.plan.rl
         task = tasks[g % len(tasks)]
-        specs = [EpisodeSpec(episode_id(g, j), task, episode_seed(self.seed, "rl-async", g, j), f"a{g:05d}:{task.task_id}")
+        specs = [EpisodeSpec(episode_id(g, j), task, episode_seed(self.seed, "rl-async", g, j),
+                             f"a{g:05d}:{task.task_id}")
                  for j in range(self.G)]
-        return _Group(g, specs)
+        return AsyncGroup(g, specs)
 
-    def _launch(self, group: _Group) -> None:
+    def _launch(self, group: AsyncGroup) -> None:
         group.t_start = time.perf_counter()
         self.running[group.index] = group
-        tap = _Tap(self.engine, group)
+        tap = EngineTap(self.engine, group)
         group.tasks = [asyncio.create_task(self._episode(group, s, tap)) for s in group.specs
                        if s.episode_id not in group.episodes]
         for t in group.tasks:
             t.add_done_callback(self._task_done)
 
-    async def _episode(self, group: _Group, s: EpisodeSpec, tap: _Tap) -> None:
-        traj = await run_one(tap, self.make_env, self.tokenizer, s, config=self.rollout, run_id=self.run_id)
+    async def _episode(self, group: AsyncGroup, s: EpisodeSpec, tap: EngineTap) -> None:
+        traj = await run_one(tap, self.make_env, self.tokenizer, s, config=self.rollout,
+                             run_id=self.run_id)
         if isinstance(traj, str):  # a counted failure (taurl.rollout.runner)
             group.failed.append(f"{s.episode_id}: {traj}")
         else:
@@ -185,13 +155,14 @@ class AsyncSchedule:
         if group.done and group.index in self.running:
             self._finished(group)
 
-    def _finished(self, group: _Group) -> None:
+    def _finished(self, group: AsyncGroup) -> None:
         del self.running[group.index]
         group.t_end = time.perf_counter()
         for why in group.failed:
             log.warning("episode produced no record: %s", why)
         self.counts["failed_episodes"] += len(group.failed)
-        errors = [f"{e}: {t.metadata.get('error')}" for e, t in group.episodes.items() if not t.valid]
+        errors = [f"{e}: {t.metadata.get('error')}"
+                  for e, t in group.episodes.items() if not t.valid]
         # no group to compare within, or only records an error ended: nothing to train on
         if len(group.episodes) < 2 or len(errors) == len(group.episodes):
             self.counts["failed_groups"] += 1
@@ -202,8 +173,9 @@ class AsyncSchedule:
             # mid-run would otherwise have its groups relaunched forever (issue 38 H3)
             if self.failed_in_row >= self.B:
                 self.fail(EpisodeError(f"{self.failed_in_row} groups in a row produced no usable "
-                                       f"records; the first failure: {(group.failed + errors or ['?'])[0]}. Fix "
-                                       "the cause and run the same command again (stored episodes are kept)"))
+                                       "records; the first failure: "
+                                       f"{(group.failed + errors or ['?'])[0]}. Fix the cause and "
+                                       "run the same command again (stored episodes are kept)"))
         else:  # trained as it is; one with fewer episodes than G is counted
             self.counts["shrunk_groups"] += shrunk_groups(group.specs, group.episodes)
             self.ready[group.index] = group
@@ -235,8 +207,10 @@ class AsyncSchedule:
 
     def admit(self) -> int:
         """Start as many new groups as `capacity` allows; returns how many."""
-        n = capacity(max_concurrent=self.max_groups, running=len(self.running), accepted=self.accepted,
-                     version=self.version - self.v_sft, eta=self.eta, batch=self.B, overprovision=self.cfg.overprovision)
+        n = capacity(max_concurrent=self.max_groups, running=len(self.running),
+                     accepted=self.accepted,
+                     version=self.version - self.v_sft, eta=self.eta, batch=self.B,
+                     overprovision=self.cfg.overprovision)
         for _ in range(n):
             self._launch(self._group(self.next_group))
             self.next_group += 1
@@ -249,7 +223,7 @@ class AsyncSchedule:
             self.changed.clear()
             await asyncio.sleep(0)  # let the learner see the same change
 
-    def abort(self, group: _Group, why: str) -> None:
+    def abort(self, group: AsyncGroup, why: str) -> None:
         for t in group.tasks:
             t.cancel()
         self.running.pop(group.index, None)
@@ -259,13 +233,13 @@ class AsyncSchedule:
         self.changed.set()
 
     # -- the learner's intake -------------------------------------------------------------
-    async def take(self) -> list[_Group]:
+    async def take(self) -> list[AsyncGroup]:
         """The next B fresh complete groups, oldest first; stale ones dropped and counted."""
         while True:
             if self.error is not None:
                 raise self.error
-            _, stale = split_fresh({g: self.ready[g].trajectories() for g in sorted(self.ready)}, self.version,
-                                   self.eta)
+            _, stale = split_fresh({g: self.ready[g].trajectories() for g in sorted(self.ready)},
+                                   self.version, self.eta)
             for g in stale:
                 group = self.ready.pop(g)
                 self.accepted -= 1  # a dropped group frees its place (it was never trained)
@@ -319,8 +293,8 @@ class AsyncSchedule:
         return len(left)
 
 
-async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any], update: int, version: int,
-                    t0: float, v_sft: int) -> None:
+async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any], update: int,
+                    version: int, t0: float, v_sft: int) -> None:
     """Once checkpoint `version` is whole on disk: its hook, the update's metrics row (so a
     row is never ahead of the checkpoints: a killed run resumes at the first update without
     one), and the retention of old checkpoints."""
@@ -330,14 +304,15 @@ async def _recorded(r: Any, proc: LearnerProcess, bar: Any, row: dict[str, Any],
     prune_checkpoints(r.run, r.cfg.keep_checkpoints, {0, v_sft, *r.run.promoted_versions()})
 
 
-async def _swapped(sched: AsyncSchedule, saving: asyncio.Task, checkpoint: Any, version: int) -> None:
+async def _swapped(sched: AsyncSchedule, saving: asyncio.Task, checkpoint: Any,
+                   version: int) -> None:
     """The engine loads `version` once its checkpoint is written (the engine reads the files)."""
     await saving
     await sched.swap(checkpoint, version)
 
 
-def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
-                  seed: int) -> None:
+def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int,
+                  first: int, seed: int) -> None:
     """The RL phase of the recipe with ``schedule: async`` (module docstring)."""
     if not hasattr(collector, "engine"):
         raise Error("schedule: async runs with backend: local only")
@@ -347,13 +322,15 @@ def async_rl_loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, ve
 # Over 60 lines on purpose: the async schedule's update loop: admit groups, learn in the learner
 # process, swap weights behind, record; its awaits and their order are the schedule, kept
 # visible in one body.
-async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int, first: int,
-                seed: int) -> None:
+async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, version: int,
+                first: int, seed: int) -> None:
     cfg, v_sft = r.cfg, r.state["sft_version"]
     # the learner runs in its own process (taurl.recipe.schedule.learner_proc: why); `model` and
     # `learner` of this process are not used here
-    proc = r.learner_process or LearnerProcess()  # (spawned by the recipe before SFT: its imports are done)
-    proc.start(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())  # building it overlaps the first rollouts
+    # (spawned by the recipe before SFT: its imports are done)
+    proc = r.learner_process or LearnerProcess()
+    # building it overlaps the first rollouts
+    proc.start(cfg, r.run.root, version, v_sft, seed, r.checkpoint_meta())
     sched = AsyncSchedule(r, collector, version, seed)
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
@@ -362,7 +339,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                   low=low_precision(cfg.precision, cfg.torch_dtype))
     producer = sched.start()
     saving: asyncio.Task | None = None  # the newest checkpoint being written, then its row recorded
-    swapping: asyncio.Task | None = None  # the engine loading the newest version, behind the learner
+    # the engine loading the newest version, behind the learner
+    swapping: asyncio.Task | None = None
     ended = False  # the loop ran to its end (no error is on its way out)
     t_start = time.perf_counter()
     try:
@@ -373,19 +351,24 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             t_idle = time.perf_counter() - t0
             batch = [t for g in groups for t in g.trajectories()]
             stale = staleness_stats(batch, version)
-            if stale["rollout/staleness_max"] > cfg.staleness_eta:  # split_fresh makes this impossible
-                raise Error(f"update {update} would train on an episode {stale['rollout/staleness_max']:g} "
-                            f"versions old (η = {cfg.staleness_eta})")
+            if stale["rollout/staleness_max"] > cfg.staleness_eta:
+                # split_fresh makes this impossible
+                raise Error(f"update {update} would train on an episode "
+                            f"{stale['rollout/staleness_max']:g} versions old (η = "
+                            f"{cfg.staleness_eta})")
             in_flight = len(sched.running)
-            r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
+            r.hook("rollouts_stored",
+                   {"update": update, "version": version, "episodes": len(batch)})
             meta = {k: list(v) for k, v in sched.done_ids.items()}
             await proc.ready()  # (only the first update can wait here: the learner process starts)
             t1 = time.perf_counter()
-            lstats = await proc.update(update, version, batch, meta)  # learns; checkpoint v+1 is written behind
+            # learns; checkpoint v+1 is written behind
+            lstats = await proc.update(update, version, batch, meta)
             version += 1
             delta = {k: sched.counts[k] - before[k] for k in before}
             roll_s = max(g.t_end for g in groups) - min(g.t_start for g in groups)
-            row = {"phase": "rl", "update": update, "policy/version": version, **rollout_metrics(batch, roll_s),
+            row = {"phase": "rl", "update": update, "policy/version": version,
+                   **rollout_metrics(batch, roll_s),
                    **lstats, "rollout/groups_same_reward": same_reward_share(batch), **stale,
                    "rollout/trained_action_tokens": float(sum(t.num_action_tokens for t in batch)),
                    "rollout/dropped_stale_groups": float(delta["dropped_groups"]),
@@ -393,7 +376,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
                    "rollout/aborted_groups": float(delta["aborted_groups"]),
                    "rollout/failed_episodes": float(delta["failed_episodes"]),
                    "rollout/shrunk_groups": float(delta["shrunk_groups"]),
-                   "run/reused_episodes": float(sched.counts["reused_episodes"] if update == first else 0),
+                   "run/reused_episodes": float(sched.counts["reused_episodes"] if update == first
+                                                else 0),
                    "rollout/carried_groups": float(in_flight + len(sched.ready)),
                    "time/learner_idle_s": t_idle, "time/rollout_s": roll_s,
                    "time/learn_s": lstats.get("learn/learn_s", 0.0),
@@ -409,20 +393,24 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
             # its in-flight actions and loads the new weights
             sched.advance(version)
             saving = asyncio.create_task(_recorded(r, proc, bar, row, update, version, t0, v_sft))
-            swapping = asyncio.create_task(_swapped(sched, saving, r.run.checkpoint(version), version))
+            swapping = asyncio.create_task(_swapped(sched, saving, r.run.checkpoint(version),
+                                                    version))
             if stop is not None:
                 await saving  # the state says RL stopped after an update that is on disk
                 r.save_state(**stop)
                 break
         ended = True
     finally:
-        # the last checkpoint: its failure is the run's (raised below, unless another error is on its way)
-        (save_error,) = await asyncio.gather(saving, return_exceptions=True) if saving is not None else (None,)
+        # the last checkpoint: its failure is the run's (raised below, unless another error is on
+        # its way)
+        (save_error,
+         ) = await asyncio.gather(saving, return_exceptions=True) if saving is not None else (None,)
         if swapping is not None:  # the last load: training is done, so a failure is only reported
             (res,) = await asyncio.gather(swapping, return_exceptions=True)
             if isinstance(res, Exception) and not isinstance(save_error, BaseException):
                 log.warning("the engine could not load the last version after the final update "
-                            "(%s: %s); the checkpoint is written and the evaluations load it themselves",
+                            "(%s: %s); the checkpoint is written and the evaluations load it "
+                            "themselves",
                             type(res).__name__, res)
         proc.close(kill=not ended)  # after an error, at once: its cause is on its way out
         left = await sched.close()
@@ -432,5 +420,5 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     if ended and isinstance(save_error, BaseException):
         raise save_error
     if left:
-        log.info("async schedule: %d group(s) still running at the end were aborted (their stored episodes "
-                 "stay in the ledger)", left)
+        log.info("async schedule: %d group(s) still running at the end were aborted (their stored "
+                 "episodes stay in the ledger)", left)

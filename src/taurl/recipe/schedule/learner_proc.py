@@ -58,23 +58,29 @@ class LearnerProcess:
 
     def __init__(self) -> None:
         """Spawn the child now: it imports torch and transformers (seconds) and then waits for
-        `start`; the recipe spawns it before SFT and the first evaluation so the imports overlap them."""
+        `start`; the recipe spawns it before SFT and the first evaluation so the imports overlap
+        them."""
         key = os.urandom(16)
         self.listener = Listener(family="AF_UNIX", authkey=key)
-        env = {**os.environ, KEY_ENV: key.hex(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.recipe.schedule.learner_proc", self.listener.address],
+        env = {**os.environ, KEY_ENV: key.hex(),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "taurl.recipe.schedule.learner_proc",
+                                      self.listener.address],
                                      env=env)
         self.args: tuple | None = None  # `start`
         self.closed = False
         self.conn: Any = None
-        self.connecting: asyncio.Future | None = None  # `start()`: the child builds while producers run
+        # `start()`: the child builds while producers run
+        self.connecting: asyncio.Future | None = None
         self.reader: asyncio.Future | None = None  # `_read`, from "ready" on
-        self.learned: collections.deque[asyncio.Future] = collections.deque()  # `update` calls, oldest first
+        # `update` calls, oldest first
+        self.learned: collections.deque[asyncio.Future] = collections.deque()
         self.saves: dict[int, asyncio.Future] = {}  # version → its checkpoint is written
         self.failure: BaseException | None = None
         self.closing = False  # `close()`: the end of the connection is expected
 
-    def start(self, cfg: Any, run_root: Path, version: int, v_sft: int, seed: int, meta: dict[str, Any]) -> None:
+    def start(self, cfg: Any, run_root: Path, version: int, v_sft: int, seed: int,
+              meta: dict[str, Any]) -> None:
         """Connect and build the learner from checkpoint `version` of `run_root`, in the background
         (call inside the running loop; `ready()` waits for it)."""
         self.args = (cfg, str(run_root), version, v_sft, seed, meta)
@@ -97,8 +103,9 @@ class LearnerProcess:
 
     def _died(self) -> LearnerDied:
         code = self.proc.wait(5)
-        return LearnerDied(f"the learner process died (exit code {code}); run the same command again: the run "
-                           "resumes from its newest checkpoint, stored episodes kept")
+        return LearnerDied(f"the learner process died (exit code {code}); run the same command "
+                           "again: the run resumes from its newest checkpoint, stored episodes "
+                           "kept")
 
     def _recv(self) -> Any:
         return self._recv_kind()[1]
@@ -138,7 +145,8 @@ class LearnerProcess:
                 self.saves[version].set_exception(self.failure)
         return self.saves[version]
 
-    async def update(self, update: int, version: int, batch: list[Any], async_groups: dict[str, list[int]]
+    async def update(self, update: int, version: int, batch: list[Any],
+                     async_groups: dict[str, list[int]]
                      ) -> dict[str, float]:
         """Train `batch` as update `update`; returns once the weights are updated. Checkpoint
         `version` + 1 is written behind: `await saved(version + 1)`."""
@@ -173,7 +181,8 @@ class LearnerProcess:
         self.closed = self.closing = True
         if self.connecting is not None:
             self.connecting.cancel()
-        if self.conn is None or kill:  # never connected (the run ended first), or an error: nothing to finish
+        if self.conn is None or kill:
+            # never connected (the run ended first), or an error: nothing to finish
             self.proc.kill()
             if self.conn is None and self.connecting is not None:
                 # a thread of `_connect` may wait in accept(): a bare connection, closed at once,
@@ -194,7 +203,8 @@ class LearnerProcess:
 
 
 def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's close() ends the child
+    with contextlib.suppress(OSError, AttributeError):
+        # not Linux: the parent's close() ends the child
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
@@ -210,7 +220,8 @@ class CheckpointWriter:
     """
 
     def __init__(self, background: bool = True):
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="taurl-checkpoint") if background
+                      else None)
         self._pending: list[Future] = []  # the checkpoint being written
 
     def attach(self, learner: Any) -> None:
@@ -223,14 +234,16 @@ class CheckpointWriter:
             self._pending.append(self._pool.submit(fn, *args))
 
     def wait(self) -> None:
-        """Until the pending write is on disk; a failed write raises here (in the learner's update)."""
+        """Until the pending write is on disk; a failed write raises here (in the learner's
+        update)."""
         while self._pending:
             self._pending.pop().result()
 
 
 # Over 60 lines on purpose: the learner process's main: its imports, its state and its command
 # loop (update, save, stop) must live in the child's one frame.
-def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: int, meta: dict[str, Any]) -> None:
+def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: int,
+           meta: dict[str, Any]) -> None:
     _die_with_parent()
     import torch
 
@@ -240,7 +253,7 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     from taurl.recipe.rl_step import rl_step
     from taurl.recipe.schedule.admission import stale_token_keep
     from taurl.recipe.stages import learner_for
-    from taurl.rollout.episodes import episode_seed
+    from taurl.rollout.seeds import episode_seed
     from taurl.train.checkpoint import (
         drop_optimizer_state,
         load_optimizer_state,
@@ -281,17 +294,22 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
     send = _locked(conn.send)  # the writer thread sends too
     send(("ready", None))
     # a critic or a step scorer (their own models and optimizers) is saved in the foreground
-    writer = CheckpointWriter(background=learner.critic is None and not hasattr(learner.shaper, "save"))
+    writer = CheckpointWriter(background=(learner.critic is None
+                                          and not hasattr(learner.shaper, "save")))
     writer.attach(learner)
     chaos.on_optimizer_step(learner.optimizer)
 
-    def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]], row: dict[str, Any]) -> None:
+    def write(update: int, v: int, rng: dict[str, Any], groups: dict[str, list[int]],
+              row: dict[str, Any]) -> None:
         try:
             save_checkpoint(run, v + 1, model, tok, learner.optimizer, phase="rl", update=update,
-                            write_extra=learner.save_state, rng=rng, async_groups=groups, metrics_row=row, **meta)
+                            write_extra=learner.save_state, rng=rng, async_groups=groups,
+                            metrics_row=row, **meta)
             drop_optimizer_state(run.checkpoint(v))  # a restart needs only the newest
         except Exception as e:  # the parent hears of it at once; the next step raises it again
-            send(("error", f"update {update}: writing checkpoint v{v + 1}: {type(e).__name__}: {e}"))
+            send(
+                ("error", f"update {update}: writing checkpoint v{v + 1}: {type(e).__name__}: {e}")
+            )
             raise
         send(("saved", v + 1))
 
@@ -321,8 +339,9 @@ def _child(conn: Any, cfg: Any, run_root: str, version: int, v_sft: int, seed: i
         send(("error", f"writing the last checkpoint: {type(e).__name__}: {e}"))
 
 
-def _lora_policy(cfg: Any, run: Any, version: int, v_sft: int
-                 ) -> tuple[Any, Any, None, dict[str, Any]]:
+def _lora_policy(
+    cfg: Any, run: Any, version: int, v_sft: int
+) -> tuple[Any, Any, None, dict[str, Any]]:
     """(model, tokenizer, reference, checkpoint meta) of a LoRA run's learner at `version`:
     the SFT policy with fresh adapters (or `version`'s), no reference model (the KL reference
     is the base with the adapters off), and the ``lora`` entry every checkpoint carries (its

@@ -37,11 +37,11 @@ from typing import Any
 from taurl.errors import Error
 from taurl.train.distributed.group import free_port
 from taurl.train.distributed.pool import RankDied, RankPool, _accept
-from taurl.train.distributed.strategy import PLACEMENTS, RAY_KEYS, ray_options_problems
+from taurl.train.distributed.strategy import PLACEMENTS, RayPlacement
 from taurl.train.distributed.wire import ADDR_ENV, DEVICE_ENV, KEY_ENV
 
 log = logging.getLogger(__name__)
-__all__ = ["PLACEMENTS", "RAY_KEYS", "RayRankOptions", "RayRankPool", "ray_options_problems"]
+__all__ = ["PLACEMENTS", "RayPlacement", "RayRankOptions", "RayRankPool"]
 
 @dataclass(frozen=True)
 class RayRankOptions:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass, field
 from typing import Any
 
 STRATEGIES = ("single", "ddp", "fsdp")  # single: today's in-process Learner, no ranks
 LAUNCHERS = ("local", "ray")  # who starts the ranks (taurl.train.distributed.launch)
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray's placement strategies
-RAY_KEYS = ("placement", "bundle", "ready_timeout_s")  # train.ray's options (launcher ray)
 
 
 def strategy_problems(strategy: Any, world_size: Any) -> list[str]:
@@ -23,36 +23,45 @@ def strategy_problems(strategy: Any, world_size: Any) -> list[str]:
     return []
 
 
-def launcher_problems(launcher: Any, ray: Any, strategy: Any) -> list[str]:
-    """Problems with ``train.launcher`` and ``train.ray`` (`taurl.train.distributed.launch`)."""
+def launcher_problems(launcher: Any, ray: RayPlacement, strategy: Any) -> list[str]:
+    """Problems with ``train.launcher`` and ``train.ray`` together
+    (`taurl.train.distributed.launch`; ``train.ray``'s own values: `RayPlacement.problems`)."""
     if launcher not in LAUNCHERS:
         return [f"train.launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})"]
     if launcher == "local":
-        return ["train.ray is for train.launcher: ray; drop it"] if ray else []
+        return ["train.ray is for train.launcher: ray; drop it"] if ray != RayPlacement() else []
     out = []
     if strategy == "single":
         out.append("train.launcher ray starts learner ranks: it needs train.strategy ddp or fsdp")
     if importlib.util.find_spec("ray") is None:
         out.append("train.launcher ray needs the ray package: pip install 'taurl[ray]'")
-    return out + ray_options_problems(ray)
-
-
-def ray_options_problems(options: Any) -> list[str]:
-    """What is wrong with ``train.ray`` (a mapping of `RAY_KEYS`)."""
-    if not isinstance(options, dict):
-        return [f"train.ray must be a mapping of {', '.join(RAY_KEYS)} (got {options!r})"]
-    out = [f"unknown train.ray key {k!r} (it takes {', '.join(RAY_KEYS)})"
-           for k in options if k not in RAY_KEYS]
-    if options.get("placement", "PACK") not in PLACEMENTS:
-        out.append(f"train.ray.placement must be one of {', '.join(PLACEMENTS)} "
-                   f"(got {options['placement']!r})")
-    bundle = options.get("bundle", {})
-    if not isinstance(bundle, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-            for k, v in bundle.items()):
-        out.append(f"train.ray.bundle must map resource names to amounts >= 0, e.g. "
-                   f"{{CPU: 1, learner: 1}} (got {bundle!r})")
-    wait = options.get("ready_timeout_s", 120.0)
-    if not isinstance(wait, int | float) or isinstance(wait, bool) or wait <= 0:
-        out.append(f"train.ray.ready_timeout_s must be a number > 0 (got {wait!r})")
     return out
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """``train.ray``: where Ray places the learner ranks (``train.launcher: ray``;
+    docs/scale-out.md); ``{}`` takes every default."""
+
+    # Ray's placement strategy for the ranks' bundles: PACK | SPREAD | STRICT_PACK |
+    # STRICT_SPREAD (PACK keeps the ranks of one step close)
+    placement: str = "PACK"
+    # one rank's resources, e.g. {CPU: 1, learner: 1} (a custom resource pins ranks to the
+    # nodes that declare it); {}: one CPU, and one GPU on CUDA
+    bundle: dict[str, float] = field(default_factory=dict)
+    # seconds to wait for the ranks' bundles before refusing with what the cluster has free
+    ready_timeout_s: float = 120.0
+
+    def problems(self) -> list[str]:
+        """The values out of range (keys and types are the config loader's to check)."""
+        out = []
+        if self.placement not in PLACEMENTS:
+            out.append(f"train.ray.placement must be one of {', '.join(PLACEMENTS)} "
+                       f"(got {self.placement!r})")
+        if not all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                   and v >= 0 for k, v in self.bundle.items()):
+            out.append(f"train.ray.bundle must map resource names to amounts >= 0, e.g. "
+                       f"{{CPU: 1, learner: 1}} (got {self.bundle!r})")
+        if not self.ready_timeout_s > 0:
+            out.append(f"train.ray.ready_timeout_s must be > 0 (got {self.ready_timeout_s!r})")
+        return out

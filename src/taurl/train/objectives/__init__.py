@@ -7,11 +7,11 @@ mode (`aggregation`). Modules: `ppo` (clipped surrogate, asymmetric and dual cli
 entropy bonus), `dpo`, `sft`, `value` (critic and value loss), `registry` (names).
 """
 
+from taurl.policy.logits import sequence_entropy, sequence_logprobs
 from taurl.train.objectives.aggregation import AGGREGATIONS, aggregate, masked_mean
 from taurl.train.objectives.dpo import dpo_loss
 from taurl.train.objectives.gspo import gspo_loss
 from taurl.train.objectives.kl import entropy_bonus, kl_estimate, kl_loss, kl_reward_penalty
-from taurl.train.objectives.logprobs import sequence_entropy, sequence_logprobs
 from taurl.train.objectives.offpolicy import decoupled_ppo_loss, importance_weights
 from taurl.train.objectives.ppo import dual_clip_ppo_loss, ppo_clip_loss
 from taurl.train.objectives.registry import (
@@ -27,7 +27,8 @@ from taurl.train.objectives.value import ValueModel, value_loss
 __all__ = [
     "AGGREGATIONS", "OBJECTIVES", "ValueModel", "aggregate", "decoupled_ppo_loss", "dpo_loss",
     "dual_clip_ppo_loss", "entropy_bonus", "get_objective", "gspo_loss", "importance_weights",
-    "kl_estimate", "kl_loss", "kl_reward_penalty", "make_objective", "masked_mean", "objective_family",
+    "kl_estimate", "kl_loss", "kl_reward_penalty", "make_objective", "masked_mean",
+    "objective_family",
     "objective_names", "ppo_clip_loss", "sequence_entropy", "sequence_logprobs", "sft_loss",
     "value_loss",
 ]

@@ -1,9 +1,11 @@
 """How per-token losses (B, L) become one scalar: the aggregation mode, chosen explicitly.
 
     token-mean               Σ_{b,t} m·ℓ / Σ m                         (DAPO, arXiv 2503.14476 §3.3)
-    seq-mean-token-mean      (1/S) Σ_s [Σ_t m·ℓ / Σ_t m]               (GRPO, arXiv 2402.03300 Eq. 3)
+    seq-mean-token-mean      (1/S) Σ_s [Σ_t m·ℓ / Σ_t m]               (GRPO, arXiv 2402.03300
+                                                                        Eq. 3)
     seq-mean-token-sum       (1/S) Σ_s Σ_t m·ℓ
-    seq-mean-token-sum-norm  (1/(S·C)) Σ_s Σ_t m·ℓ, C a constant        (Dr. GRPO, arXiv 2503.20783 §3.2)
+    seq-mean-token-sum-norm  (1/(S·C)) Σ_s Σ_t m·ℓ, C a constant        (Dr. GRPO, arXiv
+                                                                        2503.20783 §3.2)
 
 A *sequence* s is a row, or — when one trajectory spans several rows (turn-per-row
 training, a long episode cut into windows) — every row with the same ``traj_index``, so a
@@ -23,7 +25,8 @@ from torch import Tensor
 from taurl.credit.registry import did_you_mean
 from taurl.errors import ConfigError
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm")
 
 
 def check_aggregation(mode: str) -> None:
@@ -34,7 +37,8 @@ def check_aggregation(mode: str) -> None:
 
 def masked(values: Tensor, mask: Tensor) -> Tensor:
     """`values` where mask, else 0 — with `where`, so NaN/inf off the mask cannot leak in."""
-    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return torch.where(mask.bool(), values,
+                       torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -43,7 +47,8 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return masked(values, m).sum() / m.sum().clamp(min=1)
 
 
-def sequence_sums(values: Tensor, mask: Tensor, traj_index: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def sequence_sums(values: Tensor, mask: Tensor,
+                  traj_index: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sequence sums (S,) of masked `values`, token counts (S,), and each row's sequence (B,).
 
     Without `traj_index` each row is a sequence. With it, rows sharing an index are pooled.
@@ -55,7 +60,8 @@ def sequence_sums(values: Tensor, mask: Tensor, traj_index: Tensor | None = None
     idx = traj_index.to(device=values.device, dtype=torch.long)
     num = int(idx.max().item()) + 1 if idx.numel() else 0
     seq_sum = torch.zeros(num, dtype=values.dtype, device=values.device).index_add(0, idx, row_sum)
-    seq_count = torch.zeros(num, dtype=values.dtype, device=values.device).index_add(0, idx, row_count)
+    seq_count = torch.zeros(num, dtype=values.dtype,
+                            device=values.device).index_add(0, idx, row_count)
     return seq_sum, seq_count, idx
 
 
@@ -68,7 +74,8 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, *, traj_index: Tensor | N
     """
     check_aggregation(mode)
     if mode == "token-mean":
-        count = mask.bool().sum().to(values.dtype).clamp(min=1) if denominator is None else denominator
+        count = (mask.bool().sum().to(values.dtype).clamp(min=1) if denominator is None
+                 else denominator)
         return masked(values, mask).sum() / count
     seq_sum, seq_count, _ = sequence_sums(values, mask, traj_index)
     present = seq_count > 0

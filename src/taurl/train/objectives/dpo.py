@@ -36,8 +36,8 @@ def dpo_loss(chosen_logprobs: Tensor, chosen_ref_logprobs: Tensor, chosen_mask: 
     if not 0 <= label_smoothing < 0.5:
         raise ConfigError(f"DPO label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
     if chosen_logprobs.shape[0] != rejected_logprobs.shape[0]:
-        raise ConfigError(f"DPO needs as many chosen as rejected rows, got {chosen_logprobs.shape[0]} "
-                          f"and {rejected_logprobs.shape[0]}")
+        raise ConfigError("DPO needs as many chosen as rejected rows, got "
+                          f"{chosen_logprobs.shape[0]} and {rejected_logprobs.shape[0]}")
     chosen = masked(chosen_logprobs - chosen_ref_logprobs.detach(), chosen_mask).sum(-1)
     rejected = masked(rejected_logprobs - rejected_ref_logprobs.detach(), rejected_mask).sum(-1)
     logits = beta * (chosen - rejected)

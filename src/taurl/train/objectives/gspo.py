@@ -33,7 +33,8 @@ def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
 
 
 def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-              eps_low: float = 3e-4, eps_high: float = 4e-4, aggregation: str = "seq-mean-token-mean",
+              eps_low: float = 3e-4, eps_high: float = 4e-4,
+              aggregation: str = "seq-mean-token-mean",
               traj_index: Tensor | None = None, norm_constant: float | None = None,
               denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """GSPO(-token) loss, shapes as `ppo_clip_loss`. Returns (loss, metrics)."""
@@ -45,7 +46,8 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     ratio = torch.exp(log_s)
     adv = masked(advantages.detach().to(logprobs.dtype), mask)
     loss_tok, flags = clipped_surrogate(ratio, adv, eps_low, eps_high, None)
-    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index, norm_constant=norm_constant,
-                     denominator=denominator)
-    metrics = surrogate_metrics(loss_tok, ratio, masked(logprobs - old_logprobs, mask).detach(), flags, mask)
+    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index,
+                     norm_constant=norm_constant, denominator=denominator)
+    metrics = surrogate_metrics(loss_tok, ratio, masked(logprobs - old_logprobs, mask).detach(),
+                                flags, mask)
     return loss, {"learn/pg_loss": float(loss.detach()), **metrics}

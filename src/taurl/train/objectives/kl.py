@@ -31,8 +31,9 @@ Metrics = dict[str, float]
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
     """Per-token KL(π_θ ‖ π_ref) estimate (B, L) with estimator `kind` (unmasked)."""
     if kind not in KL_ESTIMATORS:
-        raise ConfigError(f"unknown KL estimator {kind!r}.{did_you_mean(kind, list(KL_ESTIMATORS))} "
-                          f"One of: {', '.join(KL_ESTIMATORS)}")
+        raise ConfigError("unknown KL estimator "
+                          f"{kind!r}.{did_you_mean(kind, list(KL_ESTIMATORS))} One of: "
+                          f"{', '.join(KL_ESTIMATORS)}")
     log_r = ref_logprobs - logprobs
     if kind == "k1":
         return -log_r
@@ -44,7 +45,8 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Ten
 
 def kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, kind: str = "k3",
             aggregation: str = "token-mean", traj_index: Tensor | None = None,
-            norm_constant: float | None = None, denominator: float | None = None) -> tuple[Tensor, Metrics]:
+            norm_constant: float | None = None,
+            denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """KL(π_θ ‖ π_ref) as a loss term over action tokens; multiply by β in the learner.
 
     logprobs (B, L) with grad, ref_logprobs (B, L), mask (B, L). Returns (loss, metrics).
@@ -65,15 +67,16 @@ def kl_reward_penalty(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, b
         return masked(-beta * kl_estimate(logprobs, ref_logprobs, kind), mask)
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor, *, coef: float = 0.01, aggregation: str = "token-mean",
+def entropy_bonus(entropy: Tensor, mask: Tensor, *, coef: float = 0.01,
+                  aggregation: str = "token-mean",
                   traj_index: Tensor | None = None, norm_constant: float | None = None,
                   denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """loss = −coef · agg(H_t): maximizing the policy entropy on action tokens.
 
-    entropy: (B, L) from `taurl.train.objectives.logprobs.sequence_entropy` (with grad).
+    entropy: (B, L) from `taurl.policy.logits.sequence_entropy` (with grad).
     Source: Williams & Peng 1991; the PPO objective's S term, arXiv 1707.06347 Eq. 9.
     """
     check_aggregation(aggregation)
-    h = aggregate(masked(entropy, mask), mask, aggregation, traj_index=traj_index, norm_constant=norm_constant,
-                  denominator=denominator)
+    h = aggregate(masked(entropy, mask), mask, aggregation, traj_index=traj_index,
+                  norm_constant=norm_constant, denominator=denominator)
     return -coef * h, {"learn/entropy": float(masked_mean(entropy.detach(), mask))}

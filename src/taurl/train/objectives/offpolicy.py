@@ -45,20 +45,24 @@ IS_LEVELS = ("token", "sequence", "geometric")
 IS_MODES = ("truncate", "mask")
 
 
-def is_options_problems(is_level: object = "token", is_mode: object = "truncate", is_cap: object = 2.0,
-                        is_floor: object = 0.0, **_: object) -> list[str]:
-    """Every problem with the importance-weight options (config input: types checked, nothing coerced).
+def is_options_problems(is_level: object = "token", is_mode: object = "truncate",
+                        is_cap: object = 2.0, is_floor: object = 0.0, **_: object) -> list[str]:
+    """Every problem with the importance-weight options (config input: types checked, nothing
+    coerced).
 
     >>> is_options_problems(is_level="geometrc", is_cap=0.5, is_floor=1.0)[0]
-    "objective_options.is_level: unknown 'geometrc'. Did you mean 'geometric'? One of: token, sequence, geometric"
+    "objective_options.is_level: unknown 'geometrc'. Did you mean 'geometric'? One of: token,
+    sequence, geometric"
     """
     problems = []
     if not isinstance(is_level, str) or is_level not in IS_LEVELS:
         hint = did_you_mean(is_level, list(IS_LEVELS)) if isinstance(is_level, str) else ""
-        problems.append(f"objective_options.is_level: unknown {is_level!r}.{hint} One of: {', '.join(IS_LEVELS)}")
+        problems.append(f"objective_options.is_level: unknown {is_level!r}.{hint} One of: "
+                        f"{', '.join(IS_LEVELS)}")
     if not isinstance(is_mode, str) or is_mode not in IS_MODES:
         hint = did_you_mean(is_mode, list(IS_MODES)) if isinstance(is_mode, str) else ""
-        problems.append(f"objective_options.is_mode: unknown {is_mode!r}.{hint} One of: {', '.join(IS_MODES)}")
+        problems.append(f"objective_options.is_mode: unknown {is_mode!r}.{hint} One of: "
+                        f"{', '.join(IS_MODES)}")
     numbers = {}
     for name, v in (("is_cap", is_cap), ("is_floor", is_floor)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -67,14 +71,16 @@ def is_options_problems(is_level: object = "token", is_mode: object = "truncate"
             numbers[name] = float(v)
     cap, floor = numbers.get("is_cap"), numbers.get("is_floor")
     if cap is not None and not cap > 0:
-        problems.append(f"objective_options.is_cap must be > 0 (the largest importance weight kept), got {is_cap!r}")
+        problems.append("objective_options.is_cap must be > 0 (the largest importance weight "
+                        f"kept), got {is_cap!r}")
     if floor is not None and floor < 0:
         problems.append(f"objective_options.is_floor must be >= 0, got {is_floor!r}")
     if cap is not None and floor is not None and cap > 0 and not floor < cap:
-        problems.append(f"objective_options.is_floor ({is_floor!r}) must be below is_cap ({is_cap!r})")
+        problems.append(f"objective_options.is_floor ({is_floor!r}) must be below is_cap "
+                        f"({is_cap!r})")
     if floor and is_mode == "truncate":
-        problems.append("objective_options.is_floor only applies with is_mode: mask (truncation bounds "
-                        "the weight from above only); set is_mode: mask or drop is_floor")
+        problems.append("objective_options.is_floor only applies with is_mode: mask (truncation "
+                        "bounds the weight from above only); set is_mode: mask or drop is_floor")
     return problems
 
 
@@ -84,9 +90,11 @@ def _check(level: str, mode: str, cap: float, floor: float) -> None:
 
 
 def importance_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
-                       level: str = "token", mode: str = "truncate", cap: float = 2.0, floor: float = 0.0,
+                       level: str = "token", mode: str = "truncate", cap: float = 2.0,
+                       floor: float = 0.0,
                        traj_index: Tensor | None = None) -> tuple[Tensor, Metrics]:
-    """Bounded importance weights w (B, L) = π_prox / μ at `level`, without gradient; 0 off the mask.
+    """Bounded importance weights w (B, L) = π_prox / μ at `level`, without gradient; 0 off the
+    mask.
 
     Computed in log space, so a sequence-level product never overflows before the bound.
     """
@@ -105,7 +113,8 @@ def importance_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, ma
         else:
             log_floor = math.log(floor) if floor > 0 else -math.inf
             bounded = (log_w > log_cap) | (log_w < log_floor)
-            w = torch.where(bounded, torch.zeros_like(log_w), torch.exp(torch.clamp(log_w, max=log_cap)))
+            w = torch.where(bounded, torch.zeros_like(log_w),
+                            torch.exp(torch.clamp(log_w, max=log_cap)))
         m = mask.bool()
         w = masked(w, m)
         raw = torch.exp(torch.clamp(log_w, max=80.0))
@@ -121,7 +130,8 @@ def importance_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, ma
 
 def decoupled_ppo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                        behaviour_logprobs: Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
-                       dual_clip: float | None = None, is_level: str = "token", is_mode: str = "truncate",
+                       dual_clip: float | None = None, is_level: str = "token",
+                       is_mode: str = "truncate",
                        is_cap: float = 2.0, is_floor: float = 0.0, aggregation: str = "token-mean",
                        traj_index: Tensor | None = None, norm_constant: float | None = None,
                        denominator: float | None = None) -> tuple[Tensor, Metrics]:
@@ -133,13 +143,15 @@ def decoupled_ppo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tenso
     """
     check_clip(eps_low, eps_high, dual_clip)
     check_aggregation(aggregation)
-    w, is_metrics = importance_weights(old_logprobs.detach(), behaviour_logprobs.detach(), mask, level=is_level,
-                                       mode=is_mode, cap=is_cap, floor=is_floor, traj_index=traj_index)
+    w, is_metrics = importance_weights(old_logprobs.detach(), behaviour_logprobs.detach(), mask,
+                                       level=is_level, mode=is_mode, cap=is_cap, floor=is_floor,
+                                       traj_index=traj_index)
     log_ratio = masked(logprobs - old_logprobs.detach(), mask)
     ratio = torch.exp(log_ratio)
     adv = masked(advantages.detach().to(logprobs.dtype), mask)
     surrogate, flags = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
     loss_tok = w * surrogate
-    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index, norm_constant=norm_constant,
-                     denominator=denominator)
-    return loss, {"learn/pg_loss": float(loss.detach()), **surrogate_metrics(loss_tok, ratio, log_ratio, flags, mask), **is_metrics}
+    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index,
+                     norm_constant=norm_constant, denominator=denominator)
+    return loss, {"learn/pg_loss": float(loss.detach()),
+                  **surrogate_metrics(loss_tok, ratio, log_ratio, flags, mask), **is_metrics}

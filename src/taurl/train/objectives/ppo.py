@@ -1,7 +1,8 @@
 """PPO's clipped surrogate, with asymmetric clipping and dual clipping.
 
     ρ_t = π_θ(a_t) / π_old(a_t)
-    ℓ_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε_low, 1 + ε_high))            (PPO, arXiv 1707.06347 Eq. 7)
+    ℓ_t = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε_low, 1 + ε_high))            (PPO, arXiv 1707.06347
+                                                                          Eq. 7)
     dual clip, A_t < 0:  ℓ_t = min(ℓ_t, −c·A_t),  c > 1                   (arXiv 1912.09729)
 
 ε_high > ε_low ("clip-higher") lets unlikely tokens grow and keeps entropy up
@@ -72,7 +73,8 @@ def surrogate_metrics(loss_tok: Tensor, ratio: Tensor, log_ratio: Tensor, flags:
 def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                   eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None,
                   aggregation: str = "token-mean", traj_index: Tensor | None = None,
-                  norm_constant: float | None = None, denominator: float | None = None) -> tuple[Tensor, Metrics]:
+                  norm_constant: float | None = None,
+                  denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """PPO clipped surrogate (module docstring) aggregated with `aggregation`.
 
     logprobs: (B, L) log π_θ, with grad. old_logprobs: (B, L) log π_old (the policy the
@@ -85,16 +87,19 @@ def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
     ratio = torch.exp(log_ratio)
     adv = masked(advantages.detach().to(logprobs.dtype), mask)
     loss_tok, flags = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
-    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index, norm_constant=norm_constant,
-                     denominator=denominator)
-    return loss, {"learn/pg_loss": float(loss.detach()), **surrogate_metrics(loss_tok, ratio, log_ratio, flags, mask)}
+    loss = aggregate(loss_tok, mask, aggregation, traj_index=traj_index,
+                     norm_constant=norm_constant, denominator=denominator)
+    return loss, {"learn/pg_loss": float(loss.detach()),
+                  **surrogate_metrics(loss_tok, ratio, log_ratio, flags, mask)}
 
 
 def dual_clip_ppo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                        eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float = 3.0,
                        aggregation: str = "token-mean", traj_index: Tensor | None = None,
-                       norm_constant: float | None = None, denominator: float | None = None) -> tuple[Tensor, Metrics]:
+                       norm_constant: float | None = None,
+                       denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """`ppo_clip_loss` with dual clipping on (c = 3 by default, as in arXiv 1912.09729)."""
-    return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+    return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low,
+                         eps_high=eps_high,
                          dual_clip=dual_clip, aggregation=aggregation, traj_index=traj_index,
                          norm_constant=norm_constant, denominator=denominator)

@@ -37,7 +37,8 @@ class ObjectiveSpec:
     fn: Objective
     family: str
     positional: int
-    check: Callable[..., list[str]] | None = None  # problems with the option values, from the config
+    # problems with the option values, from the config
+    check: Callable[..., list[str]] | None = None
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {

@@ -14,8 +14,9 @@ from taurl.train.objectives.aggregation import aggregate, check_aggregation, mas
 Metrics = dict[str, float]
 
 
-def sft_loss(logprobs: Tensor, mask: Tensor, *, aggregation: str = "token-mean", traj_index: Tensor | None = None,
-             norm_constant: float | None = None, denominator: float | None = None) -> tuple[Tensor, Metrics]:
+def sft_loss(logprobs: Tensor, mask: Tensor, *, aggregation: str = "token-mean",
+             traj_index: Tensor | None = None, norm_constant: float | None = None,
+             denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """Negative log-likelihood of the action tokens (B, L) -> scalar; rejection-sampling SFT."""
     check_aggregation(aggregation)
     nll = masked(-logprobs, mask)

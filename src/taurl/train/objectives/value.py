@@ -18,9 +18,11 @@ from taurl.train.objectives.aggregation import aggregate, check_aggregation, mas
 Metrics = dict[str, float]
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2,
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
+               clip: float | None = 0.2,
                aggregation: str = "token-mean", traj_index: Tensor | None = None,
-               norm_constant: float | None = None, denominator: float | None = None) -> tuple[Tensor, Metrics]:
+               norm_constant: float | None = None,
+               denominator: float | None = None) -> tuple[Tensor, Metrics]:
     """Clipped value loss over the masked positions (B, L) -> scalar. Returns (loss, metrics)."""
     if clip is not None and not clip > 0:
         raise ConfigError(f"value clip must be > 0 or None, got {clip!r}")
@@ -42,7 +44,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         m = mask.bool()
         r, v = returns[m], values[m]
         var = r.var(unbiased=False) if r.numel() else torch.zeros((), device=r.device)
-        ev = 1.0 - (r - v).var(unbiased=False) / var if r.numel() and var > 0 else torch.zeros((), device=r.device)
+        ev = (1.0 - (r - v).var(unbiased=False) / var if r.numel() and var > 0
+              else torch.zeros((), device=r.device))
         metrics = {"learn/vf_loss": float(loss.detach()), "learn/vf_clip_frac": float(clipped_frac),
                    "learn/vf_explained_var": float(ev)}
     return loss, metrics
