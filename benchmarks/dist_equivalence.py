@@ -9,6 +9,8 @@ differences and the final weights' largest difference beside the lr. With ``--fl
 ranks: one process against itself with every update in ONE micro-batch instead, the fp32
 rounding floor of the same figures (a sum of the same gradients in another order), and how
 precise an fp32 gradient norm of the model is (against fp64; and its tensors cut in 2 shards).
+``--dtype float64`` runs the model and AdamW in fp64 on both sides: rounding then sits near
+1e-12 and a wrong split or normaliser would stand out by orders of magnitude.
 (`taurl.train.distributed.equivalence` is the harness; tests/train/test_distributed_learner.py
 runs it on the tiny policy.)
 
@@ -78,6 +80,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-5, help="configs/real.yaml's rl.lr")
     ap.add_argument("--micro-batch-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="the model's and AdamW's dtype on both sides (float64: the rounding "
+                         "far below 1e-5, so what remains is the split or the normaliser)")
     ap.add_argument("--floor", action="store_true",
                     help="one process, cut vs uncut micro-batches (no ranks): the rounding floor")
     a = ap.parse_args()
@@ -85,7 +90,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(a.seed)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).eval()
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     data = batches(model, a.updates, a.groups, a.rows, a.seed)
     config = LearnerConfig(lr=a.lr, micro_batch_tokens=a.micro_batch_tokens)
@@ -93,7 +99,7 @@ def main() -> None:
     if a.floor:
         return floor(model, config, data, pad_id, t0)
     pair = run_pair(model, config, data, strategy=a.strategy, world_size=a.world_size,
-                    pad_id=pad_id)
+                    pad_id=pad_id, lean=True)
     try:
         for u, (e, g) in enumerate(zip(pair.expect, pair.got, strict=True)):
             row = {"update": u + 1, "micro_batches": e["learn/micro_batches"],
@@ -105,6 +111,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
         print(json.dumps({
             "model": a.model.name, "strategy": a.strategy, "world_size": a.world_size,
+            "dtype": a.dtype,
             "updates": a.updates, "lr": a.lr, "max_rel_diff": pair.relative(),
             "max_weight_diff": pair.weight_difference(),
             "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
@@ -144,6 +151,7 @@ def floor(model, config: LearnerConfig, data, pad_id: int, t0: float) -> None:
     cut, one = (Learner(copy.deepcopy(model), c, pad_id=pad_id) for c in (config, whole))
     rows = [(cut.update(b), one.update(b)) for b in data]
     print(json.dumps({
+        "dtype": str(next(model.parameters()).dtype),
         "floor": "one process: micro-batches of "
                  f"{config.micro_batch_tokens} tokens vs one per update", "lr": config.lr,
         "micro_batches": [e["learn/micro_batches"] for e, _ in rows],

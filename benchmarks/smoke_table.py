@@ -348,6 +348,25 @@ COMMANDS: tuple[Command, ...] = (
         needs=("real-model",),
     ),
     Command(
+        "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_equivalence.py --model " + REAL
+        + " --strategy fsdp --updates 3 --dtype float64",
+        ("--updates", "1", "--groups", "1", "--rows", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        "taurl train --config configs/real.yaml --rl.updates 1 --eval.tasks 4 --run-dir R",
+        (*TRAIN_TINY, "--rl.max-seconds", "0"),
+        needs=("real-model",),
+        fill={" R": " runs/real-sft"},
+    ),
+    Command(
+        ".venv/bin/python benchmarks/vs_trl_135m.py --sft runs/demo-real/checkpoints/v1 "
+        "--trl-python /some/scratch/trl-venv/bin/python --modes full --lean --steps 3 --rounds 2",
+        ("--steps", "2", "--rounds", "1"),
+        needs=("real-model", "trl"),
+        fill={"/some/scratch": "{PEER_DIR}"},
+    ),
+    Command(
         "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dist_threads.py --strategy ddp"
         " --updates 10",
         ("--updates", "1"),

@@ -178,6 +178,17 @@ ds = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "tas
                          "answers": list(t.answers)} for t in tasks])
 
 
+def hwm_mib(reset: bool = False) -> float:
+    """The process's peak RSS since the last reset (VmHWM, MiB); reset: start a new phase
+    (writing 5 to /proc/self/clear_refs, as taurl.monitor.memory does)."""
+    with open("/proc/self/status") as f:
+        kb = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return kb / 1024
+
+
 class StepTimer(TrainerCallback):
     def __init__(self):
         self.step_times, self.logs = [], []
@@ -187,6 +198,7 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         self.step_times.append(time.perf_counter() - self.t0)
+        learn_peak.append(hwm_mib())  # since the end of this step's generation
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "reward" in logs:
@@ -238,14 +250,16 @@ trainer = GRPOTrainer(
     environment_factory=TaurlSearch, callbacks=[timer], peft_config=peft_config,
 )
 
-gas_t, tok_stats = [], []
+gas_t, tok_stats, learn_peak, gen_peak = [], [], [], []
 orig_gas = trainer._generate_and_score_completions
 
 
 def gas(inputs):
     t = time.perf_counter()
+    hwm_mib(reset=True)
     out = orig_gas(inputs)
     gas_t.append(time.perf_counter() - t)
+    gen_peak.append(hwm_mib(reset=True))  # the learner phase starts here
     cm, pm = out["completion_mask"], out["prompt_mask"]
     tm = out.get("tool_mask", torch.ones_like(cm))
     tok_stats.append(
@@ -295,6 +309,8 @@ res = {
     "wall_s": round(wall, 1),
     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     "example": tok_stats[0].get("example", ""),
+    "learn_peak_rss_mib": round(max(learn_peak), 1), "gen_peak_rss_mib": round(max(gen_peak), 1),
+    "learn_peak_rss_per_step_mib": [round(x, 1) for x in learn_peak],
 }
 print(json.dumps(res), flush=True)
 if a.json:

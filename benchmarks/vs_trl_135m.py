@@ -17,6 +17,10 @@ TRL's venv (TRL 1.16.0 on the same torch, transformers and peft as taurl's):
         --trl-python $PEER_DIR/trl-venv/bin/python --steps 4 --rounds 1 --json out.json
 
 Every run is its own process; the sides alternate (taurl full, TRL full, taurl LoRA, TRL LoRA).
+Memory, each side: the whole process's peak RSS (``max_rss_mib``, /usr/bin/time -v) and the
+learner phase's (``learn_peak_rss_mib``: taurl's mem/learn_peak_rss_mb; TRL's from the end of
+generation to the end of the optimizer step, VmHWM reset between, as taurl measures it).
+``--lean``: taurl with bf16-mixed, activation checkpointing and sdpa (TRL as configured: fp32).
 Step 1 of each run is warm-up and excluded. Trained tokens of a step: every token of the step's
 24 rollouts (prompt, sampled actions, observations), the rows both trainers' updates take.
 """
@@ -38,7 +42,31 @@ ROOT = HERE.parent
 LORA = {"rank": 16, "alpha": 32, "targets": "all-linear"}
 
 
-def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) -> dict:
+# taurl's memory-lean learner (docs/scale-out.md): bf16 autocast over fp32 masters, activation
+# checkpointing, SDPA attention
+LEAN = ["--train.precision", "bf16-mixed", "--train.activation-checkpointing", "true",
+        "--train.attention", "sdpa"]
+
+
+def timed(cmd: list[str], scratch: Path) -> tuple[list[str], Path]:
+    """`cmd` under /usr/bin/time -v: the whole process's peak RSS (Maximum resident set size)."""
+    out = scratch / f"time-{time.time_ns()}.txt"
+    return ["/usr/bin/time", "-v", "-o", str(out), *cmd], out
+
+
+def max_rss_mib(path: Path) -> float:
+    for line in path.read_text().splitlines():
+        if "Maximum resident set size" in line:
+            return round(int(line.split(":")[1]) / 1024, 1)
+    return float("nan")
+
+
+def _peak(rows: list[dict], key: str) -> float:
+    return round(max(r.get(key, 0.0) for r in rows), 1)
+
+
+def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float,
+              extra: list[str] | None = None) -> dict:
     run = scratch / f"taurl-{'lora' if lora else 'full'}-{time.time_ns()}"
     cmd = [
         str(Path(sys.executable).parent / "taurl"), "train", "--config",
@@ -48,6 +76,8 @@ def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) 
     ]
     if lora:
         cmd += ["--policy.lora", json.dumps(LORA)]
+    cmd += extra or []
+    cmd, time_file = timed(cmd, scratch)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -63,7 +93,7 @@ def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) 
     ckpts = sorted((run / "checkpoints").glob("v*"), key=lambda p: int(p.name[1:]))
     size = sum(f.stat().st_size for f in ckpts[-1].rglob("*") if f.is_file()) if ckpts else 0
     mean = lambda k: round(statistics.mean(r.get(k, 0.0) for r in body), 3)  # noqa: E731
-    return {
+    res = {
         "side": "taurl",
         "lora": lora,
         "s_per_step": mean("time/update_s"),
@@ -95,7 +125,17 @@ def run_taurl(sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) 
         ),
         "checkpoint_mb": round(size / 2**20, 1),
         "wall_s": round(wall, 1),
+        "learn_peak_rss_mib": _peak(rl, "mem/learn_peak_rss_mb"),
+        "rollout_peak_rss_mib": _peak(rl, "mem/rollout_peak_rss_mb"),
+        "learn_peak_rss_per_update_mib": [round(r.get("mem/learn_peak_rss_mb", 0.0), 1)
+                                          for r in rl],
+        "max_rss_mib": max_rss_mib(time_file),
+        "extra_args": extra or [],
     }
+    # /usr/bin/time's figure is the peak since the run's last VmHWM reset (each phase resets
+    # it): the whole run's peak is the largest of the phases' and that one
+    res["whole_peak_rss_mib"] = max(res["peak_rss_mib"], res["max_rss_mib"])
+    return res
 
 
 def run_trl(python: str, sft: Path, steps: int, lora: bool, scratch: Path, timeout: float) -> dict:
@@ -109,11 +149,14 @@ def run_trl(python: str, sft: Path, steps: int, lora: bool, scratch: Path, timeo
     ]
     if lora:
         cmd.append("--lora")
+    cmd, time_file = timed(cmd, scratch)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise SystemExit(f"TRL run failed:\n{out.stderr[-3000:]}")
     r = json.loads(out_json.read_text())
+    r["max_rss_mib"] = max_rss_mib(time_file)
+    r["whole_peak_rss_mib"] = max(r["learn_peak_rss_mib"], r["gen_peak_rss_mib"], r["max_rss_mib"])
     r["tokens_per_step"] = round(
         r["prompt_tokens_per_step"] + r["sampled_tokens_per_step"] + r["tool_tokens_per_step"], 1
     )
@@ -138,6 +181,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", default="")
+    ap.add_argument("--lean", action="store_true",
+                    help="taurl's memory-lean learner: bf16-mixed, activation checkpointing, sdpa")
     a = ap.parse_args()
     sft = Path(a.sft).resolve()
     scratch = Path(tempfile.mkdtemp(prefix="vs-trl-135m-"))
@@ -147,7 +192,8 @@ def main() -> None:
             for side in ("taurl", "trl"):
                 load = float(Path("/proc/loadavg").read_text().split()[0])
                 r = (
-                    run_taurl(sft, a.steps, mode == "lora", scratch, a.timeout)
+                    run_taurl(sft, a.steps, mode == "lora", scratch, a.timeout,
+                              LEAN if a.lean else None)
                     if side == "taurl"
                     else run_trl(a.trl_python, sft, a.steps, mode == "lora", scratch, a.timeout)
                 )

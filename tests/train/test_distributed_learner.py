@@ -163,3 +163,19 @@ def test_sft_on_two_ranks_takes_the_steps_of_one(pool):
     diff = max(float((p - q).detach().abs().max())
                for p, q in zip(single.parameters(), ranked.parameters(), strict=True))
     assert diff < 1e-2 * opts["lr"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_in_fp64_two_ranks_agree_far_below_fp32_rounding(pool, strategy):
+    """The model and AdamW in float64 on both sides: the order of the additions then moves the
+    loss and the norm by ~1e-15, so 1e-10 is a bound a wrong split or normaliser (tens of
+    percent) or an fp32 cast on the way (~1e-7) cannot meet."""
+    model = _model().double()
+    batches = _batches(model)[:3]
+    config = LearnerConfig(lr=1e-2, micro_batch_tokens=40)
+    pair = run_pair(model, config, batches, strategy=strategy, world_size=2, pool=pool)
+    rel = pair.relative()
+    print(f"{strategy} fp64: max relative diff {rel}, weights {pair.weight_difference():.3g}")
+    assert next(pair.two.model.parameters()).dtype == torch.float64
+    assert rel["learn/loss"] <= 1e-10 and rel["learn/grad_norm"] <= 1e-10, rel
+    assert pair.weight_difference() < 1e-9 * config.lr

@@ -18,6 +18,7 @@ that of the first rise_window > invalid_rise | | truncation_rate_rising | the sa
 `rollout/truncation_rate` and truncation_rise | | staleness | `rollout/staleness_max` >
 staleness_eta (inactive where a row has no staleness metric) | | logprob_drift | `mismatch/abs_mean`
 > drift_abs_mean or `mismatch/abs_max` > drift_abs_max |
+| logprob_drift, bf16/fp16 on either side | drift_abs_mean_low, drift_abs_max_low (`drift_bounds`) |
 
 The running median is the median of the previous `window` rows (at least `min_history`
 of them, otherwise the relative alarms stay silent: there is no baseline yet). The
@@ -82,18 +83,48 @@ class AlarmConfig:
     staleness_eta: int = 0  # the sync loop is on-policy (η = 0)
     drift_abs_mean: float = 1e-3  # the same bounds as taurl.train.mismatch.Mismatch.alarms
     drift_abs_max: float = 1e-2
+    # the same where the learner computes in bf16/fp16 or the engine samples in bf16
+    # (`drift_bounds`): that rounding alone is ~1e-3 mean, far above the fp32 bounds
+    drift_abs_mean_low: float = 0.1
+    drift_abs_max_low: float = 1.0
+    # set by the run from train.precision / policy.torch_dtype (`low_precision`), not an option
+    low_precision: bool = False
 
     def active(self) -> list[str]:
         return [n for n in ALARMS if self.enabled and n not in self.disable]
 
+    def drift_bounds(self) -> tuple[float, float]:
+        """(mean, max) bounds of |learner − behaviour logprob| for this run's numerics.
+
+        fp32 on both sides: 1e-3 / 1e-2, three orders of magnitude over what fp32 gives
+        (mean 7e-7 on the demo, 30 updates). bf16 on either side (train.precision bf16-mixed
+        or fp16-mixed, or policy.torch_dtype bfloat16): bf16 keeps 8 significant bits to
+        fp32's 24, and its mismatch was measured at mean 3.5e-4–3.9e-3 (median 1.25e-3)
+        and max 0.02–0.19 per update on the demo (30 updates), mean 0.028 and max 0.31 on
+        SmolLM2-135M (2 updates); the fp32 bounds fired on every one of those updates. The
+        low bounds, 0.1 / 1.0, sit ~3x over the largest of those, so the alarm still fires
+        on a real drift (weights the engine never loaded, a wrong template) that moves log π
+        by tenths. fp16-mixed (11 bits) was not measured; it gets the bf16 bounds.
+        """
+        if self.low_precision:
+            return self.drift_abs_mean_low, self.drift_abs_max_low
+        return self.drift_abs_mean, self.drift_abs_max
+
+
+def low_precision(precision: str = "fp32", torch_dtype: str = "float32") -> bool:
+    """Whether a run's learner or engine rounds to bf16/fp16 (`AlarmConfig.drift_bounds`)."""
+    return precision != "fp32" or torch_dtype != "float32"
+
 
 _AT_LEAST_ONE = ("consecutive", "window", "min_history", "rise_window")
+_SET_BY_THE_RUN = ("low_precision",)  # fields no `alarms:` option sets
 
 
 def alarm_config(options: dict[str, Any]) -> tuple[AlarmConfig, list[str]]:
     """The `AlarmConfig` of `options` and every problem with them (unknown keys get a
     "did you mean", wrong types and ranges are named); on problems, the defaults."""
-    fields = {f.name: f for f in dataclasses.fields(AlarmConfig)}
+    fields = {f.name: f for f in dataclasses.fields(AlarmConfig)
+              if f.name not in _SET_BY_THE_RUN}
     hints = typing.get_type_hints(AlarmConfig)
     problems: list[str] = []
     good: dict[str, Any] = {}
@@ -205,11 +236,11 @@ def _drift(rows: Sequence[Row], cfg: AlarmConfig) -> str | None:
     r = rows[-1]
     if not r.get("mismatch/tokens"):
         return None
-    out = []
-    if r.get("mismatch/abs_mean", 0.0) > cfg.drift_abs_mean:
-        out.append(f"|Δ logprob| mean {r['mismatch/abs_mean']:.2e} > {cfg.drift_abs_mean:g}")
-    if r.get("mismatch/abs_max", 0.0) > cfg.drift_abs_max:
-        out.append(f"|Δ logprob| max {r['mismatch/abs_max']:.2e} > {cfg.drift_abs_max:g}")
+    out, (mean, most) = [], cfg.drift_bounds()
+    if r.get("mismatch/abs_mean", 0.0) > mean:
+        out.append(f"|Δ logprob| mean {r['mismatch/abs_mean']:.2e} > {mean:g}")
+    if r.get("mismatch/abs_max", 0.0) > most:
+        out.append(f"|Δ logprob| max {r['mismatch/abs_max']:.2e} > {most:g}")
     return "; ".join(out) or None
 
 
@@ -275,16 +306,18 @@ def staleness_max(trajs: Sequence[Any], version: int) -> float:
 
 
 __all__ = ["ALARMS", "Alarm", "AlarmConfig", "alarm_config", "alarm_metrics", "check", "rl_rows",
-           "scan", "staleness_max"]
+           "scan", "staleness_max", "low_precision"]
 
 
 class Watch:
     """The alarms of one RL loop: remembers the rows, logs each firing, says when to stop."""
 
-    def __init__(self, options: dict[str, Any], earlier_rows: Sequence[Row] = (), log: Any = None):
+    def __init__(self, options: dict[str, Any], earlier_rows: Sequence[Row] = (), log: Any = None,
+                 low: bool = False):
         import logging
 
-        self.cfg = alarm_config(options)[0]  # validated with the run's config before any work
+        # validated with the run's config before any work; low: `low_precision` of the run
+        self.cfg = dataclasses.replace(alarm_config(options)[0], low_precision=low)
         self.rows = rl_rows(earlier_rows)  # a resumed run keeps its history
         self.log = log or logging.getLogger("taurl.alarms")
 

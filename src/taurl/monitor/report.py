@@ -7,6 +7,7 @@ the validation and holdout results from ``summary.json``; nothing is fetched fro
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import json
@@ -350,9 +351,12 @@ def _table(summary: dict[str, Any]) -> str:
 def alarms_section(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """The "Health alarms" section: each alarm that fired, at which updates, and why
     (`taurl.monitor.alarms`, re-checked over the run's rows with the run's thresholds)."""
-    from taurl.monitor.alarms import ALARMS, alarm_config, rl_rows, scan
+    from taurl.monitor.alarms import ALARMS, alarm_config, low_precision, rl_rows, scan
 
-    cfg, _ = alarm_config(summary.get("config", {}).get("alarms", {}))
+    run = summary.get("config", {})
+    cfg, _ = alarm_config(run.get("alarms", {}))
+    cfg = dataclasses.replace(cfg, low_precision=low_precision(
+        run.get("precision", "fp32"), run.get("torch_dtype", "float32")))
     updates = len(rl_rows(rows))
     head = "<h2>Health alarms</h2>"
     if not cfg.active():

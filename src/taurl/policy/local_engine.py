@@ -195,6 +195,17 @@ class LocalEngine(BatchWorker):
             if not was_paused:
                 await self.resume()
 
+    def release_caches(self) -> None:
+        """Free what the next weight update rebuilds anyway, while the learner trains: the
+        prefix cache (keys/values of the current weights) and the slim decoder's fused and
+        packed weight copies (about one copy of the weights). Called between rounds only
+        (no request in flight); a request that comes first rebuilds them itself."""
+        self._idle.wait(timeout=60)  # the worker stores a finished row's prefix after it returns
+        with self._lock:
+            self._prefixes.clear()
+            if self._slim is not None:
+                self._slim.release()
+
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
         """Serve the weights saved at `checkpoint_dir` (an HF model directory) as `version`;
         an adapter checkpoint (LoRA) is served merged, and only as the version it records

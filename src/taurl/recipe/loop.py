@@ -43,7 +43,7 @@ from taurl.data.ledger import Ledger
 from taurl.data.runs import RunDir
 from taurl.envs.tasks import plan_tasks
 from taurl.errors import Error
-from taurl.monitor.alarms import Watch, staleness_max
+from taurl.monitor.alarms import Watch, low_precision, staleness_max
 from taurl.monitor.memory import PeakRSS
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.monitor.sinks import metrics_writer
@@ -328,7 +328,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     t_start = time.perf_counter()
-    watch = Watch(cfg.alarms, r.metrics.read())  # health alarms (taurl.monitor.alarms)
+    watch = Watch(cfg.alarms, r.metrics.read(),  # health alarms (taurl.monitor.alarms)
+                  low=low_precision(cfg.precision, cfg.torch_dtype))
     # a LoRA checkpoint names its base (the SFT checkpoint) and that base's digest
     adapter = ({"lora": lora.checkpoint_meta(r.run, v_sft, lora.LoraOptions.from_dict(cfg.lora))}
                if cfg.lora else {})
@@ -354,6 +355,8 @@ def _rl_loop(r: Run, model: Any, tok: Any, learner: Learner, collector: Collecto
                         "use a fresh --run-dir")
         t_roll = time.perf_counter() - t0
         mem = {"mem/rollout_peak_rss_mb": peak.read_mb()}
+        if hasattr(collector, "release_caches"):  # the engine's copies the update rebuilds
+            collector.release_caches()
         peak.reset(release=True)
         r.hook("rollouts_stored", {"update": update, "version": version, "episodes": len(batch)})
         train_batch, rstats = mix.batch(batch, update, version)

@@ -178,5 +178,12 @@ class LocalCollector:
     def load_weights(self, checkpoint_dir: Any, version: int) -> None:
         asyncio.run(self.engine.load_weights(checkpoint_dir, version))  # served and verified
 
+    def release_caches(self) -> None:
+        """The engine's caches of the current weights freed before the learner trains
+        (`LocalEngine.release_caches`; an engine without them has nothing to free)."""
+        release = getattr(self.engine, "release_caches", None)
+        if release is not None:
+            release()
+
     def close(self) -> None:
         self.engine.close()

@@ -108,6 +108,9 @@ def action_logprobs(model: torch.nn.Module, rows: Rows, temperature: float = 1.0
     # (K,)
     picked, h = gathered_logprobs(logits[sel[:, cols]], rows.input_ids[:, 1:][sel], temperature,
                                   entropy=with_entropy, entropy_grad=entropy_grad)
+    if picked.dtype != lp.dtype:  # a float64 model's logprobs stay fp64 (fp32 otherwise)
+        lp = lp.to(picked.dtype)
+        ent = ent.to(picked.dtype) if ent is not None else None
     lp[:, 1:] = lp[:, 1:].masked_scatter(sel, picked)
     if ent is not None and h is not None:
         ent[:, 1:] = ent[:, 1:].masked_scatter(sel, h)

@@ -85,7 +85,8 @@ class _GatheredLogprobs(torch.autograd.Function):
 
 
 def _scaled(x: Tensor, temperature: float) -> Tensor:
-    z = x.float()
+    # at least fp32: fp64 logits (a float64 model, the equivalence checks) stay fp64
+    z = x if x.dtype == torch.float64 else x.float()
     return z / temperature if temperature != 1.0 else z
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from taurl import chaos
 from taurl.errors import Error
-from taurl.monitor.alarms import Watch
+from taurl.monitor.alarms import Watch, low_precision
 from taurl.monitor.metrics import rollout_metrics, same_reward_share
 from taurl.policy.files import load_policy_meta
 from taurl.recipe.record import judge_update, record_update
@@ -335,7 +335,8 @@ async def _loop(r: Any, model: Any, tok: Any, learner: Any, collector: Any, vers
     bar = r.bar(cfg.updates, "rl", "update")
     bar.update(first - 1)
     # the staleness alarm checks the bound this run promises (unless alarms set their own)
-    watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read())
+    watch = Watch({"staleness_eta": cfg.staleness_eta, **cfg.alarms}, r.metrics.read(),
+                  low=low_precision(cfg.precision, cfg.torch_dtype))
     producer = sched.start()
     saving: asyncio.Task | None = None  # the newest checkpoint being written, then its row recorded
     # the engine loading the newest version, behind the learner

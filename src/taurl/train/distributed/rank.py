@@ -11,9 +11,9 @@ is normalised exactly as with one rank:
     grad   = Σ_ranks Σ_{j of the rank} ∇ loss_j            (gradients summed: `wrap`)
 
 which is the single learner's Σ_j ∇ loss_j, in another order of float additions. Clipping
-takes the norm of that whole gradient (DDP: replicated; FSDP: DTensor shards, which
-`clip_grad_norm_` reduces). The metrics are reduced so rank 0 reports what one rank would
-(`taurl.train.distributed.metrics`).
+takes the norm of that whole gradient (DDP: replicated; FSDP: DTensor shards, whose fp64
+sums of squares `taurl.train.optim.clip_global_norm` adds over ranks). The metrics are
+reduced so rank 0 reports what one rank would (`taurl.train.distributed.metrics`).
 
 Each rank runs `slots` passes per epoch, empty ones past its own micro-batches
 (`wrap.empty_pass`), with the gradient reduction on the last pass only: FSDP's passes are
