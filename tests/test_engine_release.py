@@ -37,7 +37,8 @@ def test_released_caches_are_empty_and_serving_after_is_unchanged(tok):
     first = _generate(engine, prompts)
     assert engine.stats["slim_decode"] == 1.0 and engine._slim.projs
     engine.release_caches()
-    assert engine._slim.projs == [] and engine._prefixes._tokens == 0
+    assert engine._slim.projs == [] and engine._slim.head is None
+    assert engine._prefixes._tokens == 0
     again = _generate(engine, prompts)  # the slim copies rebuilt on the first step
     assert engine._slim.projs
     for a, b in zip(first, again, strict=True):
@@ -52,4 +53,18 @@ def test_the_prefix_cache_is_emptied(tok):
     assert engine._prefixes._tokens > 0
     engine.release_caches()
     assert engine._prefixes._tokens == 0
+    engine.close()
+
+
+def test_nothing_is_freed_while_the_worker_is_decoding(tok):
+    """A row still decoding (an episode that timed out leaves its row running) reads the fused
+    weights: release_caches waits for the worker to be idle, and keeps everything if it is not."""
+    engine = LocalEngine(create_policy(tok, "tiny", seed=0), tok, seed=0)
+    _generate(engine, [[20 + i for i in range(12)]] * 2)
+    projs, head, cached = engine._slim.projs, engine._slim.head, engine._prefixes._tokens
+    engine._idle.clear()  # what the worker's flag says during a forward
+    engine.release_caches(wait_s=0.05)
+    assert engine._slim.projs is projs and engine._slim.head is head
+    assert engine._prefixes._tokens == cached > 0
+    engine._idle.set()
     engine.close()

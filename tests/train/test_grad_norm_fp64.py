@@ -51,6 +51,29 @@ def test_under_the_limit_nothing_changes_and_no_gradient_is_zero():
     assert float(clip_global_norm([torch.nn.Parameter(torch.zeros(3))], 1.0)) == 0.0
 
 
+def test_a_nan_norm_makes_every_gradient_nan_as_torch_does():
+    # min(1, max_norm / nan) is 1.0 in Python: the finite gradients would be applied unclipped
+    grads = [torch.tensor([float("nan"), 1.0]), torch.tensor([3.0, 4.0])]
+    ours = [torch.nn.Parameter(torch.zeros(2)) for _ in grads]
+    theirs = [torch.nn.Parameter(torch.zeros(2)) for _ in grads]
+    for a, b, g in zip(ours, theirs, grads, strict=True):
+        a.grad, b.grad = g.clone(), g.clone()
+    assert torch.isnan(clip_global_norm(ours, 1.0))
+    torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert all(torch.isnan(p.grad).all() for p in theirs)
+    assert all(torch.isnan(p.grad).all() for p in ours)
+
+
+def test_a_large_tensor_is_summed_in_chunks_to_the_same_norm(monkeypatch):
+    from taurl.train import optim
+
+    params = _params(1e-3)
+    whole = float(clip_global_norm(params, max_norm=1e9))
+    monkeypatch.setattr(optim, "_CHUNK", 4096)  # the 3M-element tensor in 733 chunks
+    chunked = float(clip_global_norm(params, max_norm=1e9))
+    assert abs(chunked - whole) <= 1e-12 * whole  # fp64 rounding of a 3M-term sum
+
+
 def test_fp64_logits_give_fp64_logprobs_and_gradients():
     """A float64 model (the equivalence checks' --dtype float64) keeps fp64 through the
     learner's log-softmax: a cast to fp32 there would put fp32 rounding back in."""

@@ -39,6 +39,7 @@ import asyncio
 import heapq
 import inspect
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -52,6 +53,8 @@ from taurl.policy.engine_worker import BatchWorker, _Request
 from taurl.policy.prefix_cache import PrefixCache
 from taurl.policy.protocol import EngineHealth, Generation, SamplingParams, check_pause_mode
 from taurl.policy.slim_decode import SlimDecoder
+
+log = logging.getLogger("taurl.policy.local_engine")
 
 
 class LocalEngine(BatchWorker):
@@ -195,12 +198,18 @@ class LocalEngine(BatchWorker):
             if not was_paused:
                 await self.resume()
 
-    def release_caches(self) -> None:
+    def release_caches(self, wait_s: float = 60.0) -> None:
         """Free what the next weight update rebuilds anyway, while the learner trains: the
         prefix cache (keys/values of the current weights) and the slim decoder's fused and
         packed weight copies (about one copy of the weights). Called between rounds only
         (no request in flight); a request that comes first rebuilds them itself."""
-        self._idle.wait(timeout=60)  # the worker stores a finished row's prefix after it returns
+        # the worker stores a finished row's prefix after it returns; a row still decoding
+        # (an episode that timed out leaves its row running) reads the fused weights, so
+        # nothing is freed unless the worker is idle
+        if not self._idle.wait(timeout=wait_s):
+            log.warning("release_caches: the engine is still decoding after %.0f s; caches kept",
+                        wait_s)
+            return
         with self._lock:
             self._prefixes.clear()
             if self._slim is not None:

@@ -118,12 +118,13 @@ class SlimDecoder:
         """Drop the fused (and packed) copies, about one copy of the weights; the next call
         (or `refresh`, which a weight update runs anyway) builds them again."""
         self.projs = []
+        self.head = None  # the output layer's packed copy too (vocab x hidden)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
                  exact: bool = False) -> torch.Tensor:
         """The step's logits. `exact`: through the model's own linear layers (bit for bit its
         forward: the engine's check), else through the fused, packed projections."""
-        if not self.projs:  # released (`release`) and no weight update since
+        if not self.projs or self.head is None:  # released, and no weight update since
             self.refresh()
         b = ids.shape[0]
         # one row is a matrix-vector product, whose rounding depends on the matrix's height
