@@ -56,15 +56,19 @@ def test_the_prefix_cache_is_emptied(tok):
     engine.close()
 
 
-def test_nothing_is_freed_while_the_worker_is_decoding(tok):
+def test_nothing_is_freed_while_the_worker_is_decoding(tok, monkeypatch):
     """A row still decoding (an episode that timed out leaves its row running) reads the fused
     weights: release_caches waits for the worker to be idle, and keeps everything if it is not."""
     engine = LocalEngine(create_policy(tok, "tiny", seed=0), tok, seed=0)
     _generate(engine, [[20 + i for i in range(12)]] * 2)
     projs, head, cached = engine._slim.projs, engine._slim.head, engine._prefixes._tokens
-    engine._idle.clear()  # what the worker's flag says during a forward
+    waited = []
+    # the worker still busy when the wait ends (the idle worker would set the flag itself, so
+    # clearing it here would race the worker's thread)
+    monkeypatch.setattr(engine._idle, "wait", lambda timeout=None: waited.append(timeout))
     engine.release_caches(wait_s=0.05)
+    assert waited == [0.05]
     assert engine._slim.projs is projs and engine._slim.head is head
     assert engine._prefixes._tokens == cached > 0
-    engine._idle.set()
+    monkeypatch.undo()
     engine.close()
