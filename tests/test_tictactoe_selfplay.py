@@ -45,3 +45,40 @@ def test_a_tiny_selfplay_run_trains_each_role_and_reuses_its_sft(tmp_path, one_t
     logs: list[str] = []
     second = run(cfg, tmp_path / "b", log=logs.append, reuse_sft=tmp_path / "a")
     assert any("reused" in line for line in logs) and second["sft"] == first["sft"]
+
+
+def test_the_frozen_sft_opponent_is_a_paired_report_scored_by_the_referee(tmp_path, one_thread):
+    cfg = SelfPlayConfig.load(CONFIG, TINY + ["eval.frozen_opponent=true", "rl.kl_coef=0.1"])
+    got = run(cfg, tmp_path / "a", log=lambda _: None)
+    for split in ("validation", "holdout"):
+        key = f"{split}/frozen-sft"
+        assert got["sft"][key]["tasks"] == got["rl"][key]["tasks"] == 6
+        assert got["paired_gain"][key]["difference"] == pytest.approx(
+            got["rl"][key]["success"] - got["sft"][key]["success"])
+        # every game ends (won, lost, draw, forfeit) or runs out of its budget: counted
+        assert sum(got["rl"][key]["stop_reasons"].values()) == pytest.approx(1.0)
+
+
+def test_a_match_record_succeeds_only_when_the_referee_ended_it_with_its_win():
+    from taurl.data.stop_reason import StopReason
+    from taurl.recipe.selfplay import MatchOutcome
+
+    class Record:
+        def __init__(self, why):
+            self.stop_reason = StopReason(why) if why else None
+
+    verdict = MatchOutcome()
+    assert [verdict(Record(w), None) for w in ("won", "lost", "draw", "forfeit", None)] == [
+        1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_full_fine_tuning_with_a_kl_keeps_the_sft_policy_as_its_reference(tmp_path):
+    from taurl.policy.model import build_default_policy
+    from taurl.recipe.selfplay import SelfPlay
+
+    model, tok = build_default_policy(["x 2 o / 4 5 6 / 7 8 9"] * 4, tmp_path, size="tiny",
+                                      vocab_size=300, seed=0)
+    cfg = SelfPlayConfig(lora={}, kl_coef=0.1)
+    sp = SelfPlay(model, tok, cfg)
+    assert sp.learner.reference is not None and sp.learner.reference is not sp.model
+    assert SelfPlay(model, tok, SelfPlayConfig(lora={})).learner.reference is None

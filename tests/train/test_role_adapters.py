@@ -88,12 +88,14 @@ def play(model, tok, paid: str) -> list:
     return [t for res in asyncio.run(go()) for t in res.trained]
 
 
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
 @pytest.mark.parametrize("paid", ["a", "b"])
-def test_each_role_adapter_moves_only_by_its_own_rows(tok, paid, one_thread):
+def test_each_role_adapter_moves_only_by_its_own_rows(tok, paid, kl_coef, one_thread):
     model = fresh(tok)
     records = play(model, tok, paid)
     assert {t.metadata["role"] for t in records} == set(ROLES)
-    learners = RoleLearners(model, ROLES, LearnerConfig(lr=1e-2, weight_decay=0.1),
+    learners = RoleLearners(model, ROLES,
+                            LearnerConfig(lr=1e-2, weight_decay=0.1, kl_coef=kl_coef),
                             pad_id=tok.pad_token_id)
     before = {r: adapter_state(model, r) for r in ROLES}
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}

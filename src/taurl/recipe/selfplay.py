@@ -43,6 +43,7 @@ import yaml
 
 from taurl.data.ledger import Ledger
 from taurl.envs.core import Task
+from taurl.envs.games.rules import other
 from taurl.envs.games.tictactoe import (
     SYSTEM_PROMPT,
     TicTacToeEnv,
@@ -96,6 +97,8 @@ class SelfPlayConfig:
     estimator: str = "zero_sum"
     estimator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {gamma: 0.5}
     rl_lr: float = 1e-3
+    kl_coef: float = 0.0  # β of KL(π ‖ SFT policy) in the loss (`LearnerConfig.kl_coef`)
+    entropy_coef: float = 0.0  # entropy bonus (`LearnerConfig.entropy_coef`)
     lora: dict[str, Any] = field(default_factory=dict)  # {} full; {rank, alpha, per_role}
     validation_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "minimax", "opponent_p_random": 0.75})
@@ -103,6 +106,8 @@ class SelfPlayConfig:
         default_factory=lambda: {"opponent": "minimax", "opponent_p_random": 0.5})
     # more reports on the holdout split, each against its own opponent: {name: opponent}
     extra_holdout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # also play validation and holdout against the frozen SFT checkpoint (`evaluate_frozen`)
+    frozen_opponent: bool = False
     eval_tasks: int = 200
     eval_trials: int = 4
     temperature: float = 1.0
@@ -147,9 +152,11 @@ SECTIONS: dict[str, dict[str, str]] = {
             "warmup_epochs": "warmup_epochs"},
     "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update",
            "group_size": "group_size", "estimator": "estimator",
-           "estimator_options": "estimator_options", "lr": "rl_lr"},
+           "estimator_options": "estimator_options", "lr": "rl_lr",
+           "kl_coef": "kl_coef", "entropy_coef": "entropy_coef"},
     "eval": {"validation_opponent": "validation_opponent",
              "holdout_opponent": "holdout_opponent", "extra_holdout": "extra_holdout",
+             "frozen_opponent": "frozen_opponent",
              "tasks": "eval_tasks",
              "trials": "eval_trials", "temperature": "temperature"},
 }
@@ -228,6 +235,38 @@ def evaluate_roles(policies: dict[str, torch.nn.Module], tok: Any, tasks: Sequen
     return summarize(trajs, list(tasks), cfg.eval_trials, split=split.partition("/")[0])
 
 
+class MatchOutcome:
+    """Success of a match record: the referee (`TicTacToeGame`) ended the game with this
+    record's role winning. tictactoe-v0's own verifier replays a scripted opponent from the
+    task; a model opponent cannot be replayed, so a match is scored by its referee."""
+
+    name, version = "match-outcome", "tictactoe-match-outcome-1"
+
+    def __call__(self, traj: Any, task: Task) -> float:
+        return float(traj.stop_reason is not None and traj.stop_reason.value == "won")
+
+
+def evaluate_frozen(policies: dict[str, torch.nn.Module], opponent: torch.nn.Module, tok: Any,
+                    tasks: Sequence[Task], cfg: SelfPlayConfig, split: str,
+                    tag: str) -> EvalResult:
+    """Each task's role played by its policy, the other role by the frozen `opponent` (the
+    SFT checkpoint), from the task's opening; k trials per task with seeds fixed by (task
+    index, trial), so the SFT policy's evaluation (against itself) and the RL policy's pair."""
+    trajs = []
+    for role in ROLES:
+        mine = [t for t in tasks if t.metadata["role"] == role]
+        me = LocalEngine(policies[role], tok, version=0, seed=cfg.seed)
+        them = me if policies[role] is opponent else LocalEngine(opponent, tok, version=0,
+                                                                   seed=cfg.seed + 1)
+        seats = {role: Seat.frozen(me), other(role): Seat.frozen(them)}
+        results = asyncio.run(run_matches(
+            lambda: TicTacToeGame(cfg.max_illegal, 0.0, cfg.numbered), seats, tok, mine,
+            group_size=cfg.eval_trials, config=_rollout(cfg), seed=cfg.seed,
+            run_id=f"eval-{tag}"))
+        trajs += [t for m in results for t in m.records if t.metadata["role"] == role]
+    return summarize(trajs, list(tasks), cfg.eval_trials, MatchOutcome(), split=split)
+
+
 class SelfPlay:
     """Stage 2 (module docstring): the trained model, its learner(s), one engine per role."""
 
@@ -236,7 +275,7 @@ class SelfPlay:
         options = {k: v for k, v in cfg.lora.items() if k != "per_role"}
         self.per_role = bool(cfg.lora.get("per_role", False))
         lcfg = LearnerConfig(estimator=cfg.estimator, estimator_options=cfg.estimator_options,
-                             lr=cfg.rl_lr,
+                             lr=cfg.rl_lr, kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef,
                              temperature=cfg.temperature)
         model = copy.deepcopy(sft)
         if self.per_role:
@@ -245,7 +284,9 @@ class SelfPlay:
         else:
             self.model = attach(model, LoraOptions.from_dict(options), cfg.seed) if options \
                 else model
-            self.learner = Learner(self.model, lcfg, pad_id=tok.pad_token_id)
+            # the KL's reference: the SFT policy (with LoRA, the base under the adapter)
+            ref = copy.deepcopy(sft) if cfg.kl_coef > 0 and not options else None
+            self.learner = Learner(self.model, lcfg, pad_id=tok.pad_token_id, reference=ref)
 
     def policies(self) -> dict[str, torch.nn.Module]:
         """What each role's engine serves: its adapter merged, or the one shared policy."""
@@ -334,6 +375,10 @@ def run(cfg: SelfPlayConfig, run_dir: str | Path, log: Any = print,
     sft, tok, before = sft_stage(cfg, root, splits, Path(reuse_sft) if reuse_sft else None, log)
     log("SFT: " + ", ".join(f"{s} {r.success:.3f} (invalid {r.invalid_rate:.2f}, "
                             f"{r.stop_reasons})" for s, r in before.items()))
+    frozen = ("validation", "holdout") if cfg.frozen_opponent else ()
+    for s in frozen:  # the SFT policy against itself: the pair of `evaluate_frozen` below
+        before[f"{s}/frozen-sft"] = evaluate_frozen(dict.fromkeys(ROLES, sft), sft, tok,
+                                                    splits[s], cfg, s, f"sft-{s}-frozen")
     sp = SelfPlay(sft, tok, cfg)
     train = games(cfg, "train", 4 * cfg.tasks_per_update * cfg.updates, cfg.demo_opponent)
     rng, history = random.Random(cfg.seed), []
@@ -342,11 +387,14 @@ def run(cfg: SelfPlayConfig, run_dir: str | Path, log: Any = print,
         log(json.dumps(history[-1]))
     policies = sp.policies()
     after = {s: evaluate_roles(policies, tok, ts, cfg, s, f"rl-{s}") for s, ts in splits.items()}
+    for s in frozen:
+        after[f"{s}/frozen-sft"] = evaluate_frozen(policies, sft, tok, splits[s], cfg, s,
+                                                   f"rl-{s}-frozen")
     summary = {
         "config": asdict(cfg),
         "sft": {s: _figures(r) for s, r in before.items()},
         "rl": {s: _figures(r) for s, r in after.items()},
-        "paired_gain": {s: compare(before[s], after[s]).to_dict() for s in splits},
+        "paired_gain": {s: compare(before[s], after[s]).to_dict() for s in after},
         "history": history, "wall_s": time.perf_counter() - t0,
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -16,7 +16,10 @@ are then split by ``metadata["role"]``, and each role's rows go through that rol
 `taurl.train.learner.Learner` with that role's adapter active. The other adapters take no
 part in the forward, so their gradient is not small but absent, and each role's optimizer
 holds its own adapter's parameters only. A role with no credited rows (all its advantages
-zero) takes no optimizer step at all, so not even weight decay moves its adapter.
+zero) takes no optimizer step at all, so not even weight decay moves its adapter. With
+``kl_coef`` > 0 each role's KL reference is the shared base with every adapter off
+(`taurl.train.lora.base_only`); leaving that context makes the active role's adapter the
+only trainable one again, so the routing holds (the test runs with and without the KL).
 tests/train/test_role_adapters.py checks both directions bit for bit.
 """
 
@@ -102,8 +105,6 @@ class RoleLearners:
 
     def __init__(self, model: Any, roles: Sequence[str], config: LearnerConfig,
                  pad_id: int = 0):
-        if config.kl_coef > 0:
-            raise ConfigError("per-role adapters run with kl_coef 0 for now")
         self.model, self.roles = model, tuple(roles)
         self.learners: dict[str, Learner] = {}
         for role in self.roles:  # the optimizer takes the parameters that require grad: role's
