@@ -122,3 +122,17 @@ def test_shipped_config_demos_all_pass_their_verifier(tok, path):
     # are checked, not the records: this small test tokenizer garbles a few city names' letters)
     assert all("<search>" in expert(t, random.Random(f"{cfg.seed}:{i}"), **cfg.expert_options)[0]
                for i, t in enumerate(plan.demos))
+
+
+def test_the_second_search_shows_the_answer_at_the_shipped_settings(splits):
+    """At top_k 1 and 120 characters a document, the expert's second search shows the answer
+    (without `reachable`, France, Spain and Costa Rica tasks answered from memory)."""
+    cfg = yaml.safe_load(Path("configs/real_search_multihop.yaml").read_text())["env_config"]
+    for split, tasks in splits.items():
+        for task in tasks[:150]:
+            env = envs.make(ENV, **cfg)
+            env.reset(task)
+            first, second, _ = multihop_expert(task, random.Random(0))
+            env.step(first)
+            shown, *_ = env.step(second)
+            assert task.answers[0].lower() in shown.lower(), (split, task.task_id, shown)

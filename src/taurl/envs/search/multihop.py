@@ -14,6 +14,13 @@ country and answer are all names no training question contains; a model cannot h
 learned "cities of France -> Paris" in training and answer from memory after one search.
 The split is search-v0's (tested there); the tasks are relabelled with this env's name.
 
+Reachable: a task is kept only if the expert's second query (``<country> capital``) puts
+a document that shows the answer in its first 120 characters at the top of the ranking
+(`reachable`): at the env's defaults (``top_k: 1``, ``max_doc_chars: 120``) the second search
+then always shows the answer. Without it ``France capital`` ranks Fort-de-France first,
+``Spain capital`` Port of Spain, and every Costa Rica query a Brazilian town of that name,
+so a demonstration would answer from memory after a search that did not show the answer.
+
 Expert: `multihop_expert`, search-v0's expert without its degrading knobs (it searches the
 city, then ``<country> capital`` / ``<country> currency``, then answers the gold answer);
 its demonstrations are correct by construction and the tests check them with the verifier.
@@ -23,6 +30,7 @@ Verifier: exact match of the final answer (`MultiHopVerifier`, search-v0's rule)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Iterable
 from typing import Any
@@ -31,12 +39,14 @@ from taurl.envs.core import Task
 from taurl.envs.search.env import SearchEnv
 from taurl.envs.search.expert import search_expert
 from taurl.envs.search.questions import FAMILIES, generate_tasks
+from taurl.envs.search.retriever import shared_retriever
 from taurl.envs.search.verifier import SearchVerifier
 from taurl.errors import ConfigError
 
 ENV_NAME = "search-multihop-v0"
 MULTIHOP_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.hops == 2)
 HOPS = 2
+SHOWN_CHARS = 120  # MultiHopSearchEnv's max_doc_chars: what the policy sees of a document
 
 
 class MultiHopSearchEnv(SearchEnv):
@@ -64,8 +74,26 @@ def multihop_tasks(split: str, n: int | None = None, seed: int = 0,
     if bad := [f for f in names if f not in MULTIHOP_FAMILIES]:
         raise ConfigError(f"search-multihop-v0 families are {list(MULTIHOP_FAMILIES)}; "
                           f"{bad} are not two-hop (use search-v0 for one-hop questions)")
-    tasks = generate_tasks(split, n=n, seed=seed, families=names, split_by=split_by)
-    return [_relabel(t) for t in tasks]
+    tasks = generate_tasks(split, n=None, seed=seed, families=names, split_by=split_by)
+    kept = [_relabel(t) for t in tasks if reachable(t)]
+    return kept if n is None else kept[:n]
+
+
+def second_query(task: Task) -> str:
+    """The expert's second search: the bridge country and what is asked of it."""
+    kind = task.metadata.get("answer_kind", "")
+    return f"{task.metadata['bridge']} {'capital' if kind == 'city' else kind}".strip()
+
+
+def reachable(task: Task) -> bool:
+    """Does the top hit of `second_query` show the answer within `SHOWN_CHARS`?"""
+    return _shows(second_query(task), task.answers[0])
+
+
+@functools.lru_cache(maxsize=4096)  # one search per (country, asked): ~10^2, not 10^4 tasks
+def _shows(query: str, answer: str) -> bool:
+    hits = shared_retriever().search(query, 1)
+    return bool(hits) and answer.lower() in hits[0].doc.text[:SHOWN_CHARS].lower()
 
 
 def multihop_expert(task: Task, rng: random.Random) -> list[str]:
