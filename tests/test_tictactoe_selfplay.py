@@ -22,6 +22,7 @@ def test_the_shipped_config_loads_its_sections_and_refuses_unknown_keys(tmp_path
     # the legal moves on the board; no stage plays the evaluation opponents
     assert cfg.numbered and cfg.validation_opponent["opponent"] == "greedy"
     assert cfg.demo_opponent["opponent"] == "random" and "minimax" in cfg.extra_holdout
+    assert cfg.frozen_opponent  # and against the frozen SFT checkpoint
     assert SelfPlayConfig.load(CONFIG, ["rl.updates=3"]).updates == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("rl: {updatez: 3}\n")
@@ -32,7 +33,8 @@ def test_the_shipped_config_loads_its_sections_and_refuses_unknown_keys(tmp_path
 def test_a_tiny_selfplay_run_trains_each_role_and_reuses_its_sft(tmp_path, one_thread):
     cfg = SelfPlayConfig.load(CONFIG, TINY)
     first = run(cfg, tmp_path / "a", log=lambda _: None)
-    assert set(first["sft"]) == set(first["rl"]) == {"validation", "holdout", "holdout/minimax"}
+    assert set(first["sft"]) == set(first["rl"]) == {
+        "validation", "holdout", "holdout/minimax", "validation/frozen-sft", "holdout/frozen-sft"}
     assert first["rl"]["holdout"]["tasks"] == 6 and len(first["history"]) == 2
     gain = first["paired_gain"]["holdout"]
     assert gain["difference"] == pytest.approx(
