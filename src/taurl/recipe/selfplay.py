@@ -99,6 +99,7 @@ class SelfPlayConfig:
     rl_lr: float = 1e-3
     kl_coef: float = 0.0  # β of KL(π ‖ SFT policy) in the loss (`LearnerConfig.kl_coef`)
     entropy_coef: float = 0.0  # entropy bonus (`LearnerConfig.entropy_coef`)
+    rl_epochs: int = 1  # optimizer steps on each round's batch (PPO epochs)
     lora: dict[str, Any] = field(default_factory=dict)  # {} full; {rank, alpha, per_role}
     validation_opponent: dict[str, Any] = field(
         default_factory=lambda: {"opponent": "minimax", "opponent_p_random": 0.75})
@@ -153,7 +154,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "rl": {"updates": "updates", "tasks_per_update": "tasks_per_update",
            "group_size": "group_size", "estimator": "estimator",
            "estimator_options": "estimator_options", "lr": "rl_lr",
-           "kl_coef": "kl_coef", "entropy_coef": "entropy_coef"},
+           "kl_coef": "kl_coef", "entropy_coef": "entropy_coef", "epochs": "rl_epochs"},
     "eval": {"validation_opponent": "validation_opponent",
              "holdout_opponent": "holdout_opponent", "extra_holdout": "extra_holdout",
              "frozen_opponent": "frozen_opponent",
@@ -276,6 +277,7 @@ class SelfPlay:
         self.per_role = bool(cfg.lora.get("per_role", False))
         lcfg = LearnerConfig(estimator=cfg.estimator, estimator_options=cfg.estimator_options,
                              lr=cfg.rl_lr, kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef,
+                             epochs=cfg.rl_epochs,
                              temperature=cfg.temperature)
         model = copy.deepcopy(sft)
         if self.per_role:
