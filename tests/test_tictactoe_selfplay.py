@@ -12,12 +12,13 @@ from taurl.recipe.selfplay import SelfPlayConfig, run
 CONFIG = "configs/tictactoe_selfplay.yaml"
 TINY = ["sft.demos=64", "sft.epochs=2", "rl.updates=2", "rl.tasks_per_update=4",
         "rl.group_size=2", "eval.tasks=6", "eval.trials=1", "game.numbered=true",
-        "sft.warmup_demos=8", "eval.extra_holdout={minimax: {opponent: minimax}}"]
+        "sft.warmup_demos=8", "eval.extra_holdout={minimax: {opponent: minimax}}",
+        "policy.lora={rank: 4, alpha: 8, per_role: true}", "rl.epochs=1"]
 
 
 def test_the_shipped_config_loads_its_sections_and_refuses_unknown_keys(tmp_path):
     cfg = SelfPlayConfig.load(CONFIG)
-    assert cfg.lora.get("per_role") is True and cfg.estimator == "returns"
+    assert cfg.lora == {} and cfg.estimator == "returns" and cfg.rl_epochs == 4
     assert cfg.holdout_opponent != cfg.validation_opponent != cfg.demo_opponent
     # the legal moves on the board; no stage plays the evaluation opponents
     assert cfg.numbered and cfg.validation_opponent["opponent"] == "greedy"
