@@ -531,6 +531,24 @@ def test_real_reload_serves_the_new_checkpoint_and_version(real, ckpts):
     assert before.policy_version == 0 and before.token_ids != after.token_ids
 
 
+async def _until(cond, what: str, timeout_s: float = 120.0) -> None:
+    """Wait for `cond()`, at most `timeout_s`: a bare loop hung CI until its time limit."""
+    t0 = time.perf_counter()
+    while not cond():
+        if time.perf_counter() - t0 > timeout_s:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        await asyncio.sleep(0.01)
+
+
+async def _resume(real) -> None:
+    """Always leave the shared server resumed: a test that failed between its pause and its
+    resume left it paused once, and every later test's request waited for a resume that never
+    came (CI hung until its limit). Tasks a failure leaves running are cancelled by
+    `asyncio.run` on its way out."""
+    if real._paused:
+        await real.resume()
+
+
 def _ignoring_eos(real, monkeypatch) -> None:
     """This test's requests ignore EOS: a pause or a kill must land while they still sample,
     and greedy decoding of the weights the earlier tests left may say EOS at once (CI: the
@@ -549,11 +567,12 @@ def test_real_abort_returns_partial_tokens(real, monkeypatch):
         task = asyncio.create_task(
             real.generate([5, 9, 13], SamplingParams(temperature=0, max_tokens=2000))
         )
-        await _until_sampling(real)
-        await real.pause("abort")
-        out = await task
-        await real.resume()
-        return out
+        try:
+            await _until_sampling(real)
+            await real.pause("abort")
+            return await task
+        finally:
+            await _resume(real)
 
     out = asyncio.run(go())
     assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000, \
@@ -586,13 +605,13 @@ def test_real_abort_ends_the_agent_loop_episode_keeping_its_tokens(real, ckpts, 
 
     async def go():
         ep = asyncio.create_task(run_episode(real, _search_env(), tok, task, seed=0, config=cfg))
-        while not real._in_flight:  # the first action is sent
-            await asyncio.sleep(0.01)
-        await _until_sampling(real)
-        await real.pause("abort")
-        tr = await ep
-        await real.resume()
-        return tr
+        try:
+            await _until(lambda: real._in_flight, "the first action is sent")
+            await _until_sampling(real)
+            await real.pause("abort")
+            return await ep
+        finally:
+            await _resume(real)
 
     tr = asyncio.run(go())
     assert tr.stop_reason is StopReason.ABORTED and tr.truncated and len(tr.turns) == 1
@@ -620,12 +639,13 @@ def test_real_partial_rollout_continues_an_aborted_action_on_the_new_weights(rea
     async def go():
         eps = [asyncio.create_task(run_episode(real, _search_env(), tok, t, seed=i, config=cfg))
                for i, t in enumerate(tasks)]
-        while real._in_flight < n:  # every first action is sent
-            await asyncio.sleep(0.01)
-        await _until_sampling(real)
-        await real.pause("abort")
-        await real.load_weights(p1, 1)
-        await real.resume()
+        try:
+            await _until(lambda: real._in_flight >= n, "every first action is sent")
+            await _until_sampling(real)
+            await real.pause("abort")
+            await real.load_weights(p1, 1)
+        finally:
+            await _resume(real)
         return await asyncio.gather(*eps)
 
     trs = asyncio.run(go())
