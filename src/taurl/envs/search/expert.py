@@ -51,9 +51,8 @@ def search_expert(task: Task, rng: random.Random, p_skip_search: float = 0.0,
     bridge = task.metadata.get("bridge")
     if bridge:
         kind = task.metadata.get("answer_kind", "")
-        query = f"{bridge} {'capital' if kind == 'city' else kind}".strip()
         actions.append(f"<think>{subject} is in {bridge}. Now I need {kind} of "
-                       f"{bridge}.</think>\n<search> {query}</search>")
+                       f"{bridge}.</think>\n<search> {bridge_query(task)}</search>")
     actions.append(f"<think>I found it.</think>\n<answer> {answer}</answer>")
     return actions
 
@@ -91,3 +90,10 @@ def search_tool_expert(task: Task, rng: random.Random, **options: Any) -> list[s
         else:
             out.append(re.search(r"<answer>.*?</answer>", action, re.DOTALL).group(0))
     return out
+
+
+def bridge_query(task: Task) -> str:
+    """The expert's second search of a two-hop task: the bridge entity and what is asked of
+    it (``France capital``, ``Japan currency``)."""
+    kind = task.metadata.get("answer_kind", "")
+    return f"{task.metadata['bridge']} {'capital' if kind == 'city' else kind}".strip()

@@ -37,7 +37,7 @@ from typing import Any
 
 from taurl.envs.core import Task
 from taurl.envs.search.env import SearchEnv
-from taurl.envs.search.expert import search_expert
+from taurl.envs.search.expert import bridge_query, search_expert
 from taurl.envs.search.questions import FAMILIES, generate_tasks
 from taurl.envs.search.retriever import shared_retriever
 from taurl.envs.search.verifier import SearchVerifier
@@ -79,15 +79,10 @@ def multihop_tasks(split: str, n: int | None = None, seed: int = 0,
     return kept if n is None else kept[:n]
 
 
-def second_query(task: Task) -> str:
-    """The expert's second search: the bridge country and what is asked of it."""
-    kind = task.metadata.get("answer_kind", "")
-    return f"{task.metadata['bridge']} {'capital' if kind == 'city' else kind}".strip()
-
-
 def reachable(task: Task) -> bool:
-    """Does the top hit of `second_query` show the answer within `SHOWN_CHARS`?"""
-    return _shows(second_query(task), task.answers[0])
+    """Does the top hit of the expert's second query (`bridge_query`) show the answer within
+    `SHOWN_CHARS`?"""
+    return _shows(bridge_query(task), task.answers[0])
 
 
 @functools.lru_cache(maxsize=4096)  # one search per (country, asked): ~10^2, not 10^4 tasks
