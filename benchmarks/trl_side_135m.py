@@ -20,9 +20,11 @@ to ``generate`` with the tokenizer; ``grpo_trainer.parse_response`` replaced by 
 ``<search> q</search>``; the tool suffix is the observation's own tokens (TRL's diff of two
 template renderings cuts at the end-of-turn token, which this template does not put after a tool
 call); ``supports_tool_calling`` bypassed (the inline protocol does not print a tool name).
-A sequence stopped by a stop string is padded with ``<|im_end|>`` (this tokenizer's pad), which TRL
+A sequence stopped by a stop string is padded with ``<|im_end|>`` (SmolLM2's pad), which TRL
 takes as its end and keeps: one token per action more than taurl samples and trains, and it stays
 in the context before the observation (``...</search><|im_end|>\n\n<information>...``).
+With Qwen2.5 that padding is ``<|endoftext|>`` (its pad), not its end-of-turn token.
+The default system line is the model's own (SmolLM2's or Qwen2.5's), read from its template.
 
     TAURL_DIR=. trl-venv/bin/python benchmarks/trl_side_135m.py --model SFT_DIR --steps 4 \
         --json out.json
@@ -73,7 +75,12 @@ plan = plan_tasks(
 tasks = plan.rl
 TASKS = {t.task_id: t for t in tasks}
 
-SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+tok = AutoTokenizer.from_pretrained(a.model)
+own = tok.apply_chat_template(
+    [{"role": "user", "content": tasks[0].prompt}], tokenize=False, add_generation_prompt=True
+)
+# the model's own default system line (SmolLM2's or Qwen2.5's), as its template writes it
+SYSTEM = own.split("<|im_start|>system\n", 1)[-1].split("<|im_end|>", 1)[0]
 TEMPLATE = (
     "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\n"
     + SYSTEM
@@ -95,10 +102,6 @@ TEMPLATE = (
     "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-tok = AutoTokenizer.from_pretrained(a.model)
-own = tok.apply_chat_template(
-    [{"role": "user", "content": tasks[0].prompt}], tokenize=False, add_generation_prompt=True
-)
 ours = tok.apply_chat_template([{"role": "user", "content": tasks[0].prompt}], tokenize=False,
                                add_generation_prompt=True, chat_template=TEMPLATE)
 assert own == ours, f"the prompt differs from the model's own template:\n{own!r}\n{ours!r}"
