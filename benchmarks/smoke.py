@@ -18,7 +18,8 @@ clone is overwritten. `python`, `.venv/bin/python` and `taurl` become this inter
 
 Groups, by what a command needs: none; tiny-run (the first commands of the table make the
 tiny runs); vllm (.venv-vllm); real-model (SmolLM2-135M-Instruct converted into
-~/.cache/taurl/models); trl (TRL's venv at $PEER_DIR/trl-venv); cuda. A command whose
+~/.cache/taurl/models); qwen-model (Qwen2.5-Coder-0.5B-Instruct there, `make real-code`); trl
+(TRL's venv at $PEER_DIR/trl-venv); cuda. A command whose
 prerequisite is missing is SKIPPED with the reason.
 """
 
@@ -38,12 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smoke_table import COMMANDS, REAL, Command  # noqa: E402
+from smoke_table import COMMANDS, QWEN, REAL, Command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("none", "tiny-run", "vllm", "real-model", "trl", "cuda")
+GROUPS = ("none", "tiny-run", "vllm", "real-model", "qwen-model", "trl", "cuda")
 _BY_WEIGHT = (
     "cuda",
+    "qwen-model",
     "real-model",
     "trl",
     "vllm",
@@ -79,6 +81,11 @@ PREREQUISITES: dict[str, Callable[[], str]] = {
         ""
         if (Path(REAL).expanduser() / "config.json").exists()
         else f"no {REAL} (make demo-real converts it)"
+    ),
+    "qwen-model": lambda: (
+        ""
+        if (Path(QWEN).expanduser() / "config.json").exists()
+        else f"no {QWEN} (make real-code converts it)"
     ),
     "trl": lambda: (
         ""

@@ -38,6 +38,7 @@ TRAIN_TINY = ("--sft.demos", "32", "--sft.max-steps", "2", *RL_TINY)
 # search-v0's copy warm-up (300 steps in configs/demo.yaml)
 SEARCH_TINY = (*TRAIN_TINY, "--policy.warmup-options", '{"steps": 2, "batch_size": 8}')
 REAL = "~/.cache/taurl/models/smollm2-135m-instruct"
+QWEN = "~/.cache/taurl/models/qwen2.5-coder-0.5b-instruct"
 
 
 @dataclass(frozen=True)
@@ -478,5 +479,47 @@ COMMANDS: tuple[Command, ...] = (
         f"taurl eval {REAL} --config configs/real_search_multihop_zeroshot.yaml",
         ("--tasks", "2"),
         needs=("real-model",),
+    ),
+    # laptop baselines and 0.5B speed (docs/baselines.md, Qwen2.5-Coder-0.5B-Instruct)
+    Command(
+        f"taurl eval {REAL} --config configs/real_code_zeroshot.yaml",
+        ("--tasks", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        f"taurl eval {REAL} --config configs/real_rgym_zeroshot.yaml",
+        ("--tasks", "2"),
+        needs=("real-model",),
+    ),
+    Command(
+        f"taurl eval {QWEN} --config configs/real_code_zeroshot.yaml",
+        ("--tasks", "2"),
+        needs=("qwen-model",),
+    ),
+    Command(
+        f".venv/bin/python benchmarks/engine_135m.py --model {QWEN} --vllm-python "
+        ".venv-vllm/bin/python --concurrency 1 32 --rounds 2 --threads 2",
+        ("--concurrency", "1", "--rounds", "1", "--max-tokens", "4"),
+        needs=("qwen-model", "vllm"),
+    ),
+    Command(
+        f".venv/bin/python benchmarks/learner_limit.py --model {QWEN} --repeats 2",
+        ("--rows", "1", "--tokens", "16", "--repeats", "1"),
+        needs=("qwen-model",),
+    ),
+    Command(
+        f"taurl train --config configs/real_search_clean.yaml --policy.model {QWEN} "
+        "--sft.demos 96 --sft.warmup-steps 2 --rl.updates 1 --rl.max-seconds 0 --eval.tasks 8 "
+        "--run-dir runs/qwen-search-sft",
+        ("--sft.demos", "16", "--sft.max-steps", "1", "--eval.tasks", "1"),
+        needs=("qwen-model",),
+        provides="runs/qwen-search-sft",
+    ),
+    Command(
+        ".venv/bin/python benchmarks/vs_trl_135m.py --sft runs/qwen-search-sft/checkpoints/v1 "
+        "--trl-python /some/scratch/trl-venv/bin/python --steps 2 --rounds 2",
+        ("--rounds", "1", "--modes", "lora"),
+        needs=("qwen-model", "trl"),
+        fill={"/some/scratch": "{PEER_DIR}"},
     ),
 )
