@@ -491,10 +491,11 @@ COMMANDS: tuple[Command, ...] = (
         ("--tasks", "2"),
         needs=("real-model",),
     ),
-    Command(
-        f"taurl eval {QWEN} --config configs/real_code_zeroshot.yaml",
-        ("--tasks", "2"),
-        needs=("qwen-model",),
+    *(
+        Command(f"taurl eval {QWEN} --config configs/{name}.yaml", ("--tasks", "2"),
+                needs=("qwen-model",))
+        for name in ("real_code_zeroshot", "real_rgym_zeroshot", "real_search_zeroshot",
+                     "real_search_multihop_zeroshot")
     ),
     Command(
         f".venv/bin/python benchmarks/engine_135m.py --model {QWEN} --vllm-python "
